@@ -1,0 +1,272 @@
+"""`minibert.load` and `Model`: a loaded checkpoint with its tokenizer and hook-aware forward passes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from minibert import checkpoint, sources
+from minibert.config import BertConfig
+from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, writers_for
+from minibert.model import Bert, Output
+from minibert.tokenizer import Batch, Tokenizer
+
+Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, attention_mask, each int32 [B, T]
+
+
+class InputError(ValueError):
+    """A batch the model cannot run: names the field, its shape or values, and the fix."""
+
+
+def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = False,
+         allow_pickle: bool = False, architecture: str | None = None) -> "Model":
+    """Load a BERT checkpoint: a directory, a `weights/` name, the bundled default, or a Hub id.
+
+    `dtype`: parameter and compute dtype (float32, or bfloat16 for speed on accelerators).
+    `download`: fetch from the Hugging Face Hub if not found locally (never done silently).
+    `allow_pickle`: read a `pytorch_model.bin` (unpickles; only for files you trust).
+    `architecture`: override config.json's head, e.g. "BertModel" to drop a head.
+    """
+    directory = sources.resolve(name, download=download)
+    model_dir, pooling = _sentence_transformers_layout(directory)
+    cfg = BertConfig.from_hf(model_dir)
+    if architecture is not None:
+        cfg = BertConfig.from_hf({**json.loads((model_dir / "config.json").read_text()), "architectures": [architecture]})
+    bin_path = model_dir / "pytorch_model.bin"
+    if allow_pickle and bin_path.exists() and not (model_dir / "model.safetensors").exists():
+        tensors = checkpoint.read_pytorch_bin(bin_path, allow_pickle=True)
+    else:
+        tensors = checkpoint.read_safetensors(model_dir)
+    params = checkpoint.convert(tensors, cfg, dtype=dtype, source=str(model_dir))
+    return Model(cfg, params, Tokenizer.from_dir(model_dir), dtype=dtype, pooling=pooling, source=str(directory))
+
+
+def _sentence_transformers_layout(directory: Path) -> tuple[Path, dict | None]:
+    """(directory of the BERT weights, pooling settings) for plain and sentence-transformers checkpoints."""
+    modules_file = directory / "modules.json"
+    if not modules_file.exists():
+        return directory, None
+    modules = json.loads(modules_file.read_text())
+    model_dir, pooling = directory, {"mode": "mean", "normalize": False}
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        path = directory / module.get("path", "")
+        if kind == "Transformer":
+            model_dir = path
+        elif kind == "Pooling" and (path / "config.json").exists():
+            settings = json.loads((path / "config.json").read_text())
+            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens") if settings.get(f"pooling_mode_{m}")]
+            pooling["mode"] = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}[modes[0]] if modes else "mean"
+        elif kind == "Normalize":
+            pooling["normalize"] = True
+    return model_dir, pooling
+
+
+def _add(value, ctx, delta):
+    return value + delta
+
+
+class Model:
+    """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit."""
+
+    def __init__(self, config: BertConfig, params: Mapping | None = None, tokenizer: Tokenizer | None = None, *,
+                 dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None):
+        """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed)."""
+        self.config, self.tokenizer, self.dtype, self.pooling, self.source = config, tokenizer, dtype, pooling, source
+        if params is None:
+            module = Bert(config, dtype=dtype, rngs=nnx.Rngs(seed or 0))
+            self.graphdef, self.state = nnx.split(module)
+        else:
+            self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
+            nnx.replace_by_pure_dict(self.state, params)
+        self.traces = 0  # how many times a forward was traced (compiled); tests and benchmarks read it
+        self._forward_jit = jax.jit(self._forward, static_argnames=("capture", "writer_def"))
+        self._stage_jit = jax.jit(self._stage, static_argnames=("stage", "capture", "writer_def"))
+        self._hook_sites: dict | None = None
+
+    def __repr__(self):
+        c = self.config
+        return (f"Model({c.architecture}: {c.num_hidden_layers} layers, {c.num_attention_heads} heads, "
+                f"{c.hidden_size} wide, {self.param_count():,} params, from {self.source})")
+
+    @property
+    def module(self) -> Bert:
+        """The Flax NNX module (a fresh view of the parameters)."""
+        return nnx.merge(self.graphdef, self.state)
+
+    @property
+    def params(self) -> dict:
+        return nnx.to_pure_dict(self.state)
+
+    def param_count(self) -> int:
+        return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
+
+    # ---- inputs ---------------------------------------------------------------------------------------
+
+    def tokenize(self, texts, pairs=None, *, max_length: int | None = None) -> Batch:
+        if self.tokenizer is None:
+            raise InputError("this model was built without a tokenizer; pass token ids (a dict with input_ids) instead.")
+        return self.tokenizer(texts, pairs, max_length=max_length)
+
+    def inputs(self, batch) -> Inputs:
+        """A Batch, a dict of id arrays, or text(s) → checked int32 arrays on the device."""
+        if isinstance(batch, (str, list)) and (isinstance(batch, str) or all(isinstance(t, str) for t in batch)):
+            batch = self.tokenize(batch)
+        fields = batch.to_dict() if isinstance(batch, Batch) else dict(batch)
+        if "input_ids" not in fields:
+            raise InputError("a batch needs input_ids; pass model.tokenize(texts) or a dict with input_ids [B, T].")
+        ids = np.asarray(fields["input_ids"])
+        if ids.ndim != 2 or ids.size == 0:
+            raise InputError(f"input_ids must be a non-empty int array [B, T]; got shape {ids.shape}. "
+                             f"Wrap a single sequence as [[...]] and pass at least one text.")
+        types = np.asarray(fields.get("token_type_ids", np.zeros_like(ids)))
+        mask = np.asarray(fields.get("attention_mask", np.ones_like(ids)))
+        for name, value in (("token_type_ids", types), ("attention_mask", mask)):
+            if value.shape != ids.shape:
+                raise InputError(f"{name} has shape {value.shape} but input_ids has {ids.shape}; they must match.")
+        cfg = self.config
+        if ids.shape[1] > cfg.max_position_embeddings:
+            raise InputError(
+                f"the batch has {ids.shape[1]} tokens per row but this model has {cfg.max_position_embeddings} "
+                f"positions; tokenize with max_length={cfg.max_position_embeddings} to truncate, or split the text.")
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            raise InputError(f"input_ids must lie in [0, {cfg.vocab_size}); found {ids.min()}…{ids.max()}. "
+                             f"Were they made with another model's tokenizer?")
+        if types.min() < 0 or types.max() >= cfg.type_vocab_size:
+            raise InputError(f"token_type_ids must lie in [0, {cfg.type_vocab_size}); found {types.max()}.")
+        return tuple(jnp.asarray(a, jnp.int32) for a in (ids, types, mask))
+
+    # ---- hook points ----------------------------------------------------------------------------------
+
+    @property
+    def hook_sites(self) -> dict[str, tuple[tuple[int, ...], jnp.dtype]]:
+        """Every hook point → (shape, dtype) for a batch of 2 × 3 tokens, in forward order."""
+        if self._hook_sites is None:
+            recorder = Recorder()
+            ids = jnp.zeros((2, 3), jnp.int32)
+            jax.eval_shape(lambda state: nnx.merge(self.graphdef, state)(ids, ids, ids + 1, recorder), self.state)
+            self._hook_sites = recorder.sites
+        return self._hook_sites
+
+    @property
+    def hook_names(self) -> list[str]:
+        """Every hook point of this model, in forward order."""
+        return list(self.hook_sites)
+
+    def _names(self, spec) -> list[str]:
+        return resolve_names(spec, self.hook_names, self.config.architecture)
+
+    # ---- forward passes -------------------------------------------------------------------------------
+
+    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def):
+        self.traces += 1
+        writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
+        hooks = HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
+        out = nnx.merge(self.graphdef, state)(*inputs, hooks)
+        return out, hooks.captured
+
+    def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
+        """One piece of the forward (embeddings, block `stage`, or the head), for streaming captures to host."""
+        self.traces += 1
+        writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
+        hooks = HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
+        module = nnx.merge(self.graphdef, state)
+        ids, types, mask = inputs
+        if stage == "embed":
+            out = hooks("hook_full_embed", module.embed(ids, types, hooks))
+        elif stage == "head":
+            out = module.head(x, hooks)
+        else:
+            out = module.blocks[stage](x, mask.astype(bool)[:, None, None, :], hooks, f"blocks.{stage}")
+        return out, hooks.captured
+
+    def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None) -> Callable:
+        """A pure function `(state, inputs) -> (Output, {name: value})` to compose inside your own
+        jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state."""
+        capture = frozenset(self._names(names)) if names != () else frozenset()
+        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
+        return lambda state, inputs: self._forward(state, inputs, leaves, capture, writer_def)
+
+    def run(self, batch, *, names=(), hooks: Mapping[str, Callable] | None = None,
+            offload: bool = False) -> tuple[Output, Cache]:
+        """The general forward: capture `names` (list, glob or predicate) while `hooks` rewrite values.
+
+        offload=True runs block by block and moves each block's captures to host memory (NumPy) as soon as
+        it is produced, so capturing everything of a large batch needs one block's worth of device memory.
+        """
+        inputs = self.inputs(batch)
+        capture = frozenset(self._names(names)) if names != () else frozenset()
+        writers = writers_for(hooks, self.hook_names, self.config.architecture)
+        leaves, writer_def = jax.tree_util.tree_flatten(writers)
+        if not offload:
+            out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
+            return out, Cache(captured, self.hook_names)
+        captured = {}
+        x = None
+        for stage in ["embed", *range(self.config.num_hidden_layers), "head"]:
+            x, values = self._stage_jit(self.state, x, inputs, leaves, stage=stage, capture=capture, writer_def=writer_def)
+            captured |= {name: np.asarray(value) for name, value in values.items()}
+        return x, Cache(captured, self.hook_names)
+
+    def __call__(self, batch) -> Output:
+        return self.run(batch)[0]
+
+    def run_with_cache(self, batch, names=None, *, offload: bool = False) -> tuple[Output, Cache]:
+        """Forward pass that stores the hook values named (None: every hook point)."""
+        return self.run(batch, names=names, offload=offload)
+
+    def run_with_hooks(self, batch, hooks: Mapping[str, Callable]) -> Output:
+        """Forward pass where each `fn(value, ctx)` in `hooks` ({name or glob: fn}) replaces its value."""
+        return self.run(batch, hooks=hooks)[0]
+
+    def grad(self, batch, loss_fn: Callable[[Output], jax.Array], names,
+             hooks: Mapping[str, Callable] | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """(loss, {hook name: ∂loss/∂value}) for a scalar `loss_fn(output)` and the hook values `names`."""
+        inputs = self.inputs(batch)
+        chosen = self._names(names)
+        _, cache = self.run(batch, names=chosen, hooks=hooks)
+        deltas = {name: jnp.zeros_like(cache[name]) for name in chosen}
+        user_writers = writers_for(hooks, self.hook_names, self.config.architecture)
+
+        def objective(deltas):
+            writers = dict(user_writers)
+            for name, delta in deltas.items():
+                writers[name] = writers.get(name, ()) + (HookFn(_add, delta=delta),)
+            leaves, writer_def = jax.tree_util.tree_flatten(writers)
+            out, _ = self._forward_jit(self.state, inputs, leaves, capture=frozenset(), writer_def=writer_def)
+            loss = loss_fn(out)
+            if jnp.shape(loss) != ():
+                raise HookError(f"loss_fn must return a scalar; it returned shape {jnp.shape(loss)}.")
+            return loss
+
+        loss, grads = jax.value_and_grad(objective)(deltas)
+        return loss, grads
+
+    # ---- sentence embeddings --------------------------------------------------------------------------
+
+    def sentence_embeddings(self, batch, mode: str | None = None, normalize: bool | None = None) -> jax.Array:
+        """[B, D] sentence vectors: "mean" over real tokens, "cls", or "max" (default: the checkpoint's
+        sentence-transformers setting, else mean), L2-normalised when the checkpoint says so."""
+        inputs = self.inputs(batch)
+        hidden = self.run(batch)[0].last_hidden_state
+        settings = self.pooling or {"mode": "mean", "normalize": False}
+        mode = mode or settings["mode"]
+        normalize = settings["normalize"] if normalize is None else normalize
+        mask = inputs[2][..., None].astype(hidden.dtype)
+        if mode == "mean":
+            pooled = (hidden * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
+        elif mode == "cls":
+            pooled = hidden[:, 0]
+        elif mode == "max":
+            pooled = jnp.where(mask > 0, hidden, -jnp.inf).max(1)
+        else:
+            raise InputError(f"pooling mode {mode!r} is not one of 'mean', 'cls', 'max'.")
+        if normalize:
+            pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+        return pooled

@@ -1,0 +1,233 @@
+"""Hugging Face BERT checkpoints → minibert parameters, by a strict table.
+
+Every checkpoint key minibert reads is named in `key_table`, with the minibert
+parameter it becomes and the reshaping that puts it in the shape the maths uses
+(PyTorch Linear stores W as out×in; minibert stores W_Q as D×H×K and W_O as H×K×D).
+Missing keys, unexpected keys and wrong shapes are errors that name the key.
+
+Loading reads safetensors only. A PyTorch `pytorch_model.bin` is a pickle, which can
+run code when it is read: it is loaded only when the caller passes `allow_pickle=True`,
+and `convert_bin_to_safetensors` turns it into a safetensors file once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from minibert.config import BertConfig
+
+# Keys Hugging Face saves that carry no weights (buffers) or repeat a tied weight.
+IGNORED = ("embeddings.position_ids",)
+TIED = {  # key → minibert parameter it must equal
+    "cls.predictions.decoder.weight": "embed.word",
+    "cls.predictions.decoder.bias": "mlm.decoder_bias",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the table: names the file or key and the fix."""
+
+
+def _identity(w, cfg):
+    return w
+
+
+def _transpose(w, cfg):  # PyTorch Linear [out, in] → [in, out]
+    return w.T
+
+
+def _to_DHK(w, cfg):  # [H·K, D] → [D, H, K]
+    return w.T.reshape(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
+
+
+def _to_HK(b, cfg):  # [H·K] → [H, K]
+    return b.reshape(cfg.num_attention_heads, cfg.head_dim)
+
+
+def _to_HKD(w, cfg):  # [D, H·K] → [H, K, D]
+    return w.T.reshape(cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size)
+
+
+Rule = tuple[str, tuple[int, ...], Callable]  # minibert param path, HF shape, converter
+
+
+def _layer_norm(hf: str, ours: str, D: int) -> dict[str, Rule]:
+    return {f"{hf}.weight": (f"{ours}.scale", (D,), _identity), f"{hf}.bias": (f"{ours}.bias", (D,), _identity)}
+
+
+def _linear(hf: str, w: str, b: str, out_dim: int, in_dim: int, w_fn=_transpose, b_fn=_identity) -> dict[str, Rule]:
+    return {f"{hf}.weight": (w, (out_dim, in_dim), w_fn), f"{hf}.bias": (b, (out_dim,), b_fn)}
+
+
+def key_table(cfg: BertConfig) -> dict[str, Rule]:
+    """Every Hugging Face key this architecture needs → (minibert param path, HF shape, converter).
+
+    Encoder keys are bare (`embeddings...`, `encoder...`, `pooler...`); head keys are as HF
+    saves them (`cls...`, `classifier...`).
+    """
+    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    table: dict[str, Rule] = {
+        "embeddings.word_embeddings.weight": ("embed.word", (V, D), _identity),
+        "embeddings.position_embeddings.weight": ("embed.position", (cfg.max_position_embeddings, D), _identity),
+        "embeddings.token_type_embeddings.weight": ("embed.token_type", (cfg.type_vocab_size, D), _identity),
+        **_layer_norm("embeddings.LayerNorm", "embed.ln", D),
+    }
+    for i in range(cfg.num_hidden_layers):
+        hf, ours = f"encoder.layer.{i}", f"blocks.{i}"
+        for name in ("query", "key", "value"):
+            letter = name[0].upper()
+            table |= _linear(f"{hf}.attention.self.{name}", f"{ours}.attn.W_{letter}", f"{ours}.attn.b_{letter}",
+                             D, D, _to_DHK, _to_HK)
+        table |= _linear(f"{hf}.attention.output.dense", f"{ours}.attn.W_O", f"{ours}.attn.b_O", D, D, _to_HKD)
+        table |= _layer_norm(f"{hf}.attention.output.LayerNorm", f"{ours}.ln1", D)
+        table |= _linear(f"{hf}.intermediate.dense", f"{ours}.mlp.W_in", f"{ours}.mlp.b_in", F, D)
+        table |= _linear(f"{hf}.output.dense", f"{ours}.mlp.W_out", f"{ours}.mlp.b_out", D, F)
+        table |= _layer_norm(f"{hf}.output.LayerNorm", f"{ours}.ln2", D)
+    arch = cfg.architecture
+    if cfg.has_pooler:
+        table |= _linear("pooler.dense", "pooler.W", "pooler.b", D, D)
+    if arch in ("BertForMaskedLM", "BertForPreTraining"):
+        table |= _linear("cls.predictions.transform.dense", "mlm.W", "mlm.b", D, D)
+        table |= _layer_norm("cls.predictions.transform.LayerNorm", "mlm.ln", D)
+        table["cls.predictions.bias"] = ("mlm.decoder_bias", (V,), _identity)
+    if arch == "BertForPreTraining":
+        table |= _linear("cls.seq_relationship", "nsp.W", "nsp.b", 2, D)
+    if arch in ("BertForSequenceClassification", "BertForTokenClassification"):
+        table |= _linear("classifier", "classifier.W", "classifier.b", cfg.num_labels, D)
+    return table
+
+
+def _canonical(key: str) -> str:
+    """Strip the `bert.` prefix of head models and rename TF-era LayerNorm gamma/beta."""
+    key = key.removeprefix("bert.")
+    if key.endswith(".gamma"):
+        key = key[: -len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+        key = key[: -len("beta")] + "bias"
+    return key
+
+
+def convert(tensors: Mapping[str, np.ndarray], cfg: BertConfig, *, dtype=jnp.float32, source: str = "checkpoint") -> dict:
+    """HF tensors (bare or `bert.`-prefixed keys) → nested dict of minibert params, checked strictly."""
+    table = key_table(cfg)
+    by_key = {}
+    for key, value in tensors.items():
+        canonical = _canonical(key)
+        if canonical in by_key:
+            raise CheckpointError(f"{source}: key {key!r} appears twice (with and without the 'bert.' prefix).")
+        by_key[canonical] = (key, value)
+    missing = [k for k in table if k not in by_key]
+    if missing:
+        raise CheckpointError(
+            f"{source}: missing {len(missing)} key(s) that a {cfg.architecture} with "
+            f"{cfg.num_hidden_layers} layers needs, first {missing[:3]}. Check that config.json "
+            f"(architectures, num_hidden_layers) describes these weights."
+        )
+    unexpected = [by_key[k][0] for k in by_key if k not in table and k not in IGNORED and k not in TIED]
+    if unexpected:
+        raise CheckpointError(
+            f"{source}: {len(unexpected)} unexpected key(s), first {unexpected[:3]}. minibert loads "
+            f"{cfg.architecture}; if these weights belong to another head, fix `architectures` in config.json."
+        )
+    flat = {}
+    for key, (path, shape, to_ours) in table.items():
+        original, value = by_key[key]
+        if tuple(value.shape) != shape:
+            raise CheckpointError(
+                f"{source}: {original!r} has shape {tuple(value.shape)}, expected {shape} from config.json "
+                f"(hidden_size={cfg.hidden_size}, heads={cfg.num_attention_heads}, "
+                f"intermediate_size={cfg.intermediate_size}, vocab_size={cfg.vocab_size})."
+            )
+        flat[path] = to_ours(jnp.asarray(value, dtype=jnp.float32), cfg).astype(dtype)
+    for key, path in TIED.items():
+        if key in by_key and path in flat:
+            tied = jnp.asarray(by_key[key][1], jnp.float32).astype(dtype)
+            if not jnp.array_equal(tied, flat[path]):
+                raise CheckpointError(
+                    f"{source}: {key!r} differs from {path.replace('.', ' ')}; minibert ties the MLM decoder "
+                    f"to the word embeddings as BERT does, and these weights are untied."
+                )
+    return _nest(flat)
+
+
+def _nest(flat: Mapping[str, object]) -> dict:
+    nested: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(".")
+        node = nested
+        for p in parents:
+            node = node.setdefault(int(p) if p.isdigit() else p, {})
+        node[leaf] = value
+    return nested
+
+
+def read_safetensors(directory: Path) -> dict[str, object]:
+    """All tensors of a checkpoint directory: `model.safetensors` or a sharded index."""
+    from safetensors import SafetensorError, safe_open
+
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}); it needs a 'weight_map'.") from None
+        files = sorted(set(weight_map.values()))
+    elif (directory / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    elif (directory / "pytorch_model.bin").exists():
+        raise CheckpointError(
+            f"{directory} has only pytorch_model.bin, a pickle that can run code when read. Convert it once "
+            f"with `minibert convert {directory / 'pytorch_model.bin'}` (or load with allow_pickle=True) "
+            f"if you trust the file."
+        )
+    else:
+        raise CheckpointError(f"{directory} has no model.safetensors (nor a model.safetensors.index.json).")
+    tensors = {}
+    for name in files:
+        path = directory / name
+        if not path.exists():
+            raise CheckpointError(f"{path} is listed in the safetensors index but does not exist; download the missing shard.")
+        try:
+            with safe_open(str(path), framework="flax") as f:
+                for key in f.keys():
+                    tensors[key] = f.get_tensor(key)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(
+                f"{path} is not a readable safetensors file ({e}); it may be truncated or corrupt — download it again."
+            ) from None
+    return tensors
+
+
+def read_pytorch_bin(path: Path, *, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+    """Tensors of a `pytorch_model.bin` — only when the caller opts in to unpickling."""
+    if not allow_pickle:
+        raise CheckpointError(
+            f"{path} is a pickle; reading it can run arbitrary code. Pass allow_pickle=True only for files you trust, "
+            f"or convert it once with `minibert convert {path}`."
+        )
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(f"reading {path} needs PyTorch (`pip install torch`); safetensors checkpoints do not.") from None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def convert_bin_to_safetensors(bin_path: str | Path, out_path: str | Path | None = None) -> Path:
+    """Write `pytorch_model.bin`'s tensors to `model.safetensors` beside it (or at out_path). Unpickles once."""
+    from safetensors.numpy import save_file
+
+    bin_path = Path(bin_path)
+    out_path = Path(out_path) if out_path else bin_path.with_name("model.safetensors")
+    tensors = read_pytorch_bin(bin_path, allow_pickle=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out_path), metadata={"format": "pt"})
+    return out_path
+
+
+def shapes_of(tensors: Mapping[str, object]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in tensors.items()}

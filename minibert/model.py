@@ -1,0 +1,264 @@
+"""The BERT encoder, top to bottom, with every hook site inline.
+
+Axis letters, used in every einsum and docstring of minibert:
+    B batch      T query positions   S key positions   H heads
+    K head dim   D model dim         F ffn dim         L layers
+    V vocabulary C classes
+
+Each intermediate passes through `hooks(name, value)` where it is computed. With no
+hooks the call is the identity and costs nothing; `minibert.hooks.HookPoints` reads,
+replaces or differentiates the value (see hooks.py). Weights are stored in the shape
+the maths uses (W_Q as D×H×K, W_O as H×K×D); checkpoint.py does the reshaping.
+
+One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer compute it
+(hook names follow TransformerLens' HookedEncoder):
+    resid_mid  = resid_pre + Attention(resid_pre)
+    ln1        = LayerNorm(resid_mid)
+    resid_post = ln1 + MLP(ln1)
+    block out  = LayerNorm(resid_post)      (= next block's resid_pre)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from minibert.config import BertConfig
+
+
+class Hooks(Protocol):
+    def __call__(self, name: str, value: jax.Array) -> jax.Array: ...
+    def active(self, name: str) -> bool: ...
+
+
+class NoHooks:
+    """The hooks a plain forward uses: every value passes through unchanged."""
+
+    def __call__(self, name, value):
+        return value
+
+    def active(self, name):
+        return False
+
+
+NO_HOOKS = NoHooks()
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # Hugging Face "gelu" is the exact erf form
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+def _weight(rngs: nnx.Rngs | None, shape, dtype, std=0.02) -> nnx.Param:
+    """A weight, N(0, std) when rngs are given (random models), else zeros to be loaded over."""
+    if rngs is None:
+        return nnx.Param(jnp.zeros(shape, dtype))
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype))
+
+
+def _zeros(shape, dtype) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, dtype))
+
+
+@struct.dataclass
+class Output:
+    """What a forward pass returns. Fields a model does not have are None."""
+
+    last_hidden_state: jax.Array  # [B, T, D]
+    pooler_output: jax.Array | None = None  # [B, D]
+    logits: jax.Array | None = None  # MLM [B, T, V], sequence [B, C] or token [B, T, C]
+    nsp_logits: jax.Array | None = None  # [B, 2], BertForPreTraining only
+
+
+class LayerNorm(nnx.Module):
+    """y = (x − mean) / sqrt(var + eps) · scale + bias, over D; computed in float32."""
+
+    def __init__(self, dim: int, eps: float, dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), dtype))
+        self.bias = _zeros((dim,), dtype)
+        self.eps = eps
+
+    def __call__(self, x, hooks: Hooks, name: str):
+        x32 = x.astype(jnp.float32)
+        centered = x32 - x32.mean(-1, keepdims=True)
+        scale = hooks(f"{name}.hook_scale", jnp.sqrt((centered**2).mean(-1, keepdims=True) + self.eps))  # [B, T, 1]
+        standardized = hooks(f"{name}.hook_standardized", centered / scale)
+        normalized = standardized * self.scale[...] + self.bias[...]
+        return hooks(f"{name}.hook_normalized", normalized.astype(x.dtype))
+
+
+class Embeddings(nnx.Module):
+    def __init__(self, cfg: BertConfig, dtype, rngs):
+        self.word = _weight(rngs, (cfg.vocab_size, cfg.hidden_size), dtype)  # [V, D]
+        self.position = _weight(rngs, (cfg.max_position_embeddings, cfg.hidden_size), dtype)
+        self.token_type = _weight(rngs, (cfg.type_vocab_size, cfg.hidden_size), dtype)
+        self.ln = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+
+    def __call__(self, input_ids, token_type_ids, hooks: Hooks):
+        T = input_ids.shape[1]
+        embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, D]
+        pos = hooks("embed.hook_pos_embed", jnp.broadcast_to(self.position[...][:T], embed.shape))
+        token_type = hooks("embed.hook_token_type_embed", self.token_type[...][token_type_ids])
+        return self.ln(embed + pos + token_type, hooks, "embed.ln")
+
+
+def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str):
+    """softmax(q·k/√K + mask) · v, every step a hook site. q, k, v [B, T|S, H, K] → z [B, T, H, K].
+
+    Heads become a batch axis first ([B, H, T, K]): the two products are then plain batched matmuls, and
+    XLA neither transposes the [T, S] scores nor keeps the pattern in memory when nobody captures it.
+    """
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T|S, K]
+    qk = hooks(f"{name}.hook_qk", jnp.einsum("BHTK,BHSK->BHTS", q, k))  # raw q·k
+    scaled = qk / math.sqrt(q.shape[-1])
+    # Masked keys get the most negative float rather than −inf, as Hugging Face does,
+    # so a row whose keys a hook blocks entirely stays finite.
+    scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, scaled, jnp.finfo(scaled.dtype).min))
+    pattern = hooks(f"{name}.hook_pattern", jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype))
+    return jnp.einsum("BHTS,BHSK->BHTK", pattern, v).transpose(0, 2, 1, 3)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: BertConfig, dtype, rngs):
+        D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        self.W_Q, self.W_K, self.W_V = (_weight(rngs, (D, H, K), dtype) for _ in range(3))
+        self.b_Q, self.b_K, self.b_V = (_zeros((H, K), dtype) for _ in range(3))
+        self.W_O = _weight(rngs, (H, K, D), dtype)
+        self.b_O = _zeros((D,), dtype)
+
+    def __call__(self, x, key_mask, hooks: Hooks, name: str):
+        """x [B, T, D], key_mask [B, 1, 1, S] (True = real token) → attention output [B, T, D]."""
+        q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
+        k = hooks(f"{name}.hook_k", jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
+        v = hooks(f"{name}.hook_v", jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
+        if any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern")):
+            z = explicit_attention(q, k, v, key_mask, hooks, name)
+        else:
+            # Nobody looks at the scores: the fused kernel (cuDNN flash attention on GPU) gives the same z.
+            # On CPU, XLA runs explicit_attention faster than its own dot_product_attention (profiled
+            # in benchmarks/RESULTS.md), so there the fused path is the explicit one without hooks.
+            z = jax.lax.platform_dependent(
+                q, k, v, key_mask,
+                cpu=lambda *qkvm: explicit_attention(*qkvm, NO_HOOKS, name),
+                default=lambda q, k, v, key_mask: jax.nn.dot_product_attention(q, k, v, mask=key_mask))
+        z = hooks(f"{name}.hook_z", z)  # [B, T, H, K]
+        if hooks.active(f"{name}.hook_result"):
+            result = hooks(f"{name}.hook_result", jnp.einsum("BTHK,HKD->BTHD", z, self.W_O[...]))
+            return result.sum(axis=2) + self.b_O[...]
+        return jnp.einsum("BTHK,HKD->BTD", z, self.W_O[...]) + self.b_O[...]
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: BertConfig, dtype, rngs):
+        self.W_in = _weight(rngs, (cfg.hidden_size, cfg.intermediate_size), dtype)  # [D, F]
+        self.b_in = _zeros((cfg.intermediate_size,), dtype)
+        self.W_out = _weight(rngs, (cfg.intermediate_size, cfg.hidden_size), dtype)  # [F, D]
+        self.b_out = _zeros((cfg.hidden_size,), dtype)
+        self.activation = cfg.hidden_act
+
+    def __call__(self, x, hooks: Hooks, name: str):
+        pre = hooks(f"{name}.hook_pre", x @ self.W_in[...] + self.b_in[...])  # [B, T, F]
+        post = hooks(f"{name}.hook_post", ACTIVATIONS[self.activation](pre))
+        return post @ self.W_out[...] + self.b_out[...]
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: BertConfig, dtype, rngs):
+        self.attn = Attention(cfg, dtype, rngs)
+        self.ln1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype, rngs)
+        self.ln2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+
+    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str):
+        resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
+        attn_out = hooks(f"{name}.hook_attn_out", self.attn(resid_pre, key_mask, hooks, f"{name}.attn"))
+        resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + attn_out)
+        normalized_mid = self.ln1(resid_mid, hooks, f"{name}.ln1")
+        mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(normalized_mid, hooks, f"{name}.mlp"))
+        resid_post = hooks(f"{name}.hook_resid_post", normalized_mid + mlp_out)
+        return hooks(f"{name}.hook_normalized_resid_post", self.ln2(resid_post, hooks, f"{name}.ln2"))
+
+
+class Pooler(nnx.Module):
+    """pooled = tanh([CLS] hidden state · W + b)."""
+
+    def __init__(self, cfg: BertConfig, dtype, rngs):
+        self.W = _weight(rngs, (cfg.hidden_size, cfg.hidden_size), dtype)
+        self.b = _zeros((cfg.hidden_size,), dtype)
+
+    def __call__(self, hidden, hooks: Hooks):
+        return hooks("pooler.hook_out", jnp.tanh(hidden[:, 0] @ self.W[...] + self.b[...]))  # [B, D]
+
+
+class MaskedLMHead(nnx.Module):
+    """logits = LayerNorm(act(h · W + b)) · Eᵀ + bias, with E the (tied) word embeddings."""
+
+    def __init__(self, cfg: BertConfig, dtype, rngs):
+        self.W = _weight(rngs, (cfg.hidden_size, cfg.hidden_size), dtype)
+        self.b = _zeros((cfg.hidden_size,), dtype)
+        self.activation = cfg.hidden_act
+        self.ln = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+        self.decoder_bias = _zeros((cfg.vocab_size,), dtype)
+
+    def __call__(self, hidden, word_embeddings, hooks: Hooks):
+        transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
+        transformed = self.ln(transformed, hooks, "mlm.ln")
+        logits = jnp.einsum("BTD,VD->BTV", transformed, word_embeddings) + self.decoder_bias[...]
+        return hooks("mlm.hook_logits", logits)
+
+
+class Classifier(nnx.Module):
+    """logits = x · W + b, on the pooled output (sequence) or every token (token classification)."""
+
+    def __init__(self, in_dim: int, classes: int, dtype, rngs, name: str):
+        self.W = _weight(rngs, (in_dim, classes), dtype)
+        self.b = _zeros((classes,), dtype)
+        self.name = name
+
+    def __call__(self, x, hooks: Hooks):
+        return hooks(f"{self.name}.hook_logits", x @ self.W[...] + self.b[...])
+
+
+class Bert(nnx.Module):
+    """The encoder and the head its architecture names (BertConfig.architecture)."""
+
+    def __init__(self, cfg: BertConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        self.config = cfg
+        self.embed = Embeddings(cfg, dtype, rngs)
+        self.blocks = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
+        arch = cfg.architecture
+        self.pooler = Pooler(cfg, dtype, rngs) if cfg.has_pooler else None
+        self.mlm = MaskedLMHead(cfg, dtype, rngs) if arch in ("BertForMaskedLM", "BertForPreTraining") else None
+        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp") if arch == "BertForPreTraining" else None
+        classes = cfg.num_labels
+        self.classifier = (
+            Classifier(cfg.hidden_size, classes, dtype, rngs, "classifier")
+            if arch in ("BertForSequenceClassification", "BertForTokenClassification")
+            else None
+        )
+
+    def __call__(self, input_ids, token_type_ids, attention_mask, hooks: Hooks = NO_HOOKS) -> Output:
+        """input_ids, token_type_ids, attention_mask: int [B, T] → Output."""
+        key_mask = attention_mask.astype(bool)[:, None, None, :]  # [B, 1, 1, S]
+        resid = hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks))
+        for i, block in enumerate(self.blocks):
+            resid = block(resid, key_mask, hooks, f"blocks.{i}")
+        return self.head(resid, hooks)
+
+    def head(self, hidden, hooks: Hooks = NO_HOOKS) -> Output:
+        """The pooler and task head on the last hidden state [B, T, D]."""
+        pooled = self.pooler(hidden, hooks) if self.pooler is not None else None
+        logits = nsp_logits = None
+        if self.mlm is not None:
+            logits = self.mlm(hidden, self.embed.word[...], hooks)
+        if self.nsp is not None:
+            nsp_logits = self.nsp(pooled, hooks)
+        if self.classifier is not None:
+            per_token = self.config.architecture == "BertForTokenClassification"
+            logits = self.classifier(hidden if per_token else pooled, hooks)
+        return Output(hidden, pooled, logits, nsp_logits)

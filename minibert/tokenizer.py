@@ -1,0 +1,370 @@
+"""BERT WordPiece tokenization from scratch, matching Hugging Face's `BertTokenizerFast`.
+
+    tokenizer = Tokenizer.from_dir("weights/bert-base-uncased")
+    batch = tokenizer(["I made the mistake."], pairs=None, max_length=None)
+    batch.input_ids, batch.token_type_ids, batch.attention_mask     # int32 [B, T]
+    batch.tokens, batch.word_ids, batch.offsets
+
+Three stages, as in the original BERT code:
+  1. normalize — drop control characters, turn odd whitespace into spaces, put spaces
+     around CJK ideographs, strip accents (NFD, drop non-spacing marks), lower-case;
+     every normalized character remembers which character of the input it came from,
+     so tokens carry character offsets into the text the user passed;
+  2. split into words at whitespace and around every punctuation character;
+  3. WordPiece — greedy longest match from the left, continuations prefixed "##";
+     a word with no full cover, or longer than 100 characters, becomes [UNK].
+Special tokens written in the text ("[MASK]") are kept whole, as Hugging Face does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import unicodedata
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+MAX_CHARS_PER_WORD = 100
+
+# Unicode White_Space, as Rust's char::is_whitespace sees it (str.isspace also counts U+001C–U+001F).
+_WHITESPACE = frozenset(map(chr, [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                                  0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+class TokenizerError(ValueError):
+    """Text, pairs or tokenizer files that cannot be tokenized as asked; says what to change."""
+
+
+def _is_whitespace(char: str) -> bool:
+    return char in _WHITESPACE
+
+
+def _is_control(char: str) -> bool:
+    """Control, format and private-use characters (not unassigned ones); tab and newlines are whitespace."""
+    return char not in "\t\n\r" and unicodedata.category(char) in ("Cc", "Cf", "Co")
+
+
+def _is_punctuation(char: str) -> bool:
+    """ASCII symbols count too ("$", "+", "^" …), as in the original BERT code."""
+    return (char.isascii() and not char.isalnum() and char.isprintable() and char != " ") or \
+        unicodedata.category(char).startswith("P")
+
+
+def _is_cjk(char: str) -> bool:
+    code = ord(char)
+    return any(low <= code <= high for low, high in _CJK_RANGES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Word:
+    """One word of the input: WordPiece ids with their character spans in the original text."""
+
+    ids: tuple[int, ...]
+    offsets: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass
+class Batch:
+    """Token ids for B texts (or text pairs), right-padded to a common length T.
+
+    input_ids, token_type_ids, attention_mask: int32 [B, T]
+    tokens:       list[list[str]]          "[PAD]" at padded positions
+    word_ids:     list[list[int | None]]   word index within its sequence; None for [CLS], [SEP], padding
+    sequence_ids: list[list[int | None]]   0 for text A, 1 for text B, None for special tokens and padding
+    offsets:      list[list[tuple[int, int]]]  character span in the text it came from; (0, 0) for specials
+    """
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    attention_mask: np.ndarray
+    tokens: list[list[str]]
+    word_ids: list[list[int | None]]
+    sequence_ids: list[list[int | None]]
+    offsets: list[list[tuple[int, int]]]
+    texts: list[str]
+    pairs: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Real (unpadded) tokens per row, [B]."""
+        return self.attention_mask.sum(1)
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return dict(input_ids=self.input_ids, token_type_ids=self.token_type_ids, attention_mask=self.attention_mask)
+
+    def real_tokens(self, row: int) -> list[str]:
+        """Row `row`'s tokens without padding."""
+        return self.tokens[row][:int(self.lengths[row])]
+
+
+class Tokenizer:
+    """BERT's basic tokenizer + WordPiece over a vocabulary (token → id)."""
+
+    def __init__(self, vocab: dict[str, int], *, do_lower_case: bool = True, strip_accents: bool | None = None,
+                 tokenize_chinese_chars: bool = True, model_max_length: int = 512,
+                 special_tokens: dict[str, str] | None = None):
+        self.vocab = dict(vocab)
+        self.ids_to_tokens = {i: t for t, i in self.vocab.items()}
+        self.do_lower_case = do_lower_case
+        self.strip_accents = do_lower_case if strip_accents is None else strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.model_max_length = model_max_length
+        names = {name: f"[{name.split('_')[0].upper()}]" for name in SPECIAL_TOKENS} | (special_tokens or {})
+        missing = [token for token in names.values() if token not in self.vocab]
+        if missing:
+            raise TokenizerError(f"the vocabulary lacks the special tokens {missing}; is this a BERT WordPiece vocab?")
+        self.special_tokens = names
+        self._wordpiece = functools.lru_cache(maxsize=1 << 16)(self._wordpiece_uncached)
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> Tokenizer:
+        """Read `vocab.txt` (or a WordPiece `tokenizer.json`) and `tokenizer_config.json` from a checkpoint dir."""
+        directory = Path(directory)
+        settings = _read_json(directory / "tokenizer_config.json")
+        special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
+        special |= {name: _content(value) for name, value in _read_json(directory / "special_tokens_map.json").items()
+                    if name in SPECIAL_TOKENS}
+        max_length = settings.get("model_max_length", 512)
+        return cls(_read_vocab(directory), do_lower_case=settings.get("do_lower_case", True),
+                   strip_accents=settings.get("strip_accents"),
+                   tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
+                   model_max_length=max_length if max_length < 1e9 else 512, special_tokens=special)
+
+    def __repr__(self):
+        return f"Tokenizer(vocab={len(self.vocab)}, do_lower_case={self.do_lower_case})"
+
+    # ---- special tokens ---------------------------------------------------------------------------------
+
+    def _special_id(self, name: str) -> int:
+        return self.vocab[self.special_tokens[name]]
+
+    cls_token_id = property(lambda self: self._special_id("cls_token"))
+    sep_token_id = property(lambda self: self._special_id("sep_token"))
+    pad_token_id = property(lambda self: self._special_id("pad_token"))
+    unk_token_id = property(lambda self: self._special_id("unk_token"))
+    mask_token_id = property(lambda self: self._special_id("mask_token"))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    # ---- stage 1: normalize -------------------------------------------------------------------------------
+
+    def normalize(self, text: str, start: int = 0) -> tuple[str, list[int]]:
+        """The normalized text and, for each of its characters, the index of the input character it came from."""
+        chars, origins = [], []
+        for index, char in enumerate(text, start):
+            if char in ("\0", "\ufffd") or _is_control(char):
+                continue
+            if _is_whitespace(char):
+                char = " "
+            elif self.tokenize_chinese_chars and _is_cjk(char):
+                char = f" {char} "
+            if self.strip_accents:
+                char = "".join(c for c in unicodedata.normalize("NFD", char) if unicodedata.category(c) != "Mn")
+            if self.do_lower_case:
+                char = char.lower()
+            chars.append(char)
+            origins.extend([index] * len(char))
+        return "".join(chars), origins
+
+    # ---- stage 2: split into words ------------------------------------------------------------------------
+
+    def _words(self, text: str) -> list[Word]:
+        """Words of one text; special tokens written in it ("[MASK]") are words of their own."""
+        words, start = [], 0
+        for special, at in self._special_spans(text):
+            words += self._plain_words(text[start:at], start)
+            words.append(Word((self.vocab[special],), ((at, at + len(special)),)))
+            start = at + len(special)
+        return words + self._plain_words(text[start:], start)
+
+    def _special_spans(self, text: str) -> list[tuple[str, int]]:
+        """(special token, position) for each special token in the text, left to right, longest first."""
+        spans, at = [], 0
+        specials = sorted(self.special_tokens.values(), key=len, reverse=True)
+        while (hits := [(text.find(s, at), s) for s in specials if text.find(s, at) >= 0]):
+            position, special = min(hits, key=lambda hit: (hit[0], -len(hit[1])))
+            spans.append((special, position))
+            at = position + len(special)
+        return spans
+
+    def _plain_words(self, text: str, start: int) -> list[Word]:
+        normalized, origins = self.normalize(text, start)
+        words, begin = [], None
+        for i, char in enumerate(normalized + " "):
+            if char == " " or _is_punctuation(char):
+                if begin is not None:
+                    words.append(self._word(normalized[begin:i], origins[begin:i]))
+                    begin = None
+                if char != " ":
+                    words.append(self._word(char, origins[i:i + 1]))
+            elif begin is None:
+                begin = i
+        return words
+
+    # ---- stage 3: WordPiece -------------------------------------------------------------------------------
+
+    def _word(self, word: str, origins: list[int]) -> Word:
+        pieces = self._wordpiece(word)
+        if pieces is None:
+            return Word((self.unk_token_id,), ((origins[0], origins[-1] + 1),))
+        ids = tuple(self.vocab[piece] for piece, _, _ in pieces)
+        return Word(ids, tuple((origins[begin], origins[end - 1] + 1) for _, begin, end in pieces))
+
+    def _wordpiece_uncached(self, word: str) -> tuple[tuple[str, int, int], ...] | None:
+        """Greedy longest-match-first cover of `word` by vocabulary pieces: (piece, begin, end) or None."""
+        if len(word) > MAX_CHARS_PER_WORD:
+            return None
+        pieces, begin = [], 0
+        while begin < len(word):
+            prefix = "##" if begin else ""
+            end = next((end for end in range(len(word), begin, -1) if prefix + word[begin:end] in self.vocab), None)
+            if end is None:
+                return None
+            pieces.append((prefix + word[begin:end], begin, end))
+            begin = end
+        return tuple(pieces)
+
+    # ---- encoding ---------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of one text, without [CLS]/[SEP]."""
+        return [self.ids_to_tokens[i] for word in self._words(_checked_text(text, "text")) for i in word.ids]
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str] | str):
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, self.unk_token_id)
+        return [self.vocab.get(token, self.unk_token_id) for token in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        if np.ndim(ids) == 0:
+            return self.ids_to_tokens[int(ids)]
+        return [self.ids_to_tokens[int(i)] for i in ids]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Token ids back to text: wordpieces joined, "##" continuations glued to the previous piece."""
+        special = {self.vocab[token] for token in self.special_tokens.values()} if skip_special_tokens else set()
+        tokens = [self.ids_to_tokens[int(i)] for i in ids if int(i) not in special]
+        return " ".join(tokens).replace(" ##", "")
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, *,
+                 max_length: int | None = None, padding: str = "longest") -> Batch:
+        """Tokenize texts (and optional second texts) into a padded Batch.
+
+        max_length: truncate each row to this many tokens, longest sequence first (Hugging Face's
+        "longest_first"); without it a row longer than the model's limit is an error.
+        padding: "longest" (pad to the longest row) or "max_length" (pad to max_length).
+        """
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise TokenizerError("the batch is empty; pass at least one text, e.g. model.tokenize(['Hello world.']).")
+        if pairs is not None:
+            pairs = [pairs] if isinstance(pairs, str) else list(pairs)
+            if len(pairs) != len(texts):
+                raise TokenizerError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
+        if padding not in ("longest", "max_length") or (padding == "max_length" and max_length is None):
+            raise TokenizerError(f"padding must be 'longest' or 'max_length' (with max_length=N); got {padding!r}.")
+        rows = [self._encode(_checked_text(text, f"texts[{i}]"),
+                             None if pairs is None else _checked_text(pairs[i], f"pairs[{i}]"), max_length)
+                for i, text in enumerate(texts)]
+        width = max_length if padding == "max_length" else max(len(row["input_ids"]) for row in rows)
+        return self._padded(rows, width, texts, pairs)
+
+    def _encode(self, text: str, pair: str | None, max_length: int | None) -> dict[str, list]:
+        """[CLS] A [SEP] (B [SEP]) for one row, truncated longest-first to max_length."""
+        sequences = [self._words(text)] + ([self._words(pair)] if pair is not None else [])
+        n_special = len(sequences) + 1
+        counts = [sum(len(word.ids) for word in words) for words in sequences]
+        limit = max_length if max_length is not None else self.model_max_length
+        if sum(counts) + n_special > limit:
+            if max_length is None:
+                raise TokenizerError(
+                    f"{text[:40]!r}… has {sum(counts) + n_special} tokens but the model takes at most "
+                    f"{self.model_max_length}; pass max_length={self.model_max_length} to truncate it (longest "
+                    f"first), or split the text.")
+            if max_length < n_special + len(sequences):
+                raise TokenizerError(f"max_length={max_length} leaves no room for text after the "
+                                     f"{n_special} special tokens; use max_length >= {n_special + len(sequences)}.")
+            counts = _truncated_counts(counts, max_length - n_special)
+        row = dict(input_ids=[self.cls_token_id], token_type_ids=[0], word_ids=[None], sequence_ids=[None],
+                   offsets=[(0, 0)])
+        for sequence, (words, keep) in enumerate(zip(sequences, counts)):
+            flat = [(i, span, w) for w, word in enumerate(words) for i, span in zip(word.ids, word.offsets)][:keep]
+            row["input_ids"] += [i for i, _, _ in flat] + [self.sep_token_id]
+            row["offsets"] += [span for _, span, _ in flat] + [(0, 0)]
+            row["word_ids"] += [w for _, _, w in flat] + [None]
+            row["sequence_ids"] += [sequence] * len(flat) + [None]
+            row["token_type_ids"] += [sequence] * (len(flat) + 1)
+        return row
+
+    def _padded(self, rows: list[dict], width: int, texts: list[str], pairs: list[str] | None) -> Batch:
+        def pad(values, fill):
+            return [row[values] + [fill] * (width - len(row[values])) for row in rows]
+
+        ids = np.asarray(pad("input_ids", self.pad_token_id), np.int32)
+        mask = np.asarray([[1] * len(row["input_ids"]) + [0] * (width - len(row["input_ids"])) for row in rows],
+                          np.int32)
+        return Batch(input_ids=ids, token_type_ids=np.asarray(pad("token_type_ids", 0), np.int32),
+                     attention_mask=mask, tokens=[self.convert_ids_to_tokens(row) for row in ids],
+                     word_ids=pad("word_ids", None), sequence_ids=pad("sequence_ids", None),
+                     offsets=pad("offsets", (0, 0)), texts=texts, pairs=pairs)
+
+
+def _truncated_counts(counts: list[int], budget: int) -> list[int]:
+    """Longest-first truncation of one or two sequences to `budget` tokens in all (Hugging Face's rule:
+    the shorter keeps up to half, the longer takes the rest; on a tie the second is the longer)."""
+    if len(counts) == 1:
+        return [budget]
+    first, second = counts
+    if first + second <= budget:
+        return counts
+    if first > second:
+        short = min(second, budget // 2)
+        return [budget - short, short]
+    short = min(first, budget // 2)
+    return [short, budget - short]
+
+
+def _checked_text(text, name: str) -> str:
+    if not isinstance(text, str):
+        raise TokenizerError(f"{name} is a {type(text).__name__}, not a string; pass text (str) to tokenize.")
+    return text
+
+
+def _content(token) -> str:
+    """A special token as written in tokenizer configs: "[CLS]" or {"content": "[CLS]", ...}."""
+    return token["content"] if isinstance(token, dict) else token
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise TokenizerError(f"{path} is not valid JSON ({error}); re-download or fix the file.") from None
+
+
+def _read_vocab(directory: Path) -> dict[str, int]:
+    """vocab.txt (one token per line, id = line number), else the vocab inside a WordPiece tokenizer.json."""
+    vocab_file = directory / "vocab.txt"
+    if vocab_file.exists():
+        lines = vocab_file.read_text(encoding="utf-8").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return {token: i for i, token in enumerate(lines)}
+    model = _read_json(directory / "tokenizer.json").get("model", {})
+    if model.get("type") == "WordPiece":
+        return dict(model["vocab"])
+    raise TokenizerError(f"{directory} has no vocab.txt (nor a WordPiece tokenizer.json); BERT needs its vocabulary "
+                         f"file next to config.json.")
