@@ -1,0 +1,77 @@
+"""Shared test helpers: tiny random Hugging Face BERT models saved to disk, and the bundled checkpoint."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+import minibert
+from minibert import sources
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def write_vocab(directory, vocab_size: int) -> None:
+    """A vocab.txt of `vocab_size` entries: specials, then letters and made-up wordpieces."""
+    words = list("abcdefghijklmnopqrstuvwxyz.,!?") + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    words += [f"w{i}" for i in range(vocab_size)]
+    (directory / "vocab.txt").write_text("\n".join((SPECIAL + words)[:vocab_size]) + "\n")
+    (directory / "tokenizer_config.json").write_text('{"do_lower_case": true, "model_max_length": 512}')
+
+
+def make_hf_model(directory, architecture: str = "BertModel", *, seed: int = 0, scale: float = 0.3,
+                  safe_serialization: bool = True, dtype=None, **config):
+    """Build a tiny random HF model, randomise every weight (LayerNorms too), save it; return the torch model."""
+    import torch
+    import transformers
+
+    settings = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=37, max_position_embeddings=64, type_vocab_size=2)
+    settings |= config
+    cfg = transformers.BertConfig(**settings, architectures=[architecture])
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm.weight" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(scale * torch.randn_like(p))
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(directory)
+    if not safe_serialization:  # transformers v5 writes safetensors only; make the legacy pickle by hand
+        torch.save(model.state_dict(), directory / "pytorch_model.bin")
+        (directory / "model.safetensors").unlink()
+    write_vocab(directory, settings["vocab_size"])
+    return model.float().eval() if dtype is not None else model
+
+
+def random_batch(rng: np.random.Generator, batch: int, length: int, vocab_size: int, type_vocab_size: int = 2):
+    """Ids with [CLS]=2 first, random lengths (padding), and a sentence-B segment where types allow."""
+    ids = rng.integers(5, vocab_size, size=(batch, length))
+    ids[:, 0] = 2
+    lengths = rng.integers(2, length + 1, size=batch)
+    lengths[0] = length
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
+    types = np.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        split = n // 2
+        types[b, split:n] = rng.integers(0, type_vocab_size)
+    ids = np.where(mask == 1, ids, 0)
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+@pytest.fixture(scope="session")
+def bundled_dir():
+    return sources.resolve()
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    return minibert.load()

@@ -1,0 +1,286 @@
+"""Hooks on the bundled checkpoint: every captured value against an independent NumPy BERT,
+writes (ablation, patching, attention scaling), gradients, compile counts, the two attention paths."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from scipy.special import erf
+
+import minibert
+from minibert import interventions
+
+TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
+
+
+# ---- an independent NumPy BERT, written from the Hugging Face key names and the paper's equations ----
+
+def _ln(x, w, b, eps=1e-12):
+    mu = x.mean(-1, keepdims=True)
+    sigma = np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+    return {"scale": sigma, "standardized": (x - mu) / sigma, "normalized": (x - mu) / sigma * w + b}
+
+
+def numpy_bert(t, ids, types, mask, n_heads, ablate=None):
+    """Every intermediate, float64, keyed by minibert hook name. `ablate` = (layer, head) removes one head."""
+    t = {k: v.astype(np.float64) for k, v in t.items()}
+    B, T = ids.shape
+    out = {"embed.hook_embed": t["embeddings.word_embeddings.weight"][ids],
+           "embed.hook_pos_embed": np.broadcast_to(t["embeddings.position_embeddings.weight"][:T], (B, T, 384)),
+           "embed.hook_token_type_embed": t["embeddings.token_type_embeddings.weight"][types]}
+    x = out["embed.hook_embed"] + out["embed.hook_pos_embed"] + out["embed.hook_token_type_embed"]
+    ln = _ln(x, t["embeddings.LayerNorm.weight"], t["embeddings.LayerNorm.bias"])
+    out |= {f"embed.ln.hook_{k}": v for k, v in ln.items()}
+    x = out["hook_full_embed"] = ln["normalized"]
+    for i in range(6):
+        p, n = f"encoder.layer.{i}.", f"blocks.{i}."
+        out[n + "hook_resid_pre"] = x
+        proj = {}
+        for name in ("query", "key", "value"):
+            y = x @ t[p + f"attention.self.{name}.weight"].T + t[p + f"attention.self.{name}.bias"]
+            proj[name] = y.reshape(B, T, n_heads, -1)  # [B, T, H, K]
+        q, k, v = proj["query"], proj["key"], proj["value"]
+        qk = np.zeros((B, n_heads, T, T))
+        for b in range(B):
+            for h in range(n_heads):
+                qk[b, h] = q[b, :, h] @ k[b, :, h].T
+        scores = qk / np.sqrt(q.shape[-1])
+        masked = np.where(mask[:, None, None, :] == 1, scores, -1e30)
+        e = np.exp(masked - masked.max(-1, keepdims=True))
+        pattern = e / e.sum(-1, keepdims=True)
+        z = np.einsum("bhts,bshk->bthk", pattern, v)
+        if ablate is not None and ablate[0] == i:
+            z[:, :, ablate[1]] = 0
+        W_O = t[p + "attention.output.dense.weight"].T.reshape(n_heads, -1, 384)  # [H, K, D]
+        result = np.stack([z[:, :, h] @ W_O[h] for h in range(n_heads)], axis=2)
+        attn_out = result.sum(2) + t[p + "attention.output.dense.bias"]
+        out |= {n + "attn.hook_q": q, n + "attn.hook_k": k, n + "attn.hook_v": v, n + "attn.hook_qk": qk,
+                n + "attn.hook_attn_scores": scores, n + "attn.hook_pattern": pattern, n + "attn.hook_z": z,
+                n + "attn.hook_result": result, n + "hook_attn_out": attn_out}
+        mid = out[n + "hook_resid_mid"] = x + attn_out
+        ln1 = _ln(mid, t[p + "attention.output.LayerNorm.weight"], t[p + "attention.output.LayerNorm.bias"])
+        out |= {n + f"ln1.hook_{k}": v for k, v in ln1.items()}
+        pre = out[n + "mlp.hook_pre"] = ln1["normalized"] @ t[p + "intermediate.dense.weight"].T + t[p + "intermediate.dense.bias"]
+        post = out[n + "mlp.hook_post"] = 0.5 * pre * (1 + erf(pre / np.sqrt(2)))
+        mlp_out = out[n + "hook_mlp_out"] = post @ t[p + "output.dense.weight"].T + t[p + "output.dense.bias"]
+        resid_post = out[n + "hook_resid_post"] = ln1["normalized"] + mlp_out
+        ln2 = _ln(resid_post, t[p + "output.LayerNorm.weight"], t[p + "output.LayerNorm.bias"])
+        out |= {n + f"ln2.hook_{k}": v for k, v in ln2.items()}
+        x = out[n + "hook_normalized_resid_post"] = ln2["normalized"]
+    out["pooler.hook_out"] = np.tanh(x[:, 0] @ t["pooler.dense.weight"].T + t["pooler.dense.bias"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(bundled, bundled_dir):
+    batch = bundled.tokenize(TEXTS)
+    tensors = load_file(bundled_dir / "model.safetensors")
+    return batch, tensors, numpy_bert(tensors, batch.input_ids, batch.token_type_ids, batch.attention_mask, 12)
+
+
+def _compare(name, ours, theirs, mask):
+    ours = np.asarray(ours, np.float64)
+    if name.endswith("hook_attn_scores"):  # masked keys hold the most negative float32; compare the rest
+        keys = np.broadcast_to(mask[:, None, None, :] == 1, ours.shape)
+        assert (ours[~keys] <= np.finfo(np.float32).min / 2).all()
+        ours, theirs = ours[keys], theirs[keys]
+    scale = max(1.0, np.abs(theirs).max())
+    err = np.abs(ours - theirs).max() / scale
+    assert err < 1e-4, f"{name}: relative max error {err:.2e}"
+
+
+def test_every_hook_matches_numpy_reference(bundled, reference):
+    batch, _, ref = reference
+    out, cache = bundled.run_with_cache(batch)
+    assert set(cache) == set(bundled.hook_names) == set(ref), set(bundled.hook_names) ^ set(ref)
+    for name in bundled.hook_names:
+        _compare(name, cache[name], ref[name], batch.attention_mask)
+
+
+def test_hook_names_are_in_forward_order_and_complete(bundled):
+    names = bundled.hook_names
+    assert names[:7] == ["embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed",
+                         "embed.ln.hook_scale", "embed.ln.hook_standardized", "embed.ln.hook_normalized",
+                         "hook_full_embed"]
+    block = [n.split(".", 2)[2] for n in names if n.startswith("blocks.0.")]
+    assert block == ["hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_qk",
+                     "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
+                     "hook_attn_out", "hook_resid_mid", "ln1.hook_scale", "ln1.hook_standardized",
+                     "ln1.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+                     "ln2.hook_scale", "ln2.hook_standardized", "ln2.hook_normalized", "hook_normalized_resid_post"]
+    assert names[-1] == "pooler.hook_out"
+    assert len(names) == 7 + 6 * len(block) + 1
+
+
+def test_capture_only_what_is_asked(bundled, reference):
+    batch = reference[0]
+    assert list(bundled.run_with_cache(batch, names=["blocks.2.attn.hook_q"])[1]) == ["blocks.2.attn.hook_q"]
+    globbed = bundled.run_with_cache(batch, names="blocks.*.attn.hook_pattern")[1]
+    assert list(globbed) == [f"blocks.{i}.attn.hook_pattern" for i in range(6)]
+    assert globbed.stack("hook_pattern").shape == (6, 2, 12, batch.input_ids.shape[1], batch.input_ids.shape[1])
+    predicate = bundled.run_with_cache(batch, names=lambda n: n.endswith("hook_scale"))[1]
+    assert len(predicate) == 1 + 2 * 6
+
+
+def test_offload_streams_numpy_and_equals_device_capture(bundled, reference):
+    batch = reference[0]
+    out, on_device = bundled.run_with_cache(batch, names="blocks.*.attn.hook_*")
+    out_host, on_host = bundled.run_with_cache(batch, names="blocks.*.attn.hook_*", offload=True)
+    assert list(on_host) == list(on_device)
+    for name in on_host:
+        assert isinstance(on_host[name], np.ndarray)
+        np.testing.assert_allclose(on_host[name], on_device[name], atol=1e-5)
+    np.testing.assert_allclose(out_host.last_hidden_state, out.last_hidden_state, atol=1e-5)
+
+
+def test_fused_and_explicit_attention_paths_agree(bundled, reference, monkeypatch):
+    batch = reference[0]
+    inputs = bundled.inputs(batch)
+    fused = bundled(batch).last_hidden_state
+    explicit, _ = bundled.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    np.testing.assert_allclose(fused, explicit.last_hidden_state, atol=1e-5)
+    # The plain forward really takes the fused kernel; watching a pattern takes the explicit path.
+    calls = []
+    fused_kernel = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or fused_kernel(*a, **k))
+    no_writers = jax.tree_util.tree_structure({})
+    jax.make_jaxpr(lambda s: bundled._forward(s, inputs, [], frozenset(), no_writers))(bundled.state)
+    assert len(calls) == 6
+    jax.make_jaxpr(lambda s: bundled._forward(s, inputs, [], frozenset(["blocks.0.attn.hook_pattern"]), no_writers))(bundled.state)
+    assert len(calls) == 6 + 5
+
+
+def test_zero_ablation_of_a_head_matches_numpy(bundled, reference):
+    batch, tensors, _ = reference
+    ablated_ref = numpy_bert(tensors, batch.input_ids, batch.token_type_ids, batch.attention_mask, 12, ablate=(3, 7))
+    hooks = interventions.ablate_heads(interventions.head_mask(3, 7, 6, 12))
+    out, cache = bundled.run(batch, names=["blocks.3.attn.hook_z", "pooler.hook_out"], hooks=hooks)
+    assert np.abs(np.asarray(cache["blocks.3.attn.hook_z"])[:, :, 7]).max() == 0
+    _compare("last", out.last_hidden_state, ablated_ref["blocks.5.hook_normalized_resid_post"], batch.attention_mask)
+    _compare("pooler", out.pooler_output, ablated_ref["pooler.hook_out"], batch.attention_mask)
+
+
+def test_mean_ablation_replaces_head_output_with_its_mean(bundled, reference):
+    batch = reference[0]
+    mean = interventions.mean_z(bundled, batch)
+    hooks = interventions.ablate_heads(interventions.head_mask(1, 2, 6, 12), mean=mean)
+    _, cache = bundled.run(batch, names="blocks.1.attn.hook_z", hooks=hooks)
+    z = np.asarray(cache["blocks.1.attn.hook_z"])
+    np.testing.assert_allclose(z[:, :, 2], np.broadcast_to(mean[1, 2], z[:, :, 2].shape), atol=1e-6)
+    _, clean = bundled.run_with_cache(batch, names="blocks.1.attn.hook_z")
+    np.testing.assert_allclose(z[:, :, 3], clean["blocks.1.attn.hook_z"][:, :, 3], atol=1e-6)
+
+
+def test_sweep_over_every_head_compiles_once(bundled, reference):
+    batch = reference[0]
+    outputs = []
+    bundled.run_with_hooks(batch, interventions.ablate_heads(interventions.head_mask(0, 0, 6, 12)))
+    before = bundled.traces
+    for layer in range(6):
+        for head in range(12):
+            hooks = interventions.ablate_heads(interventions.head_mask(layer, head, 6, 12))
+            outputs.append(np.asarray(bundled.run_with_hooks(batch, hooks).pooler_output))
+    assert bundled.traces == before, "the head sweep recompiled"
+    assert len({o.tobytes() for o in outputs}) == 72  # every head made a different change
+
+
+def test_gradient_wrt_pattern_matches_finite_differences(bundled, reference):
+    batch = reference[0]
+    direction = jax.random.normal(jax.random.PRNGKey(0), (2, 384))
+
+    def loss_fn(out):
+        return jnp.sum(out.pooler_output * direction)
+
+    name = "blocks.2.attn.hook_pattern"
+    loss, grads = bundled.grad(batch, loss_fn, [name])
+    _, cache = bundled.run_with_cache(batch, names=[name])
+    assert grads[name].shape == cache[name].shape
+    nudge = jax.random.normal(jax.random.PRNGKey(1), cache[name].shape)
+    eps = 1e-2
+
+    def shifted(sign):
+        hook = minibert.HookFn(lambda v, ctx, d: v + sign * eps * d, d=nudge)
+        return float(loss_fn(bundled.run_with_hooks(batch, {name: hook})))
+
+    finite = (shifted(1) - shifted(-1)) / (2 * eps)
+    analytic = float(jnp.vdot(grads[name], nudge))
+    assert abs(finite - analytic) <= 1e-2 * max(1.0, abs(analytic)), (finite, analytic)
+    assert abs(float(loss) - float(loss_fn(bundled(batch)))) < 1e-5
+
+
+def test_blocking_attention_to_a_token(bundled, reference):
+    batch = reference[0]
+    sep = batch.input_ids == bundled.tokenizer.sep_token_id
+    hooks = interventions.block_attention(sep, n_layers=6, layers=[4])
+    _, cache = bundled.run(batch, names="blocks.*.attn.hook_pattern", hooks=hooks)
+    pattern = np.asarray(cache.stack("hook_pattern"))
+    assert np.abs(pattern[4][np.broadcast_to(sep[:, None, None, :], pattern[4].shape)]).max() == 0
+    assert pattern[3][np.broadcast_to(sep[:, None, None, :], pattern[3].shape)].max() > 0.1
+    np.testing.assert_allclose(pattern[4].sum(-1), 1, atol=1e-5)
+
+
+def test_scaling_attention_doubles_the_odds(bundled, reference):
+    batch = reference[0]
+    first = np.zeros(batch.input_ids.shape, bool)
+    first[:, 1] = True
+    _, clean = bundled.run_with_cache(batch, names="blocks.0.attn.hook_pattern")
+    _, scaled = bundled.run(batch, names="blocks.0.attn.hook_pattern",
+                            hooks=interventions.scale_attention(first, 2.0, n_layers=6, layers=[0]))
+    a, b = np.asarray(clean["blocks.0.attn.hook_pattern"]), np.asarray(scaled["blocks.0.attn.hook_pattern"])
+    expected = 2 * a[..., 1] / (1 + a[..., 1])  # p' = 2p / (2p + (1 − p))
+    np.testing.assert_allclose(b[..., 1], expected, atol=1e-5)
+
+
+def test_activation_patching_grid(bundled):
+    clean = bundled.tokenize(["The cat sat on the mat."])
+    corrupt = bundled.tokenize(["The dog sat on the mat."])
+    target = np.asarray(bundled(clean).pooler_output)
+
+    def metric(out):
+        return -np.linalg.norm(np.asarray(out.pooler_output) - target)
+
+    before = bundled.traces
+    grid = interventions.patch_activations(bundled, clean, corrupt, metric)
+    assert grid.shape == (6, clean.input_ids.shape[1])
+    assert bundled.traces - before <= 2  # the clean capture and the sweep
+    # Patching the whole residual stream at layer 0 position 2 (the differing word) restores most of it:
+    assert grid[0, 2] == pytest.approx(0, abs=1e-3)
+    assert grid[0, 4] < grid[0, 2] - 0.1
+    # One cell by hand.
+    _, cache = bundled.run_with_cache(clean, names="blocks.3.hook_resid_pre")
+    clean_value = cache["blocks.3.hook_resid_pre"]
+    manual = bundled.run_with_hooks(corrupt, {"blocks.3.hook_resid_pre": lambda v, ctx: v.at[:, 5].set(clean_value[:, 5])})
+    assert grid[3, 5] == pytest.approx(metric(manual), abs=1e-5)
+
+
+def test_unknown_and_absent_hook_names_say_what_to_do(bundled, reference):
+    batch = reference[0]
+    with pytest.raises(minibert.HookError, match="Did you mean 'blocks.3.attn.hook_pattern'"):
+        bundled.run_with_cache(batch, names=["blocks.3.attn.hook_patern"])
+    with pytest.raises(minibert.HookError, match="no mlm hooks"):
+        bundled.run_with_hooks(batch, {"mlm.hook_logits": lambda v, ctx: v})
+    with pytest.raises(minibert.HookError, match="no hook point matches"):
+        bundled.run_with_cache(batch, names="blocks.*.attn.hook_nothing")
+
+
+def test_hook_returning_wrong_shape_or_dtype_fails_at_trace_time(bundled, reference):
+    batch = reference[0]
+    with pytest.raises(minibert.HookError, match=r"must return the shape of the value it replaces"):
+        bundled.run_with_hooks(batch, {"blocks.0.attn.hook_pattern": lambda v, ctx: v[:, :1]})
+    with pytest.raises(minibert.HookError, match="must return float32"):
+        bundled.run_with_hooks(batch, {"blocks.0.attn.hook_pattern": lambda v, ctx: v.astype(jnp.int32)})
+
+
+def test_hook_context_names_the_site(bundled, reference):
+    seen = []
+
+    def spy(value, ctx):
+        seen.append((ctx.name, ctx.layer, ctx.n_heads, ctx.d_head))
+        return value
+
+    bundled.run_with_hooks(reference[0], {"blocks.*.attn.hook_z": spy, "hook_full_embed": spy})
+    assert seen[0] == ("hook_full_embed", None, 12, 32)
+    assert seen[1:] == [(f"blocks.{i}.attn.hook_z", i, 12, 32) for i in range(6)]

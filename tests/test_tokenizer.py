@@ -1,0 +1,144 @@
+"""The from-scratch WordPiece tokenizer against Hugging Face's BertTokenizerFast.
+
+≥ 10,000 generated strings (many scripts, accents, CJK, emoji, punctuation, control and odd
+whitespace characters, 200-character words, empty strings, special tokens written in the text),
+singles and pairs, truncated and not, for the bundled uncased vocabulary and a cased one.
+"""
+
+import random
+
+import numpy as np
+import pytest
+import transformers
+
+from minibert.tokenizer import Tokenizer, TokenizerError
+
+SCRIPTS = [
+    "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789",
+    "éèêëàâäôöûüùçñÉÈÀÖÜÑåøæßÅØÆœŒ", "ąćęłńóśźżĄĆĘŁŃŚŹŻ", "İıŞşĞğ",
+    "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΣΩάέήίόύώ", "абвгдежзийклмнопрстуфхцчшщъыьэюяАБВГД",
+    "אבגדהוזחטיכלמנסעפצקרשת", "ابتثجحخدذرزسشصضطظعغفقكلمنهوي", "अआइईउऊकखगघचछजझ",
+    "กขฃคฅฆงจฉชซฌญ", "一二三四五六七八九十人大中国日本語学生你好世界", "가나다라마바사아자차카타파하",
+    "あいうえおかきくけこアイウエオカキクケコ", "😀😂🥲🫠👍🏽👨‍👩‍👧🇫🇷❤️✨", "ℕℝ∑∫√∞≠≤≥±×÷",
+    ".,;:!?\"'()[]{}<>-_/\\|@#$%^&*+=~`", "«»„“”‘’‚‹›—–…¿¡·§¶†‡•", "\u0301\u0308\u0327\u20dd",
+    "\x00\x01\x07\x0b\x0c\x1b\x1c\x1f\x7f\x85\u200b\u200c\u200d\u200e\ufeff\u00ad\ufffd\ue000\u0378\U000e0001",
+    " \t\n\r\u00a0\u1680\u2003\u2009\u202f\u205f\u3000\u2028\u2029",
+]
+SPECIALS = ["[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]", "[mask]"]
+
+
+def random_text(rng: random.Random, words: list[str]) -> str:
+    """A string built from real vocabulary words, random characters of many scripts and odd pieces."""
+    parts = []
+    for _ in range(rng.choice([0, 1, 2, 3, 5, 8, 13, 30])):
+        kind = rng.random()
+        if kind < 0.45:
+            word = rng.choice(words)
+            parts.append(word.capitalize() if rng.random() < 0.3 else word)
+        elif kind < 0.85:
+            alphabet = rng.choice(SCRIPTS)
+            parts.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))))
+        elif kind < 0.9:
+            parts.append(rng.choice(SPECIALS))
+        elif kind < 0.93:
+            parts.append(rng.choice(words) * rng.randint(20, 60))  # words of 100–400 characters
+        else:
+            parts.append("".join(rng.choice(SCRIPTS[3]) for _ in range(200)))
+    separators = [" ", " ", " ", "", "  ", "\t", "\n", "\u00a0", "-", "."]
+    return "".join(part + rng.choice(separators) for part in parts)
+
+
+def hf_tokenizer(directory):
+    return transformers.BertTokenizerFast.from_pretrained(str(directory))
+
+
+def vocab_dir(tmp_path_factory, source_vocab: list[str], lower: bool):
+    directory = tmp_path_factory.mktemp("vocab")
+    (directory / "vocab.txt").write_text("\n".join(source_vocab) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(
+        f'{{"do_lower_case": {str(lower).lower()}, "model_max_length": 512}}')
+    return directory
+
+
+def cased_vocab(uncased: list[str]) -> list[str]:
+    """The uncased vocabulary plus capitalised words and accented continuations: a cased WordPiece vocab."""
+    extra = [w.capitalize() for w in uncased[2000:8000] if w.isalpha() and w.isascii()]
+    extra += list("ÉÈÀÖÜÑÅØÆŒĄŁŚİ") + ["##" + c for c in "éèàöüñåøæœąłśçß"] + ["Élan", "Ñandú", "São"]
+    seen = set(uncased)
+    return uncased + [w for w in extra if w not in seen]
+
+
+@pytest.fixture(scope="module", params=["uncased", "cased"])
+def tokenizers(request, bundled_dir, tmp_path_factory):
+    uncased = (bundled_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    lower = request.param == "uncased"
+    directory = vocab_dir(tmp_path_factory, uncased if lower else cased_vocab(uncased), lower)
+    return Tokenizer.from_dir(directory), hf_tokenizer(directory)
+
+
+def assert_same(ours, theirs, texts, pairs=None, max_length=None):
+    mine = ours(texts, pairs, max_length=max_length)
+    ref = theirs(texts, pairs, padding=True, truncation=max_length is not None, max_length=max_length,
+                 return_offsets_mapping=True, return_tensors="np")
+    for field in ("input_ids", "token_type_ids", "attention_mask"):
+        np.testing.assert_array_equal(getattr(mine, field), ref[field], err_msg=field)
+    for row in range(len(texts)):
+        n = int(mine.lengths[row])
+        assert mine.offsets[row][:n] == [tuple(map(int, o)) for o in ref["offset_mapping"][row][:n]], texts[row]
+        assert mine.word_ids[row] == ref.word_ids(row), texts[row]
+        assert mine.sequence_ids[row] == ref.sequence_ids(row), texts[row]
+        assert mine.tokens[row] == theirs.convert_ids_to_tokens(list(ref["input_ids"][row]))
+
+
+def test_ten_thousand_generated_strings(tokenizers):
+    ours, theirs = tokenizers
+    rng = random.Random(0)
+    words = [w for w in ours.vocab if not w.startswith(("[", "##"))]
+    texts = [random_text(rng, words) for _ in range(10_000)]
+    assert sum(t == "" for t in texts) > 100 and any(len(t) > 1000 for t in texts)
+    for start in range(0, 6000, 500):
+        assert_same(ours, theirs, texts[start:start + 500], max_length=512)
+    for start in range(6000, 10_000, 500):  # pairs, with longest-first truncation at several lengths
+        chunk = texts[start:start + 500]
+        assert_same(ours, theirs, chunk[:250], chunk[250:], max_length=rng.choice([16, 33, 64, 512]))
+
+
+def test_truncation_lengths_match_longest_first(tokenizers):
+    ours, theirs = tokenizers
+    for n1 in range(0, 12):
+        for n2 in range(0, 12):
+            for max_length in (5, 8, 11, 12, 30):
+                assert_same(ours, theirs, [" ".join(["a"] * n1)], [" ".join(["b"] * n2)], max_length)
+
+
+def test_hand_examples(bundled):
+    tok = bundled.tokenizer
+    batch = tok(["Héllo, wörld! 日本", "unaffable"], ["The [MASK] sat.", "x"])
+    assert batch.tokens[0] == ["[CLS]", "hello", ",", "world", "!", "日", "本", "[SEP]", "the", "[MASK]", "sat", ".",
+                               "[SEP]"]
+    assert batch.word_ids[0] == [None, 0, 1, 2, 3, 4, 5, None, 0, 1, 2, 3, None]
+    assert batch.offsets[0][1:5] == [(0, 5), (5, 6), (7, 12), (12, 13)]
+    assert batch.tokens[1][:6] == ["[CLS]", "una", "##ffa", "##ble", "[SEP]", "x"]
+    assert batch.tokens[1][-1] == "[PAD]" and batch.attention_mask[1].sum() == 7
+    assert tok.decode(tok("unaffable world").input_ids[0]) == "unaffable world"
+
+
+def test_errors(bundled):
+    tok = bundled.tokenizer
+    with pytest.raises(TokenizerError, match="empty"):
+        tok([])
+    with pytest.raises(TokenizerError, match="2 texts but 1 pairs"):
+        tok(["a", "b"], ["c"])
+    with pytest.raises(TokenizerError, match="has 602 tokens.*max_length=512"):
+        tok(["word " * 600])
+    with pytest.raises(TokenizerError, match=r"texts\[1\] is a int"):
+        tok(["a", 3])
+    with pytest.raises(TokenizerError, match="max_length=3 leaves no room"):
+        tok("a", "b", max_length=3)
+    assert tok(["word " * 600], max_length=512).input_ids.shape == (1, 512)
+    assert tok("a", max_length=8, padding="max_length").input_ids.shape == (1, 8)
+
+
+def test_missing_vocab_names_the_file(tmp_path):
+    with pytest.raises(TokenizerError, match="no vocab.txt"):
+        Tokenizer.from_dir(tmp_path)
