@@ -1,0 +1,301 @@
+"""Clark et al. head statistics (minibert.analysis.heads) against a brute-force NumPy reference.
+
+The reference below is written from ANALYSIS.md with explicit loops over documents, query rows and
+key columns (and over head pairs for Jensen–Shannon), in float64, sharing no code with the library.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from minibert.analysis import heads
+
+# ---- the reference ------------------------------------------------------------------------------------
+
+
+def reference_document(A, cls, sep, punct):
+    """Every statistic for one head of one document. A: [n, n] real rows × real keys; cls/sep/punct: [n] 0/1."""
+    n = A.shape[0]
+    s = dict.fromkeys(heads.STATISTICS, 0.0)
+    n_sep = sum(sep)
+    for i in range(n):
+        for j in range(n):
+            a = float(A[i, j])
+            if j == i:
+                s["self"] += a / n
+            if j == i + 1:
+                s["next"] += a / n
+            if j == i - 1:
+                s["prev"] += a / n
+            if cls[j]:
+                s["to_cls"] += a / n
+            if sep[j]:
+                s["to_sep"] += a / n
+                if sep[i]:
+                    s["sep_to_sep"] += a / n_sep
+                else:
+                    s["rest_to_sep"] += a / (n - n_sep)
+            if punct[j]:
+                s["to_punct"] += a / n
+    n_cls = sum(cls)
+    for i in range(n):
+        row_entropy = 0.0
+        for j in range(n):
+            p = 0.9999 * float(A[i, j]) + 0.0001 / n
+            row_entropy -= p * math.log(p)
+        s["entropy"] += row_entropy / n
+        if cls[i]:
+            s["cls_entropy"] += row_entropy / n_cls
+    s["uniform_entropy"] = math.log(n)
+    return s
+
+
+def reference_statistics(pattern, mask, is_cls, is_sep, is_punct):
+    """{name: [B, L, H]} from pattern [L, B, H, T, S] by looping over documents, layers and heads."""
+    L, B, H = pattern.shape[:3]
+    out = {name: np.zeros((B, L, H)) for name in heads.STATISTICS}
+    for b in range(B):
+        n = int(mask[b].sum())
+        for layer in range(L):
+            for h in range(H):
+                A = np.asarray(pattern[layer, b, h, :n, :n], np.float64)
+                doc = reference_document(A, is_cls[b, :n], is_sep[b, :n], is_punct[b, :n])
+                for name, value in doc.items():
+                    out[name][b, layer, h] = value
+    return out
+
+
+def reference_js(pattern, mask, doc_mask):
+    """[L·H, L·H] Jensen–Shannon matrix with loops over head pairs, documents, rows and keys."""
+    L, B, H = pattern.shape[:3]
+    flat = [(layer, h) for layer in range(L) for h in range(H)]
+    js = np.zeros((L * H, L * H))
+    for x, (l1, h1) in enumerate(flat):
+        for y, (l2, h2) in enumerate(flat):
+            total = 0.0
+            for b in range(B):
+                if not doc_mask[b]:
+                    continue
+                n = int(mask[b].sum())
+                for i in range(n):
+                    for j in range(n):
+                        p = 0.999 * float(pattern[l1, b, h1, i, j]) + 0.001 / n
+                        q = 0.999 * float(pattern[l2, b, h2, i, j]) + 0.001 / n
+                        m = (p + q) / 2
+                        total += 0.5 * p * math.log(p / m) + 0.5 * q * math.log(q / m)
+            js[x, y] = total
+    return js
+
+
+# ---- random attention maps --------------------------------------------------------------------------
+
+
+def random_maps(rng, L=2, B=4, H=3, T=11, lengths=(11, 7, 4, 9)):
+    """Softmax rows over each document's real keys (exact zeros at padding keys, junk in padding rows)
+    and random [CLS]/[SEP]/punctuation positions, with at least one [SEP] and one non-[SEP] token."""
+    pattern = rng.normal(size=(L, B, H, T, T)).astype(np.float32) * 3  # padding rows keep this junk
+    mask = np.zeros((B, T), np.float32)
+    is_cls, is_sep, is_punct = (np.zeros((B, T), np.float32) for _ in range(3))
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+        logits = rng.normal(size=(L, H, n, n)) * 2
+        rows = np.exp(logits - logits.max(-1, keepdims=True))
+        pattern[:, b, :, :n, :n] = rows / rows.sum(-1, keepdims=True)
+        pattern[:, b, :, :n, n:] = 0.0
+        roles = rng.permutation(n)
+        is_cls[b, roles[0]] = 1
+        is_sep[b, roles[1:1 + rng.integers(1, 3)]] = 1
+        is_punct[b, rng.choice(n, size=rng.integers(0, 3), replace=False)] = 1
+        is_punct[b] *= 1 - is_sep[b]
+    return pattern, mask, is_cls, is_sep, is_punct
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_head_statistics_match_brute_force(seed):
+    pattern, mask, cls, sep, punct = random_maps(np.random.default_rng(seed))
+    got = jax.jit(heads.head_statistics)(pattern, mask, cls, sep, punct)
+    want = reference_statistics(pattern, mask, cls, sep, punct)
+    assert set(got) == set(heads.STATISTICS)
+    for name in heads.STATISTICS:
+        assert got[name].shape == (4, 2, 3), name
+        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_bool_masks_and_padding_keys_with_small_weight():
+    """Boolean masks work, and the ~0 weight a real softmax leaves on padding keys is not counted."""
+    pattern, mask, cls, sep, punct = random_maps(np.random.default_rng(2))
+    leaky = pattern.copy()
+    for b, n in enumerate(mask.sum(1).astype(int)):
+        leaky[:, b, :, :n, n:] = 1e-9
+    got = heads.head_statistics(leaky, mask.astype(bool), cls > 0, sep > 0, punct > 0)
+    want = heads.head_statistics(pattern, mask, cls, sep, punct)
+    for name in heads.STATISTICS:
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-6, atol=1e-7)
+
+
+def test_js_divergence_matches_brute_force():
+    pattern, mask, *_ = random_maps(np.random.default_rng(3), L=2, H=2)
+    doc_mask = np.array([1.0, 1.0, 0.0, 1.0], np.float32)  # the third document is padding
+    got = np.asarray(jax.jit(heads.js_divergence_batch)(pattern, mask, doc_mask))
+    want = reference_js(pattern, mask, doc_mask)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(got, got.T)
+    assert np.all(np.diag(got) == 0) and np.all(got[~np.eye(4, dtype=bool)] > 0)
+
+
+def test_js_divergence_is_zero_between_identical_heads():
+    pattern, mask, *_ = random_maps(np.random.default_rng(4), L=1, H=2)
+    pattern[:, :, 1] = pattern[:, :, 0]
+    js = np.asarray(heads.js_divergence_batch(pattern, mask, np.ones(4, np.float32)))
+    np.testing.assert_allclose(js, 0.0, atol=1e-6)
+
+
+# ---- hand-built maps -----------------------------------------------------------------------------------
+
+
+def one_document(rows: np.ndarray, *, cls=(0,), sep=(), punct=(), width=None):
+    """A [1, 1, H, T, T] pattern (padded to `width`) and its masks from per-head [H, n, n] maps."""
+    H, n = rows.shape[0], rows.shape[-1]
+    T = width or n
+    pattern = np.zeros((1, 1, H, T, T), np.float32)
+    pattern[0, 0, :, :n, :n] = rows
+    mask = np.zeros((1, T), np.float32)
+    mask[0, :n] = 1
+    marks = []
+    for positions in (cls, sep, punct):
+        m = np.zeros((1, T), np.float32)
+        m[0, list(positions)] = 1
+        marks.append(m)
+    return pattern, mask, *marks
+
+
+def test_previous_token_head():
+    n = 6
+    prev = np.zeros((n, n))
+    prev[0, 0] = 1
+    prev[np.arange(1, n), np.arange(n - 1)] = 1
+    stats = heads.head_statistics(*one_document(prev[None], sep=(n - 1,), width=9))
+    mean = {name: np.asarray(v).mean(0) for name, v in stats.items()}
+    assert mean["prev"][0, 0] == pytest.approx((n - 1) / n)
+    assert mean["self"][0, 0] == pytest.approx(1 / n)
+    assert mean["next"][0, 0] == 0
+    assert mean["uniform_entropy"][0, 0] == pytest.approx(math.log(n))
+    p_hit, p_miss = 0.9999 + 0.0001 / n, 0.0001 / n  # one-hot rows, smoothed
+    assert mean["entropy"][0, 0] == pytest.approx(-(p_hit * math.log(p_hit) + (n - 1) * p_miss * math.log(p_miss)),
+                                                  rel=1e-5)
+    assert heads.behaviour_labels(mean).tolist() == [["prev"]]
+    [row] = heads.head_table(mean)
+    assert (row["layer"], row["head"], row["label"], row["behaviour"]) == (0, 0, "1-1", "prev")
+    assert row["prev"] == pytest.approx((n - 1) / n) and isinstance(row["prev"], float)
+
+
+def test_uniform_and_sep_heads():
+    """Uniform attention has entropy ln n; all-on-[SEP] gives to_sep = 1 and both [SEP] fractions 1."""
+    n = 8
+    uniform = np.full((n, n), 1 / n)
+    to_sep = np.zeros((n, n))
+    to_sep[:, n - 1] = 1
+    stats = heads.head_statistics(*one_document(np.stack([uniform, to_sep]), sep=(n - 1,)))
+    mean = {name: np.asarray(v)[0] for name, v in stats.items()}
+    np.testing.assert_allclose(mean["entropy"][0], [math.log(n), mean["entropy"][0, 1]], rtol=1e-6)
+    np.testing.assert_allclose(mean["cls_entropy"][0, 0], math.log(n), rtol=1e-6)
+    assert mean["to_sep"][0, 1] == pytest.approx(1.0)
+    assert mean["sep_to_sep"][0, 1] == pytest.approx(1.0) and mean["rest_to_sep"][0, 1] == pytest.approx(1.0)
+    assert mean["to_cls"][0, 0] == pytest.approx(1 / n)
+    assert heads.behaviour_labels(mean).tolist() == [["", "sep"]]
+
+
+def test_clark_denominators_on_a_pair():
+    """With two [SEP]s, sep_to_sep is Σ/2 and rest_to_sep is Σ/(n − 2), Clark et al.'s constants."""
+    rng = np.random.default_rng(5)
+    n, seps = 9, (4, 8)
+    rows = rng.dirichlet(np.ones(n), size=n)
+    stats = heads.head_statistics(*one_document(rows[None], sep=seps))
+    sep_cols = rows[:, list(seps)].sum(1)
+    assert float(stats["sep_to_sep"][0, 0, 0]) == pytest.approx(sep_cols[list(seps)].sum() / 2, rel=1e-6)
+    rest = [i for i in range(n) if i not in seps]
+    assert float(stats["rest_to_sep"][0, 0, 0]) == pytest.approx(sep_cols[rest].sum() / (n - 2), rel=1e-6)
+
+
+def test_behaviour_labels_thresholds_and_joining():
+    zero = np.zeros((1, 4))
+    mean = {"entropy": np.array([[4.0, 3.0, 3.9, 1.0]]), "next": np.array([[0, 0.51, 0, 0]]),
+            "prev": zero, "to_cls": np.array([[0, 0, 0, 0.6]]), "to_sep": np.array([[0.7, 0, 0, 0.61]]),
+            "to_punct": zero}
+    assert heads.behaviour_labels(mean).tolist() == [["broad+sep", "next", "broad", "sep"]]
+    assert heads.behaviour_labels({"next": np.array([[0.2]])}).tolist() == [[""]]
+    rows = heads.head_table(mean)
+    assert [r["label"] for r in rows] == ["1-1", "1-2", "1-3", "1-4"]
+    assert rows[0]["behaviour"] == "broad+sep" and rows[1]["next"] == pytest.approx(0.51)
+
+
+def test_token_masks_from_ids():
+    ids = np.array([[101, 7, 1012, 102, 1010, 102], [101, 1010, 102, 0, 0, 0]])
+    mask = (ids != 0).astype(int)
+    ids[1, 3:] = 1012  # padding that happens to hold a punctuation id stays unmarked
+    masks = heads.token_masks_from_ids(ids, mask, cls_id=101, sep_id=102, punct_ids=[1012, 1010])
+    assert masks["is_cls"].tolist() == [[1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
+    assert masks["is_sep"].tolist() == [[0, 0, 0, 1, 0, 1], [0, 0, 1, 0, 0, 0]]
+    assert masks["is_punct"].tolist() == [[0, 0, 1, 0, 1, 0], [0, 1, 0, 0, 0, 0]]
+    assert all(m.dtype == np.float32 for m in masks.values())
+
+
+# ---- the bundled checkpoint ----------------------------------------------------------------------------
+
+TEXTS = ["The cat sat on the mat.", "Hello, world. Attention heads look at punctuation, often.", "Short."]
+PAIR = ("Where is the station?", "It is near the old bridge, by the river.")
+
+
+def reference_for_batch(model, batch, zero_segments=False):
+    fields = batch.to_dict()
+    if zero_segments:
+        fields["token_type_ids"] = np.zeros_like(fields["input_ids"])
+    _, cache = model.run_with_cache(fields, names="blocks.*.attn.hook_pattern")
+    pattern = np.asarray(cache.stack("attn.hook_pattern"))
+    tokens = batch.tokens
+    marks = [np.array([[t == name for t in row] for row in tokens], np.float32) for name in ("[CLS]", "[SEP]")]
+    punct = np.array([[t in (".", ",") for t in row] for row in tokens], np.float32)
+    return pattern, reference_statistics(pattern, batch.attention_mask, marks[0], marks[1], punct)
+
+
+@pytest.mark.parametrize("pair, segment_ids", [(False, "real"), (True, "real"), (True, "zeros")])
+def test_attention_statistics_on_the_bundled_checkpoint(bundled, pair, segment_ids):
+    batch = bundled.tokenize([PAIR[0]], [PAIR[1]]) if pair else bundled.tokenize(TEXTS)
+    _, want = reference_for_batch(bundled, batch, zero_segments=segment_ids == "zeros")
+    got = heads.attention_statistics(bundled, batch, segment_ids=segment_ids)
+    for name in heads.STATISTICS:
+        assert got[name].shape == (bundled.config.num_hidden_layers, bundled.config.num_attention_heads)
+        np.testing.assert_allclose(got[name], want[name].mean(0), rtol=1e-5, atol=1e-6, err_msg=name)
+    if pair:
+        from_texts = heads.attention_statistics(bundled, PAIR[0], pairs=PAIR[1], segment_ids=segment_ids)
+        np.testing.assert_allclose(from_texts["to_sep"], got["to_sep"], rtol=1e-6)
+
+
+def test_js_divergence_on_the_bundled_checkpoint(bundled):
+    batch = bundled.tokenize(TEXTS)
+    pattern, _ = reference_for_batch(bundled, batch)
+    first_two_layers = pattern[:2]  # 24 heads keep the looped reference quick
+    doc_mask = np.ones(len(TEXTS), np.float32)
+    got = np.asarray(heads.js_divergence_batch(first_two_layers, batch.attention_mask, doc_mask))
+    np.testing.assert_allclose(got, reference_js(first_two_layers, batch.attention_mask, doc_mask),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_survey_agrees_with_attention_statistics(bundled):
+    """corpus.survey (buckets, padding documents, jit) averages the same per-document statistics."""
+    from minibert import corpus
+
+    result = corpus.survey(bundled, TEXTS, batch_size=2, progress=False)
+    want = heads.attention_statistics(bundled, TEXTS)
+    assert result.documents == len(TEXTS)
+    for name in heads.STATISTICS:
+        np.testing.assert_allclose(result.mean[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_attention_statistics_rejects_unknown_segment_mode(bundled):
+    with pytest.raises(ValueError, match="segment_ids"):
+        heads.attention_statistics(bundled, TEXTS, segment_ids="none")
