@@ -1,0 +1,15 @@
+"""Attention views: interactive HTML (head, model, neuron; offline, self-contained) and matplotlib figures.
+
+    from minibert import viz
+    doc = viz.document(model, "The cat sat.", "It was tired.")   # runs the model once
+    doc.head_view(layer=2)                                        # shows inline in a notebook
+    viz.model_view(tokens, attention, sentence_b_start).save("model_view.html")
+    viz.figures.attention_heatmap(doc.attention[2, 5], doc.tokens)   # a matplotlib Figure
+"""
+
+from minibert.viz import figures
+from minibert.viz._check import VizError
+from minibert.viz._html import View
+from minibert.viz.views import Document, document, head_view, model_view, neuron_view
+
+__all__ = ["Document", "View", "VizError", "document", "figures", "head_view", "model_view", "neuron_view"]

@@ -1,0 +1,187 @@
+"""Interactive attention views in the style of bertviz: head view, model view, neuron view.
+
+Two ways in. From arrays you already have, for one document, real tokens only:
+
+    viz.head_view(tokens, attention, sentence_b_start)          # attention [L, H, T, S]
+    viz.model_view(tokens, attention, sentence_b_start)
+    viz.neuron_view(tokens, q, k, attention, sentence_b_start)  # q, k [L, T, H, K]
+
+From a model and a text (or a sentence pair), which runs the model once and keeps the arrays:
+
+    doc = viz.document(model, "The cat sat.", "It was tired.")
+    doc.head_view(layer=2); doc.model_view(); doc.neuron_view(layer=2, head=5, query_index=3)
+
+Each returns a `View` that shows inline in notebooks and `.save(path)`s as a standalone page that
+loads nothing from the network. Indices in arguments are 0-indexed; the pages label layers and
+heads 1-indexed in the "L-H" form of Clark et al. (tooltips give the 0-indexed numbers).
+
+    attention  [L, H, T, S]   rows sum to 1 (softmax over keys S), from attn.hook_pattern
+    q, k       [L, T, H, K]   per-head query and key vectors, from attn.hook_q and attn.hook_k
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from minibert.viz import _check
+from minibert.viz._html import View
+
+ATTENTION_DIGITS = 4  # significant digits for line opacity: plenty, and keeps pages small
+EXACT_DIGITS = 6  # the neuron view's q, k and softmax: numbers a reader checks against the model
+SOFTMAX_TOLERANCE = 1e-5
+
+
+def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *, layer: int = 0,
+              heads: Sequence[int] | None = None, theme: str = "light", title: str | None = None) -> View:
+    """Token-to-token lines for the heads of one layer, opacity = attention weight.
+
+    tokens: the document's T tokens. attention: [L, H, T, T]. sentence_b_start: index of
+    sentence B's first token for a pair (adds the A→B / B→A / A→A / B→B filter).
+    layer: the layer shown first; heads: the heads switched on first (default all), 0-indexed.
+    In the page: a layer selector, one colour toggle per head (double-click: only that head),
+    hover a token to see only its attention, click to pin it.
+    """
+    tokens = _check.token_list(tokens)
+    a = _check.attention_array(tokens, attention)
+    n_layers, n_heads = a.shape[:2]
+    shown = _check.indices("heads", heads, n_heads, "heads")
+    meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
+                layers=list(range(n_layers)), layer=_check.index("layer", layer, n_layers, "layers"),
+                heads=list(range(n_heads)), n_heads=n_heads, active=[h in shown for h in range(n_heads)])
+    return View("head", meta, {"attention": (a, ATTENTION_DIGITS)},
+                title=title or "Head view", theme=_check.theme(theme))
+
+
+def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *,
+               layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+               theme: str = "light", thumbnail: str = "lines", title: str | None = None) -> View:
+    """A layers × heads grid of thumbnails; click one to enlarge it into a head view of that head.
+
+    layers, heads: which rows and columns to include (default all), 0-indexed.
+    thumbnail: "lines" (bertviz style) or "matrix" (a query × key heat map); switchable in the page.
+    Pages grow as L·H·T²: choose layers and heads to keep long documents small.
+    """
+    tokens = _check.token_list(tokens)
+    a = _check.attention_array(tokens, attention)
+    rows = _check.indices("layers", layers, a.shape[0], "layers")
+    cols = _check.indices("heads", heads, a.shape[1], "heads")
+    if thumbnail not in ("lines", "matrix"):
+        raise _check.VizError(f"thumbnail must be 'lines' or 'matrix'; got {thumbnail!r}.")
+    meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
+                layers=rows, heads=cols, n_heads=a.shape[1], thumbnail=thumbnail)
+    return View("model", meta, {"attention": (a[np.ix_(rows, cols)], ATTENTION_DIGITS)},
+                title=title or "Model view", theme=_check.theme(theme))
+
+
+def _softmax_gap(q: np.ndarray, k: np.ndarray, attention: np.ndarray) -> float:
+    """Largest |softmax(q·k/√K) − attention| over all entries: q, k [L, T, H, K], attention [L, H, T, S]."""
+    scaled = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(q.shape[-1])
+    weights = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    return float(np.abs(weights / weights.sum(axis=-1, keepdims=True) - attention).max())
+
+
+def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | None = None, *,
+                layer: int = 0, head: int = 0, query_index: int = 0,
+                layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                theme: str = "light", title: str | None = None) -> View:
+    """How one query's attention is computed: q, each key's k, q×k (elementwise), q·k, q·k/√K, softmax.
+
+    q, k: [L, T, H, K]; attention: [L, H, T, T], the model's own pattern, which the softmax column
+    shows. Positive values blue, negative orange, intensity = magnitude. layer, head, query_index:
+    shown first (0-indexed); layers, heads: which ones the page's selectors offer (default all;
+    fewer make a smaller file: pages grow as L·H·T²). Click a token on the left to make it the query.
+    The page computes q×k and q·k from q and k. If softmax(q·k/√K) differs from `attention` by
+    more than 1e-5 (a bfloat16 run, a mask, another scale, arrays from different documents),
+    a warning is issued and the page says so.
+    """
+    tokens = _check.token_list(tokens)
+    a = _check.attention_array(tokens, attention)
+    q = _check.head_vectors("q", q, a)
+    k = _check.head_vectors("k", k, a)
+    if k.shape != q.shape:
+        raise _check.VizError(f"q and k must have the same shape [L, T, H, K]; got {q.shape} and {k.shape}.")
+    rows = _check.indices("layers", layers, a.shape[0], "layers")
+    cols = _check.indices("heads", heads, a.shape[1], "heads")
+    layer = _check.index("layer", layer, a.shape[0], "layers")
+    head = _check.index("head", head, a.shape[1], "heads")
+    if layer not in rows or head not in cols:
+        raise _check.VizError(f"layer={layer} and head={head} must be among layers={rows} and heads={cols}; "
+                              f"add them to layers= and heads=, or leave those None for all.")
+    n_heads = a.shape[1]
+    q, k, a = q[rows][:, :, cols], k[rows][:, :, cols], a[np.ix_(rows, cols)]
+    gap = _softmax_gap(q, k, a)
+    if gap > SOFTMAX_TOLERANCE:
+        warnings.warn(f"softmax(q·k/√K) differs from the given attention by up to {gap:.3g}; the neuron view's "
+                      "softmax column shows the given attention. That is expected from a bfloat16 or float16 run; "
+                      "otherwise, were q, k and attention captured from the same document, in the same layer and "
+                      "head order?", stacklevel=2)
+    arrays = {"q": (q, EXACT_DIGITS), "k": (k, EXACT_DIGITS), "attention": (a, EXACT_DIGITS)}
+    meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)), layers=rows,
+                heads=cols, n_heads=n_heads, d_head=q.shape[-1], layer=rows.index(layer),
+                head=cols.index(head), query=_check.index("query_index", query_index, len(tokens), "tokens"),
+                mismatch=gap if gap > SOFTMAX_TOLERANCE else None)
+    return View("neuron", meta, arrays, title=title or "Neuron view", theme=_check.theme(theme))
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One document's tokens and attention arrays, as the views take them (real tokens only).
+
+    tokens: T strings. attention: [L, H, T, T] (attn.hook_pattern). q, k: [L, T, H, K]
+    (attn.hook_q, attn.hook_k). sentence_b_start: index of sentence B's first token, or None.
+    """
+
+    tokens: list[str]
+    attention: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    sentence_b_start: int | None
+
+    def head_view(self, **options) -> View:
+        """`head_view` of this document; options: layer, heads, theme, title."""
+        return head_view(self.tokens, self.attention, self.sentence_b_start, **options)
+
+    def model_view(self, **options) -> View:
+        """`model_view` of this document; options: layers, heads, thumbnail, theme, title."""
+        return model_view(self.tokens, self.attention, self.sentence_b_start, **options)
+
+    def neuron_view(self, **options) -> View:
+        """`neuron_view` of this document; options: layer, head, query_index, layers, heads, theme, title."""
+        return neuron_view(self.tokens, self.q, self.k, self.attention, self.sentence_b_start, **options)
+
+
+_HOOKS = ("attn.hook_pattern", "attn.hook_q", "attn.hook_k")
+
+
+def _one_batch(model, text, pair: str | None, max_length: int | None):
+    if isinstance(text, str):
+        return model.tokenize([text], None if pair is None else [pair], max_length=max_length)
+    if not hasattr(text, "attention_mask"):
+        raise _check.VizError(f"text must be a string or a Batch from model.tokenize; got {type(text).__name__}. "
+                              "For several texts, tokenize them together and choose one with index=.")
+    if pair is not None:
+        raise _check.VizError("pair is for a text given as a string; a Batch already holds its pairs "
+                              "(tokenize with model.tokenize(texts, pairs)).")
+    return text
+
+
+def document(model, text, pair: str | None = None, *, index: int = 0, max_length: int | None = None) -> Document:
+    """Run `model` on one document and keep what the views need.
+
+    text: a string (with `pair`, its sentence B), or a Batch from `model.tokenize`, of which
+    document `index` is taken. Padding is dropped, so the arrays cover the real tokens only.
+    """
+    batch = _one_batch(model, text, pair, max_length)
+    row = _check.index("index", index, len(batch.tokens), "documents in the batch")
+    real = np.flatnonzero(np.asarray(batch.attention_mask)[row])
+    inputs = {name: np.asarray(getattr(batch, name))[row:row + 1, real]
+              for name in ("input_ids", "token_type_ids", "attention_mask")}
+    _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in _HOOKS])
+    attention, q, k = (np.asarray(cache.stack(hook))[:, 0] for hook in _HOOKS)
+    segment_b = np.flatnonzero(inputs["token_type_ids"][0] == 1)
+    return Document(tokens=[batch.tokens[row][i] for i in real], attention=attention, q=q, k=k,
+                    sentence_b_start=int(segment_b[0]) if segment_b.size else None)

@@ -1,0 +1,306 @@
+"""The HTML views in headless chromium: offline, interactive, escaped, independent, and true to the model.
+
+One browser per module; every page blocks all network requests and records console errors,
+page errors and dialogs, which each test asserts empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import warnings
+
+import matplotlib.image
+import numpy as np
+import pytest
+from playwright.sync_api import sync_playwright
+
+import minibert
+from minibert import viz
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]", "it", "slept", "[SEP]"]
+B_START = 5
+HOSTILE = ["<img src=x onerror=alert(1)>", "</script><script>alert(1)</script>", "<!-- x", "a\u2028b &amp; \"q\""]
+MIN_WEIGHT = 0.005  # views.js draws no line fainter than this
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def hand_arrays(n_tokens: int = len(TOKENS), seed: int = 0, n_layers: int = 2, n_heads: int = 3, d_head: int = 4):
+    """q, k [L, T, H, K] and their pattern softmax(q·k/√K) [L, H, T, T], peaked enough to vary."""
+    rng = np.random.default_rng(seed)
+    q, k = (2 * rng.normal(size=(n_layers, n_tokens, n_heads, d_head)) for _ in range(2))
+    return q, k, softmax(np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(d_head))
+
+
+class Loaded:
+    """A page showing some views, with everything that went wrong on it."""
+
+    def __init__(self, browser, url: str | None = None, content: str | None = None):
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.problems: list[str] = []
+        self.page.on("console", lambda m: self.problems.append(f"console {m.type}: {m.text}")
+                     if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("dialog", lambda d: (self.problems.append(f"dialog: {d.message}"), d.dismiss()))
+        self.page.route("**/*", self._offline)
+        if url:
+            self.page.goto(url)
+        else:
+            self.page.set_content(content)
+
+    def _offline(self, route):
+        url = route.request.url
+        if url.startswith(("file:", "about:", "data:")):
+            route.continue_()
+        else:
+            self.problems.append(f"network request: {url}")
+            route.abort()
+
+    def edges(self, nth: int = 0) -> dict[tuple[int, int, int], float]:
+        """{(head, query, key): drawn opacity} of the lines in the nth token-lines SVG on the page."""
+        rows = self.page.evaluate(
+            """n => [...document.querySelectorAll('svg.mbv-lines')[n].querySelectorAll('line[data-h]')]
+                   .map(l => [+l.dataset.h, +l.dataset.i, +l.dataset.j, +l.getAttribute('stroke-opacity')])""", nth)
+        return {(h, i, j): w for h, i, j, w in rows}
+
+    def pixels(self, selector: str, nth: int = 0) -> np.ndarray:
+        """RGB(A) floats in [0, 1] of a screenshot of the nth element matching `selector`."""
+        return matplotlib.image.imread(io.BytesIO(self.page.locator(selector).nth(nth).screenshot()), format="png")
+
+    def thumbnail_ink(self) -> list[float]:
+        """How much each model-view thumbnail differs from its white background, inside its border."""
+        count = self.page.locator("canvas.mbv-thumb").count()
+        return [float((1 - self.pixels("canvas.mbv-thumb", n)[2:-2, 2:-2, :3]).sum()) for n in range(count)]
+
+
+def page_of(*views: viz.View) -> str:
+    return "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + \
+        "".join(v.html for v in views) + "</body></html>"
+
+
+def expected_edges(attention_2d: np.ndarray, head: int, rows=range(len(TOKENS)), cols=range(len(TOKENS))):
+    return {(head, i, j): attention_2d[i, j] for i in rows for j in cols if attention_2d[i, j] >= MIN_WEIGHT}
+
+
+def assert_edges(drawn: dict, expected: dict):
+    assert drawn.keys() == expected.keys()
+    np.testing.assert_allclose([drawn[e] for e in expected], list(expected.values()), rtol=1e-3, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
+        yield browser
+        browser.close()
+
+
+def test_head_view_saved_page_is_offline_and_interactive(browser, tmp_path):
+    _, _, attention = hand_arrays()
+    path = viz.head_view(TOKENS, attention, B_START, layer=0).save(tmp_path / "head.html")
+    view = Loaded(browser, url=path.as_uri())
+    page = view.page
+    every = {}
+    for h in range(3):
+        every |= expected_edges(attention[0, h], h)
+    assert_edges(view.edges(), every)
+    image = view.pixels(".mbv")
+    assert image[..., :3].std() > 0.05  # not blank
+
+    page.select_option(".mbv-controls select >> nth=0", index=1)  # layer 2 (0-indexed 1)
+    assert_edges(view.edges(), {e: w for h in range(3) for e, w in expected_edges(attention[1, h], h).items()})
+
+    page.click(".mbv-swatch >> nth=0")  # switch head 0 off
+    assert {h for h, _, _ in view.edges()} == {1, 2}
+    page.dblclick(".mbv-swatch >> nth=2")  # only head 2
+    assert_edges(view.edges(), expected_edges(attention[1, 2], 2))
+
+    page.hover(".mbv-tok[data-side=left][data-i='2']")  # "cat": only its row
+    assert_edges(view.edges(), expected_edges(attention[1, 2], 2, rows=[2]))
+    assert page.locator("rect.mbv-bar").count() == len(TOKENS)
+    page.click(".mbv-tok[data-side=right][data-i='6']")  # pin the key "slept": only its column
+    page.hover(".mbv-tok[data-side=left][data-i='1']")  # pinned: hovering elsewhere changes nothing
+    assert_edges(view.edges(), expected_edges(attention[1, 2], 2, cols=[6]))
+    page.click(".mbv-tok[data-side=right][data-i='6']")  # unpin
+    page.mouse.move(1, 1)
+
+    page.select_option(".mbv-controls select >> nth=1", value="AB")
+    assert_edges(view.edges(), expected_edges(attention[1, 2], 2, rows=range(B_START), cols=range(B_START, 8)))
+    assert page.locator(".mbv-tok.mbv-dim[data-side=left]").count() == len(TOKENS) - B_START
+    assert not np.array_equal(view.pixels(".mbv"), image)
+    assert view.problems == []
+
+
+def test_model_view_thumbnails_open_into_a_head_view(browser):
+    _, _, attention = hand_arrays()
+    view = Loaded(browser, content=page_of(viz.model_view(TOKENS, attention, B_START)))
+    page = view.page
+    assert page.locator("canvas.mbv-thumb").count() == 6
+    lines = view.thumbnail_ink()
+    assert min(lines) > 50  # every thumbnail has drawn pixels
+    assert page.locator(".mbv-detail").is_hidden()
+
+    page.click("canvas.mbv-thumb[data-layer='1'][data-head='2']")
+    assert page.locator(".mbv-detail").is_visible()
+    assert page.locator(".mbv-detail-head b").inner_text().startswith("Layer 2 · Head 3")
+    assert_edges(view.edges(), expected_edges(attention[1, 2], 2))
+    page.hover(".mbv-detail .mbv-tok[data-side=left][data-i='3']")
+    assert_edges(view.edges(), expected_edges(attention[1, 2], 2, rows=[3]))
+    page.keyboard.press("Escape")
+    assert page.locator(".mbv-detail").is_hidden()
+
+    page.select_option(".mbv-controls select >> nth=1", value="matrix")
+    matrices = view.thumbnail_ink()
+    assert min(matrices) > 50 and matrices != lines
+    page.select_option(".mbv-controls select >> nth=0", value="BA")
+    assert all(b < m for b, m in zip(view.thumbnail_ink(), matrices))  # the filter leaves a part of each
+    assert view.problems == []
+
+
+def test_neuron_view_shows_the_models_numbers(browser, bundled):
+    a, b = "The rovers act as robotic geologists.", "The rovers move on six wheels."
+    doc = viz.document(bundled, a, b)
+    batch = bundled.tokenize([a], [b])
+    names = [f"blocks.2.attn.hook_{s}" for s in ("q", "k", "pattern")]
+    # The hooks viz.document captures, on the same shape: the compiled program is reused.
+    _, cache = bundled.run_with_cache(batch, names=[f"blocks.*.attn.hook_{s}" for s in ("pattern", "q", "k")])
+    q, k, pattern = (np.asarray(cache[n], np.float64)[0] for n in names)  # [T, H, K], [T, H, K], [H, T, S]
+    assert doc.tokens == batch.tokens[0]
+    assert doc.sentence_b_start == batch.sequence_ids[0].index(1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # q, k and the pattern agree: no mismatch warning
+        neuron = doc.neuron_view(layer=2, head=5, query_index=3)
+    view = Loaded(browser, content=page_of(neuron))
+    page = view.page
+    assert page.locator(".mbv-warn").count() == 0
+    assert page.locator("svg.mbv-lines .mbv-tok[data-side=left] text").all_text_contents() == doc.tokens
+
+    def shown(column: str) -> np.ndarray:
+        return np.array(page.evaluate(f"[...document.querySelectorAll('text[data-col={column}]')]"
+                                      ".map(t => +t.dataset.value)"))
+
+    for head, query in ((5, 3), (5, 9), (0, 9)):
+        if head == 0:
+            page.select_option(".mbv-controls select >> nth=1", index=0)
+        elif query == 9:
+            page.click(f".mbv-tok[data-side=left][data-i='{query}']")
+        dots = k[:, head] @ q[query, head]
+        # The page sums q×k of q and k sent with 6 significant digits (errors seen: ~4e-5 on q·k ≈ 20).
+        np.testing.assert_allclose(shown("dot"), dots, rtol=1e-5, atol=2e-4)
+        np.testing.assert_allclose(shown("scaled"), dots / np.sqrt(q.shape[-1]), rtol=1e-5, atol=4e-5)
+        np.testing.assert_allclose(shown("softmax"), pattern[head, query], atol=2e-6)
+        np.testing.assert_allclose(softmax(shown("scaled")), shown("softmax"), atol=1e-5)
+    assert page.locator("svg.mbv-neuron rect[data-tip]").count() == q.shape[-1] * (1 + 2 * len(doc.tokens))
+    page.hover("svg.mbv-neuron rect[data-tip] >> nth=0")
+    assert page.locator(".mbv-readout").inner_text().startswith(f"q[0] of “{doc.tokens[9]}” = ")
+    assert view.problems == []
+
+
+def test_document_keeps_one_rows_real_tokens(bundled):
+    # The bundled model's first layer alone: it compiles fast, and padding does not depend on depth.
+    params = bundled.params | {"blocks": {0: bundled.params["blocks"][0]}}
+    model = minibert.Model(dataclasses.replace(bundled.config, num_hidden_layers=1), params, bundled.tokenizer)
+    batch = model.tokenize(["Short one.", "A much longer sentence, with many more tokens in it."])
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    doc = viz.document(model, batch, index=0)
+    n = int(batch.attention_mask[0].sum())
+    assert doc.tokens == ["[CLS]", "short", "one", ".", "[SEP]"] and doc.sentence_b_start is None
+    assert doc.attention.shape == (1, 12, n, n) and doc.q.shape == doc.k.shape == (1, n, 12, 32)
+    padded = np.asarray(cache.stack("attn.hook_pattern"))[:, 0, :, :n, :n]
+    np.testing.assert_allclose(doc.attention, padded, atol=1e-5)
+    with pytest.raises(viz.VizError, match="index=2 is out of range"):
+        viz.document(model, batch, index=2)
+    with pytest.raises(viz.VizError, match="a Batch already holds its pairs"):
+        viz.document(model, batch, "a pair")
+    with pytest.raises(viz.VizError, match="text must be a string or a Batch from model.tokenize; got list"):
+        viz.document(model, ["two", "texts"])
+
+
+def test_hostile_text_stays_text(browser):
+    tokens = ["[CLS]", *HOSTILE, "[SEP]"]
+    q, k, attention = hand_arrays(len(tokens))
+    title = "</script><script>alert(1)</script><b>title</b>"
+    views = [viz.head_view(tokens, attention, 3, title=title), viz.model_view(tokens, attention, 3, title=title),
+             viz.neuron_view(tokens, q, k, attention, 3, title=title)]
+    for v in views:  # the data and the title cannot end a script or open a comment
+        assert v.html.count("</script>") == 2 and "<!--" not in v.html and "\u2028" not in v.html
+    view = Loaded(browser, content=page_of(*views))
+    page = view.page
+    page.hover(".mbv-tok[data-side=left][data-i='1']")
+    page.click("canvas.mbv-thumb >> nth=0")
+    page.click("svg.mbv-lines >> nth=2 >> .mbv-tok[data-side=left][data-i='2']")
+    assert page.locator(".mbv img, .mbv-title b").count() == 0 and page.locator("script").count() == 6
+    assert page.locator(".mbv-title").all_inner_texts() == [title] * 3
+    for n in range(3):  # the token columns of the head view, the model view's detail and the neuron view
+        shown = page.evaluate("n => [...document.querySelectorAll('svg.mbv-lines')[n]"
+                              ".querySelectorAll('.mbv-tok text')].map(t => t.textContent)", n)
+        assert shown == tokens + tokens
+    assert HOSTILE[1] in page.locator(".mbv-sub").inner_text()  # the neuron view names its query
+    assert view.problems == []
+
+
+def test_views_on_one_page_are_independent(browser):
+    _, _, first = hand_arrays(seed=1)
+    _, _, second = hand_arrays(seed=2)
+    shared = viz.head_view(TOKENS, first, B_START)
+    html = page_of(shared, viz.head_view(TOKENS, second, B_START, layer=1), shared)  # one view shown twice
+    view = Loaded(browser, content=html)
+    page = view.page
+    ids = page.evaluate("[...document.querySelectorAll('.mbv')].map(e => e.id)")
+    assert len(set(ids)) == 3
+    before = [view.edges(n) for n in range(3)]
+    assert before[0] == before[2] != before[1]
+
+    page.select_option(f"#{ids[0]} .mbv-controls select >> nth=0", index=1)
+    page.hover(f"#{ids[1]} .mbv-tok[data-side=left][data-i='4']")
+    after = [view.edges(n) for n in range(3)]
+    assert_edges(after[0], {e: w for h in range(3) for e, w in expected_edges(first[1, h], h).items()})
+    assert_edges(after[1], {e: w for h in range(3) for e, w in expected_edges(second[1, h], h, rows=[4]).items()})
+    assert after[2] == before[2]
+    assert view.problems == []
+
+
+def test_dark_theme_is_applied(browser):
+    _, _, attention = hand_arrays()
+    view = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, theme="dark"), viz.head_view(TOKENS, attention)))
+    colours = view.page.evaluate("[...document.querySelectorAll('.mbv')].map(e => getComputedStyle(e).backgroundColor)")
+    assert colours == ["rgb(13, 17, 23)", "rgb(255, 255, 255)"]
+    text = view.page.evaluate("getComputedStyle(document.querySelector('.mbv-tok:not(.mbv-special) text')).fill")
+    assert text == "rgb(230, 237, 243)"  # light text on the dark background
+    assert "background:#0d1117" in viz.head_view(TOKENS, attention, theme="dark").document()
+    assert view.page.get_by_text("Attention").first.is_hidden()  # no sentence filter for one sentence
+    assert view.problems == []
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda a: viz.head_view(TOKENS, a[0]), r"attention must be \[L, H, T, S\]"),
+    (lambda a: viz.head_view(TOKENS[:-1], a), "covers 8 positions but there are 7 tokens"),
+    (lambda a: viz.head_view("the cat", a), "tokens must be a list of strings"),
+    (lambda a: viz.head_view(TOKENS, a, layer=2), r"layer=2 is out of range: there are 2 layers \(0-indexed: 0..1\)"),
+    (lambda a: viz.head_view(TOKENS, a, 8), "sentence_b_start must be the index of sentence B's first token"),
+    (lambda a: viz.model_view(TOKENS, a, heads=[0, 0]), "heads must list distinct heads"),
+    (lambda a: viz.model_view(TOKENS, a, thumbnail="dots"), "thumbnail must be 'lines' or 'matrix'"),
+    (lambda a: viz.head_view(TOKENS, a, theme="blue"), "theme must be 'light' or 'dark'"),
+    (lambda a: viz.neuron_view(TOKENS, np.zeros((2, 8, 3)), np.zeros((2, 8, 3, 4)), a), r"q must be \[L, T, H, K\]"),
+    (lambda a: viz.neuron_view(TOKENS, *hand_arrays()[:2], a, layer=1, layers=[0]), "must be among layers=\\[0\\]"),
+])
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(viz.VizError, match=message):
+        call(hand_arrays()[2])
+
+
+def test_neuron_view_warns_when_pattern_is_not_the_softmax(browser):
+    q, k, attention = hand_arrays()
+    with pytest.warns(UserWarning, match="differs from the given attention"):
+        neuron = viz.neuron_view(TOKENS, q, k, attention[:, ::-1], B_START, layer=1, head=2, layers=[1], heads=[1, 2])
+    view = Loaded(browser, content=page_of(neuron))
+    assert "differs from the model's attention" in view.page.locator(".mbv-warn").inner_text()
+    np.testing.assert_allclose(view.page.evaluate("[...document.querySelectorAll('text[data-col=softmax]')]"
+                                                  ".map(t => +t.dataset.value)"), attention[1, 0, 0], atol=1e-6)
+    assert view.problems == []
