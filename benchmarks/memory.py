@@ -1,0 +1,99 @@
+"""Peak host memory of capturing every hook point of bert-base at T=512, with and without offload=True.
+Each measurement runs in a fresh process (`python memory.py DIR B T OFFLOAD`) so ru_maxrss is its own."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import Settings, make_bert_base, markdown_table, scratch_dir
+
+
+def candidate_batches(model, T: int, wanted: int, free: int) -> int:
+    """The largest batch ≤ wanted (halving) whose captures fit in a third of the free memory."""
+    from dense import capture_bytes
+
+    B = wanted
+    while B > 1 and capture_bytes(model, B, T) > free / 3:
+        B //= 2
+    return B
+
+
+def measure(directory: Path, B: int, T: int, offload: bool) -> dict:
+    proc = subprocess.run([sys.executable, __file__, str(directory), str(B), str(T), str(int(offload))],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1][:200], "rc": proc.returncode}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def memory(settings: Settings) -> tuple[str, dict]:
+    import minibert
+    from dense import available_memory, capture_bytes
+
+    directory = make_bert_base(scratch_dir() / "bert-base-random")
+    model = minibert.load(directory)
+    T = 128 if settings.quick else 512
+    wanted = 4 if settings.quick else 32
+    B = candidate_batches(model, T, wanted, available_memory())
+    captures = capture_bytes(model, B, T)
+    del model
+    rows, out = [], {}
+    for offload in (False, True):
+        result = measure(directory, B, T, offload)
+        out[f"offload={offload}"] = result
+        if "error" in result:
+            rows.append([f"offload={offload}", "failed", "", "", "", result["error"]])
+            continue
+        rows.append([f"offload={offload}", f"{result['after_load_gib']:.2f}", f"{result['holding_gib']:.2f}",
+                     f"{result['peak_gib']:.2f}", f"{result['peak_gib'] - result['after_load_gib']:.2f}",
+                     f"{result['seconds']:.1f} s"])
+    note = (f"bert-base (random), B={B}, T={T}, every hook point captured ({captures / 2**30:.2f} GiB of captured "
+            f"values); peak resident set (ru_maxrss) of a fresh process."
+            + (f" B={wanted} would capture {captures * wanted / B / 2**30:.0f} GiB (every capture grows with B), more "
+               f"than this machine "
+               f"can hold, so the batch was halved until the captures fit in a third of the free memory."
+               if B != wanted else ""))
+    table = markdown_table(["run_with_cache(names=None, …)", "resident after load (GiB)", "holding the cache (GiB)",
+                            "peak, ru_maxrss (GiB)", "peak − after load (GiB)", "time (with compile)"], rows)
+    return note + "\n\n" + table, {"B": B, "T": T, "capture_bytes": captures, **out}
+
+
+def _gib(kilobytes: int) -> float:
+    return kilobytes / 2**20
+
+
+def _resident_kb() -> int:
+    """This process's resident set now (VmRSS), in KiB; ru_maxrss is the high-water mark."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def worker(directory: str, B: int, T: int, offload: bool) -> None:
+    import time
+
+    import jax
+    import minibert
+    from harness import random_ids
+
+    model = minibert.load(directory)
+    after_load = _resident_kb()
+    start = time.perf_counter()
+    out, cache = model.run_with_cache(random_ids(B, T), offload=offload)
+    jax.block_until_ready((out, dict(cache)))
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"after_load_gib": _gib(after_load), "peak_gib": _gib(peak), "holding_gib": _gib(_resident_kb()),
+                      "seconds": seconds,
+                      "captured": len(cache)}))
+
+
+if __name__ == "__main__":
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent)]
+    worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4])))
