@@ -1,4 +1,5 @@
-"""The tutorials in docs/tutorials run top to bottom (their asserts are their checks) and are in the site's nav."""
+"""The tutorials in docs/tutorials and the findings page run top to bottom (their asserts are their checks) and
+are in the site's nav."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.py"))
+PAGES = [*TUTORIALS, ROOT / "docs" / "findings.py"]  # every executed page of the site
 
 
 def nav_pages(nav) -> list[str]:
@@ -27,7 +29,7 @@ def test_there_are_tutorials():
     assert len(TUTORIALS) >= 3, [p.name for p in TUTORIALS]
 
 
-@pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda path: path.stem)
+@pytest.mark.parametrize("tutorial", PAGES, ids=lambda path: path.stem)
 def test_tutorial_runs(tutorial, tmp_path):
     """A fresh interpreter, headless matplotlib, offline, in an empty directory: exit 0 and write nothing there."""
     env = {**os.environ, "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -43,7 +45,7 @@ def test_tutorial_runs(tutorial, tmp_path):
 def test_every_tutorial_is_in_the_nav():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     pages = nav_pages(config["nav"])
-    missing = [p.name for p in TUTORIALS if f"tutorials/{p.name}" not in pages]
+    missing = [p.name for p in PAGES if str(p.relative_to(ROOT / "docs")) not in pages]
     assert not missing, f"add these tutorials to the nav in mkdocs.yml: {missing}"
     for page in pages:
         assert (ROOT / "docs" / page).exists(), f"mkdocs.yml's nav names {page}, which is not in docs/"
