@@ -1,0 +1,284 @@
+"""`minibert demo`: the seed analyses on the bundled sentences, written into one folder.
+
+    paths, result = build(minibert.load(), "out")   # figures/, three views, statistics, index.html
+    print(head_summary(result.mean, result.documents))
+
+The sentences live in `minibert/data/demo.json`: seed 000's groups of similar sentences (each with
+a label that colours it and the word whose attention is followed) and seed 004's MRPC pair.
+What is written, under `out`:
+
+    figures/pca.{png,svg}                PCA of each group's sentence vectors (seed 000, Fig. 1)
+    figures/attention_to_word.{png,svg}  attention paid to the chosen word, by layer (seed 000, Fig. 2)
+    figures/head_heatmap.{png,svg}       the head where "mistake" attends most to "made" (seed 000, Fig. 3)
+    figures/head_grid.{png,svg}          layers × heads for the pair
+    figures/neuron.{png,svg}             q, k, q×k, q·k, softmax for one query of the pair (seed 001)
+    figures/head_statistics.{png,svg}    Clark et al.'s head statistics over the demo's sentences
+    figures/head_mds.{png,svg}           heads placed by the Jensen–Shannon distance of their attention
+    head_view.html  model_view.html  neuron_view.html   the pair (seed 004)
+    head_statistics.{csv,json,npz}       one row per head (layer, head 0-indexed; label "L-H" 1-indexed)
+    index.html                           links every file above, with the summary
+
+Layers and heads are 0-indexed in code and files; figures and pages label them "L-H", 1-indexed
+(Clark et al.): layer 2, head 5 is "3-6".
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import html
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from minibert import corpus, viz
+from minibert.analysis import clustering, embeddings, heads, words
+from minibert.viz import figures
+
+FIGURE_FORMATS = (".png", ".svg")
+TOP_HEADS = 3
+# What the summary ranks heads by (highest first): statistic → what a high value means.
+RANKINGS = {
+    "prev": "previous token", "next": "next token", "self": "the token itself", "to_cls": "[CLS]",
+    "to_sep": "[SEP]", "to_punct": '"." or ","', "entropy": "broad (entropy, nats)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Similar sentences, a label for each (its colour), and the word followed in each (None: not followed)."""
+
+    name: str
+    sentences: list[str]
+    labels: list[str]
+    words: list[str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoText:
+    groups: list[Group]
+    head_sentence: str
+    head_from: str
+    head_to: str
+    text: str
+    pair: str
+
+    @property
+    def sentences(self) -> list[str]:
+        """Every sentence of the demo, the pair's two included: the documents of its head statistics."""
+        return [s for group in self.groups for s in group.sentences] + [self.text, self.pair]
+
+
+def demo_text() -> DemoText:
+    """The bundled sentences (minibert/data/demo.json)."""
+    data = json.loads((resources.files("minibert") / "data" / "demo.json").read_text(encoding="utf-8"))
+    groups = [Group(name, g["sentences"], g["labels"], g["words"]) for name, g in data["groups"].items()]
+    head, pair = data["head"], data["pair"]
+    return DemoText(groups, head["sentence"], head["from"], head["to"], pair["text"], pair["pair"])
+
+
+# ---- the analyses -----------------------------------------------------------------------------------
+
+def _save(fig: Figure, stem: Path) -> list[Path]:
+    return [figures.save(fig, stem.with_suffix(suffix)) for suffix in FIGURE_FORMATS]
+
+
+def _panels(n: int, width: float, height: float) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * n, height), layout="constrained")
+    return fig, list(fig.subplots(1, n))
+
+
+def pca_figure(model, groups: Sequence[Group]) -> Figure:
+    """One panel per group: its sentence vectors (mean pooling) in their first two principal components."""
+    fig, axes = _panels(len(groups), 6.3, 5.2)
+    vectors = embeddings.sentence_vectors(model, [s for group in groups for s in group.sentences])  # one batch
+    ends = np.cumsum([len(group.sentences) for group in groups])
+    for ax, group, end in zip(axes, groups, ends):
+        coords, explained, _ = embeddings.pca(vectors[end - len(group.sentences):end])
+        figures.pca_scatter(coords, group.labels, group.sentences, explained, ax=ax, title=group.name)
+    fig.suptitle("sentence vectors of each group, PCA (mean of the last layer's token vectors)")
+    return fig
+
+
+def word_attention(model, group: Group) -> tuple[np.ndarray, list[int]]:
+    """([N', L] attention paid to each followed sentence's word by layer, the N' sentence indices).
+    Sentences that follow the same word run as one batch."""
+    followed = [i for i, word in enumerate(group.words) if word is not None]
+    values = {}
+    for word in dict.fromkeys(group.words[i] for i in followed):
+        rows = [i for i in followed if group.words[i] == word]
+        values |= zip(rows, embeddings.attention_to_word(model, [group.sentences[i] for i in rows], word))
+    return np.stack([values[i] for i in followed]), followed
+
+
+def attention_to_word_figure(model, groups: Sequence[Group]) -> Figure:
+    fig, axes = _panels(len(groups), 6.3, 4.6)
+    for ax, group in zip(axes, groups):
+        values, rows = word_attention(model, group)
+        chosen = sorted({group.words[i] for i in rows})
+        figures.attention_to_word_plot(values, [group.sentences[i] for i in rows],
+                                       word=chosen[0] if len(chosen) == 1 else "the chosen word",
+                                       groups=[group.labels[i] for i in rows], ax=ax, title=group.name)
+    fig.suptitle("attention paid to the chosen word (summed over query tokens, mean over heads)")
+    return fig
+
+
+def _word_start(batch, word: str) -> int:
+    """The first token position of the one-word `word` in the one document of `batch`."""
+    groups = words.word_groups(batch.word_ids[0], batch.sequence_ids[0], batch.attention_mask[0])
+    positions = embeddings.word_positions(batch.tokens[0], groups, [word.lower()])
+    if positions is None:
+        raise ValueError(f"the sentence has no word {word!r}; its words are "
+                         f"{words.word_labels(batch.tokens[0], groups)}.")
+    return positions[0]
+
+
+def strongest_head(model, sentence: str, source: str, target: str) -> tuple[int, int, viz.Document]:
+    """(layer, head) in which `source`'s first token attends most to `target`'s, and the sentence's document."""
+    batch = model.tokenize([sentence])
+    doc = viz.document(model, batch)
+    weights = doc.attention[:, :, _word_start(batch, source), _word_start(batch, target)]
+    layer, head = np.unravel_index(weights.argmax(), weights.shape)
+    return int(layer), int(head), doc
+
+
+def featured_head(mean: dict[str, np.ndarray]) -> tuple[int, int]:
+    """The pair's views open on the strongest previous-token head: a pattern the neuron view explains well."""
+    layer, head = np.unravel_index(np.asarray(mean["prev"]).argmax(), np.shape(mean["prev"]))
+    return int(layer), int(head)
+
+
+def head_summary(mean: dict[str, np.ndarray], documents: int, top: int = TOP_HEADS) -> str:
+    """A few lines: for each statistic of RANKINGS, the `top` heads with the highest value, and the
+    behaviour labels (heads.behaviour_labels) that the heads earn."""
+    lines = [f"head statistics over {documents} documents; heads as L-H, 1-indexed as in the figures "
+             "(3-6 is layer 2, head 5 with 0-indexed options)"]
+    for statistic, meaning in RANKINGS.items():
+        values = np.asarray(mean[statistic])
+        order = np.argsort(values.ravel())[::-1][:top]
+        best = "   ".join(f"{figures.head_label(*divmod(int(i), values.shape[1])):>5s} {values.ravel()[i]:.2f}"
+                           for i in order)
+        lines.append(f"  {meaning:<22s} {best}")
+    labels = heads.behaviour_labels(mean).ravel()
+    counts = {name: int(sum(name in label.split("+") for label in labels)) for name in heads.BEHAVIOURS}
+    lines.append("  behaviour labels: " + ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+                 if any(counts.values()) else "  behaviour labels: none")
+    return "\n".join(lines)
+
+
+def write_table(rows: list[dict], path: Path) -> Path:
+    """One CSV row per head (heads.head_table), columns in the table's order."""
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# ---- pages ------------------------------------------------------------------------------------------
+
+PAGE_STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;color:#1f2328}"
+              "img{max-width:100%;border:1px solid #d0d7de}figure{margin:0 0 28px}"
+              "figcaption{color:#57606a;margin-top:4px}pre{background:#f6f8fa;padding:12px;overflow-x:auto}")
+
+
+def page(title: str, body: str) -> str:
+    """A standalone HTML page; `title` is escaped here, `body` must already be HTML."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head>"
+            f"<body>{body}</body></html>\n")
+
+
+def views_page(title: str, views: Sequence[viz.View]) -> str:
+    """Several interactive views on one page (each view draws into its own element)."""
+    return page(title, f"<h1>{html.escape(title)}</h1>" + "".join(view.html for view in views))
+
+
+def _index(out: Path, paths: list[Path], captions: dict[str, str], summary: str, source: str) -> str:
+    def link(path: Path) -> str:
+        name = path.relative_to(out).as_posix()
+        return f'<a href="{html.escape(name)}">{html.escape(name)}</a>'
+
+    shown = [p for p in paths if p.suffix == ".png"]
+    parts = [f"<h1>minibert demo</h1><p>Model: <code>{html.escape(source)}</code>. Layers and heads are labelled "
+             "L-H, 1-indexed (Clark et al.).</p><h2>Views of the pair (open in a browser; interactive)</h2><ul>"]
+    parts += [f"<li>{link(p)}: {html.escape(captions[p.stem])}</li>" for p in paths if p.suffix == ".html"]
+    parts.append("</ul><h2>Figures</h2>")
+    for png in shown:
+        others = " ".join(link(p) for p in paths if p.stem == png.stem and p.parent == png.parent and p != png)
+        parts.append(f'<figure><img src="{html.escape(png.relative_to(out).as_posix())}" alt="{png.stem}">'
+                     f"<figcaption>{html.escape(captions[png.stem])} ({link(png)} {others})</figcaption></figure>")
+    tables = " ".join(link(p) for p in paths if p.stem == "head_statistics" and p.parent == out)
+    parts.append(f"<h2>Head statistics</h2><pre>{html.escape(summary)}</pre><p>Every head: {tables}</p>")
+    return page("minibert demo", "".join(parts))
+
+
+# ---- the demo ---------------------------------------------------------------------------------------
+
+def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
+    """Write the demo into `out` (created if needed); returns (every path written, the head statistics)."""
+    out = Path(out)
+    figure_dir = out / "figures"
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    text = demo_text()
+    paths: list[Path] = []
+    captions: dict[str, str] = {}
+
+    def figure(name: str, fig: Figure, caption: str) -> None:
+        paths.extend(_save(fig, figure_dir / name))
+        captions[name] = caption
+
+    figure("pca", pca_figure(model, text.groups),
+           "Sentence vectors of each group in two principal components, coloured by a property of the sentence.")
+    figure("attention_to_word", attention_to_word_figure(model, text.groups),
+           "Attention paid to the chosen word in each layer, one line per sentence.")
+    layer, head, doc = strongest_head(model, text.head_sentence, text.head_from, text.head_to)
+    label = figures.head_label(layer, head)
+    relation = f"{text.head_from!r} attends to {text.head_to!r}"
+    figure("head_heatmap", figures.attention_heatmap(doc.attention[layer, head], doc.tokens,
+                                                     title=f"head {label}: {relation}"),
+           f"Head {label}, the head in which {relation} most: query rows, key columns.")
+    figure("head_grid", figures.head_grid(doc.attention, doc.tokens, title=f"{text.head_sentence!r}: every head"),
+           f"Every head's attention on {text.head_sentence!r}, layers down, heads across.")
+
+    result = corpus.survey(model, text.sentences, js_divergence=True, progress=False)
+    layer, head = featured_head(result.mean)
+    label = figures.head_label(layer, head)
+    pair = viz.document(model, text.text, text.pair)
+    query = 1  # the pair's first word
+    figure("neuron", figures.neuron_figure(pair.q[layer, :, head], pair.k[layer, :, head], pair.tokens, query,
+                                           title=f"head {label} (the strongest previous-token head): "
+                                                 f"{pair.tokens[query]!r} attending"),
+           f"How head {label} computes the attention of {pair.tokens[query]!r}: q, each k, q×k, q·k, "
+           "q·k/√K and the softmax.")
+    figure("head_statistics", figures.head_statistics_figure(
+        result.mean, title=f"head statistics over the demo's {result.documents} sentences"),
+        "Clark et al.'s head statistics: attention to special tokens and entropy by layer; positional heads.")
+    coords, _ = clustering.mds(result.js_divergence / result.documents)
+    figure("head_mds", figures.mds_scatter(coords, heads.behaviour_labels(result.mean), annotate=True),
+           "Heads placed by the Jensen–Shannon distance between their attention maps (MDS), coloured by layer.")
+
+    views = {
+        "head_view": (pair.head_view(layer=layer, heads=[head], title="Head view: the MRPC pair"),
+                      f"token-to-token lines of each layer's heads (opens on head {label}; the coloured "
+                      "buttons switch the others on)"),
+        "model_view": (pair.model_view(title="Model view: the MRPC pair"),
+                       "every layer and head at once; click one to enlarge it"),
+        "neuron_view": (pair.neuron_view(layer=layer, head=head, query_index=query, title="Neuron view: the MRPC pair"),
+                        f"how one query's attention is computed (opens on head {label})"),
+    }
+    for name, (view, caption) in views.items():
+        paths.append(view.save(out / f"{name}.html"))
+        captions[name] = caption
+
+    npz, json_path = result.save(out / "head_statistics")
+    paths += [write_table(result.table(), out / "head_statistics.csv"), json_path, npz]
+    index = out / "index.html"
+    index.write_text(_index(out, paths, captions, head_summary(result.mean, result.documents), model.source),
+                     encoding="utf-8")
+    return [*paths, index], result
