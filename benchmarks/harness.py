@@ -35,6 +35,12 @@ class Settings:
 
 # ---- timing -----------------------------------------------------------------------------------------------
 
+# Pause before each timed call. PyTorch's OpenMP workers (libgomp) spin-wait ~5 ms after every parallel
+# region; without a pause they hold a core while the next interleaved case starts, which slowed a jax
+# matmul of 1–5 ms right after a torch one by up to 1.7× (XLA's pool goes idle in ~0.1 ms).
+SETTLE_S = 0.01
+
+
 def time_samples(cases: Mapping[str, Callable[[], object]], settings: Settings) -> dict[str, list[float]]:
     """Seconds of every timed call of each case. Cases run interleaved (one call of each per round), so
     background load on a shared machine falls on all of them alike; each call must block until done."""
@@ -44,6 +50,7 @@ def time_samples(cases: Mapping[str, Callable[[], object]], settings: Settings) 
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(settings.repeats):
         for name, fn in cases.items():
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

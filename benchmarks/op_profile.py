@@ -84,7 +84,7 @@ def xla_category(shape: str, fuses: str, ffn: int) -> str:
     rank = shape.count(",") + 1 if "[" in shape else 0
     if "dot" in fuses:
         return CATEGORIES[0] if rank <= 3 and "softmax" not in fuses and "exponential" not in fuses else CATEGORIES[1]
-    if "exponential" in fuses and f"{ffn}]" in shape:
+    if any(op in fuses for op in ("erf", "tanh", "exponential")) and f"{ffn}]" in shape:
         return CATEGORIES[2]
     if rank >= 4 and ("exponential" in fuses or "select" in fuses or "reduce" in fuses):
         return CATEGORIES[1]
