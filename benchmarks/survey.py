@@ -3,6 +3,13 @@ how many programs a mixed-length workload compiles."""
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
 import numpy as np
 
 import minibert
@@ -10,6 +17,10 @@ from minibert import corpus
 from minibert.analysis import heads
 
 from harness import Settings, block, bundled_dir, hf_model, markdown_table, random_ids, timed
+
+SEEDS_BATCH = 16  # Clark et al.'s extract_attention.py: --batch_size default 16
+SEEDS_LENGTH = 128  # and --max_sequence_length 128: every example padded to 128 tokens
+ABLATION = dict(pack=False, buckets=(32, 64, 96, 128))  # the runner without packing: one document per row
 
 
 # ---- the seeds' pipeline: transformers eager with output_attentions, NumPy statistics per document ----------
@@ -36,12 +47,11 @@ def document_statistics(att: np.ndarray, ids: np.ndarray, cls_id: int, sep_id: i
     }
 
 
-def seeds_pipeline(tokenizer, model, texts, pairs, batch_size: int = 32, max_length: int = 128) -> tuple[dict, dict]:
-    """Batches of 32 in corpus order, padded to their longest, through transformers (`model`, eager
-    attention) with output_attentions; statistics per document in NumPy; averaged over documents.
+def seeds_pipeline(tokenizer, model, texts, pairs) -> tuple[dict, dict]:
+    """What Clark et al.'s extract_attention.py and notebook do, with transformers: batches of 16 in corpus
+    order, every example padded to 128 tokens, BertModel (eager attention) with output_attentions, each
+    document's maps cropped to its n real tokens, statistics per document in NumPy, averaged.
     Returns ({statistic: [L, H]}, {"tokenize" | "forward" | "statistics": seconds, "padded_tokens": n})."""
-    import time
-
     import torch
 
     vocab = tokenizer.get_vocab()
@@ -49,10 +59,10 @@ def seeds_pipeline(tokenizer, model, texts, pairs, batch_size: int = 32, max_len
     totals, documents = None, 0
     spent = dict(tokenize=0.0, forward=0.0, statistics=0.0, padded_tokens=0)
     with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
+        for start in range(0, len(texts), SEEDS_BATCH):
             t0 = time.perf_counter()
-            enc = tokenizer(texts[start:start + batch_size], pairs[start:start + batch_size], padding=True,
-                            truncation=True, max_length=max_length, return_tensors="pt")
+            enc = tokenizer(texts[start:start + SEEDS_BATCH], pairs[start:start + SEEDS_BATCH], padding="max_length",
+                            truncation=True, max_length=SEEDS_LENGTH, return_tensors="pt")
             t1 = time.perf_counter()
             att = torch.stack(model(**enc, output_attentions=True).attentions).numpy()  # [L, B, H, T, T]
             t2 = time.perf_counter()
@@ -69,49 +79,157 @@ def seeds_pipeline(tokenizer, model, texts, pairs, batch_size: int = 32, max_len
     return {k: v / documents for k, v in totals.items()}, spent
 
 
-def survey_padded_tokens(lengths: np.ndarray, buckets, batch_size: int = 32) -> int:
-    """Tokens corpus.survey runs: every batch is batch_size rows of its bucket's length."""
-    return sum(size * batch_size for size, _ in corpus._batches(lengths, buckets, batch_size))
+def clocked(fn):
+    """(result, wall seconds, CPU seconds of this process, all threads)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def measure(texts, pairs, rounds: int, ablation: bool = True) -> dict:
+    """Interleaved rounds of: the seeds' pipeline; corpus.survey on a freshly loaded model (compiles its
+    programs); the same call again (programs cached per model); with `ablation`, survey with one document
+    per row in length buckets (ABLATION, compiled before the rounds). Medians of wall and CPU seconds,
+    the seeds' time split, the survey's counts and the largest difference between the two pipelines'
+    [L, H] means."""
+    import transformers
+
+    directory = bundled_dir()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(str(directory))
+    hf = hf_model(directory, "eager")
+    run = lambda model, **kw: corpus.survey(model, texts, pairs, progress=False, **kw)
+    cases = ("seeds", "cold", "warm") + (("one_bucket",) if ablation else ())
+    samples = {k: [] for k in cases}
+    if ablation:
+        unpacked = minibert.load()
+        run(unpacked, **ABLATION)
+    for _ in range(rounds):
+        (reference, spent), *seeds = clocked(lambda: seeds_pipeline(tokenizer, hf, texts, pairs))
+        samples["seeds"].append(seeds)
+        model = minibert.load()  # a new model: nothing compiled for it yet
+        result, *cold = clocked(lambda: run(model))
+        traces = model.traces
+        samples["cold"].append(cold)
+        samples["warm"].append(clocked(lambda: run(model))[1:])
+        assert model.traces == traces, "the second survey call compiled again"
+        if ablation:
+            one_bucket, *seconds = clocked(lambda: run(unpacked, **ABLATION))
+            samples["one_bucket"].append(seconds)
+    out = {"wall_s": {k: statistics.median(s[0] for s in v) for k, v in samples.items()},
+           "cpu_s": {k: statistics.median(s[1] for s in v) for k, v in samples.items()},
+           "samples": samples, "seeds_split": spent, "counts": result.counts, "settings": result.settings,
+           "traces_first_call": traces,
+           "max_abs_diff": max(float(np.abs(result.mean[k] - reference[k]).max()) for k in heads.STATISTICS),
+           "tokenize_s": clocked(lambda: model.tokenize(texts, pairs, max_length=128))[1]}
+    if ablation:
+        out["one_bucket_counts"] = one_bucket.counts
+    return out
+
+
+def measure_one_core(segments: int, rounds: int) -> dict:
+    """measure() without the ablation in a fresh interpreter pinned to one core (sched_setaffinity before
+    it starts), so XLA sizes its thread pool to one CPU and PyTorch runs one thread."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    start = (f"import os, runpy, sys; os.sched_setaffinity(0, {{{max(os.sched_getaffinity(0))}}}); "
+             f"sys.path.insert(0, {here!r}); sys.argv = ['survey.py', '--one-core', '{segments}', '{rounds}']; "
+             f"runpy.run_path({os.path.join(here, 'survey.py')!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", start], env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"),
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the one-core survey worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def survey(settings: Settings, texts, pairs) -> tuple[str, dict]:
-    directory = bundled_dir()
-    model = minibert.load()
-    result, cold = timed(lambda: corpus.survey(model, texts, pairs, progress=False))
-    traces = model.traces
-    _, again = timed(lambda: corpus.survey(model, texts, pairs, progress=False))
-    fine = tuple(range(16, 129, 16))
-    _, fine_time = timed(lambda: corpus.survey(model, texts, pairs, buckets=fine, progress=False))
-    import transformers
+    """The seeds' pipeline against corpus.survey, on both cores (defaults) and pinned to one core."""
+    rounds = 1 if settings.quick else 3
+    numbers = {"default_threads": measure(texts, pairs, rounds), "one_core": measure_one_core(len(texts), rounds),
+               "rounds": rounds}
+    return report(numbers, texts, pairs), numbers
 
-    tokenizer, hf = transformers.BertTokenizerFast.from_pretrained(str(directory)), hf_model(directory, "eager")
-    (reference, spent), seeds = timed(lambda: seeds_pipeline(tokenizer, hf, texts, pairs))
-    error = max(float(np.abs(result.mean[k] - reference[k]).max()) for k in heads.STATISTICS)
+
+def report(numbers: dict, texts, pairs) -> str:
+    """The Markdown section for survey()'s numbers (also from a saved --json file's "survey" entry)."""
+    numbers, single, rounds = numbers["default_threads"], numbers["one_core"], numbers["rounds"]
+    spent, counts = numbers["seeds_split"], numbers["counts"]
+    used, traces = numbers["settings"], numbers["traces_first_call"]
+    model = minibert.load()
     lengths = np.asarray(model.tokenize(texts, pairs, max_length=128).attention_mask.sum(1))
-    padded = {"default": survey_padded_tokens(lengths, corpus.default_buckets(128)),
-              "fine": survey_padded_tokens(lengths, fine)}
     met = lambda ratio: "yes" if ratio >= 3 else "**no**"
-    rows = [
-        ["seeds' pipeline: transformers eager + output_attentions, batches of 32 in corpus order, NumPy per "
-         "document", f"{seeds:.1f} s", f"{len(texts) / seeds:.0f}", f"{spent['padded_tokens']:,}", "1.00×", "", ""],
-        [f"minibert.corpus.survey(model, texts, pairs), first call ({traces} programs compiled)", f"{cold:.1f} s",
-         f"{len(texts) / cold:.0f}", f"{padded['default']:,}", f"{seeds / cold:.2f}×", "≥ 3×", met(seeds / cold)],
-        ["the same call again (compiles again: each call builds a new jitted step)", f"{again:.1f} s",
-         f"{len(texts) / again:.0f}", f"{padded['default']:,}", f"{seeds / again:.2f}×", "≥ 3×", met(seeds / again)],
-        [f"survey with buckets every 16 tokens {fine}", f"{fine_time:.1f} s", f"{len(texts) / fine_time:.0f}",
-         f"{padded['fine']:,}", f"{seeds / fine_time:.2f}×", "—", "—"],
-    ]
-    real = int(lengths.sum())
-    text = (f"{len(texts)} sentence pairs `[CLS] A [SEP] B [SEP]`, {lengths.min()}–{lengths.max()} tokens "
-            f"(mean {lengths.mean():.0f}; {real:,} real tokens), all-MiniLM-L6-v2, all {len(heads.STATISTICS)} "
-            f"Clark statistics for every head. Largest difference between the two pipelines' [L, H] means: "
-            f"{error:.1e}. Models are loaded before timing. The seeds' pipeline spent {spent['forward']:.1f} s in the forward, "
-            f"{spent['statistics']:.1f} s in NumPy statistics and {spent['tokenize']:.1f} s tokenizing.\n\n"
-            + markdown_table(["pipeline", "time", "segments/s", "tokens run (padded)", "speed-up", "target", "met"],
-                             rows))
-    return text, {"seeds_s": seeds, "seeds_split": spent, "survey_first_s": cold, "survey_again_s": again,
-                  "survey_fine_buckets_s": fine_time, "padded_tokens": padded, "real_tokens": real,
-                  "max_abs_diff": error, "traces_first_call": traces}
+
+    def row(label, threads, run, key, tokens, target=True):
+        speed = run["wall_s"]["seeds"] / run["wall_s"][key]
+        return [label, threads, f"{run['wall_s'][key]:.1f} s", f"{run['cpu_s'][key]:.1f} s",
+                f"{len(texts) / run['wall_s'][key]:.0f}", f"{tokens:,}", f"{speed:.2f}×",
+                "≥ 3×" if target and key != "seeds" else "—" if key != "seeds" else "",
+                met(speed) if target and key != "seeds" else "—" if key != "seeds" else ""]
+
+    seeds_label = (f"seeds' pipeline: transformers BertTokenizerFast + BertModel eager with output_attentions, "
+                   f"batches of {SEEDS_BATCH} padded to {SEEDS_LENGTH} (Clark et al.'s extract_attention.py), "
+                   f"NumPy statistics per document")
+    programs = lambda n: f"{n} program{'s' if n != 1 else ''}"
+    lengths_text = ", ".join(map(str, used["buckets"]))
+    cold_label = (f"minibert.corpus.survey(model, texts, pairs), first call on a new model ({programs(traces)} "
+                  f"compiled; documents packed into rows of {lengths_text} tokens, {used['batch_tokens']} tokens per "
+                  f"batch)")
+    warm_label = "the same call again (the jitted step is cached per model: nothing compiles)"
+    rows = []
+    for threads, run in (("both cores (defaults)", numbers), ("one core", single)):
+        rows += [row(seeds_label, threads, run, "seeds", run["seeds_split"]["padded_tokens"]),
+                 row(cold_label, threads, run, "cold", run["counts"]["tokens_run"]),
+                 row(warm_label, threads, run, "warm", run["counts"]["tokens_run"])]
+    rows.append(row(f"(ablation) survey with one document per row in length buckets {ABLATION['buckets']} "
+                    f"(pack=False; programs compiled before timing)",
+                    "both cores", numbers, "one_bucket", numbers["one_bucket_counts"]["tokens_run"], target=False))
+
+    def where(run, name):
+        spent, counts = run["seeds_split"], run["counts"]
+        compile_s = run["wall_s"]["cold"] - run["wall_s"]["warm"]
+        steps_s = run["wall_s"]["warm"] - run["tokenize_s"]
+        return (f"{name}: the seeds' pipeline spent {spent['forward']:.1f} s in the forward (with the copy of the "
+                f"attentions to NumPy; {spent['padded_tokens'] / spent['forward']:,.0f} tokens/s), "
+                f"{spent['statistics']:.1f} s in NumPy statistics and {spent['tokenize']:.1f} s tokenizing; "
+                f"corpus.survey {run['tokenize_s']:.1f} s tokenizing (minibert's pure-Python WordPiece), "
+                f"{compile_s:.1f} s compiling ({programs(run['traces_first_call'])}: first call − second call) "
+                f"and {steps_s:.1f} s in the jitted steps (second call − tokenizing; "
+                f"{counts['tokens_run'] / steps_s:,.0f} tokens/s through forward and statistics).")
+
+    def factors(run, name):
+        """The warm speed-up as a product: fewer tokens × faster per token × the seeds' work beside the forward
+        ÷ our tokenizing beside the steps."""
+        spent, counts = run["seeds_split"], run["counts"]
+        steps_s = run["wall_s"]["warm"] - run["tokenize_s"]
+        fewer = spent["padded_tokens"] / counts["tokens_run"]
+        per_token = (counts["tokens_run"] / steps_s) / (spent["padded_tokens"] / spent["forward"])
+        beside = run["wall_s"]["seeds"] / spent["forward"]
+        ours = run["wall_s"]["warm"] / steps_s
+        needed = counts["tokens_run"] / (run["wall_s"]["seeds"] / 3 - run["tokenize_s"])
+        return (f"Second-call speed-up, {name}: {fewer:.2f} (fewer tokens) × {per_token:.2f} (tokens/s of our "
+                f"forward + statistics over transformers' forward) × {beside:.2f} (the seeds' statistics and "
+                f"tokenizing beside their forward) ÷ {ours:.2f} (our tokenizing beside the steps) = "
+                f"{fewer * per_token * beside / ours:.2f}×; 3× would take {needed:,.0f} tokens/s through forward "
+                f"and statistics ({needed / (spent['padded_tokens'] / spent['forward']):.2f}× transformers' forward).")
+
+    text = (
+        f"{len(texts)} sentence pairs `[CLS] A [SEP] B [SEP]` (benchmarks/harness.py english_like_texts, seed 0), "
+        f"{lengths.min()}–{lengths.max()} tokens (mean {lengths.mean():.0f}; {int(lengths.sum()):,} real tokens), "
+        f"all-MiniLM-L6-v2, all {len(heads.STATISTICS)} Clark statistics for every head, end to end (tokenize → "
+        f"forward → statistics), real segment ids in both pipelines. Largest difference between the two "
+        f"pipelines' [L, H] means: {numbers['max_abs_diff']:.1e} (one core: {single['max_abs_diff']:.1e}). "
+        f"Models are loaded before timing; median of {rounds} interleaved round(s). CPU time counts every thread "
+        f"of the process. \"One core\" runs both pipelines again in a fresh interpreter pinned to one core (XLA's "
+        f"pool sees one CPU, PyTorch is set to one thread): on this shared 2-core machine PyTorch's two OpenMP threads "
+        f"slow down sharply whenever another job holds a core, so the one-core rows measure the work itself.\n\n"
+        + markdown_table(["pipeline", "threads", "wall time", "CPU time", "segments/s", "tokens run (padded)",
+                          "speed-up (wall)", "target", "met"], rows)
+        + "\n\nWhere the time goes. " + where(numbers, "Both cores") + " " + where(single, "One core")
+        + " " + factors(numbers, "both cores") + " " + factors(single, "one core")
+        + " Fewer tokens: several documents share a row (first fit), so rows carry little padding. Per token: "
+        "the last layer's values, output projection and FFN are not computed (XLA drops what no statistic reads: "
+        "10 of the 72 D² units of dense work in 6 layers), the statistics stay on the device, and attention in "
+        "a packed row is over 128 keys like the seeds'."
+    )
+    return text
 
 
 # ---- compilation over mixed lengths ----------------------------------------------------------------------
@@ -121,7 +239,8 @@ def compile_counts(settings: Settings, texts, pairs) -> tuple[str, dict]:
     model = minibert.load()
     _, first = timed(lambda: corpus.survey(model, texts, pairs, progress=False))
     _, again = timed(lambda: corpus.survey(model, texts, pairs, progress=False))
-    rows.append([f"corpus.survey, {len(texts)} segments (length buckets {corpus.default_buckets(128)})",
+    rows.append([f"corpus.survey, {len(texts)} segments (packed into rows of {corpus.default_buckets(128)[0]} "
+                 f"tokens; second pass: the jitted step is cached per model)",
                  str(model.traces), f"{first:.1f} s", f"{again:.1f} s", f"{first - again:.1f} s"])
     out["survey"] = {"traces": model.traces, "first_s": first, "again_s": again}
 
@@ -144,5 +263,15 @@ def compile_counts(settings: Settings, texts, pairs) -> tuple[str, dict]:
 
 def padded_to_bucket(batch: dict) -> dict:
     T = batch["input_ids"].shape[1]
-    size = next(s for s in corpus.default_buckets(128) if s >= T)
+    size = next(s for s in (16, 32, 64, 128) if s >= T)
     return {k: np.pad(v, ((0, 0), (0, size - T))) for k, v in batch.items()}
+
+
+if __name__ == "__main__":  # the one-core worker: survey.py --one-core SEGMENTS ROUNDS → one JSON line
+    import torch
+
+    import harness
+
+    torch.set_num_threads(1)
+    _, _, segments, rounds = sys.argv
+    print(json.dumps(measure(*harness.english_like_texts(int(segments)), int(rounds), ablation=False), default=float))

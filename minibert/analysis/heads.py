@@ -16,9 +16,9 @@ Clark et al. ran `[CLS] A [SEP] B [SEP]` segments, which have two [SEP]s, so the
 n − 2 are the [SEP] count and the non-[SEP] count; dividing by the counts gives the same numbers there
 and keeps the two [SEP] statistics fractions for single sentences (one [SEP]) too.
 
-Every statistic is computed per document; averaging over documents is the caller's (the corpus runner
-sums them on the device). Arrays: pattern [L, B, H, T, S], masks [B, T]; layers and heads 0-indexed,
-labels in the paper's 1-indexed "L-H" form.
+Every statistic is computed per document (or summed over the documents a row packs); averaging over
+documents is the caller's (the corpus runner sums them on the device). Arrays: pattern [L, B, H, T, S],
+masks [B, T]; layers and heads 0-indexed, labels in the paper's 1-indexed "L-H" form.
 """
 
 from __future__ import annotations
@@ -50,56 +50,74 @@ BEHAVIOURS: dict[str, tuple[str, float]] = {
 }
 
 
-def _real_pattern(pattern, attention_mask):
-    """pattern [L, B, H, T, S] in float32 with padding rows and padding keys set to exactly 0; mask [B, T]."""
-    mask = jnp.asarray(attention_mask, jnp.float32)
-    rows, keys = mask[None, :, None, :, None], mask[None, :, None, None, :]
-    return jnp.where((rows * keys) > 0, jnp.asarray(pattern, jnp.float32), 0.0), mask
+def _documents(attention_mask):
+    """Each token's document: [B, T] int (0 padding; a 0/1 mask is one document per row), the [B, T, S]
+    mask of real query × real key pairs in the same document, and each token's document length [B, T]."""
+    documents = jnp.asarray(attention_mask).astype(jnp.int32)
+    same = (documents[:, :, None] == documents[:, None, :]) & (documents[:, :, None] > 0)
+    return documents, same, same.sum(-1).astype(jnp.float32)
 
 
-def _smoothed(a, mask, eps):
-    """(1 − ε)·A + ε/n on real rows × real keys, 0 elsewhere. a: _real_pattern output; mask [B, T]."""
-    n = jnp.maximum(mask.sum(-1), 1.0)[None, :, None, None, None]
-    real = (mask[None, :, None, :, None] * mask[None, :, None, None, :]) > 0
-    return jnp.where(real, (1 - eps) * a + eps / n, 0.0)
+def _real_pattern(pattern, same):
+    """pattern [..., B, H, T, S] in float32, exactly 0 outside real query × real key pairs of one document."""
+    return jnp.where(same[:, None], jnp.asarray(pattern, jnp.float32), 0.0)
+
+
+def _smoothed(a, same, n, eps):
+    """(1 − ε)·A + ε/n over each row's own document's keys (n: that document's length [B, T]), 0 elsewhere."""
+    return jnp.where(same[:, None], (1 - eps) * a + eps / jnp.maximum(n, 1.0)[:, None, :, None], 0.0)
+
+
+def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[str, jax.Array]:
+    """Every statistic of STATISTICS for one layer: {name: [B, H]} from pattern [B, H, T, S].
+
+    Arguments as head_statistics. Each statistic is a sum over query rows with per-token weights (1/n
+    of the token's document, 1/#SEP, …), so a row that packs several documents gives the sum of their
+    statistics. The pattern is read twice — one contraction with the [CLS]/[SEP]/punctuation columns,
+    one entropy reduction — and the rest works on [B, H, T] row sums, so a corpus survey costs little
+    beyond the forward pass.
+    """
+    documents, same, n = _documents(attention_mask)
+    a = _real_pattern(pattern, same)
+    real = (documents > 0).astype(jnp.float32)
+    cls, sep, punct = (jnp.asarray(m, jnp.float32) * real for m in (is_cls, is_sep, is_punct))
+    in_document = lambda marks: jnp.einsum("BTS,BS->BT", same.astype(jnp.float32), marks)  # per token's document
+    n_sep, n_cls = in_document(sep), in_document(cls)
+    per_token = real / jnp.maximum(n, 1.0)  # each document's tokens weigh 1/n in all
+    # Each query row's attention to the [CLS], [SEP] and punctuation columns: [B, H, T, 3].
+    to = jnp.einsum("BHTS,BSC->BHTC", a, jnp.stack([cls, sep, punct], -1), precision=EXACT)
+    rows = lambda weights, values: jnp.einsum("BT,BHT->BH", weights, values, precision=EXACT)
+    diagonal = lambda offset: jnp.diagonal(a, offset=offset, axis1=-2, axis2=-1)  # [B, H, T − |offset|]
+    p = _smoothed(a, same, n, ENTROPY_SMOOTHING)
+    row_entropy = -xlogy(p, p).sum(-1)  # [B, H, T]; 0 at padding rows
+    uniform = jnp.einsum("BT,BT->B", per_token, jnp.log(jnp.maximum(n, 1.0)), precision=EXACT)
+    return {
+        "self": rows(per_token, diagonal(0)),
+        "next": rows(per_token[:, :-1], diagonal(1)),  # A[i, i+1] sits in row i
+        "prev": rows(per_token[:, 1:], diagonal(-1)),  # A[i, i−1] sits in row i
+        "to_cls": rows(per_token, to[..., 0]),
+        "to_sep": rows(per_token, to[..., 1]),
+        "to_punct": rows(per_token, to[..., 2]),
+        "sep_to_sep": rows(sep / jnp.maximum(n_sep, 1.0), to[..., 1]),
+        "rest_to_sep": rows((real - sep) / jnp.maximum(n - n_sep, 1.0), to[..., 1]),
+        "entropy": rows(per_token, row_entropy),
+        "cls_entropy": rows(cls / jnp.maximum(n_cls, 1.0), row_entropy),
+        "uniform_entropy": jnp.broadcast_to(uniform[:, None], a.shape[:2]),
+    }
 
 
 def head_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for every document and head: {name: [B, L, H]} (jit-compatible).
 
-    pattern [L, B, H, T, S] (cache.stack("attn.hook_pattern")); attention_mask [B, T] (1 real, 0 padding);
-    is_cls / is_sep / is_punct [B, T] (float or bool; see token_masks_from_ids). Only real query rows and
-    real keys count; n is each document's number of real tokens. A document with no [SEP] (or no
-    [CLS]) gets 0 for the statistics about it.
+    pattern [L, B, H, T, S] (cache.stack("attn.hook_pattern")); attention_mask [B, T]: 1 real, 0 padding
+    — or, for rows that pack several documents, each token's document number 1, 2, … (0 padding; the
+    row then gives the sum of its documents' statistics); is_cls / is_sep / is_punct [B, T] (float or
+    bool; see token_masks_from_ids). Only query rows and keys of the same document count; n is the
+    document's number of real tokens. A document with no [SEP] (or no [CLS]) gets 0 for the statistics
+    about it. One layer at a time: layer_statistics.
     """
-    a, mask = _real_pattern(pattern, attention_mask)
-    cls, sep, punct = (jnp.asarray(m, jnp.float32) * mask for m in (is_cls, is_sep, is_punct))
-    n = mask.sum(-1)  # [B]
-    per_token = jnp.maximum(n, 1.0)[:, None, None]
-    n_sep = sep.sum(-1)[:, None, None]
-
-    def to_columns(columns, rows=mask):  # Σ over rows × Σ over the chosen columns → [B, L, H]
-        return jnp.einsum("LBHTS,BT,BS->BLH", a, rows, columns, precision=EXACT)
-
-    def diagonal(offset):
-        return jnp.diagonal(a, offset=offset, axis1=-2, axis2=-1).sum(-1).transpose(1, 0, 2)
-
-    p = _smoothed(a, mask, ENTROPY_SMOOTHING)
-    row_entropy = -xlogy(p, p).sum(-1)  # [L, B, H, T]; padding rows are 0
-    n_cls = jnp.maximum(cls.sum(-1), 1.0)[:, None, None]
-    return {
-        "self": diagonal(0) / per_token,
-        "next": diagonal(1) / per_token,
-        "prev": diagonal(-1) / per_token,
-        "to_cls": to_columns(cls) / per_token,
-        "to_sep": to_columns(sep) / per_token,
-        "to_punct": to_columns(punct) / per_token,
-        "sep_to_sep": to_columns(sep, rows=sep) / jnp.maximum(n_sep, 1.0),
-        "rest_to_sep": to_columns(sep, rows=mask - sep) / jnp.maximum(n[:, None, None] - n_sep, 1.0),
-        "entropy": jnp.einsum("LBHT->BLH", row_entropy) / per_token,
-        "cls_entropy": jnp.einsum("LBHT,BT->BLH", row_entropy, cls, precision=EXACT) / n_cls,
-        "uniform_entropy": jnp.broadcast_to(jnp.log(per_token), (a.shape[1], a.shape[0], a.shape[2])),
-    }
+    per_layer = [layer_statistics(layer, attention_mask, is_cls, is_sep, is_punct) for layer in pattern]
+    return {name: jnp.stack([s[name] for s in per_layer], axis=1) for name in STATISTICS}
 
 
 _head_statistics_jit = jax.jit(head_statistics)
@@ -120,13 +138,15 @@ def js_divergence_batch(pattern, attention_mask, doc_mask) -> jax.Array:
     """Jensen–Shannon divergence between every pair of heads, summed over documents: [L·H, L·H].
 
     Per document, with p and q two heads' rows smoothed as 0.999·A + 0.001/n over the real keys and
-    m = (p + q)/2: Σ over real query rows of ½Σ p ln(p/m) + ½Σ q ln(q/m). Documents are weighted by
-    doc_mask [B] (0 drops a padding document). Heads are flattened layer-major (index = layer·H + head).
-    One head is compared with all heads at a time ([L·H, B, T, S]), never all pairs at once.
+    m = (p + q)/2: Σ over real query rows of ½Σ p ln(p/m) + ½Σ q ln(q/m). attention_mask as
+    head_statistics (document numbers for packed rows). Rows are weighted by doc_mask [B] (0 drops a
+    padding row). Heads are flattened layer-major (index = layer·H + head). One head is compared with
+    all heads at a time ([L·H, B, T, S]), never all pairs at once.
     """
-    a, mask = _real_pattern(pattern, attention_mask)
+    _, same, n = _documents(attention_mask)
+    a = _real_pattern(pattern, same)
     L, B, H, T, S = a.shape
-    p = _smoothed(a, mask, JS_SMOOTHING).transpose(0, 2, 1, 3, 4).reshape(L * H, B, T, S)
+    p = _smoothed(a, same, n, JS_SMOOTHING).transpose(0, 2, 1, 3, 4).reshape(L * H, B, T, S)
     log_p = jnp.log(jnp.where(p > 0, p, 1.0))  # 0 where p is 0 (padding), so those terms vanish
     weights = jnp.asarray(doc_mask, jnp.float32)
 

@@ -1,0 +1,396 @@
+"""The corpus runner (minibert.corpus) against a brute-force NumPy reference, on one and on four devices.
+
+The reference takes each document's attention maps from `model.run_with_cache` and computes the
+statistics of ANALYSIS.md with loops over documents, query rows and key columns (vectorised over layers
+and heads only), in float64, sharing no code with minibert.analysis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from minibert import corpus
+
+STATISTICS = ("self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
+              "entropy", "cls_entropy", "uniform_entropy")
+
+TEXTS = [
+    "I made the mistake.",
+    "The cat sat on the mat, and then it slept.",
+    "Attention is all you need.",
+    "Short.",
+    "A reader studies every head of the model, one layer at a time.",
+    "Where does the attention of the first layer go?",
+    "Most heads look at the separator token.",
+    "Some heads attend to the previous word, some to the next one.",
+    "The river runs past the old church, the school and the court.",
+    "We did it.",
+    "Language models, it seems, learn a great deal about syntax without being told.",
+    "Paris is the capital of France.",
+    "Punctuation, commas and full stops draw a surprising share of attention.",
+    "He came back.",
+    "Results are in the second table of the paper, under the figure.",
+    "Yes.",
+    "The team played the game in the rain, and the party went on until late that night.",
+    "Tokens of one word are grouped by the tokenizer.",
+    "Broad heads spread their attention over the whole sentence, narrow heads do not.",
+    "It was a long day.",
+]
+PAIRS = [
+    ("The film was long.", "I liked it anyway."),
+    ("Is the model right?", "Nobody knows, not even the authors."),
+    ("The water was cold.", "We swam all the same, for an hour."),
+    ("A house by the river.", "A church on the hill."),
+    ("She wrote the report.", "He read it, twice."),
+    ("Heads attend to [SEP] a lot.", "It may be a no-op."),
+    ("What does BERT look at?", "An analysis of its attention."),
+    ("Two sentences, one segment.", "The second has type one."),
+    ("Good.", "Very good, indeed."),
+    ("The court ruled on Monday, after a week of hearings.", "The decision surprised most observers."),
+]
+SETTINGS = dict(batch_tokens=64, buckets=(16, 32, 64), progress=False)  # several row lengths and batches
+
+
+# ---- the reference ------------------------------------------------------------------------------------
+
+def reference_document(A, tokens):
+    """Every statistic for one document: A [L, H, n, n] float64 over its n real tokens; tokens [n] strings.
+    Loops over query rows i and key columns j; each step works on all layers and heads at once."""
+    n = A.shape[-1]
+    s = {name: np.zeros(A.shape[:2]) for name in STATISTICS}
+    sep = [t == "[SEP]" for t in tokens]
+    n_sep = sum(sep)
+    for i in range(n):
+        row_entropy = np.zeros(A.shape[:2])
+        for j in range(n):
+            a = A[:, :, i, j]
+            if j == i:
+                s["self"] += a / n
+            if j == i + 1:
+                s["next"] += a / n
+            if j == i - 1:
+                s["prev"] += a / n
+            if tokens[j] == "[CLS]":
+                s["to_cls"] += a / n
+            if sep[j]:
+                s["to_sep"] += a / n
+                if sep[i]:
+                    s["sep_to_sep"] += a / n_sep
+                else:
+                    s["rest_to_sep"] += a / (n - n_sep)
+            if tokens[j] in (".", ","):
+                s["to_punct"] += a / n
+            p = 0.9999 * a + 0.0001 / n
+            row_entropy -= p * np.log(p)
+        s["entropy"] += row_entropy / n
+        if tokens[i] == "[CLS]":
+            s["cls_entropy"] += row_entropy
+    s["uniform_entropy"] += math.log(n)
+    return s
+
+
+def reference_js(maps):
+    """[L·H, L·H] Jensen–Shannon sums: loops over documents and query rows, every head pair at once."""
+    L, H = maps[0].shape[:2]
+    js = np.zeros((L * H, L * H))
+    for A in maps:
+        n = A.shape[-1]
+        for i in range(n):
+            p = 0.999 * A[:, :, i, :].reshape(L * H, n) + 0.001 / n
+            P, Q = p[:, None, :], p[None, :, :]
+            M = (P + Q) / 2
+            js += (0.5 * P * np.log(P / M) + 0.5 * Q * np.log(Q / M)).sum(-1)
+    return js
+
+
+def document_maps(model, texts, pairs=None, segment_ids="real"):
+    """Each document's attention maps [L, H, n, n] (float64) and tokens, from run_with_cache."""
+    batch = model.tokenize(texts, pairs)
+    fields = batch.to_dict()
+    if segment_ids == "zeros":
+        fields["token_type_ids"] = np.zeros_like(fields["token_type_ids"])
+    _, cache = model.run_with_cache(fields, names="blocks.*.attn.hook_pattern")
+    layers = [np.asarray(cache[f"blocks.{i}.attn.hook_pattern"], np.float64)
+              for i in range(model.config.num_hidden_layers)]
+    out = []
+    for b, n in enumerate(batch.attention_mask.sum(1)):
+        out.append((np.stack([layer[b, :, :n, :n] for layer in layers]), batch.tokens[b][:n]))
+    return out
+
+
+def reference_mean(maps):
+    per_document = [reference_document(A, tokens) for A, tokens in maps]
+    return {name: np.mean([d[name] for d in per_document], axis=0) for name in STATISTICS}
+
+
+# ---- against the reference ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def texts_result(bundled):
+    return corpus.survey(bundled, TEXTS, **SETTINGS)
+
+
+def test_survey_of_texts_matches_brute_force(bundled, texts_result):
+    want = reference_mean(document_maps(bundled, TEXTS))
+    assert texts_result.documents == len(TEXTS)
+    assert set(texts_result.mean) == set(STATISTICS)
+    for name in STATISTICS:
+        np.testing.assert_allclose(texts_result.mean[name], want[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_survey_of_pairs_matches_brute_force_with_js(bundled):
+    first, second = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+    result = corpus.survey(bundled, first, second, js_divergence=True, **SETTINGS)
+    maps = document_maps(bundled, first, second)
+    want = reference_mean(maps)
+    for name in STATISTICS:
+        np.testing.assert_allclose(result.mean[name], want[name], rtol=0, atol=1e-5, err_msg=name)
+    js = reference_js([A for A, _ in maps])
+    np.testing.assert_allclose(result.js_divergence, js, rtol=1e-4, atol=1e-5)
+    assert result.js_divergence.shape == (72, 72)
+
+
+def test_segment_ids_zeros_matches_brute_force(bundled):
+    first, second = [a for a, _ in PAIRS[:4]], [b for _, b in PAIRS[:4]]
+    result = corpus.survey(bundled, first, second, segment_ids="zeros", **SETTINGS)
+    want = reference_mean(document_maps(bundled, first, second, segment_ids="zeros"))
+    for name in STATISTICS:
+        np.testing.assert_allclose(result.mean[name], want[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_second_survey_compiles_nothing_and_streams(bundled, texts_result, monkeypatch):
+    """The compiled step is cached per model, and a generator streamed in small chunks (documents
+    waiting across chunks) gives the same numbers as the list."""
+    traces = bundled.traces
+    monkeypatch.setattr(corpus, "CHUNK", 7)
+    again = corpus.survey(bundled, (text for text in TEXTS), **SETTINGS)
+    assert bundled.traces == traces
+    assert again.documents == len(TEXTS)
+    for name in STATISTICS:
+        np.testing.assert_allclose(again.mean[name], texts_result.mean[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_work_counts(texts_result, bundled):
+    lengths = bundled.tokenize(TEXTS).attention_mask.sum(1)
+    counts = texts_result.counts
+    assert counts["real_tokens"] == int(lengths.sum())
+    assert counts["real_tokens"] <= counts["tokens_run"] < 1.4 * counts["real_tokens"]  # rows hold several texts
+    assert counts["batches"] >= 3
+
+
+def test_one_document_per_row_matches_brute_force(bundled):
+    result = corpus.survey(bundled, TEXTS[:8], pack=False, **SETTINGS)
+    want = reference_mean(document_maps(bundled, TEXTS[:8]))
+    assert result.counts["batches"] >= 2
+    for name in STATISTICS:
+        np.testing.assert_allclose(result.mean[name], want[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_packed_row_statistics_are_sums_over_its_documents():
+    """heads.head_statistics on one row holding two documents (document numbers 1 and 2, then padding)
+    equals the sum of the reference statistics of the two documents; junk outside the documents' blocks
+    (other document, padding) is ignored."""
+    from minibert.analysis import heads
+
+    rng = np.random.default_rng(0)
+    tokens = [["[CLS]", "a", ",", "b", "[SEP]"], ["[CLS]", "c", "[SEP]", "d", ".", "e", "[SEP]"]]
+    T, L, H = 14, 2, 3
+    pattern = rng.random((L, 1, H, T, T)).astype(np.float32)  # junk everywhere …
+    documents = np.zeros((1, T), np.int32)
+    want = dict.fromkeys(STATISTICS, 0.0)
+    start = 0
+    for number, words in enumerate(tokens, 1):
+        n = len(words)
+        logits = rng.normal(size=(L, H, n, n)) * 2
+        block = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        pattern[:, 0, :, start:start + n, start:start + n] = block  # … but softmax rows in each document's block
+        documents[0, start:start + n] = number
+        for name, value in reference_document(block, words).items():
+            want[name] = want[name] + value
+        start += n
+    flat = sum(tokens, []) + ["[PAD]"] * (T - start)
+    masks = [np.array([[w == "[CLS]" for w in flat]], np.float32), np.array([[w == "[SEP]" for w in flat]], np.float32),
+             np.array([[w in (".", ",") for w in flat]], np.float32)]
+    got = heads.head_statistics(pattern, documents, *masks)
+    for name in STATISTICS:
+        np.testing.assert_allclose(np.asarray(got[name])[0], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# ---- batching -----------------------------------------------------------------------------------------
+
+class Chunk:
+    """What _Packer.add reads from a tokenized batch: documents of the given lengths, every token of
+    document k holding the id k."""
+
+    def __init__(self, lengths, start):
+        width = max(lengths)
+        self.attention_mask = (np.arange(width)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+        self.input_ids = self.attention_mask * (start + np.arange(len(lengths)))[:, None]
+        self.token_type_ids = np.zeros_like(self.input_ids)
+
+
+def plan(lengths, buckets, rows, chunk, pack=True):
+    """Run _Packer over documents of the given lengths, `chunk` at a time; return the batches."""
+    packer, batches = corpus._Packer(buckets, rows, pack), []
+    for start in range(0, len(lengths), chunk):
+        packer.add(Chunk(lengths[start:start + chunk], start))
+        batches += packer.full_batches()
+    return batches + packer.flush()
+
+
+@pytest.mark.parametrize("chunk", [1000, 13])
+@pytest.mark.parametrize("pack, buckets, most", [(True, (128,), 1.12), (False, (32, 64, 96, 128), 1.4)])
+def test_packer_places_every_document_once(chunk, pack, buckets, most):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 129, size=300)
+    rows = lambda size: corpus.batch_rows(size, 1024, 4)
+    batches = plan(lengths, buckets, rows, chunk, pack)
+    seen, partly_filled = [], []
+    for size, packed in batches:
+        assert size in buckets and 0 < len(packed) <= rows(size)
+        partly_filled += [size] * (len(packed) < rows(size))
+        for documents in packed:
+            assert sum(len(ids) for ids, _ in documents) <= size
+            assert pack or len(documents) == 1
+            seen += [int(ids[0]) for ids, _ in documents]
+            assert all(len(ids) == lengths[ids[0]] for ids, _ in documents)  # whole documents
+    assert sorted(seen) == list(range(300))
+    assert len(partly_filled) == len(set(partly_filled))  # at most one partly filled batch per row length
+    assert sum(rows(size) * size for size, _ in batches) < most * lengths.sum()  # little padding
+
+
+def test_small_corpus_runs_in_one_program():
+    """Row lengths that never filled a batch hand their documents up: one batch, one compiled shape."""
+    batches = plan(np.array([10, 12, 20, 40, 50]), (32, 64, 128), lambda size: corpus.batch_rows(size, 1024, 1), 100)
+    assert [(size, sorted(len(ids) for documents in packed for ids, _ in documents)) for size, packed in batches] \
+        == [(128, [10, 12, 20, 40, 50])]
+
+
+def test_batch_rows_and_default_buckets():
+    assert [corpus.batch_rows(size, 4096, 1) for size in (32, 64, 128)] == [128, 64, 32]
+    assert corpus.batch_rows(128, 1000, 4) == 4  # rounded down to the device count
+    assert corpus.batch_rows(512, 1000, 4) == 4  # at least one row per device
+    assert corpus.default_buckets(128) == (128,)
+    assert corpus.default_buckets(100) == (100,)
+    assert corpus.default_buckets(512) == (128, 256, 512)
+
+
+# ---- several devices ----------------------------------------------------------------------------------
+
+FOUR_DEVICES = textwrap.dedent("""
+    import json, sys
+    import jax
+    import minibert
+    from minibert import corpus
+
+    assert jax.device_count() == 4, jax.devices()
+    texts, settings = json.loads(sys.argv[1])
+    model = minibert.load()
+    four = corpus.survey(model, texts, js_divergence=True, **settings)
+    one = corpus.survey(model, texts, js_divergence=True, devices=[jax.devices()[0]], **settings)
+    try:
+        corpus.survey(model, texts, batch_size=6, progress=False)
+    except ValueError as error:
+        message = str(error)
+    print(json.dumps({"four": {k: v.tolist() for k, v in four.mean.items()}, "devices": four.settings["devices"],
+                      "one": {k: v.tolist() for k, v in one.mean.items()},
+                      "js_four": four.js_divergence.tolist(), "js_one": one.js_divergence.tolist(),
+                      "error": message}))
+""")
+
+
+def test_four_cpu_devices_give_the_numbers_of_one(bundled):
+    settings = dict(batch_tokens=256, buckets=(32, 64), progress=False)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip())
+    done = subprocess.run([sys.executable, "-c", FOUR_DEVICES, json.dumps([TEXTS, settings])], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 4
+    assert "multiple of the 4 devices" in got["error"]
+    parent = corpus.survey(bundled, TEXTS, js_divergence=True, **settings)
+    for name in STATISTICS:
+        four, one = np.array(got["four"][name]), np.array(got["one"][name])
+        np.testing.assert_allclose(four, one, rtol=0, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(four, parent.mean[name], rtol=0, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(got["js_four"], got["js_one"], rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(got["js_four"], parent.js_divergence, rtol=1e-6, atol=1e-5)
+
+
+# ---- files and results --------------------------------------------------------------------------------
+
+def test_read_corpus_formats(tmp_path):
+    (tmp_path / "a.txt").write_text("First text.\n\n  \nSecond text.\n", encoding="utf-8")
+    assert corpus.read_corpus(tmp_path / "a.txt") == (["First text.", "Second text."], None)
+    (tmp_path / "b.tsv").write_text("A one.\tB one.\nA two.\tB two.\n", encoding="utf-8")
+    assert corpus.read_corpus(tmp_path / "b.tsv") == (["A one.", "A two."], ["B one.", "B two."])
+    (tmp_path / "c.jsonl").write_text('{"text": "One."}\n{"text": "Two.", "label": 1}\n', encoding="utf-8")
+    assert corpus.read_corpus(tmp_path / "c.jsonl") == (["One.", "Two."], None)
+    (tmp_path / "d.jsonl").write_text('{"text_a": "A.", "text_b": "B."}\n', encoding="utf-8")
+    assert corpus.read_corpus(tmp_path / "d.jsonl") == (["A."], ["B."])
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.txt", "\n \n", "holds no text"),
+    ("bad.tsv", "A.\tB.\nno tab here\nA.\tB.\tC.\n", r"lines \[2, 3\] do not hold exactly two tab-separated"),
+    ("bad.jsonl", '{"text": "fine"}\n{"text": oops}\n', "line 2: not valid JSON"),
+    ("keys.jsonl", '{"text": "fine"}\n{"body": "no text key"}\n', r"line 2: expected an object with .*'text'"),
+    ("pairs.jsonl", '{"text_a": "A.", "text_b": "B."}\n{"text_a": "A."}\n', r"line 2: .*'text_a' and 'text_b'"),
+])
+def test_read_corpus_errors(tmp_path, name, content, message):
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        corpus.read_corpus(tmp_path / name)
+
+
+def test_read_corpus_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt is not a file; pass a \.txt"):
+        corpus.read_corpus(tmp_path / "nope.txt")
+
+
+def test_save_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    mean = {name: rng.random((2, 3)).astype(np.float64) for name in STATISTICS}
+    mean["to_sep"][1, 2] = 0.9  # a "sep" head
+    result = corpus.SurveyResult(mean, 17, rng.random((6, 6)), {"buckets": [32, 64], "model": "x"},
+                                 {"batches": 2, "tokens_run": 100, "real_tokens": 80})
+    npz, js = result.save(tmp_path / "out")
+    assert (npz.name, js.name) == ("out.npz", "out.json")
+    back = corpus.SurveyResult.load(tmp_path / "out")
+    assert back.documents == 17 and back.settings == result.settings and back.counts == result.counts
+    for name in STATISTICS:
+        np.testing.assert_array_equal(back.mean[name], mean[name])
+    np.testing.assert_array_equal(back.js_divergence, result.js_divergence)
+    table = json.loads(js.read_text())["heads"]
+    assert len(table) == 6 and table[5]["label"] == "2-3" and "sep" in table[5]["behaviour"]
+
+
+# ---- bad inputs ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("texts, pairs, settings, message", [
+    ([], None, {}, "survey got no texts"),
+    ("One string.", None, {}, "not one string"),
+    (["A.", "B."], ["C."], {}, "got 2 texts but 1 pairs"),
+    (iter(["A.", "B."]), iter(["C."]), {}, "texts and pairs have different lengths"),
+    (["A.", 3], None, {}, r"texts\[1\] is not a string but int"),
+    (["A."], None, {"batch_size": 0}, "batch_size 0 must be a positive multiple"),
+    (["A."], None, {"batch_tokens": 0}, "batch_tokens must be positive"),
+    (["A.", "B " * 40], None, {"buckets": (16, 32)}, r"document 1 has 42 tokens but the largest bucket is 32"),
+    (["A."], None, {"segment_ids": "none"}, "segment_ids must be 'real' or 'zeros'"),
+    (["A."], None, {"devices": []}, "devices is empty"),
+    (["A."], None, {"max_length": 2}, "max_length must lie between 3"),
+    (["A."], None, {"max_length": 1000}, "model's 512 positions; got 1000"),
+    (["A."], None, {"buckets": (128, 1024)}, r"buckets must be row lengths from 1 to the model's 512 positions"),
+])
+def test_bad_inputs(bundled, texts, pairs, settings, message):
+    with pytest.raises(ValueError, match=message):
+        corpus.survey(bundled, texts, pairs, progress=False, **settings)
