@@ -8,7 +8,6 @@ and heads only), in float64, sharing no code with minibert.analysis.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from minibert import corpus
+from test_analysis_heads import reference_document as reference_head
 
 STATISTICS = ("self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
               "entropy", "cls_entropy", "uniform_entropy")
@@ -63,37 +63,14 @@ SETTINGS = dict(batch_tokens=64, buckets=(16, 32, 64), progress=False)  # severa
 
 def reference_document(A, tokens):
     """Every statistic for one document: A [L, H, n, n] float64 over its n real tokens; tokens [n] strings.
-    Loops over query rows i and key columns j; each step works on all layers and heads at once."""
-    n = A.shape[-1]
+    Each head goes through the per-head loop reference of test_analysis_heads (rows i × keys j)."""
+    cls = [int(t == "[CLS]") for t in tokens]
+    sep = [int(t == "[SEP]") for t in tokens]
+    punct = [int(t in (".", ",")) for t in tokens]
     s = {name: np.zeros(A.shape[:2]) for name in STATISTICS}
-    sep = [t == "[SEP]" for t in tokens]
-    n_sep = sum(sep)
-    for i in range(n):
-        row_entropy = np.zeros(A.shape[:2])
-        for j in range(n):
-            a = A[:, :, i, j]
-            if j == i:
-                s["self"] += a / n
-            if j == i + 1:
-                s["next"] += a / n
-            if j == i - 1:
-                s["prev"] += a / n
-            if tokens[j] == "[CLS]":
-                s["to_cls"] += a / n
-            if sep[j]:
-                s["to_sep"] += a / n
-                if sep[i]:
-                    s["sep_to_sep"] += a / n_sep
-                else:
-                    s["rest_to_sep"] += a / (n - n_sep)
-            if tokens[j] in (".", ","):
-                s["to_punct"] += a / n
-            p = 0.9999 * a + 0.0001 / n
-            row_entropy -= p * np.log(p)
-        s["entropy"] += row_entropy / n
-        if tokens[i] == "[CLS]":
-            s["cls_entropy"] += row_entropy
-    s["uniform_entropy"] += math.log(n)
+    for layer, head in np.ndindex(*A.shape[:2]):
+        for name, value in reference_head(A[layer, head], cls, sep, punct).items():
+            s[name][layer, head] = value
     return s
 
 
