@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--out", type=Path, metavar="PREFIX",
                        help="output prefix (default: FILE's name without suffix plus _heads, in this folder)")
     stats.add_argument("--batch-size", type=int, metavar="N",
-                       help="documents per batch (default: the survey's choice, fewer for longer documents)")
+                       help="rows per batch; short documents share a row (default: a token budget,"
+                            " fewer rows for longer documents)")
     stats.add_argument("--max-length", type=int, default=128, metavar="N",
                        help="truncate documents to N tokens (default 128)")
     model_option(stats)
