@@ -161,6 +161,8 @@ class Tokenizer:
 
     def normalize(self, text: str, start: int = 0) -> tuple[str, list[int]]:
         """The normalized text and, for each of its characters, the index of the input character it came from."""
+        if text.isascii() and text.isprintable():  # nothing to drop, replace, split or strip: only case changes
+            return (text.lower() if self.do_lower_case else text), list(range(start, start + len(text)))
         chars, origins = [], []
         for index, char in enumerate(text, start):
             if char in ("\0", "\ufffd") or _is_control(char):
