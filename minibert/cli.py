@@ -75,33 +75,13 @@ def _view(args) -> int:
     return 0
 
 
-def _read_documents(path: Path, pairs: bool) -> tuple[list[str], list[str] | None]:
-    """Texts (and pairs) of a corpus file; with `pairs`, every line of a .txt is split at its tab."""
-    from minibert import corpus
-
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is not a file; pass a .txt (one text per line), .tsv (A<TAB>B per line) "
-                                "or .jsonl file.")
-    texts, second = corpus.read_corpus(path)
-    if not pairs or second is not None:
-        return texts, second
-    split = [text.split("\t") for text in texts]
-    bad = [i + 1 for i, parts in enumerate(split) if len(parts) != 2]
-    if bad:
-        raise ValueError(f"{path}: with --pairs every text needs exactly one tab (A<TAB>B); "
-                         f"texts {bad[:5]} (counting non-blank lines) do not have one.")
-    return [a for a, _ in split], [b for _, b in split]
-
-
 def _stats(args) -> int:
     from minibert import corpus, demo
 
-    texts, pairs = _read_documents(args.file, args.pairs)
+    texts, pairs = corpus.read_corpus(args.file, pairs=args.pairs)
     batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
     result = corpus.survey(_load(args.model), texts, pairs, max_length=args.max_length, progress=True, **batching)
     prefix = args.out or Path(f"{args.file.stem}_heads")
-    if prefix.suffix in (".npz", ".json", ".csv"):
-        prefix = prefix.with_suffix("")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     npz, json_path = result.save(prefix)
     for path in (npz, json_path, demo.write_table(result.table(), json_path.with_suffix(".csv"))):

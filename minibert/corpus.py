@@ -72,12 +72,12 @@ class SurveyResult:
         return heads.head_table(self.mean)
 
     def save(self, path: str | Path) -> tuple[Path, Path]:
-        """Write `path.npz` (arrays) and `path.json` (settings, documents, tidy per-head table)."""
-        path = Path(path)
+        """Write `path.npz` (arrays) and `path.json` (settings, documents, tidy per-head table). A
+        suffix .npz, .json or .csv on `path` is dropped; any other dot stays part of the name."""
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence
-        npz, js = path.with_suffix(".npz"), path.with_suffix(".json")
+        npz, js = _output_paths(path)
         np.savez_compressed(npz, **arrays)
         js.write_text(json.dumps({"documents": self.documents, "settings": self.settings, "counts": self.counts,
                                   "heads": self.table()}, indent=1))
@@ -86,21 +86,28 @@ class SurveyResult:
     @classmethod
     def load(cls, path: str | Path) -> "SurveyResult":
         """Read back what `save(path)` wrote."""
-        path = Path(path)
-        with np.load(path.with_suffix(".npz")) as arrays:
+        npz, js_path = _output_paths(path)
+        with np.load(npz) as arrays:
             mean = {name: arrays[name] for name in arrays.files if name != "js_divergence"}
             js = arrays["js_divergence"] if "js_divergence" in arrays.files else None
-        info = json.loads(path.with_suffix(".json").read_text())
+        info = json.loads(js_path.read_text())
         return cls(mean, info["documents"], js, info["settings"], info.get("counts", {}))
+
+
+def _output_paths(path: str | Path) -> tuple[Path, Path]:
+    """(prefix.npz, prefix.json) for a prefix, or for a path that already ends in .npz, .json or .csv."""
+    path = Path(path)
+    prefix = path.with_suffix("") if path.suffix in (".npz", ".json", ".csv") else path
+    return prefix.with_name(prefix.name + ".npz"), prefix.with_name(prefix.name + ".json")
 
 
 # ---- reading a corpus ---------------------------------------------------------------------------------
 
-def read_corpus(path: str | Path) -> tuple[list[str], list[str] | None]:
+def read_corpus(path: str | Path, pairs: bool = False) -> tuple[list[str], list[str] | None]:
     """(texts, pairs or None) from a file; blank lines are skipped.
 
-    .tsv: one `A<TAB>B` pair per line. .jsonl: one JSON object per line, with "text", or "text_a" and
-    "text_b". Any other suffix (.txt): one text per line.
+    .tsv, or any text file with pairs=True: one `A<TAB>B` pair per line. .jsonl: one JSON object per
+    line, with "text", or "text_a" and "text_b". Any other suffix (.txt): one text per line.
     """
     path = Path(path)
     if not path.is_file():
@@ -112,7 +119,7 @@ def read_corpus(path: str | Path) -> tuple[list[str], list[str] | None]:
         raise ValueError(f"{path} holds no text; put one text per line (or A<TAB>B pairs in a .tsv).")
     if path.suffix == ".jsonl":
         return _read_jsonl(path, lines)
-    if path.suffix == ".tsv":
+    if path.suffix == ".tsv" or pairs:
         split = [(number, line.split("\t")) for number, line in lines]
         bad = [number for number, parts in split if len(parts) != 2]
         if bad:

@@ -234,7 +234,7 @@ def test_stats_default_prefix(tmp_path, bundled_load, monkeypatch):
 @pytest.mark.parametrize("content, name, message", [
     (None, "missing.txt", "missing.txt is not a file"),
     ("a\tb\nno tab here\n", "pairs.tsv", "[2]"),
-    ("a\tb\nno tab here\n", "pairs.txt --pairs", "texts [2]"),
+    ("a\tb\nno tab here\n", "pairs.txt --pairs", "lines [2] do not hold exactly two tab-separated texts"),
     ("\n\n", "empty.txt", "holds no text"),
 ])
 def test_stats_bad_input_is_one_line(tmp_path, bundled_load, content, name, message):

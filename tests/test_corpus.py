@@ -351,6 +351,21 @@ def test_save_round_trip(tmp_path):
     assert len(table) == 6 and table[5]["label"] == "2-3" and "sep" in table[5]["behaviour"]
 
 
+def test_save_keeps_dots_in_the_prefix_and_drops_output_suffixes(tmp_path):
+    result = corpus.SurveyResult({name: np.zeros((1, 1)) for name in STATISTICS}, 1)
+    assert [p.name for p in result.save(tmp_path / "run1.5")] == ["run1.5.npz", "run1.5.json"]
+    assert [p.name for p in result.save(tmp_path / "run2.json")] == ["run2.npz", "run2.json"]
+    assert corpus.SurveyResult.load(tmp_path / "run1.5").documents == 1
+
+
+def test_read_corpus_pairs_from_a_txt(tmp_path):
+    (tmp_path / "p.txt").write_text("A one.\tB one.\n\nA two.\tB two.\n")
+    assert corpus.read_corpus(tmp_path / "p.txt", pairs=True) == (["A one.", "A two."], ["B one.", "B two."])
+    (tmp_path / "bad.txt").write_text("A one.\tB one.\nno tab here\n")
+    with pytest.raises(ValueError, match=r"lines \[2\] do not hold exactly two tab-separated texts"):
+        corpus.read_corpus(tmp_path / "bad.txt", pairs=True)
+
+
 # ---- bad inputs ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("texts, pairs, settings, message", [
