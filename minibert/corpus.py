@@ -465,7 +465,7 @@ def _step(model_ref, layers: int, js: bool, state, totals, arrays):
     exactly 0), so every document's pattern is the one it has alone."""
     names = [f"blocks.{i}.attn.hook_pattern" for i in range(layers)]
     documents = arrays["documents"]
-    same = (documents[:, :, None] == documents[:, None, :]) & (documents[:, :, None] > 0)  # [B, T, S]
+    same = heads.same_document(documents)  # [B, T, S]
     hooks = {"embed.hook_pos_embed": HookFn(_positions_within_documents, positions=arrays["positions"]),
              "blocks.*.attn.hook_attn_scores": HookFn(_within_documents, same=same)}
     forward = model_ref().forward_fn(names=names, hooks=hooks)

@@ -50,11 +50,16 @@ BEHAVIOURS: dict[str, tuple[str, float]] = {
 }
 
 
+def same_document(documents) -> jax.Array:
+    """[B, T, S] bool: query t and key s are real tokens of the same document. documents [B, T]: each
+    token's document number (0 padding; a 0/1 attention mask is one document per row)."""
+    return (documents[:, :, None] == documents[:, None, :]) & (documents[:, :, None] > 0)
+
+
 def _documents(attention_mask):
-    """Each token's document: [B, T] int (0 padding; a 0/1 mask is one document per row), the [B, T, S]
-    mask of real query × real key pairs in the same document, and each token's document length [B, T]."""
+    """Each token's document [B, T] int, same_document [B, T, S], and each token's document length [B, T]."""
     documents = jnp.asarray(attention_mask).astype(jnp.int32)
-    same = (documents[:, :, None] == documents[:, None, :]) & (documents[:, :, None] > 0)
+    same = same_document(documents)
     return documents, same, same.sum(-1).astype(jnp.float32)
 
 
