@@ -230,9 +230,12 @@ class Model:
         """(loss, {hook name: ∂loss/∂value}) for a scalar `loss_fn(output)` and the hook values `names`."""
         inputs = self.inputs(batch)
         chosen = self._names(names)
-        _, cache = self.run(batch, names=chosen, hooks=hooks)
-        deltas = {name: jnp.zeros_like(cache[name]) for name in chosen}
         user_writers = writers_for(hooks, self.hook_names, self.config.architecture)
+        leaves, writer_def = jax.tree_util.tree_flatten(user_writers)
+        # The shapes of the chosen values, without running the model (the jit's trace serves both).
+        _, shapes = self._forward_jit.eval_shape(self.state, inputs, leaves, capture=frozenset(chosen),
+                                                 writer_def=writer_def)
+        deltas = {name: jnp.zeros(shapes[name].shape, shapes[name].dtype) for name in chosen}
 
         def objective(deltas):
             writers = dict(user_writers)
