@@ -68,6 +68,11 @@ def _sentence_transformers_layout(directory: Path) -> tuple[Path, dict | None]:
     return model_dir, pooling
 
 
+def _is_text(batch) -> bool:
+    """A text or a list of texts (as opposed to a Batch or id arrays)."""
+    return isinstance(batch, str) or (isinstance(batch, list) and all(isinstance(t, str) for t in batch))
+
+
 def _add(value, ctx, delta):
     return value + delta
 
@@ -116,7 +121,7 @@ class Model:
 
     def inputs(self, batch) -> Inputs:
         """A Batch, a dict of id arrays, or text(s) → checked int32 arrays on the device."""
-        if isinstance(batch, (str, list)) and (isinstance(batch, str) or all(isinstance(t, str) for t in batch)):
+        if _is_text(batch):
             batch = self.tokenize(batch)
         fields = batch.to_dict() if isinstance(batch, Batch) else dict(batch)
         if "input_ids" not in fields:
@@ -256,6 +261,7 @@ class Model:
     def sentence_embeddings(self, batch, mode: str | None = None, normalize: bool | None = None) -> jax.Array:
         """[B, D] sentence vectors: "mean" over real tokens, "cls", or "max" (default: the checkpoint's
         sentence-transformers setting, else mean), L2-normalised when the checkpoint says so."""
+        batch = self.tokenize(batch) if _is_text(batch) else batch  # tokenized once, for the mask and the run
         inputs = self.inputs(batch)
         hidden = self.run(batch)[0].last_hidden_state
         settings = self.pooling or {"mode": "mean", "normalize": False}
