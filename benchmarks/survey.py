@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import minibert
-from minibert import corpus
+from minibert.analysis import corpus
 from minibert.analysis import heads
 
 from harness import Settings, block, bundled_dir, hf_model, markdown_table, random_ids, timed

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def regenerate_hook_table() -> None:
     sys.path.insert(0, str(ROOT))
-    from minibert.cli import main as minibert_cli
+    from minibert.app.cli import main as minibert_cli
 
     minibert_cli(["hooks", "--output", str(ROOT / "docs" / "hooks.md")])
 

@@ -5,17 +5,22 @@
     batch = model.tokenize(["I made the mistake."])
     out, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
     cache.stack("hook_pattern")                   # [L, B, H, T, S]
+
+Layers: app (cli, demo) → analysis, viz → api → model, hooks → config, errors. Imports point down only.
 """
 
-from minibert.api import InputError, Model, load
-from minibert.checkpoint import CheckpointError, convert_bin_to_safetensors
-from minibert.config import BertConfig, ConfigError
-from minibert.hooks import Cache, HookContext, HookError, HookFn
+from minibert.api import Model, load
+from minibert.checkpoint import convert_bin_to_safetensors
+from minibert.config import BertConfig
+from minibert.errors import (CheckpointError, ConfigError, HookError, InputError, MinibertError, SourceError,
+                             TokenizerError)
+from minibert.hooks import Cache, HookContext, HookFn
 from minibert.model import Output
-from minibert.tokenizer import Batch, Tokenizer, TokenizerError
+from minibert.tokenizer import Batch, Tokenizer
 
 __all__ = [
     "Batch", "BertConfig", "Cache", "CheckpointError", "ConfigError", "HookContext", "HookError", "HookFn",
-    "InputError", "Model", "Output", "Tokenizer", "TokenizerError", "convert_bin_to_safetensors", "load",
+    "InputError", "MinibertError", "Model", "Output", "SourceError", "Tokenizer", "TokenizerError",
+    "convert_bin_to_safetensors", "load",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -37,11 +37,6 @@ GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def param_count(params) -> int:
-    """Number of scalars in a parameter pytree (e.g. `model.params`)."""
-    return sum(int(np.prod(np.shape(leaf))) for leaf in jax.tree_util.tree_leaves(params))
-
-
 def matmul_flops(config: BertConfig, seq_len: int) -> dict[str, int]:
     """Matmul FLOPs per token of one forward through all L encoder blocks, by site, for `seq_len` keys."""
     D, F, L, S = config.hidden_size, config.intermediate_size, config.num_hidden_layers, seq_len
@@ -57,16 +52,15 @@ def matmul_flops(config: BertConfig, seq_len: int) -> dict[str, int]:
 def head_flops_per_token(config: BertConfig, seq_len: int) -> float:
     """Matmul FLOPs per token of the pooler and the architecture's head (per-sequence work spread over tokens)."""
     D, V, C = config.hidden_size, config.vocab_size, config.num_labels
-    arch = config.architecture
-    pooled = arch in ("BertModel", "BertForPreTraining", "BertForSequenceClassification")
-    flops = 2 * D * D / seq_len if pooled else 0.0
-    if arch in ("BertForMaskedLM", "BertForPreTraining"):
+    heads = config.heads
+    flops = 2 * D * D / seq_len if heads.pooler else 0.0
+    if heads.mlm:
         flops += 2 * D * D + 2 * D * V
-    if arch == "BertForPreTraining":
+    if heads.nsp:
         flops += 2 * D * 2 / seq_len
-    if arch == "BertForSequenceClassification":
+    if heads.classifier == "sequence":
         flops += 2 * D * C / seq_len
-    if arch == "BertForTokenClassification":
+    if heads.classifier == "token":
         flops += 2 * D * C
     return flops
 

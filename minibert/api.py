@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -16,12 +15,11 @@ from minibert.config import BertConfig
 from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, writers_for
 from minibert.model import Bert, Output
 from minibert.tokenizer import Batch, Tokenizer
+from minibert.errors import InputError
 
 Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, attention_mask, each int32 [B, T]
 
 
-class InputError(ValueError):
-    """A batch the model cannot run: names the field, its shape or values, and the fix."""
 
 
 def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = False,
@@ -33,39 +31,30 @@ def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = 
     `allow_pickle`: read a `pytorch_model.bin` (unpickles; only for files you trust).
     `architecture`: override config.json's head, e.g. "BertModel" to drop a head.
     """
+    dtype = _checked_dtype(dtype)
     directory = sources.resolve(name, download=download)
-    model_dir, pooling = _sentence_transformers_layout(directory)
-    cfg = BertConfig.from_hf(model_dir)
-    if architecture is not None:
-        cfg = BertConfig.from_hf({**json.loads((model_dir / "config.json").read_text()), "architectures": [architecture]})
+    model_dir, pooling = checkpoint.sentence_transformers_layout(directory)
+    cfg = BertConfig.from_hf(model_dir, architecture=architecture)
     bin_path = model_dir / "pytorch_model.bin"
     if allow_pickle and bin_path.exists() and not (model_dir / "model.safetensors").exists():
         tensors = checkpoint.read_pytorch_bin(bin_path, allow_pickle=True)
     else:
         tensors = checkpoint.read_safetensors(model_dir)
+    checkpoint.check_config(cfg, tensors, source=str(model_dir))
     params = checkpoint.convert(tensors, cfg, dtype=dtype, source=str(model_dir))
     return Model(cfg, params, Tokenizer.from_dir(model_dir), dtype=dtype, pooling=pooling, source=str(directory))
 
 
-def _sentence_transformers_layout(directory: Path) -> tuple[Path, dict | None]:
-    """(directory of the BERT weights, pooling settings) for plain and sentence-transformers checkpoints."""
-    modules_file = directory / "modules.json"
-    if not modules_file.exists():
-        return directory, None
-    modules = json.loads(modules_file.read_text())
-    model_dir, pooling = directory, {"mode": "mean", "normalize": False}
-    for module in modules:
-        kind = module.get("type", "").rsplit(".", 1)[-1]
-        path = directory / module.get("path", "")
-        if kind == "Transformer":
-            model_dir = path
-        elif kind == "Pooling" and (path / "config.json").exists():
-            settings = json.loads((path / "config.json").read_text())
-            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens") if settings.get(f"pooling_mode_{m}")]
-            pooling["mode"] = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}[modes[0]] if modes else "mean"
-        elif kind == "Normalize":
-            pooling["normalize"] = True
-    return model_dir, pooling
+def _checked_dtype(dtype):
+    """The floating dtype to compute in; anything else (int32, a typo) is an error naming the choices."""
+    try:
+        checked = jnp.dtype(dtype)
+    except TypeError:
+        checked = None
+    if checked is None or not jnp.issubdtype(checked, jnp.floating):
+        raise InputError(f"dtype {dtype!r} is not a floating-point type; pass jnp.float32 (exact parity), "
+                         f"jnp.bfloat16 or jnp.float16 (faster on accelerators).")
+    return checked
 
 
 def _is_text(batch) -> bool:
@@ -177,18 +166,18 @@ class Model:
         return out, hooks.captured
 
     def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
-        """One piece of the forward (embeddings, block `stage`, or the head), for streaming captures to host."""
+        """One stage of the forward (embedding, block `stage`, or the head), for streaming captures to host."""
         self.traces += 1
         writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
         hooks = HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
         module = nnx.merge(self.graphdef, state)
         ids, types, mask = inputs
         if stage == "embed":
-            out = hooks("hook_full_embed", module.embed(ids, types, hooks))
+            out = module.embedding(ids, types, hooks)
         elif stage == "head":
             out = module.head(x, hooks)
         else:
-            out = module.blocks[stage](x, mask.astype(bool)[:, None, None, :], hooks, f"blocks.{stage}")
+            out = module.block(stage, x, module.key_mask(mask), hooks)
         return out, hooks.captured
 
     def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None) -> Callable:

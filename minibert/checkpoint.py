@@ -19,7 +19,8 @@ from typing import Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import BertConfig
+from minibert.config import BertConfig, read_json_object
+from minibert.errors import CheckpointError, ConfigError
 
 # Keys Hugging Face saves that carry no weights (buffers) or repeat a tied weight.
 IGNORED = ("embeddings.position_ids",)
@@ -29,8 +30,6 @@ TIED = {  # key → minibert parameter it must equal
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the table: names the file or key and the fix."""
 
 
 def _identity(w, cfg):
@@ -88,16 +87,16 @@ def key_table(cfg: BertConfig) -> dict[str, Rule]:
         table |= _linear(f"{hf}.intermediate.dense", f"{ours}.mlp.W_in", f"{ours}.mlp.b_in", F, D)
         table |= _linear(f"{hf}.output.dense", f"{ours}.mlp.W_out", f"{ours}.mlp.b_out", D, F)
         table |= _layer_norm(f"{hf}.output.LayerNorm", f"{ours}.ln2", D)
-    arch = cfg.architecture
-    if cfg.has_pooler:
+    heads = cfg.heads
+    if heads.pooler:
         table |= _linear("pooler.dense", "pooler.W", "pooler.b", D, D)
-    if arch in ("BertForMaskedLM", "BertForPreTraining"):
+    if heads.mlm:
         table |= _linear("cls.predictions.transform.dense", "mlm.W", "mlm.b", D, D)
         table |= _layer_norm("cls.predictions.transform.LayerNorm", "mlm.ln", D)
         table["cls.predictions.bias"] = ("mlm.decoder_bias", (V,), _identity)
-    if arch == "BertForPreTraining":
+    if heads.nsp:
         table |= _linear("cls.seq_relationship", "nsp.W", "nsp.b", 2, D)
-    if arch in ("BertForSequenceClassification", "BertForTokenClassification"):
+    if heads.classifier:
         table |= _linear("classifier", "classifier.W", "classifier.b", cfg.num_labels, D)
     return table
 
@@ -210,6 +209,8 @@ def read_pytorch_bin(path: Path, *, allow_pickle: bool = False) -> dict[str, np.
             f"{path} is a pickle; reading it can run arbitrary code. Pass allow_pickle=True only for files you trust, "
             f"or convert it once with `minibert convert {path}`."
         )
+    if not Path(path).is_file():
+        raise CheckpointError(f"{path} does not exist or is not a file; pass the path of a pytorch_model.bin.")
     try:
         import torch
     except ImportError:
@@ -229,5 +230,62 @@ def convert_bin_to_safetensors(bin_path: str | Path, out_path: str | Path | None
     return out_path
 
 
-def shapes_of(tensors: Mapping[str, object]) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in tensors.items()}
+POOLING_MODES = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}  # sentence-transformers → ours
+
+
+def sentence_transformers_layout(directory: Path) -> tuple[Path, dict | None]:
+    """(directory of the encoder weights, pooling settings) of a checkpoint directory.
+
+    A sentence-transformers directory has a `modules.json` listing a Transformer module (the encoder,
+    often the directory itself), a Pooling module and maybe Normalize; a plain checkpoint has none
+    and no pooling settings (None).
+    """
+    modules_file = directory / "modules.json"
+    if not modules_file.exists():
+        return directory, None
+    modules = _read_modules(modules_file)
+    model_dir, pooling = directory, {"mode": "mean", "normalize": False}
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        path = directory / module.get("path", "")
+        if kind == "Transformer":
+            model_dir = path
+        elif kind == "Pooling" and (path / "config.json").exists():
+            settings = read_json_object(path / "config.json", "sentence-transformers' Pooling module needs it",
+                                        CheckpointError)
+            modes = [m for m in POOLING_MODES if settings.get(f"pooling_mode_{m}")]
+            pooling["mode"] = POOLING_MODES[modes[0]] if modes else "mean"
+        elif kind == "Normalize":
+            pooling["normalize"] = True
+    return model_dir, pooling
+
+
+def _read_modules(path: Path) -> list[dict]:
+    try:
+        modules = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); sentence-transformers writes a list of modules.") from None
+    if not isinstance(modules, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("type", ""), str) and isinstance(m.get("path", ""), str)
+            for m in modules):
+        raise CheckpointError(f"{path} must be a JSON list of objects with 'type' and 'path' strings "
+                              f"(sentence-transformers' modules.json); got {str(modules)[:80]}.")
+    return modules
+
+
+def check_config(cfg: BertConfig, tensors: Mapping[str, object], *, source: str = "checkpoint") -> None:
+    """Compare config.json's layer count with the weights before the key table is built.
+
+    A config that asks for 10⁸ layers of 1-layer weights fails here at once, not after allocating them.
+    """
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    try:
+        inferred = BertConfig.from_params(shapes, num_attention_heads=1, source=source)
+    except ConfigError:
+        return  # the weights lack an embedding or layer key: convert() names it
+    # Only the layer count needs checking first: the key table grows with it. Other sizes are checked key by
+    # key by convert(), which names the tensor; extra layers in the weights are named there too.
+    said, found = cfg.num_hidden_layers, inferred.num_hidden_layers
+    if said > found:
+        raise CheckpointError(f"{source}: config.json says num_hidden_layers = {said}, but the weights have "
+                              f"{found}. Fix config.json (or use the config that came with these weights).")

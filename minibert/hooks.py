@@ -24,10 +24,10 @@ from typing import Callable, Iterable, Iterator, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from minibert.config import architectures_with
+from minibert.errors import HookError
 
 
-class HookError(ValueError):
-    """A hook name, hook function or captured value the model cannot honour."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,13 +130,9 @@ class Recorder:
         return value
 
 
-# Hook names of the heads: on a model without that head they are valid names, just absent.
-HEAD_HOOKS = {
-    "pooler.": "a pooler (BertModel, BertForPreTraining, BertForSequenceClassification)",
-    "mlm.": "a masked-LM head (BertForMaskedLM, BertForPreTraining)",
-    "nsp.": "a next-sentence head (BertForPreTraining)",
-    "classifier.": "a classifier head (BertForSequenceClassification, BertForTokenClassification)",
-}
+# Hook prefixes of the head parts: on a model without that part they are valid names, just absent.
+HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
+              "classifier": "a classifier head"}
 
 
 def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
@@ -161,9 +157,10 @@ def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
 
 
 def _unknown_message(pattern: str, hook_names: list[str], architecture: str) -> str:
-    for prefix, needs in HEAD_HOOKS.items():
-        if pattern.startswith(prefix):
-            return f"{pattern!r}: this model is a {architecture}, which has no {prefix.rstrip('.')} hooks; they need {needs}."
+    for part, needs in HEAD_PARTS.items():
+        if pattern.startswith(part + "."):
+            return (f"{pattern!r}: this model is a {architecture}, which has no {part} hooks; they need {needs} "
+                    f"({', '.join(architectures_with(part))}).")
     close = difflib.get_close_matches(pattern, hook_names, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     return f"no hook point matches {pattern!r}.{hint} `model.hook_names` lists them all; `minibert hooks` prints the table."
@@ -253,8 +250,8 @@ SITE_DOCS: dict[str, tuple[str, str]] = {
     "hook_resid_post": ("[B, T, D]", "ln1 + mlp_out"),
     "hook_normalized_resid_post": ("[B, T, D]", "LayerNorm(resid_post) — the block's output"),
     "ln.hook_scale": ("[B, T, 1]", "σ = sqrt(mean((x − μ)²) + eps)"),
-    "ln.hook_standardized": ("[B, T, D]", "(x − μ)/σ — before gain and bias"),
-    "ln.hook_normalized": ("[B, T, D]", "(x − μ)/σ · γ + β — the layernorm's output (as in TransformerLens)"),
+    "ln.hook_normalized": ("[B, T, D]", "(x − μ)/σ — before gain and bias (TransformerLens' meaning)"),
+    "ln.hook_out": ("[B, T, D]", "(x − μ)/σ · γ + β — the layernorm's output"),
     "pooler.hook_out": ("[B, D]", "tanh(h_[CLS] W + b) — pooler output"),
     "mlm.hook_logits": ("[B, T, V]", "LayerNorm(act(h W + b)) W_Eᵀ + bias — masked-LM logits"),
     "nsp.hook_logits": ("[B, 2]", "pooled W + b — next-sentence logits"),

@@ -87,7 +87,11 @@ class Output:
 
 
 class LayerNorm(nnx.Module):
-    """y = (x − mean) / sqrt(var + eps) · scale + bias, over D; computed in float32."""
+    """y = (x − mean) / sqrt(var + eps) · scale + bias, over D; computed in float32.
+
+    Hooks: hook_scale = sqrt(var + eps), hook_normalized = (x − mean)/hook_scale (TransformerLens' meaning:
+    before the gain and bias), hook_out = y.
+    """
 
     def __init__(self, dim: int, eps: float, dtype):
         self.scale = nnx.Param(jnp.ones((dim,), dtype))
@@ -98,9 +102,8 @@ class LayerNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         centered = x32 - x32.mean(-1, keepdims=True)
         scale = hooks(f"{name}.hook_scale", jnp.sqrt((centered**2).mean(-1, keepdims=True) + self.eps))  # [B, T, 1]
-        standardized = hooks(f"{name}.hook_standardized", centered / scale)
-        normalized = standardized * self.scale[...] + self.bias[...]
-        return hooks(f"{name}.hook_normalized", normalized.astype(x.dtype))
+        normalized = hooks(f"{name}.hook_normalized", centered / scale)  # before gain and bias, as in TransformerLens
+        return hooks(f"{name}.hook_out", (normalized * self.scale[...] + self.bias[...]).astype(x.dtype))
 
 
 class Embeddings(nnx.Module):
@@ -132,6 +135,12 @@ def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str):
     scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, scaled, jnp.finfo(scaled.dtype).min))
     pattern = hooks(f"{name}.hook_pattern", jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype))
     return jnp.einsum("BHTS,BHSK->BHTK", pattern, v).transpose(0, 2, 1, 3)
+
+
+def fused_attention(q, k, v, key_mask):
+    """explicit_attention's z through `jax.nn.dot_product_attention`: cuDNN flash attention on GPUs (bf16/fp16),
+    XLA's own fusion elsewhere. q, k, v [B, T|S, H, K], key_mask [B, 1, 1, S] → z [B, T, H, K]."""
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask)
 
 
 def unwatched_attention(q, k, v, key_mask):
@@ -168,9 +177,7 @@ class Attention(nnx.Module):
         else:
             # Nobody looks at the scores: the fused kernel (cuDNN flash attention on GPU) gives the same z.
             # On CPU, unwatched_attention is faster than XLA's dot_product_attention (benchmarks/RESULTS.md).
-            z = jax.lax.platform_dependent(
-                q, k, v, key_mask, cpu=unwatched_attention,
-                default=lambda q, k, v, key_mask: jax.nn.dot_product_attention(q, k, v, mask=key_mask))
+            z = jax.lax.platform_dependent(q, k, v, key_mask, cpu=unwatched_attention, default=fused_attention)
         z = hooks(f"{name}.hook_z", z)  # [B, T, H, K]
         if hooks.active(f"{name}.hook_result"):
             result = hooks(f"{name}.hook_result", jnp.einsum("BTHK,HKD->BTHD", z, self.W_O[...]))
@@ -256,27 +263,38 @@ class Bert(nnx.Module):
         self.config = cfg
         self.embed = Embeddings(cfg, dtype, rngs)
         self.blocks = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
-        arch = cfg.architecture
-        self.pooler = Pooler(cfg, dtype, rngs) if cfg.has_pooler else None
-        self.mlm = MaskedLMHead(cfg, dtype, rngs) if arch in ("BertForMaskedLM", "BertForPreTraining") else None
-        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp") if arch == "BertForPreTraining" else None
-        classes = cfg.num_labels
-        self.classifier = (
-            Classifier(cfg.hidden_size, classes, dtype, rngs, "classifier")
-            if arch in ("BertForSequenceClassification", "BertForTokenClassification")
-            else None
-        )
+        heads = cfg.heads
+        self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
+        self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
+        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp") if heads.nsp else None
+        self.classifier = Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier") if heads.classifier else None
+
+    # The stages below are the only code that runs the model: the plain forward, the offloaded forward
+    # (api.Model.run(offload=True)) and the sweeps of analysis/ compose them.
 
     def __call__(self, input_ids, token_type_ids, attention_mask, hooks: Hooks = NO_HOOKS) -> Output:
         """input_ids, token_type_ids, attention_mask: int [B, T] → Output."""
-        key_mask = attention_mask.astype(bool)[:, None, None, :]  # [B, 1, 1, S]
-        resid = hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks))
-        for i, block in enumerate(self.blocks):
-            resid = block(resid, key_mask, hooks, f"blocks.{i}")
+        key_mask = self.key_mask(attention_mask)
+        resid = self.embedding(input_ids, token_type_ids, hooks)
+        for i in range(len(self.blocks)):
+            resid = self.block(i, resid, key_mask, hooks)
         return self.head(resid, hooks)
 
+    @staticmethod
+    def key_mask(attention_mask) -> jax.Array:
+        """attention_mask int [B, S] (1 = real token) → bool [B, 1, 1, S], broadcast over heads and queries."""
+        return attention_mask.astype(bool)[:, None, None, :]
+
+    def embedding(self, input_ids, token_type_ids, hooks: Hooks = NO_HOOKS) -> jax.Array:
+        """Stage 0: the residual stream entering block 0, [B, T, D]."""
+        return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks))
+
+    def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS) -> jax.Array:
+        """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D]."""
+        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}")
+
     def head(self, hidden, hooks: Hooks = NO_HOOKS) -> Output:
-        """The pooler and task head on the last hidden state [B, T, D]."""
+        """Last stage: the pooler and task head on the last hidden state [B, T, D]."""
         pooled = self.pooler(hidden, hooks) if self.pooler is not None else None
         logits = nsp_logits = None
         if self.mlm is not None:
@@ -284,6 +302,6 @@ class Bert(nnx.Module):
         if self.nsp is not None:
             nsp_logits = self.nsp(pooled, hooks)
         if self.classifier is not None:
-            per_token = self.config.architecture == "BertForTokenClassification"
+            per_token = self.config.heads.classifier == "token"
             logits = self.classifier(hidden if per_token else pooled, hooks)
         return Output(hidden, pooled, logits, nsp_logits)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from minibert.errors import SourceError
 
 DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
@@ -16,8 +17,6 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vo
              "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json"]
 
 
-class SourceError(FileNotFoundError):
-    """No checkpoint of that name could be found locally."""
 
 
 def weights_dirs() -> list[Path]:

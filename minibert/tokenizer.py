@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from minibert.errors import TokenizerError
 
 SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 MAX_CHARS_PER_WORD = 100
@@ -37,8 +38,6 @@ _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700,
                (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
-class TokenizerError(ValueError):
-    """Text, pairs or tokenizer files that cannot be tokenized as asked; says what to change."""
 
 
 def _is_whitespace(char: str) -> bool:

@@ -287,7 +287,7 @@ def test_js_divergence_on_the_bundled_checkpoint(bundled):
 
 def test_survey_agrees_with_attention_statistics(bundled):
     """corpus.survey (buckets, padding documents, jit) averages the same per-document statistics."""
-    from minibert import corpus
+    from minibert.analysis import corpus
 
     result = corpus.survey(bundled, TEXTS, batch_size=2, progress=False)
     want = heads.attention_statistics(bundled, TEXTS)

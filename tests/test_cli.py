@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minibert import cli, demo
+from minibert.app import cli, demo
 from minibert.analysis.heads import attention_statistics, behaviour_labels
 
 COMMANDS = ("demo", "view", "stats", "hooks", "convert")

@@ -1,4 +1,4 @@
-"""The corpus runner (minibert.corpus) against a brute-force NumPy reference, on one and on four devices.
+"""The corpus runner (minibert.analysis.corpus) against a brute-force NumPy reference, on one and on four devices.
 
 The reference takes each document's attention maps from `model.run_with_cache` and computes the
 statistics of ANALYSIS.md with loops over documents, query rows and key columns (vectorised over layers
@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from minibert import corpus
+from minibert.analysis import corpus
 from test_analysis_heads import reference_document as reference_head
 
 STATISTICS = ("self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
@@ -266,7 +266,7 @@ FOUR_DEVICES = textwrap.dedent("""
     import json, sys
     import jax
     import minibert
-    from minibert import corpus
+    from minibert.analysis import corpus
 
     assert jax.device_count() == 4, jax.devices()
     texts, settings = json.loads(sys.argv[1])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from minibert import BertConfig, Model
-from minibert.cli import all_hook_names, main
-from minibert.config import HEAD_ARCHITECTURES
+from minibert.app.cli import all_hook_names, main
+from minibert.config import ARCHITECTURES
 from minibert.hooks import site_doc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
@@ -23,7 +23,7 @@ def test_docs_table_is_what_the_code_generates(tmp_path):
     assert DOCS.read_text() == out.read_text(), "docs/hooks.md is stale: run `minibert hooks --output docs/hooks.md`"
 
 
-@pytest.mark.parametrize("architecture", HEAD_ARCHITECTURES)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_documented_axes_match_traced_shapes(architecture):
     cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=2, num_attention_heads=4, intermediate_size=7,
                      max_position_embeddings=8, architecture=architecture, id2label=("a", "b", "c"))

@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 from scipy.special import erf
 
 import minibert
-from minibert import interventions
+from minibert.analysis import interventions
 
 TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
 
@@ -21,7 +21,8 @@ TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
 def _ln(x, w, b, eps=1e-12):
     mu = x.mean(-1, keepdims=True)
     sigma = np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
-    return {"scale": sigma, "standardized": (x - mu) / sigma, "normalized": (x - mu) / sigma * w + b}
+    # TransformerLens' LayerNorm: hook_normalized is (x - mu)/sigma before the gain and bias.
+    return {"scale": sigma, "normalized": (x - mu) / sigma, "out": (x - mu) / sigma * w + b}
 
 
 def numpy_bert(t, ids, types, mask, n_heads, ablate=None):
@@ -34,7 +35,7 @@ def numpy_bert(t, ids, types, mask, n_heads, ablate=None):
     x = out["embed.hook_embed"] + out["embed.hook_pos_embed"] + out["embed.hook_token_type_embed"]
     ln = _ln(x, t["embeddings.LayerNorm.weight"], t["embeddings.LayerNorm.bias"])
     out |= {f"embed.ln.hook_{k}": v for k, v in ln.items()}
-    x = out["hook_full_embed"] = ln["normalized"]
+    x = out["hook_full_embed"] = ln["out"]
     for i in range(6):
         p, n = f"encoder.layer.{i}.", f"blocks.{i}."
         out[n + "hook_resid_pre"] = x
@@ -63,13 +64,13 @@ def numpy_bert(t, ids, types, mask, n_heads, ablate=None):
         mid = out[n + "hook_resid_mid"] = x + attn_out
         ln1 = _ln(mid, t[p + "attention.output.LayerNorm.weight"], t[p + "attention.output.LayerNorm.bias"])
         out |= {n + f"ln1.hook_{k}": v for k, v in ln1.items()}
-        pre = out[n + "mlp.hook_pre"] = ln1["normalized"] @ t[p + "intermediate.dense.weight"].T + t[p + "intermediate.dense.bias"]
+        pre = out[n + "mlp.hook_pre"] = ln1["out"] @ t[p + "intermediate.dense.weight"].T + t[p + "intermediate.dense.bias"]
         post = out[n + "mlp.hook_post"] = 0.5 * pre * (1 + erf(pre / np.sqrt(2)))
         mlp_out = out[n + "hook_mlp_out"] = post @ t[p + "output.dense.weight"].T + t[p + "output.dense.bias"]
-        resid_post = out[n + "hook_resid_post"] = ln1["normalized"] + mlp_out
+        resid_post = out[n + "hook_resid_post"] = ln1["out"] + mlp_out
         ln2 = _ln(resid_post, t[p + "output.LayerNorm.weight"], t[p + "output.LayerNorm.bias"])
         out |= {n + f"ln2.hook_{k}": v for k, v in ln2.items()}
-        x = out[n + "hook_normalized_resid_post"] = ln2["normalized"]
+        x = out[n + "hook_normalized_resid_post"] = ln2["out"]
     out["pooler.hook_out"] = np.tanh(x[:, 0] @ t["pooler.dense.weight"].T + t["pooler.dense.bias"])
     return out
 
@@ -103,14 +104,14 @@ def test_every_hook_matches_numpy_reference(bundled, reference):
 def test_hook_names_are_in_forward_order_and_complete(bundled):
     names = bundled.hook_names
     assert names[:7] == ["embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed",
-                         "embed.ln.hook_scale", "embed.ln.hook_standardized", "embed.ln.hook_normalized",
+                         "embed.ln.hook_scale", "embed.ln.hook_normalized", "embed.ln.hook_out",
                          "hook_full_embed"]
     block = [n.split(".", 2)[2] for n in names if n.startswith("blocks.0.")]
     assert block == ["hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_qk",
                      "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
-                     "hook_attn_out", "hook_resid_mid", "ln1.hook_scale", "ln1.hook_standardized",
-                     "ln1.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
-                     "ln2.hook_scale", "ln2.hook_standardized", "ln2.hook_normalized", "hook_normalized_resid_post"]
+                     "hook_attn_out", "hook_resid_mid", "ln1.hook_scale", "ln1.hook_normalized",
+                     "ln1.hook_out", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+                     "ln2.hook_scale", "ln2.hook_normalized", "ln2.hook_out", "hook_normalized_resid_post"]
     assert names[-1] == "pooler.hook_out"
     assert len(names) == 7 + 6 * len(block) + 1
 

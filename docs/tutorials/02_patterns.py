@@ -50,7 +50,7 @@ def name(layer, head):
 # Clark et al. used segments `[CLS] A [SEP] B [SEP]`; we use a few sentence pairs.
 # `attention_statistics` runs the model and averages each statistic over the documents,
 # giving one `[L, H]` array per statistic (definitions in `minibert/analysis/heads.py`).
-# For a corpus, `minibert.corpus.survey` does the same in batches on the device.
+# For a corpus, `minibert.analysis.corpus.survey` does the same in batches on the device.
 
 # %%
 first = ["The cat sat on the mat.", "She bought three apples at the market.", "The train left the station late.",

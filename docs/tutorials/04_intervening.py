@@ -34,7 +34,7 @@ import numpy as np
 
 import minibert
 from minibert import HookFn
-from minibert.interventions import ablate_heads, head_mask, mean_z, patch_activations
+from minibert.analysis.interventions import ablate_heads, head_mask, mean_z, patch_activations
 
 model = minibert.load()
 L, H = model.config.num_hidden_layers, model.config.num_attention_heads

@@ -5,7 +5,7 @@ metric multidimensional scaling (Clark et al. 2019, Fig. 6).
     coords, stress = mds(js)                                          # [L·H, 2]
     coords.reshape(L, H, 2)                                           # back to (layer, head)
 
-Over a large corpus, `minibert.corpus.survey(..., js_divergence=True)` accumulates the same matrix on
+Over a large corpus, `minibert.analysis.corpus.survey(..., js_divergence=True)` accumulates the same matrix on
 the device batch by batch.
 """
 
@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from minibert.analysis import heads
+from minibert.errors import AnalysisError
 
 _js_divergence_batch = jax.jit(heads.js_divergence_batch)
 
@@ -33,11 +34,11 @@ def js_divergence(attention: Sequence, batch_size: int = 16) -> np.ndarray:
     single = getattr(attention, "ndim", None) == 4
     documents = [np.asarray(attention)] if single else [np.asarray(a) for a in attention]
     if not documents:
-        raise ValueError("attention is empty; pass at least one document's map [L, H, n, n].")
+        raise AnalysisError("attention is empty; pass at least one document's map [L, H, n, n].")
     shapes = {a.shape[:2] for a in documents}
     bad = [i for i, a in enumerate(documents) if a.ndim != 4 or a.shape[-1] != a.shape[-2]]
     if bad or len(shapes) != 1:
-        raise ValueError(f"every document's attention must be [L, H, n, n] with the same L and H; document "
+        raise AnalysisError(f"every document's attention must be [L, H, n, n] with the same L and H; document "
                          f"{(bad or [0])[0]} has shape {documents[(bad or [0])[0]].shape} (all: "
                          f"{sorted({a.shape for a in documents})[:4]}). Crop each to its real tokens.")
     n_layers, n_heads = shapes.pop()
@@ -59,12 +60,12 @@ def js_divergence(attention: Sequence, batch_size: int = 16) -> np.ndarray:
 def _check_dissimilarity(dissimilarity, n_components: int) -> np.ndarray:
     delta = np.asarray(dissimilarity, np.float64)
     if delta.ndim != 2 or delta.shape[0] != delta.shape[1] or delta.shape[0] <= n_components:
-        raise ValueError(f"dissimilarity must be a square matrix [N, N] with N > n_components={n_components}; "
+        raise AnalysisError(f"dissimilarity must be a square matrix [N, N] with N > n_components={n_components}; "
                          f"got shape {delta.shape}.")
     if not np.isfinite(delta).all() or (delta < 0).any():
-        raise ValueError("dissimilarity must hold finite non-negative numbers (distances or divergences).")
+        raise AnalysisError("dissimilarity must hold finite non-negative numbers (distances or divergences).")
     if np.abs(delta - delta.T).max() > 1e-6 * max(np.abs(delta).max(), 1e-300):
-        raise ValueError("dissimilarity must be symmetric; pass (d + d.T) / 2 for a one-sided measure.")
+        raise AnalysisError("dissimilarity must be symmetric; pass (d + d.T) / 2 for a one-sided measure.")
     delta = 0.5 * (delta + delta.T)
     np.fill_diagonal(delta, 0.0)
     return delta
@@ -128,7 +129,7 @@ def mds(dissimilarity, n_components: int = 2, seed: int = 0, n_init: int = 32, m
     """
     delta = _check_dissimilarity(dissimilarity, n_components)
     if n_init < 1 or max_iter < 1:
-        raise ValueError(f"n_init and max_iter must be at least 1; got n_init={n_init}, max_iter={max_iter}.")
+        raise AnalysisError(f"n_init and max_iter must be at least 1; got n_init={n_init}, max_iter={max_iter}.")
     rng = np.random.default_rng(seed)
     starts = np.concatenate([_classical(delta, n_components)[None],
                              rng.uniform(size=(n_init - 1, len(delta), n_components))])

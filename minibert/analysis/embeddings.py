@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from minibert.analysis import words
+from minibert.errors import AnalysisError
 
 POOLINGS = ("mean", "cls", "max")
 
@@ -52,7 +53,7 @@ def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[st
     texts = [texts] if isinstance(texts, str) else list(texts)
     target = _word_texts(model.tokenizer.tokenize(word))
     if not target:
-        raise ValueError(f"word {word!r} has no tokens; pass a word that appears in the texts.")
+        raise AnalysisError(f"word {word!r} has no tokens; pass a word that appears in the texts.")
     batch = model.tokenize(texts, pairs)
     columns = np.zeros(batch.attention_mask.shape, np.float32)
     for row in range(len(texts)):
@@ -60,7 +61,7 @@ def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[st
         positions = word_positions(batch.tokens[row], groups, target, occurrence)
         if positions is None:
             where = f"{texts[row]!r}" + (f" / {pairs[row]!r}" if pairs is not None else "")
-            raise ValueError(f"text {row} ({where}) does not contain the word {word!r} "
+            raise AnalysisError(f"text {row} ({where}) does not contain the word {word!r} "
                              f"{'at all' if occurrence == 0 else f'{occurrence + 1} times'}; its words are "
                              f"{words.word_labels(batch.tokens[row], groups)}. Fix the text or choose another word.")
         columns[row, positions] = 1.0
@@ -75,7 +76,7 @@ def sentence_vectors(model, texts: Sequence[str], pooling: str = "mean", pairs: 
     """Sentence vectors [N, D] from the last hidden state: "mean" over real tokens, the "cls" token's, or
     "max" over real tokens; L2-normalised if `normalize` (NumPy float32)."""
     if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}.")
+        raise AnalysisError(f"pooling must be one of {POOLINGS}, not {pooling!r}.")
     texts = [texts] if isinstance(texts, str) else list(texts)
     return np.asarray(model.sentence_embeddings(model.tokenize(texts, pairs), mode=pooling, normalize=normalize))
 
@@ -89,9 +90,9 @@ def pca(x, n_components: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or len(x) < 2:
-        raise ValueError(f"x must be [N, D] with at least 2 rows; got shape {x.shape}.")
+        raise AnalysisError(f"x must be [N, D] with at least 2 rows; got shape {x.shape}.")
     if not 1 <= n_components <= min(x.shape):
-        raise ValueError(f"n_components must lie in [1, {min(x.shape)}] for x of shape {x.shape}; got {n_components}.")
+        raise AnalysisError(f"n_components must lie in [1, {min(x.shape)}] for x of shape {x.shape}; got {n_components}.")
     centred = x - x.mean(0)
     _, singular, vt = np.linalg.svd(centred, full_matrices=False)
     components = vt[:n_components]

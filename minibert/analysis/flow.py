@@ -16,6 +16,7 @@ nodes. Tokens, positions and layers are 0-indexed.
 from __future__ import annotations
 
 import numpy as np
+from minibert.errors import AnalysisError
 
 _TOLERANCE = 1e-12  # residual capacities at or below this count as saturated
 
@@ -24,11 +25,11 @@ def _check_attention(attention, ndims: tuple[int, ...]) -> np.ndarray:
     a = np.asarray(attention, np.float64)
     if a.ndim not in ndims or a.shape[-1] != a.shape[-2]:
         shapes = " or ".join({4: "[L, H, T, T]", 5: "[L, B, H, T, T]"}[n] for n in ndims)
-        raise ValueError(f"attention must be {shapes} (a square map per head); got shape {a.shape}. "
+        raise AnalysisError(f"attention must be {shapes} (a square map per head); got shape {a.shape}. "
                          f"Stack the layers with cache.stack('attn.hook_pattern') and take one document "
                          f"with [:, b, :, :n, :n] (n its real tokens).")
     if not np.isfinite(a).all() or (a < 0).any():
-        raise ValueError(f"attention must hold non-negative finite attention weights; found "
+        raise AnalysisError(f"attention must hold non-negative finite attention weights; found "
                          f"{'non-finite values' if not np.isfinite(a).all() else 'negative values'}.")
     return a
 
@@ -40,7 +41,7 @@ def mixing_matrices(attention, residual: float = 0.5) -> np.ndarray:
     Padding keys hold zero attention, so padded positions never mix into real rows.
     """
     if not 0.0 <= residual <= 1.0:
-        raise ValueError(f"residual must lie in [0, 1] (the weight of the identity); got {residual}.")
+        raise AnalysisError(f"residual must lie in [0, 1] (the weight of the identity); got {residual}.")
     a = _check_attention(attention, (4, 5))
     mixed = (1.0 - residual) * a.mean(axis=-3) + residual * np.eye(a.shape[-1])
     rows = mixed.sum(-1, keepdims=True)
@@ -107,7 +108,7 @@ class FlowNetwork:
         capacity = np.asarray(capacity, np.float64)
         if capacity.ndim != 2 or capacity.shape[0] != capacity.shape[1] or (capacity < 0).any() \
                 or not np.isfinite(capacity).all():
-            raise ValueError(f"capacity must be a square matrix [N, N] of finite non-negative numbers; "
+            raise AnalysisError(f"capacity must be a square matrix [N, N] of finite non-negative numbers; "
                              f"got shape {capacity.shape}.")
         self.capacity = capacity.tolist()
         linked = (capacity > 0) | (capacity.T > 0)  # residual edges run both ways
@@ -117,7 +118,7 @@ class FlowNetwork:
         """The maximum flow value from node `source` to node `sink`."""
         n = len(self.capacity)
         if not (0 <= source < n and 0 <= sink < n) or source == sink:
-            raise ValueError(f"source {source} and sink {sink} must be two different nodes in [0, {n}).")
+            raise AnalysisError(f"source {source} and sink {sink} must be two different nodes in [0, {n}).")
         residual = [row[:] for row in self.capacity]
         total = 0.0
         while True:

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.api import InputError
+from minibert.config import architectures_with
+from minibert.errors import AnalysisError, InputError
 from minibert.hooks import Cache
 from minibert.model import Output
 
 PATTERNS = "blocks.*.attn.hook_pattern"
-MLM_ARCHITECTURES = ("BertForMaskedLM", "BertForPreTraining")
 IGNORE = -100  # label of positions that are not predicted (Hugging Face's convention)
 
 
@@ -37,10 +37,9 @@ def attention_gradients(model, batch, loss_fn: Callable[[Output], jax.Array]) ->
 
 
 def _require_mlm_head(model) -> None:
-    architecture = model.config.architecture
-    if architecture not in MLM_ARCHITECTURES:
-        raise InputError(f"the masked-LM loss needs a model with a masked-LM head ({' or '.join(MLM_ARCHITECTURES)}); "
-                         f"this model is a {architecture}. Load a checkpoint that has one, e.g. "
+    if not model.config.heads.mlm:
+        raise InputError(f"the masked-LM loss needs a model with a masked-LM head "
+                         f"({' or '.join(architectures_with('mlm'))}); this model is a {model.config.architecture}. Load a checkpoint that has one, e.g. "
                          f"minibert.load('bert-base-uncased'), or pass your own loss_fn to attention_gradients.")
 
 
@@ -98,7 +97,7 @@ def mlm_loss_fn(labels) -> Callable[[Output], jax.Array]:
         if out.logits is None or out.logits.ndim != 3 or out.logits.shape[:2] != labels.shape:
             raise InputError(f"mlm_loss_fn needs masked-LM logits [B, T, V] matching labels {tuple(labels.shape)}; "
                              f"the model gave {None if out.logits is None else tuple(out.logits.shape)}. "
-                             f"Use a model with a masked-LM head ({' or '.join(MLM_ARCHITECTURES)}).")
+                             f"Use a model with a masked-LM head ({' or '.join(architectures_with('mlm'))}).")
         log_probs = jax.nn.log_softmax(out.logits.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
         scored = labels != IGNORE
@@ -135,14 +134,14 @@ def gradient_by_target(grad, targets: Mapping[str, np.ndarray], attention_mask) 
     g = np.abs(np.asarray(grad, np.float64))
     real = np.asarray(attention_mask) > 0
     if g.ndim != 5 or g.shape[1] != real.shape[0] or g.shape[3:] != (real.shape[1],) * 2:
-        raise ValueError(f"grad must be [L, B, H, T, S] for attention_mask [B, T] = {real.shape}; got {g.shape}.")
+        raise AnalysisError(f"grad must be [L, B, H, T, S] for attention_mask [B, T] = {real.shape}; got {g.shape}.")
     if "other" in targets:
-        raise ValueError('"other" is computed (the real keys in no group); name your group differently.')
+        raise AnalysisError('"other" is computed (the real keys in no group); name your group differently.')
     groups = {}
     for name, keys in targets.items():
         keys = np.asarray(keys, bool)
         if keys.shape != real.shape:
-            raise ValueError(f"targets[{name!r}] has shape {keys.shape}; it must be [B, S] = {real.shape}.")
+            raise AnalysisError(f"targets[{name!r}] has shape {keys.shape}; it must be [B, S] = {real.shape}.")
         groups[name] = keys & real
     in_a_group = np.any([*groups.values(), np.zeros_like(real)], axis=0)
     groups["other"] = real & ~in_a_group
@@ -160,6 +159,6 @@ def gradient_times_attention(grad, attention) -> np.ndarray:
     weight were removed, L(α) − L(α with α_ts = 0) ≈ α_ts ∂L/∂α_ts (a Taylor estimate, no renormalising)."""
     grad, attention = np.asarray(grad), np.asarray(attention)
     if grad.shape != attention.shape:
-        raise ValueError(f"grad {grad.shape} and attention {attention.shape} must have the same shape "
+        raise AnalysisError(f"grad {grad.shape} and attention {attention.shape} must have the same shape "
                          f"[L, B, H, T, S]; stack the patterns with cache.stack('attn.hook_pattern').")
     return grad * attention

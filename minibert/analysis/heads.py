@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
+from minibert.errors import AnalysisError
 
 STATISTICS: tuple[str, ...] = (
     "self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
@@ -209,16 +210,16 @@ def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "
 
     texts_or_batch: a text, a list of texts (with `pairs` for sentence B), a Batch, or a dict of id
     arrays. segment_ids: "real" (sentence B has type 1) or "zeros" (Clark et al.'s extraction script).
-    For a corpus, `minibert.corpus.survey` batches, buckets and accumulates on the device.
+    For a corpus, `minibert.analysis.corpus.survey` batches, buckets and accumulates on the device.
     """
     if segment_ids not in ("real", "zeros"):
-        raise ValueError(f"segment_ids must be 'real' or 'zeros', not {segment_ids!r}.")
+        raise AnalysisError(f"segment_ids must be 'real' or 'zeros', not {segment_ids!r}.")
     batch = texts_or_batch
     if isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch)):
         batch = model.tokenize([batch] if isinstance(batch, str) else list(batch),
                                [pairs] if isinstance(pairs, str) else pairs)
     elif pairs is not None:
-        raise ValueError("pairs goes with texts; a tokenized batch already holds its pairs.")
+        raise AnalysisError("pairs goes with texts; a tokenized batch already holds its pairs.")
     fields = dict(batch.to_dict() if hasattr(batch, "to_dict") else batch)
     ids = np.asarray(fields["input_ids"])
     mask = np.asarray(fields.get("attention_mask", np.ones_like(ids)))

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from minibert.analysis.words import word_attention
+from minibert.errors import AnalysisError, ConllError, DataFileMissing
 
 DEPENDENT_TO_HEAD = "dependent→head"
 HEAD_TO_DEPENDENT = "head→dependent"
@@ -33,8 +34,6 @@ DIRECTIONS = (DEPENDENT_TO_HEAD, HEAD_TO_DEPENDENT)
 OFFSETS = tuple(range(-3, 3))  # baseline: predict word i + k
 
 
-class ConllError(ValueError):
-    """A CoNLL-U file that cannot be read: names the file, the line and what is wrong there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +56,7 @@ def _source_text(source) -> tuple[str, str]:
     if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and "\t" not in source):
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"no CoNLL-U file at {path}; pass a path to a .conllu file or its text.")
+            raise DataFileMissing(f"no CoNLL-U file at {path}; pass a path to a .conllu file or its text.")
         return str(path), path.read_text(encoding="utf-8")
     return "<text>", str(source)
 
@@ -200,7 +199,7 @@ def score_heads(word_maps: Sequence[np.ndarray], sentences: Sequence[Sentence]) 
     """Accuracy of every head as a dependency predictor, from word maps [L, H, W, W] (one per sentence,
     W its words, [CLS]/[SEP] already dropped) and the gold trees."""
     if len(word_maps) != len(sentences):
-        raise ValueError(f"{len(word_maps)} word maps for {len(sentences)} sentences; pass one per sentence.")
+        raise AnalysisError(f"{len(word_maps)} word maps for {len(sentences)} sentences; pass one per sentence.")
     correct = {d: {} for d in DIRECTIONS}
     baseline_correct: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
@@ -208,10 +207,10 @@ def score_heads(word_maps: Sequence[np.ndarray], sentences: Sequence[Sentence]) 
         word_map = np.asarray(word_map)
         n = len(sentence.words)
         if not len(sentence.heads) == len(sentence.relations) == n:
-            raise ValueError(f"sentence {sentence.sent_id or index} has {n} words, {len(sentence.heads)} heads and "
+            raise AnalysisError(f"sentence {sentence.sent_id or index} has {n} words, {len(sentence.heads)} heads and "
                              f"{len(sentence.relations)} relations; it needs one head and one relation per word.")
         if word_map.ndim != 4 or word_map.shape[-2:] != (n, n):
-            raise ValueError(f"sentence {sentence.sent_id or index} has {n} words but its word map has shape "
+            raise AnalysisError(f"sentence {sentence.sent_id or index} has {n} words but its word map has shape "
                              f"{word_map.shape}; expected [L, H, {n}, {n}].")
         gold = np.asarray(sentence.heads) - 1  # 0-indexed head word, −1 for ROOT
         scored = gold >= 0
@@ -244,11 +243,11 @@ def dependency_accuracy(model, sentences, mode: str = "mean", max_length: int = 
     if isinstance(sentences, (str, Path)):
         sentences = read_conllu(sentences)
     if not sentences:
-        raise ValueError("no sentences to score; pass gold trees (read_conllu) with at least one sentence.")
+        raise AnalysisError("no sentences to score; pass gold trees (read_conllu) with at least one sentence.")
     encoded = [encode_words(model.tokenizer, s.words) for s in sentences]
     kept = [i for i, (ids, _) in enumerate(encoded) if len(ids) <= max_length]
     if not kept:
-        raise ValueError(f"every sentence is longer than max_length={max_length} tokens; raise max_length.")
+        raise AnalysisError(f"every sentence is longer than max_length={max_length} tokens; raise max_length.")
     maps = word_maps(model, [encoded[i] for i in kept], mode, batch_size)
     result = score_heads(maps, [sentences[i] for i in kept])
     result.skipped = len(sentences) - len(kept)

@@ -13,6 +13,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from minibert.errors import AnalysisError
 
 MODES = ("mean", "first")
 
@@ -31,7 +32,7 @@ def word_groups(word_ids: Sequence[int | None], sequence_ids: Sequence[int | Non
     n = len(word_ids)
     real = [True] * n if attention_mask is None else [bool(m) for m in attention_mask]
     if len(real) != n or (sequence_ids is not None and len(sequence_ids) != n):
-        raise ValueError(f"word_ids has {n} positions but sequence_ids/attention_mask have "
+        raise AnalysisError(f"word_ids has {n} positions but sequence_ids/attention_mask have "
                          f"{len(sequence_ids or ())}/{len(real)}; pass one document's lists.")
     groups: list[list[int]] = []
     previous = None
@@ -51,13 +52,13 @@ def word_groups(word_ids: Sequence[int | None], sequence_ids: Sequence[int | Non
 def _pooling_matrices(groups: Sequence[Sequence[int]], length: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """(rows [W, T]: how each word's row is made from token rows, columns [S, W]: 1 where token s is in word w)."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES} ('mean': the paper, 'first': Clark et al.'s code), "
+        raise AnalysisError(f"mode must be one of {MODES} ('mean': the paper, 'first': Clark et al.'s code), "
                          f"not {mode!r}.")
     rows = np.zeros((len(groups), length))
     columns = np.zeros((length, len(groups)))
     for w, group in enumerate(groups):
         if not group or max(group) >= length:
-            raise ValueError(f"word {w} has token positions {list(group)}, outside the map's {length} positions.")
+            raise AnalysisError(f"word {w} has token positions {list(group)}, outside the map's {length} positions.")
         columns[group, w] = 1.0
         if mode == "mean":
             rows[w, group] = 1.0 / len(group)
@@ -77,7 +78,7 @@ def word_attention(attention, groups: Sequence[Sequence[int]], mode: str = "mean
         attention = np.asarray(attention)
     shape = attention.shape
     if len(shape) < 2 or shape[-1] != shape[-2]:
-        raise ValueError(f"attention must be [..., T, T] (queries × keys of one document); got shape {shape}.")
+        raise AnalysisError(f"attention must be [..., T, T] (queries × keys of one document); got shape {shape}.")
     rows, columns = _pooling_matrices(groups, shape[-1], mode)
     dtype = attention.dtype if np.issubdtype(attention.dtype, np.floating) else np.float32
     rows, columns = rows.astype(dtype), columns.astype(dtype)

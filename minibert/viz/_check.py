@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from minibert.errors import VizError
 
 
-class VizError(ValueError):
-    """Arrays, tokens or indices that a view or figure cannot draw: says which argument and what to pass."""
 
 
 def token_list(tokens: Sequence[str]) -> list[str]:

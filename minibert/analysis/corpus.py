@@ -1,6 +1,6 @@
 """The corpus runner: stream texts (or pairs) through the model and accumulate head statistics on the device.
 
-    result = minibert.corpus.survey(model, texts, pairs=None)      # lists, or iterables of str
+    result = minibert.analysis.corpus.survey(model, texts, pairs=None)      # lists, or iterables of str
     result.mean["to_sep"]       # [L, H], averaged over documents (layers and heads 0-indexed)
     result.save("survey")       # survey.npz + survey.json
 
@@ -53,6 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from minibert.analysis import heads
 from minibert.hooks import HookFn
+from minibert.errors import AnalysisError, DataFileMissing
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → {js_divergence: jitted step}
@@ -111,19 +112,19 @@ def read_corpus(path: str | Path, pairs: bool = False) -> tuple[list[str], list[
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is not a file; pass a .txt (one text per line), .tsv (A<TAB>B per "
+        raise DataFileMissing(f"{path} is not a file; pass a .txt (one text per line), .tsv (A<TAB>B per "
                                 f"line) or .jsonl file.")
     lines = [(number, line) for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if line.strip()]
     if not lines:
-        raise ValueError(f"{path} holds no text; put one text per line (or A<TAB>B pairs in a .tsv).")
+        raise AnalysisError(f"{path} holds no text; put one text per line (or A<TAB>B pairs in a .tsv).")
     if path.suffix == ".jsonl":
         return _read_jsonl(path, lines)
     if path.suffix == ".tsv" or pairs:
         split = [(number, line.split("\t")) for number, line in lines]
         bad = [number for number, parts in split if len(parts) != 2]
         if bad:
-            raise ValueError(f"{path}: lines {bad[:5]} do not hold exactly two tab-separated texts (A<TAB>B).")
+            raise AnalysisError(f"{path}: lines {bad[:5]} do not hold exactly two tab-separated texts (A<TAB>B).")
         return [a for _, (a, _) in split], [b for _, (_, b) in split]
     return [line for _, line in lines], None
 
@@ -134,12 +135,12 @@ def _read_jsonl(path: Path, lines) -> tuple[list[str], list[str] | None]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); write one object per line, "
+            raise AnalysisError(f"{path}, line {number}: not valid JSON ({error.msg}); write one object per line, "
                              f'e.g. {{"text": "..."}} or {{"text_a": "...", "text_b": "..."}}.') from None
     keys = ("text_a", "text_b") if isinstance(rows[0], dict) and "text_a" in rows[0] else ("text",)
     for (number, _), row in zip(lines, rows):
         if not isinstance(row, dict) or any(not isinstance(row.get(key), str) for key in keys):
-            raise ValueError(f"{path}, line {number}: expected an object with string field(s) "
+            raise AnalysisError(f"{path}, line {number}: expected an object with string field(s) "
                              f"{' and '.join(repr(k) for k in keys)} like the first line; got {str(row)[:60]}.")
     if len(keys) == 2:
         return [row["text_a"] for row in rows], [row["text_b"] for row in rows]
@@ -264,15 +265,15 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
     Several hosts: see the module docstring.
     """
     if segment_ids not in ("real", "zeros"):
-        raise ValueError(f"segment_ids must be 'real' or 'zeros', not {segment_ids!r}.")
+        raise AnalysisError(f"segment_ids must be 'real' or 'zeros', not {segment_ids!r}.")
     devices = _checked_devices(devices)
     batch_tokens = default_batch_tokens(devices[0].platform) if batch_tokens is None else batch_tokens
     if batch_size is not None and (batch_size < 1 or batch_size % len(devices)):
         suggestion = len(devices) * max(1, batch_size // len(devices))
-        raise ValueError(f"batch_size {batch_size} must be a positive multiple of the {len(devices)} devices "
+        raise AnalysisError(f"batch_size {batch_size} must be a positive multiple of the {len(devices)} devices "
                          f"each batch is sharded over; try batch_size={suggestion}.")
     if batch_tokens < 1:
-        raise ValueError(f"batch_tokens must be positive (tokens per batch, e.g. 2048); got {batch_tokens}.")
+        raise AnalysisError(f"batch_tokens must be positive (tokens per batch, e.g. 2048); got {batch_tokens}.")
     buckets = _checked_buckets(buckets, max_length, model.config.max_position_embeddings)
     rows = (lambda size: batch_size) if batch_size else (lambda size: batch_rows(size, batch_tokens, len(devices)))
 
@@ -307,7 +308,7 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
         if batch is not None:
             lengths = batch.attention_mask.sum(1)
             if lengths.max() > buckets[-1]:
-                raise ValueError(f"document {start + int(lengths.argmax())} has {lengths.max()} tokens but the largest "
+                raise AnalysisError(f"document {start + int(lengths.argmax())} has {lengths.max()} tokens but the largest "
                                  f"bucket is {buckets[-1]}; add a bucket of {max_length} (max_length).")
             packer.add(batch)
         batches, more = _agreed(packer.full_batches(), buckets, more=batch is not None)
@@ -322,7 +323,7 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
     totals = {name: np.asarray(value, np.float64) for name, value in totals.items()}
     documents = int(round(float(totals.pop("documents"))))
     if documents == 0:
-        raise ValueError("survey got no texts; pass a non-empty list (or iterable) of strings.")
+        raise AnalysisError("survey got no texts; pass a non-empty list (or iterable) of strings.")
     js = totals.pop("js_divergence", None)
     settings = dict(batch_tokens=None if batch_size else batch_tokens, batch_size=batch_size,
                     max_length=max_length, buckets=list(buckets), pack=pack, segment_ids=segment_ids,
@@ -337,26 +338,26 @@ def _checked_devices(devices) -> list:
         return local
     devices = list(devices)
     if not devices:
-        raise ValueError("devices is empty; leave it out to use every local device, or pass some of "
+        raise AnalysisError("devices is empty; leave it out to use every local device, or pass some of "
                          "jax.local_devices().")
     foreign = [d for d in devices if d not in local]
     if foreign:
-        raise ValueError(f"devices {foreign} are not local devices of this process; pick from {local}.")
+        raise AnalysisError(f"devices {foreign} are not local devices of this process; pick from {local}.")
     if jax.process_count() > 1 and devices != local:
-        raise ValueError("with several processes every process shards over all its local devices; leave "
+        raise AnalysisError("with several processes every process shards over all its local devices; leave "
                          "devices out.")
     return devices
 
 
 def _checked_buckets(buckets, max_length: int, positions: int) -> tuple[int, ...]:
     if not 3 <= max_length <= positions:
-        raise ValueError(f"max_length must lie between 3 ([CLS] text [SEP]) and the model's {positions} "
+        raise AnalysisError(f"max_length must lie between 3 ([CLS] text [SEP]) and the model's {positions} "
                          f"positions; got {max_length}.")
     if buckets is None:
         return default_buckets(max_length)
     buckets = tuple(sorted({int(b) for b in buckets}))
     if not buckets or buckets[0] < 1 or buckets[-1] > positions:
-        raise ValueError(f"buckets must be row lengths from 1 to the model's {positions} positions, e.g. "
+        raise AnalysisError(f"buckets must be row lengths from 1 to the model's {positions} positions, e.g. "
                          f"(128,); got {buckets}.")
     return buckets
 
@@ -364,15 +365,15 @@ def _checked_buckets(buckets, max_length: int, positions: int) -> tuple[int, ...
 def _tokenized_chunks(model, texts, pairs, max_length: int) -> Iterator:
     """Batches of up to CHUNK tokenized documents (rows padded to the chunk's longest)."""
     if isinstance(texts, str) or isinstance(pairs, str):
-        raise ValueError("survey takes a list (or iterable) of texts, not one string; wrap it: [text].")
+        raise AnalysisError("survey takes a list (or iterable) of texts, not one string; wrap it: [text].")
     if pairs is not None and hasattr(texts, "__len__") and hasattr(pairs, "__len__") and len(texts) != len(pairs):
-        raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
+        raise AnalysisError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
     rows = iter(texts) if pairs is None else zip(texts, pairs, strict=True)
     for start in itertools.count(0, CHUNK):
         try:
             chunk = list(itertools.islice(rows, CHUNK))
         except ValueError as error:  # zip(strict=True) of iterables of different lengths
-            raise ValueError(f"texts and pairs have different lengths ({error}).") from None
+            raise AnalysisError(f"texts and pairs have different lengths ({error}).") from None
         if not chunk:
             return
         first = chunk if pairs is None else [a for a, _ in chunk]
@@ -380,7 +381,7 @@ def _tokenized_chunks(model, texts, pairs, max_length: int) -> Iterator:
         for name, values in (("texts", first), ("pairs", second or ())):
             bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
             if bad is not None:
-                raise ValueError(f"{name}[{start + bad}] is not a string but {type(values[bad]).__name__}; "
+                raise AnalysisError(f"{name}[{start + bad}] is not a string but {type(values[bad]).__name__}; "
                                  f"pass text.")
         yield model.tokenize(first, second, max_length=max_length)
 

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from minibert.errors import InputError, MinibertError
+
 USER_ERROR = 2  # argparse's status for a bad command line; ours for bad input the command line names
 EPILOG = ("Layers and heads are 0-indexed in options; figures and pages label them L-H, 1-indexed "
           "(layer 2, head 5 is 3-6).")
@@ -29,7 +31,7 @@ def _load(name: str | None):
 
 
 def _demo(args) -> int:
-    from minibert import demo
+    from minibert.app import demo
 
     paths, result = demo.build(_load(args.model), args.out)
     for path in paths:
@@ -45,12 +47,13 @@ MAX_TITLE_CHARS = 80
 
 def _checked_index(option: str, value: int | None, count: int, what: str) -> int | None:
     if value is not None and not 0 <= value < count:
-        raise ValueError(f"{option} {value} is out of range: the model has {count} {what}, numbered 0 to {count - 1}.")
+        raise InputError(f"{option} {value} is out of range: the model has {count} {what}, numbered 0 to {count - 1}.")
     return value
 
 
 def _view(args) -> int:
-    from minibert import demo, viz
+    from minibert import viz
+    from minibert.app import demo
 
     model = _load(args.model)
     cfg = model.config
@@ -76,7 +79,8 @@ def _view(args) -> int:
 
 
 def _stats(args) -> int:
-    from minibert import corpus, demo
+    from minibert.analysis import corpus
+    from minibert.app import demo
 
     texts, pairs = corpus.read_corpus(args.file, pairs=args.pairs)
     batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
@@ -111,10 +115,10 @@ def _hooks(args) -> int:
 def all_hook_names() -> list[str]:
     """The hook points of every architecture minibert loads, in forward order (heads last)."""
     from minibert import BertConfig, Model
-    from minibert.config import HEAD_ARCHITECTURES
+    from minibert.config import ARCHITECTURES
 
     names: dict[str, None] = {}
-    for architecture in HEAD_ARCHITECTURES:
+    for architecture in ARCHITECTURES:
         cfg = BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
                          intermediate_size=4, max_position_embeddings=4, architecture=architecture)
         names |= dict.fromkeys(Model(cfg).hook_names)
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as error:  # minibert's input errors are ValueErrors; missing files OSErrors
+    except MinibertError as error:  # bad input, named by the library; anything else is a bug: keep its traceback
         message = " ".join(str(error).split())
         print(f"minibert {args.command}: error: {message}", file=sys.stderr)
         return USER_ERROR

@@ -35,7 +35,9 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from minibert import corpus, viz
+from minibert import viz
+from minibert.errors import InputError
+from minibert.analysis import corpus
 from minibert.analysis import clustering, embeddings, heads, words
 from minibert.viz import figures
 
@@ -132,7 +134,7 @@ def _word_start(batch, word: str) -> int:
     groups = words.word_groups(batch.word_ids[0], batch.sequence_ids[0], batch.attention_mask[0])
     positions = embeddings.word_positions(batch.tokens[0], groups, [word.lower()])
     if positions is None:
-        raise ValueError(f"the sentence has no word {word!r}; its words are "
+        raise InputError(f"the sentence has no word {word!r}; its words are "
                          f"{words.word_labels(batch.tokens[0], groups)}.")
     return positions[0]
 

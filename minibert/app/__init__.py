@@ -1,0 +1,1 @@
+"""Applications built on the library: the `minibert` command and the demo. The library never imports them."""

@@ -1,0 +1,58 @@
+"""Every error minibert raises on purpose, under one base class.
+
+A `MinibertError` means the input was wrong — a file, a key, a shape, a hook name, a token count —
+and its message names the problem and the fix. The command line turns these (and only these) into a
+one-line message; anything else is a bug and keeps its traceback.
+
+Each class also derives from the built-in exception a Python user would try first (`ValueError`
+for bad values, `FileNotFoundError` for a missing file), so `except ValueError` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class MinibertError(Exception):
+    """Base class: the input (or the environment) is wrong, and the message says how to fix it."""
+
+
+class ConfigError(MinibertError, ValueError):
+    """A config.json (or a set of weights) that describes no encoder minibert can run."""
+
+
+class CheckpointError(MinibertError, ValueError):
+    """A checkpoint that does not match the key table: names the file or key and the fix."""
+
+
+class SourceError(MinibertError, LookupError):
+    """No checkpoint of that name could be found (or fetched)."""
+
+
+class TokenizerError(MinibertError, ValueError):
+    """Text or a vocabulary the tokenizer cannot use."""
+
+
+class InputError(MinibertError, ValueError):
+    """A batch the model cannot run: names the field, its shape or values, and the fix."""
+
+
+class HookError(MinibertError, ValueError):
+    """A hook name, hook function or captured value the model cannot honour."""
+
+
+class AnalysisError(MinibertError, ValueError):
+    """Arguments an analysis cannot use (shapes, indices, settings)."""
+
+
+class VizError(MinibertError, ValueError):
+    """Arguments a figure or view cannot draw."""
+
+
+class DataFileError(MinibertError, ValueError):
+    """A data file (corpus, CoNLL-U treebank, output path) that cannot be read or written: names file and line."""
+
+
+class DataFileMissing(DataFileError, FileNotFoundError):
+    """A data file that does not exist."""
+
+
+ConllError = DataFileError  # the CoNLL-U reader's errors are data-file errors
