@@ -23,7 +23,7 @@ import functools
 import json
 import unicodedata
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from minibert.errors import TokenizerError
@@ -190,14 +190,22 @@ class Tokenizer:
         return words + self._plain_words(text[start:], start)
 
     def _special_spans(self, text: str) -> list[tuple[str, int]]:
-        """(special token, position) for each special token in the text, left to right, longest first."""
+        """(special token, position) for each special token in the text, left to right; of two starting at
+        the same character the longer wins. Each token's next occurrence is looked for again only once the
+        spans have passed it, so every token reads the text once: linear in its length, however many hits."""
+        specials = sorted(set(self.special_tokens.values()), key=len, reverse=True)
+        following = {special: text.find(special) for special in specials}
         spans, at = [], 0
-        specials = sorted(self.special_tokens.values(), key=len, reverse=True)
-        while (hits := [(text.find(s, at), s) for s in specials if text.find(s, at) >= 0]):
+        while True:
+            for special, position in following.items():
+                if 0 <= position < at:  # overlapped by the span just taken: find the next one
+                    following[special] = text.find(special, at)
+            hits = [(position, special) for special, position in following.items() if position >= 0]
+            if not hits:
+                return spans
             position, special = min(hits, key=lambda hit: (hit[0], -len(hit[1])))
             spans.append((special, position))
             at = position + len(special)
-        return spans
 
     def _plain_words(self, text: str, start: int) -> list[Word]:
         normalized, origins = self.normalize(text, start)
@@ -266,11 +274,11 @@ class Tokenizer:
         "longest_first"); without it a row longer than the model's limit is an error.
         padding: "longest" (pad to the longest row) or "max_length" (pad to max_length).
         """
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = _text_list(texts, "texts")
         if not texts:
             raise TokenizerError("the batch is empty; pass at least one text, e.g. model.tokenize(['Hello world.']).")
         if pairs is not None:
-            pairs = [pairs] if isinstance(pairs, str) else list(pairs)
+            pairs = _text_list(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise TokenizerError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
         if padding not in ("longest", "max_length") or (padding == "max_length" and max_length is None):
@@ -334,6 +342,16 @@ def _truncated_counts(counts: list[int], budget: int) -> list[int]:
         return [budget - short, short]
     short = min(first, budget // 2)
     return [short, budget - short]
+
+
+def _text_list(values, name: str) -> list:
+    """One text, or a list, tuple or other iterable of texts, as a list (each text is checked as it is encoded)."""
+    if isinstance(values, str):
+        return [values]
+    if isinstance(values, (bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TokenizerError(f"{name} is a {type(values).__name__}; pass a text (str) or a list of texts, "
+                             f"e.g. model.tokenize(['Hello world.']).")
+    return list(values)
 
 
 def _checked_text(text, name: str) -> str:

@@ -142,3 +142,51 @@ def test_errors(bundled):
 def test_missing_vocab_names_the_file(tmp_path):
     with pytest.raises(TokenizerError, match="no vocab.txt"):
         Tokenizer.from_dir(tmp_path)
+
+
+class CountingText(str):
+    """A text that counts the characters its `find` calls read (from the start position to the hit's end,
+    or to the end of the text when there is none)."""
+
+    scanned = 0
+
+    def find(self, sub, start=0, *args):
+        position = super().find(sub, start, *args)
+        self.scanned += (len(self) if position < 0 else position + len(sub)) - start
+        return position
+
+
+def test_special_tokens_in_text_are_found_in_linear_work(bundled):
+    """A text full of "[MASK] " is read a bounded number of times per special token, however many masks
+    it holds: 4× the text reads 4× the characters (the scan used to restart at every hit: quadratic)."""
+    tok = bundled.tokenizer
+    specials = len(set(tok.special_tokens.values()))
+    scanned = {}
+    for repeats in (500, 2000):
+        text = CountingText("[MASK] " * repeats)
+        spans = tok._special_spans(text)
+        assert spans == [("[MASK]", 7 * i) for i in range(repeats)]
+        # every special token reads the text at most once, plus its last (len - 1) characters on a re-find
+        assert text.scanned <= specials * (len(text) + len("[MASK]")), text.scanned
+        scanned[repeats] = text.scanned
+    assert scanned[2000] == 4 * scanned[500]
+    assert tok.tokenize("[MASK] " * 3) == ["[MASK]"] * 3
+
+
+def test_overlapping_special_tokens_take_the_leftmost_then_longest():
+    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[M]", "a"])}
+    tok = Tokenizer(vocab, special_tokens={"mask_token": "[MASK]", "unk_token": "[M]"})
+    # "[M]" and "[MASK]" start together at 1: the longer wins; "[M]" alone at 8 is found after it.
+    assert tok._special_spans("a[MASK]a[M][MASK]") == [("[MASK]", 1), ("[M]", 8), ("[MASK]", 11)]
+
+
+def test_texts_must_be_text_or_a_list_of_texts(bundled):
+    tok = bundled.tokenizer
+    for value, kind in ((None, "NoneType"), (3, "int"), (b"bytes", "bytes"), ({"a": 1}, "dict")):
+        with pytest.raises(TokenizerError, match=rf"texts is a {kind}; pass a text \(str\) or a list of texts"):
+            tok(value)
+    with pytest.raises(TokenizerError, match="pairs is a int; pass a text"):
+        tok(["a"], 5)
+    as_tuple, as_list = tok(("The cat.", "A dog sat.")), tok(["The cat.", "A dog sat."])
+    np.testing.assert_array_equal(as_tuple.input_ids, as_list.input_ids)
+    assert bundled(("The cat.", "A dog sat.")).last_hidden_state.shape == (2, as_list.input_ids.shape[1], 384)
