@@ -57,9 +57,12 @@ def _checked_dtype(dtype):
     return checked
 
 
-def _is_text(batch) -> bool:
-    """A text or a list of texts (as opposed to a Batch or id arrays)."""
-    return isinstance(batch, str) or (isinstance(batch, list) and all(isinstance(t, str) for t in batch))
+POOLINGS = ("mean", "cls", "max")  # sentence_embeddings' modes; checkpoint.POOLING_MODES maps sentence-transformers' to them
+
+
+def is_text(batch) -> bool:
+    """A text, or a list or tuple of texts (as opposed to a Batch or id arrays)."""
+    return isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch))
 
 
 def _add(value, ctx, delta):
@@ -110,7 +113,7 @@ class Model:
 
     def inputs(self, batch) -> Inputs:
         """A Batch, a dict of id arrays, or text(s) → checked int32 arrays on the device."""
-        if _is_text(batch):
+        if is_text(batch):
             batch = self.tokenize(batch)
         fields = batch.to_dict() if isinstance(batch, Batch) else dict(batch)
         if "input_ids" not in fields:
@@ -250,21 +253,21 @@ class Model:
     def sentence_embeddings(self, batch, mode: str | None = None, normalize: bool | None = None) -> jax.Array:
         """[B, D] sentence vectors: "mean" over real tokens, "cls", or "max" (default: the checkpoint's
         sentence-transformers setting, else mean), L2-normalised when the checkpoint says so."""
-        batch = self.tokenize(batch) if _is_text(batch) else batch  # tokenized once, for the mask and the run
-        inputs = self.inputs(batch)
-        hidden = self.run(batch)[0].last_hidden_state
         settings = self.pooling or {"mode": "mean", "normalize": False}
         mode = mode or settings["mode"]
+        if mode not in POOLINGS:  # before the run: a typo costs no forward pass
+            raise InputError(f"pooling mode {mode!r} is not one of {', '.join(map(repr, POOLINGS))}.")
         normalize = settings["normalize"] if normalize is None else normalize
+        batch = self.tokenize(batch) if is_text(batch) else batch  # tokenized once, for the mask and the run
+        inputs = self.inputs(batch)
+        hidden = self.run(batch)[0].last_hidden_state
         mask = inputs[2][..., None].astype(hidden.dtype)
         if mode == "mean":
             pooled = (hidden * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
         elif mode == "cls":
             pooled = hidden[:, 0]
-        elif mode == "max":
-            pooled = jnp.where(mask > 0, hidden, -jnp.inf).max(1)
         else:
-            raise InputError(f"pooling mode {mode!r} is not one of 'mean', 'cls', 'max'.")
+            pooled = jnp.where(mask > 0, hidden, -jnp.inf).max(1)
         if normalize:
             pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         return pooled

@@ -40,6 +40,11 @@ def architectures_with(part: str) -> list[str]:
     return [name for name, heads in ARCHITECTURES.items() if getattr(heads, part)]
 
 
+def head_label(layer: int, head: int) -> str:
+    """The paper's 1-indexed "L-H" label of 0-indexed (layer, head): (0, 3) → "1-4" (Clark et al.)."""
+    return f"{layer + 1}-{head + 1}"
+
+
 # Keys of Hugging Face config.json files that do not change what the encoder computes (training,
 # generation and bookkeeping settings). Any other key that BertConfig does not model is refused.
 HARMLESS_KEYS = frozenset({

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from minibert.app import cli, demo
+from minibert.viz import report
 from minibert.analysis.heads import attention_statistics, behaviour_labels
 
 COMMANDS = ("demo", "view", "stats", "hooks", "convert")
@@ -131,7 +132,7 @@ def test_demo_statistics_are_the_models(demo_run, bundled):
 def test_demo_summary_names_the_top_heads(demo_run):
     out, stdout = demo_run
     table = statistics_table(out / "head_statistics.json")
-    for statistic, meaning in demo.RANKINGS.items():
+    for statistic, meaning in report.RANKINGS.items():
         line = next(line for line in stdout.splitlines() if line.strip().startswith(meaning))
         layer, head = np.unravel_index(table[statistic].argmax(), table[statistic].shape)
         assert line.split()[len(meaning.split())] == f"{layer + 1}-{head + 1}", line

@@ -264,8 +264,7 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
     devices: the local devices to shard each batch over (default: all of them).
     Several hosts: see the module docstring.
     """
-    if segment_ids not in ("real", "zeros"):
-        raise AnalysisError(f"segment_ids must be 'real' or 'zeros', not {segment_ids!r}.")
+    heads.check_segment_ids(segment_ids)
     devices = _checked_devices(devices)
     batch_tokens = default_batch_tokens(devices[0].platform) if batch_tokens is None else batch_tokens
     if batch_size is not None and (batch_size < 1 or batch_size % len(devices)):

@@ -14,24 +14,19 @@ import numpy as np
 from minibert.analysis import words
 from minibert.errors import AnalysisError
 
-POOLINGS = ("mean", "cls", "max")
 
-
-def _word_texts(pieces: Sequence[str]) -> list[str]:
-    """Wordpieces → lower-cased words: ["e", "-", "re", "##corded"] → ["e", "-", "recorded"]."""
-    found: list[str] = []
-    for piece in pieces:
-        if piece.startswith("##") and found:
-            found[-1] += piece[2:]
-        else:
-            found.append(piece)
-    return [w.lower() for w in found]
+def _target_words(model, word: str) -> list[str]:
+    """The lower-cased words the tokenizer makes of `word`: "e-recorded" → ["e", "-", "recorded"]."""
+    batch = model.tokenize([word])
+    sequence = batch.sequence_ids[0]
+    groups = [g for g in words.word_groups(batch.word_ids[0], sequence) if sequence[g[0]] == 0]  # no [CLS], [SEP]
+    return [w.lower() for w in words.word_labels(batch.tokens[0], groups)]
 
 
 def word_positions(tokens: Sequence[str], groups: Sequence[Sequence[int]], word: list[str],
                    occurrence: int = 0) -> list[int] | None:
     """Token positions of the `occurrence`-th run of whole words whose texts equal `word` (lower-cased
-    words, _word_texts), or None. groups: words.word_groups of the document."""
+    words, as _target_words gives), or None. groups: words.word_groups of the document."""
     texts = [w.lower() for w in words.word_labels(tokens, groups)]
     starts = [i for i in range(len(groups) - len(word) + 1) if texts[i:i + len(word)] == word]
     if occurrence >= len(starts):
@@ -51,7 +46,7 @@ def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[st
     or its pair. [CLS] and [SEP] can be chosen by name. Layers are 0-indexed.
     """
     texts = [texts] if isinstance(texts, str) else list(texts)
-    target = _word_texts(model.tokenizer.tokenize(word))
+    target = _target_words(model, word)
     if not target:
         raise AnalysisError(f"word {word!r} has no tokens; pass a word that appears in the texts.")
     batch = model.tokenize(texts, pairs)
@@ -75,9 +70,6 @@ def sentence_vectors(model, texts: Sequence[str], pooling: str = "mean", pairs: 
                      normalize: bool = False) -> np.ndarray:
     """Sentence vectors [N, D] from the last hidden state: "mean" over real tokens, the "cls" token's, or
     "max" over real tokens; L2-normalised if `normalize` (NumPy float32)."""
-    if pooling not in POOLINGS:
-        raise AnalysisError(f"pooling must be one of {POOLINGS}, not {pooling!r}.")
-    texts = [texts] if isinstance(texts, str) else list(texts)
     return np.asarray(model.sentence_embeddings(model.tokenize(texts, pairs), mode=pooling, normalize=normalize))
 
 

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
+from minibert.api import is_text
+from minibert.config import head_label
 from minibert.errors import AnalysisError
 
 STATISTICS: tuple[str, ...] = (
@@ -191,7 +193,7 @@ def head_table(mean: Mapping[str, np.ndarray]) -> list[dict]:
     behaviour = behaviour_labels(mean)
     n_layers, n_heads = behaviour.shape
     return [
-        {"layer": layer, "head": head, "label": f"{layer + 1}-{head + 1}",
+        {"layer": layer, "head": head, "label": head_label(layer, head),
          **{name: float(np.asarray(values)[layer, head]) for name, values in mean.items()},
          "behaviour": str(behaviour[layer, head])}
         for layer in range(n_layers) for head in range(n_heads)
@@ -205,6 +207,15 @@ def model_token_masks(model, ids, mask) -> dict[str, np.ndarray]:
                                 punct_ids=[tokenizer.vocab[p] for p in (".", ",") if p in tokenizer.vocab])
 
 
+SEGMENT_IDS = ("real", "zeros")  # sentence B's token type 1 as the tokenizer gives it, or all 0 (Clark et al.)
+
+
+def check_segment_ids(segment_ids: str) -> None:
+    if segment_ids not in SEGMENT_IDS:
+        raise AnalysisError(f"segment_ids must be 'real' or 'zeros' (sentence B keeps token type 1, or every type is "
+                            f"0 as in Clark et al.'s extraction script), not {segment_ids!r}.")
+
+
 def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "real") -> dict[str, np.ndarray]:
     """Head statistics of one batch, averaged over its documents: {name: [L, H]} NumPy.
 
@@ -212,10 +223,9 @@ def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "
     arrays. segment_ids: "real" (sentence B has type 1) or "zeros" (Clark et al.'s extraction script).
     For a corpus, `minibert.analysis.corpus.survey` batches, buckets and accumulates on the device.
     """
-    if segment_ids not in ("real", "zeros"):
-        raise AnalysisError(f"segment_ids must be 'real' or 'zeros', not {segment_ids!r}.")
+    check_segment_ids(segment_ids)
     batch = texts_or_batch
-    if isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch)):
+    if is_text(batch):
         batch = model.tokenize([batch] if isinstance(batch, str) else list(batch),
                                [pairs] if isinstance(pairs, str) else pairs)
     elif pairs is not None:

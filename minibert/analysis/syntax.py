@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from minibert.analysis.words import word_attention
+from minibert.config import head_label
 from minibert.errors import AnalysisError, ConllError, DataFileMissing
 
 DEPENDENT_TO_HEAD = "dependent→head"
@@ -167,7 +168,7 @@ class DependencyResult:
             raise KeyError(f"no word has relation {relation!r}; relations here: {', '.join(self.relations)}.")
         scores = self.accuracy[direction][relation]
         layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
-        return {"layer": int(layer), "head": int(head), "label": f"{layer + 1}-{head + 1}",
+        return {"layer": int(layer), "head": int(head), "label": head_label(layer, head),
                 "accuracy": float(scores[layer, head])}
 
     def best_baseline(self, relation: str = "all") -> tuple[int, float]:

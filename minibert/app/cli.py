@@ -32,11 +32,12 @@ def _load(name: str | None):
 
 def _demo(args) -> int:
     from minibert.app import demo
+    from minibert.viz import report
 
     paths, result = demo.build(_load(args.model), args.out)
     for path in paths:
         print(path)
-    print(demo.head_summary(result.mean, result.documents))
+    print(report.head_summary(result.mean, result.documents))
     print(f"open {args.out / 'index.html'} in a browser to see them all")
     return 0
 
@@ -53,7 +54,7 @@ def _checked_index(option: str, value: int | None, count: int, what: str) -> int
 
 def _view(args) -> int:
     from minibert import viz
-    from minibert.app import demo
+    from minibert.viz import report
 
     model = _load(args.model)
     cfg = model.config
@@ -73,14 +74,14 @@ def _view(args) -> int:
     out = args.out or Path(VIEW_FILES[args.kind])
     kinds = list(make) if args.kind == "all" else [args.kind]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(demo.views_page(f"minibert: {quoted}", [make[kind]() for kind in kinds]), encoding="utf-8")
+    out.write_text(report.views_page(f"minibert: {quoted}", [make[kind]() for kind in kinds]), encoding="utf-8")
     print(out)
     return 0
 
 
 def _stats(args) -> int:
     from minibert.analysis import corpus
-    from minibert.app import demo
+    from minibert.viz import report
 
     texts, pairs = corpus.read_corpus(args.file, pairs=args.pairs)
     batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
@@ -88,9 +89,9 @@ def _stats(args) -> int:
     prefix = args.out or Path(f"{args.file.stem}_heads")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     npz, json_path = result.save(prefix)
-    for path in (npz, json_path, demo.write_table(result.table(), json_path.with_suffix(".csv"))):
+    for path in (npz, json_path, report.write_table(result.table(), json_path.with_suffix(".csv"))):
         print(path)
-    print(demo.head_summary(result.mean, result.documents))
+    print(report.head_summary(result.mean, result.documents))
     return 0
 
 

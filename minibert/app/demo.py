@@ -1,7 +1,7 @@
 """`minibert demo`: the seed analyses on the bundled sentences, written into one folder.
 
     paths, result = build(minibert.load(), "out")   # figures/, three views, statistics, index.html
-    print(head_summary(result.mean, result.documents))
+    print(report.head_summary(result.mean, result.documents))   # minibert.viz.report
 
 The sentences live in `minibert/data/demo.json`: seed 000's groups of similar sentences (each with
 a label that colours it and the word whose attention is followed) and seed 004's MRPC pair.
@@ -24,9 +24,7 @@ Layers and heads are 0-indexed in code and files; figures and pages label them "
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import html
 import json
 from importlib import resources
 from pathlib import Path
@@ -36,18 +34,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from minibert import viz
+from minibert.config import head_label
 from minibert.errors import InputError
 from minibert.analysis import corpus
 from minibert.analysis import clustering, embeddings, heads, words
-from minibert.viz import figures
+from minibert.viz import figures, report
 
 FIGURE_FORMATS = (".png", ".svg")
-TOP_HEADS = 3
-# What the summary ranks heads by (highest first): statistic → what a high value means.
-RANKINGS = {
-    "prev": "previous token", "next": "next token", "self": "the token itself", "to_cls": "[CLS]",
-    "to_sep": "[SEP]", "to_punct": '"." or ","', "entropy": "broad (entropy, nats)",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,72 +147,6 @@ def featured_head(mean: dict[str, np.ndarray]) -> tuple[int, int]:
     return int(layer), int(head)
 
 
-def head_summary(mean: dict[str, np.ndarray], documents: int, top: int = TOP_HEADS) -> str:
-    """A few lines: for each statistic of RANKINGS, the `top` heads with the highest value, and the
-    behaviour labels (heads.behaviour_labels) that the heads earn."""
-    lines = [f"head statistics over {documents} documents; heads as L-H, 1-indexed as in the figures "
-             "(3-6 is layer 2, head 5 with 0-indexed options)"]
-    for statistic, meaning in RANKINGS.items():
-        values = np.asarray(mean[statistic])
-        order = np.argsort(values.ravel())[::-1][:top]
-        best = "   ".join(f"{figures.head_label(*divmod(int(i), values.shape[1])):>5s} {values.ravel()[i]:.2f}"
-                           for i in order)
-        lines.append(f"  {meaning:<22s} {best}")
-    labels = heads.behaviour_labels(mean).ravel()
-    counts = {name: int(sum(name in label.split("+") for label in labels)) for name in heads.BEHAVIOURS}
-    lines.append("  behaviour labels: " + ", ".join(f"{name} {n}" for name, n in counts.items() if n)
-                 if any(counts.values()) else "  behaviour labels: none")
-    return "\n".join(lines)
-
-
-def write_table(rows: list[dict], path: Path) -> Path:
-    """One CSV row per head (heads.head_table), columns in the table's order."""
-    with path.open("w", newline="", encoding="utf-8") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-# ---- pages ------------------------------------------------------------------------------------------
-
-PAGE_STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;color:#1f2328}"
-              "img{max-width:100%;border:1px solid #d0d7de}figure{margin:0 0 28px}"
-              "figcaption{color:#57606a;margin-top:4px}pre{background:#f6f8fa;padding:12px;overflow-x:auto}")
-
-
-def page(title: str, body: str) -> str:
-    """A standalone HTML page; `title` is escaped here, `body` must already be HTML."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head>"
-            f"<body>{body}</body></html>\n")
-
-
-def views_page(title: str, views: Sequence[viz.View]) -> str:
-    """Several interactive views on one page (each view draws into its own element)."""
-    return page(title, f"<h1>{html.escape(title)}</h1>" + "".join(view.html for view in views))
-
-
-def _index(out: Path, paths: list[Path], captions: dict[str, str], summary: str, source: str) -> str:
-    def link(path: Path) -> str:
-        name = path.relative_to(out).as_posix()
-        return f'<a href="{html.escape(name)}">{html.escape(name)}</a>'
-
-    shown = [p for p in paths if p.suffix == ".png"]
-    parts = [f"<h1>minibert demo</h1><p>Model: <code>{html.escape(source)}</code>. Layers and heads are labelled "
-             "L-H, 1-indexed (Clark et al.).</p><h2>Views of the pair (open in a browser; interactive)</h2><ul>"]
-    parts += [f"<li>{link(p)}: {html.escape(captions[p.stem])}</li>" for p in paths if p.suffix == ".html"]
-    parts.append("</ul><h2>Figures</h2>")
-    for png in shown:
-        others = " ".join(link(p) for p in paths if p.stem == png.stem and p.parent == png.parent and p != png)
-        parts.append(f'<figure><img src="{html.escape(png.relative_to(out).as_posix())}" alt="{png.stem}">'
-                     f"<figcaption>{html.escape(captions[png.stem])} ({link(png)} {others})</figcaption></figure>")
-    tables = " ".join(link(p) for p in paths if p.stem == "head_statistics" and p.parent == out)
-    parts.append(f"<h2>Head statistics</h2><pre>{html.escape(summary)}</pre><p>Every head: {tables}</p>")
-    return page("minibert demo", "".join(parts))
-
-
 # ---- the demo ---------------------------------------------------------------------------------------
 
 def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
@@ -240,7 +167,7 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
     figure("attention_to_word", attention_to_word_figure(model, text.groups),
            "Attention paid to the chosen word in each layer, one line per sentence.")
     layer, head, doc = strongest_head(model, text.head_sentence, text.head_from, text.head_to)
-    label = figures.head_label(layer, head)
+    label = head_label(layer, head)
     relation = f"{text.head_from!r} attends to {text.head_to!r}"
     figure("head_heatmap", figures.attention_heatmap(doc.attention[layer, head], doc.tokens,
                                                      title=f"head {label}: {relation}"),
@@ -250,7 +177,7 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
 
     result = corpus.survey(model, text.sentences, js_divergence=True, progress=False)
     layer, head = featured_head(result.mean)
-    label = figures.head_label(layer, head)
+    label = head_label(layer, head)
     pair = viz.document(model, text.text, text.pair)
     query = 1  # the pair's first word
     figure("neuron", figures.neuron_figure(pair.q[layer, :, head], pair.k[layer, :, head], pair.tokens, query,
@@ -279,8 +206,8 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
         captions[name] = caption
 
     npz, json_path = result.save(out / "head_statistics")
-    paths += [write_table(result.table(), out / "head_statistics.csv"), json_path, npz]
+    paths += [report.write_table(result.table(), out / "head_statistics.csv"), json_path, npz]
     index = out / "index.html"
-    index.write_text(_index(out, paths, captions, head_summary(result.mean, result.documents), model.source),
-                     encoding="utf-8")
+    summary = report.head_summary(result.mean, result.documents)
+    index.write_text(report.index_page(out, paths, captions, summary, model.source), encoding="utf-8")
     return [*paths, index], result

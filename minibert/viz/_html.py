@@ -18,6 +18,8 @@ from typing import Mapping
 
 import numpy as np
 
+from minibert.viz.report import page
+
 
 @cache
 def _static(name: str) -> str:
@@ -74,12 +76,7 @@ class View:
     def document(self) -> str:
         """A standalone HTML page holding this view; it loads nothing from the network."""
         background = "#0d1117" if self.theme == "dark" else "#ffffff"
-        return (
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(self.title)}</title></head>"
-            f'<body style="margin:16px;background:{background}">{self.html}</body></html>\n'
-        )
+        return page(self.title, self.html, style=f"body{{margin:16px;background:{background}}}")
 
     def save(self, path: str | Path) -> Path:
         """Write the standalone page to `path` (e.g. 'head_view.html'); returns the path."""

@@ -27,6 +27,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
 
+from minibert.config import head_label  # figures.head_label: tutorials and the demo read it here too
 from minibert.viz import _check
 from minibert.viz._check import VizError
 
@@ -62,11 +63,6 @@ def save(fig: Figure, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
     return path
-
-
-def head_label(layer: int, head: int) -> str:
-    """The paper's 1-indexed "L-H" label of 0-indexed (layer, head): (0, 3) → "1-4"."""
-    return f"{layer + 1}-{head + 1}"
 
 
 def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure | SubFigure, Axes]:
