@@ -57,7 +57,8 @@ def _checked_dtype(dtype):
     return checked
 
 
-POOLINGS = ("mean", "cls", "max")  # sentence_embeddings' modes; checkpoint.POOLING_MODES maps sentence-transformers' to them
+# sentence_embeddings' modes; checkpoint.POOLING_MODES maps sentence-transformers' names to them
+POOLINGS = ("mean", "cls", "max")
 
 
 def is_text(batch) -> bool:

@@ -7,7 +7,7 @@ layer, and a PCA map of the sentence vectors.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -84,7 +84,8 @@ def pca(x, n_components: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if x.ndim != 2 or len(x) < 2:
         raise AnalysisError(f"x must be [N, D] with at least 2 rows; got shape {x.shape}.")
     if not 1 <= n_components <= min(x.shape):
-        raise AnalysisError(f"n_components must lie in [1, {min(x.shape)}] for x of shape {x.shape}; got {n_components}.")
+        raise AnalysisError(f"n_components must lie in [1, {min(x.shape)}] for x of shape {x.shape}; "
+                            f"got {n_components}.")
     centred = x - x.mean(0)
     _, singular, vt = np.linalg.svd(centred, full_matrices=False)
     components = vt[:n_components]

@@ -8,11 +8,12 @@ each row of the word map still sums to 1. [CLS] and every [SEP] stay words of th
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from minibert.errors import AnalysisError
 
 MODES = ("mean", "first")

@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from minibert import viz
+from minibert.analysis import clustering, corpus, embeddings, heads, words
 from minibert.config import head_label
 from minibert.errors import InputError
-from minibert.analysis import corpus
-from minibert.analysis import clustering, embeddings, heads, words
 from minibert.viz import figures, report
 
 FIGURE_FORMATS = (".png", ".svg")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import csv
 import html
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
