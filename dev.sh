@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: builds .venv on first use, then runs a task.
 #   ./dev.sh demo    run `minibert demo` on the bundled checkpoint (writes out/)
-#   ./dev.sh test    run the test suite (installs torch + transformers + chromium for parity and browser tests)
+#   ./dev.sh test    run the test suite (installs torch + transformers + chromium for parity and browser tests);
+#                    ./dev.sh test -m "not slow and not browser" is the quick loop
+#   ./dev.sh lint    ruff check (rules in pyproject.toml); CI runs it before the tests
+#   ./dev.sh format  ruff's safe fixes (import order, newer syntax) and ruff format, on the paths given
 #   ./dev.sh bench   run the benchmarks
 #   ./dev.sh docs    build the docs site into site/
 set -euo pipefail
@@ -33,7 +36,11 @@ ensure_chromium() {
 case "$task" in
   demo)  ensure_env hub;  exec .venv/bin/minibert demo "$@" ;;
   test)  ensure_env test; ensure_chromium; exec .venv/bin/python -m pytest "$@" ;;
+  lint)  ensure_env test; exec .venv/bin/ruff check "$@" ;;
+  format)
+    [ $# -gt 0 ] || { echo "usage: ./dev.sh format PATH... (files to fix and reformat)" >&2; exit 2; }
+    ensure_env test; .venv/bin/ruff check --fix "$@"; exec .venv/bin/ruff format "$@" ;;
   bench) ensure_env test; exec .venv/bin/python benchmarks/run.py "$@" ;;
   docs)  ensure_env test,docs; exec .venv/bin/python docs/build.py "$@" ;;
-  *) echo "usage: ./dev.sh demo|test|bench|docs [args]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo|test|lint|format|bench|docs [args]" >&2; exit 2 ;;
 esac
