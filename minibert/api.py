@@ -12,7 +12,7 @@ from flax import nnx
 
 from minibert import checkpoint, sources
 from minibert.config import BertConfig
-from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, writers_for
+from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, site_doc, writers_for
 from minibert.model import Bert, Output
 from minibert.tokenizer import Batch, Tokenizer
 from minibert.errors import InputError
@@ -68,6 +68,50 @@ def is_text(batch) -> bool:
 
 def _add(value, ctx, delta):
     return value + delta
+
+
+def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> tuple[int, ...]:
+    """The row lengths programs are compiled for, up to max_length: `smallest`, then per_octave steps per
+    doubling (2: 16, 24, 32, 48, 64, 96, …; 1: 128, 256, 512, …), then max_length itself.
+
+    Each new length compiles a new program (seconds on a CPU, and memory); padding a row to the next
+    bucket costs at most 50% (per_octave=2) more tokens, and padding keys are masked, so real tokens get
+    the same values up to rounding.
+    """
+    buckets, octave = [], smallest
+    while octave < max_length:
+        buckets += [octave, octave * 3 // 2] if per_octave == 2 else [octave]
+        octave *= 2
+    return (*[b for b in buckets if b < max_length], max_length)
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `length` tokens (buckets ascending, the last at least `length`)."""
+    return next(b for b in buckets if b >= length)
+
+
+def _padded_to(inputs: Inputs, length: int, pad_id: int) -> Inputs:
+    """input_ids, token_type_ids, attention_mask [B, T] padded on the right to [B, length] (masked padding)."""
+    ids, types, mask = inputs
+    extra = ((0, 0), (0, length - ids.shape[1]))
+    return jnp.pad(ids, extra, constant_values=pad_id), jnp.pad(types, extra), jnp.pad(mask, extra)
+
+
+def _cut(name: str, value, length: int):
+    """A captured value of a padded run cut back to the real length on each of its T and S axes (SITE_DOCS)."""
+    axes = site_doc(name)[0].strip("[]").replace(" ", "").split(",")
+    if len(axes) != value.ndim:  # "[B, C] or [B, T, C]": the classifier's two forms
+        axes = ["B", "T", "C"] if value.ndim == 3 else ["B", "C"]
+    return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
+
+
+def _cut_output(out: Output, length: int, heads) -> Output:
+    """The Output fields with a token axis (hidden states; logits of per-token heads) cut back to the real length."""
+    per_token = heads.mlm or heads.classifier == "token" or getattr(heads, "discriminator", False)
+    cut = {"last_hidden_state": out.last_hidden_state[:, :length]}
+    if per_token and out.logits is not None:
+        cut["logits"] = out.logits[:, :length]
+    return out.replace(**cut)
 
 
 class Model:
@@ -202,26 +246,44 @@ class Model:
         capture = frozenset(self._names(names)) if names != () else frozenset()
         writers = writers_for(hooks, self.hook_names, self.config.architecture)
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
+        # Without writer hooks (whose arrays may be shaped by T), rows are padded to a bucket length so that a
+        # new sentence length rarely compiles a new program; outputs and captures are cut back to T.
+        length = inputs[0].shape[1]
+        if not writers:
+            inputs = _padded_to(inputs, bucket_length(length, self.length_buckets), self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
-            return out, Cache(captured, self.hook_names)
-        captured = {}
-        x = None
-        for stage in ["embed", *range(self.config.num_hidden_layers), "head"]:
-            x, values = self._stage_jit(self.state, x, inputs, leaves, stage=stage, capture=capture, writer_def=writer_def)
-            captured |= {name: np.asarray(value) for name, value in values.items()}
-        return x, Cache(captured, self.hook_names)
+        else:
+            captured, out = {}, None
+            for stage in ["embed", *range(self.config.num_hidden_layers), "head"]:
+                out, values = self._stage_jit(self.state, out, inputs, leaves, stage=stage, capture=capture,
+                                              writer_def=writer_def)
+                captured |= {name: np.asarray(value) for name, value in values.items()}
+        if inputs[0].shape[1] != length:
+            out, captured = _cut_output(out, length, self.config.heads), {n: _cut(n, v, length) for n, v in captured.items()}
+        return out, Cache(captured, self.hook_names)
+
+    @property
+    def length_buckets(self) -> tuple[int, ...]:
+        """The row lengths run, model(batch) and run_with_cache pad to (length_buckets up to the model's positions)."""
+        return length_buckets(self.config.max_position_embeddings)
 
     def __call__(self, batch) -> Output:
         return self.run(batch)[0]
 
-    def run_with_cache(self, batch, names=None, *, offload: bool = False) -> tuple[Output, Cache]:
-        """Forward pass that stores the hook values named (None: every hook point)."""
-        return self.run(batch, names=names, offload=offload)
+    def run_with_cache(self, batch, names=None, *, names_filter=None, offload: bool = False) -> tuple[Output, Cache]:
+        """Forward pass that stores the hook values named (None: every hook point); `names_filter` is
+        TransformerLens' name for `names`."""
+        if names is not None and names_filter is not None:
+            raise HookError("pass names or names_filter (TransformerLens' name for it), not both.")
+        return self.run(batch, names=names if names_filter is None else names_filter, offload=offload)
 
-    def run_with_hooks(self, batch, hooks: Mapping[str, Callable]) -> Output:
-        """Forward pass where each `fn(value, ctx)` in `hooks` ({name or glob: fn}) replaces its value."""
-        return self.run(batch, hooks=hooks)[0]
+    def run_with_hooks(self, batch, hooks=None, *, fwd_hooks=None) -> Output:
+        """Forward pass where each `fn(value, ctx)` in `hooks` replaces its value: {name or glob: fn}, or a list of
+        (name, fn) pairs; `fwd_hooks` is TransformerLens' keyword for the list."""
+        if hooks is not None and fwd_hooks is not None:
+            raise HookError("pass hooks or fwd_hooks (TransformerLens' name for it), not both.")
+        return self.run(batch, hooks=hooks if fwd_hooks is None else fwd_hooks)[0]
 
     def grad(self, batch, loss_fn: Callable[[Output], jax.Array], names,
              hooks: Mapping[str, Callable] | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:

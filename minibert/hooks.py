@@ -11,6 +11,17 @@ forward, a `HookPoints` object decides what happens there:
 Hook functions are Python callables traced into the jitted program. Arrays they need —
 which head, a patch value, a position mask — go in a `HookFn(fn, head=3)`, whose
 keyword arrays are traced arguments: a sweep over heads or positions compiles once.
+
+A plain function may also read globals or closed-over values: the compiled program is keyed
+on a fingerprint of what the function reads (`fingerprint`), so `HEAD = 5` after a run with
+`HEAD = 4` recompiles rather than silently reusing the old value. The fingerprint sees the
+function's closure cells, the globals its own code names, default arguments and
+functools.partial arguments — scalars by value, arrays and other objects by identity. It does
+not see globals read by helper functions the hook calls, nor an object mutated in place: for
+values that change, and for sweeps (which should not recompile at all), use HookFn's arrays.
+
+TransformerLens habits work too: `get_act_name("pattern", 3)`, `cache["pattern", -1]`, hooks
+as a list of (name, fn) pairs (`fwd_hooks=`), `names_filter=` for the names to capture.
 """
 
 from __future__ import annotations
@@ -18,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import functools
+import numbers
 import re
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -40,12 +53,65 @@ class HookContext:
     d_head: int
 
 
+class _Identity:
+    """An object compared by identity; holding it keeps its id from being reused while a program keyed on it lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+_EMPTY_CELL = object()
+
+
+def _by_value(obj):
+    """Scalars (and tuples of them) by value, anything else by identity."""
+    if obj is None or isinstance(obj, (bool, numbers.Number, str, bytes)):
+        return (type(obj), obj)
+    if isinstance(obj, tuple):
+        return tuple(_by_value(x) for x in obj)
+    return _Identity(obj)
+
+
+def fingerprint(fn: Callable) -> tuple:
+    """What a hook function reads besides its arguments: closure cells, the globals its code names,
+    default arguments, functools.partial arguments (scalars by value, other objects by identity).
+
+    Two calls with equal fingerprints trace to the same program; any change recompiles. Globals read by
+    functions the hook calls, and objects mutated in place, are not seen (see the module docstring).
+    """
+    if isinstance(fn, functools.partial):
+        return ("partial", _by_value(fn.args), _by_value(tuple(sorted(fn.keywords.items()))), fingerprint(fn.func))
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its attributes are its own business; identity is what we have
+        return ()
+    cells = tuple(_cell_contents(cell) for cell in fn.__closure__ or ())
+    names = sorted(set(code.co_names) & fn.__globals__.keys())
+    return (_by_value(cells), tuple((name, _by_value(fn.__globals__[name])) for name in names),
+            _by_value(fn.__defaults__), _by_value(tuple(sorted((fn.__kwdefaults__ or {}).items()))))
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a closure variable not assigned yet
+        return _EMPTY_CELL
+
+
 @jax.tree_util.register_pytree_node_class
 class HookFn:
     """A hook function with array arguments that jit traces rather than bakes in.
 
     `HookFn(fn, head=jnp.int32(3))` calls `fn(value, ctx, head=...)`. Changing `head`
-    reuses the compiled program; a new plain lambda each time would recompile.
+    reuses the compiled program; a new plain lambda each time would recompile, and so does
+    changing a global or closed-over value `fn` reads (its `fingerprint` keys the program).
     """
 
     def __init__(self, fn: Callable, **arrays):
@@ -57,11 +123,11 @@ class HookFn:
 
     def tree_flatten(self):
         keys = tuple(sorted(self.arrays))
-        return [self.arrays[k] for k in keys], (self.fn, keys)
+        return [self.arrays[k] for k in keys], (self.fn, keys, fingerprint(self.fn))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        fn, keys = aux
+        fn, keys, _ = aux
         return cls(fn, **dict(zip(keys, children)))
 
     def __repr__(self):
@@ -102,6 +168,10 @@ class HookPoints:
 
 
 def _checked(new, old, name: str, fn) -> jax.Array:
+    if new is None:
+        raise HookError(
+            f"hook {fn!r} on {name!r} returned None; a hook returns the new value (JAX arrays are immutable: "
+            f"return value.at[...].set(...) or value * mask rather than assigning in place), or value unchanged.")
     new = jnp.asarray(new)
     if new.shape != old.shape:
         raise HookError(
@@ -146,6 +216,9 @@ def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
         return [n for n in hook_names if spec(n)]
     if isinstance(spec, str):
         spec = [spec]
+    if not isinstance(spec, Iterable) or not all(isinstance(p, str) for p in spec):
+        raise HookError(f"names must be a hook name, a glob, a list of them, or a predicate fn(name) -> bool; got "
+                        f"{_shown(spec)}. For TransformerLens shorthand use get_act_name, e.g. get_act_name('pattern', 3).")
     chosen = set()
     for pattern in spec:
         matches = fnmatch.filter(hook_names, pattern) if any(c in pattern for c in "*?[") else (
@@ -166,10 +239,33 @@ def _unknown_message(pattern: str, hook_names: list[str], architecture: str) -> 
     return f"no hook point matches {pattern!r}.{hint} `model.hook_names` lists them all; `minibert hooks` prints the table."
 
 
-def writers_for(hooks: Mapping[str, Callable] | None, hook_names: list[str], architecture: str) -> dict[str, tuple[HookFn, ...]]:
-    """{name or glob: fn} → {hook name: (HookFn, ...)}, several hooks on one name applied in the order given."""
+def _shown(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'…' if len(text) > 80 else ''}"
+
+
+def hook_pairs(hooks) -> list[tuple]:
+    """{name or glob: fn}, or TransformerLens' list of (name, fn) pairs → [(name, fn), ...].
+
+    A name may also be a predicate fn(name) -> bool, as in TransformerLens' fwd_hooks."""
+    if hooks is None:
+        return []
+    if isinstance(hooks, Mapping):
+        return list(hooks.items())
+    if isinstance(hooks, (list, tuple)) and all(isinstance(p, tuple) and len(p) == 2 for p in hooks):
+        return list(hooks)
+    raise HookError(f"hooks must be {{name: fn}} or a list of (name, fn) pairs (TransformerLens' fwd_hooks); got "
+                    f"{_shown(hooks)}.")
+
+
+def writers_for(hooks, hook_names: list[str], architecture: str) -> dict[str, tuple[HookFn, ...]]:
+    """{name or glob: fn} or [(name or glob, fn), ...] → {hook name: (HookFn, ...)}, several hooks on one name
+    applied in the order given."""
     writers: dict[str, list[HookFn]] = {}
-    for pattern, fns in (hooks or {}).items():
+    for pattern, fns in hook_pairs(hooks):
+        if not (isinstance(pattern, str) or callable(pattern)):
+            raise HookError(f"a hook's name must be a hook name, a glob or a predicate fn(name) -> bool; got "
+                            f"{_shown(pattern)}. For TransformerLens shorthand use get_act_name('pattern', 3).")
         fns = fns if isinstance(fns, (list, tuple)) else [fns]
         for fn in fns:
             if not callable(fn):
@@ -187,7 +283,14 @@ class Cache(Mapping):
         self._values = {n: values[n] for n in hook_names if n in values}
         self._hook_names = hook_names
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name):
+        """cache["blocks.3.attn.hook_pattern"], or TransformerLens' shorthand: cache["pattern", 3],
+        cache["scale", 2, "ln1"], cache["resid_post", -1] (negative layers count from the last)."""
+        if isinstance(name, tuple):
+            name = self._act_name(*name)
+        elif not isinstance(name, str):
+            raise HookError(f"cache keys are hook names (str) or TransformerLens tuples like ('pattern', 3); got "
+                            f"{_shown(name)}.")
         try:
             return self._values[name]
         except KeyError:
@@ -195,6 +298,11 @@ class Cache(Mapping):
         if name in self._hook_names:
             raise KeyError(f"{name!r} was not captured; pass names=[{name!r}] (or a glob) to run_with_cache.")
         raise KeyError(_unknown_message(name, self._hook_names, "model"))
+
+    def _act_name(self, name, layer=None, layer_type=None) -> str:
+        if isinstance(layer, int) and layer < 0:  # as TransformerLens' ActivationCache does
+            layer += 1 + max((layer_of(n) for n in self._hook_names if layer_of(n) is not None), default=-1)
+        return get_act_name(name, layer, layer_type)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -226,12 +334,65 @@ class Cache(Mapping):
         return {n: np.asarray(v) for n, v in self._values.items()}
 
 
+# TransformerLens' get_act_name shorthand (transformer_lens.utils), its aliases and layer types as TL has them.
+_TL_LAYER_TYPES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
+_TL_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
+               "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post"}
+_TL_ATTN = ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores")
+_TL_MLP = ("pre", "post", "mid", "pre_linear")
+
+
+def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """TransformerLens' `utils.get_act_name`, for the names minibert has: shorthand → full hook name.
+
+    get_act_name("pattern", 3) == "blocks.3.attn.hook_pattern"; get_act_name("k6") == "blocks.6.attn.hook_k";
+    get_act_name("scale", 2, "ln1") == "blocks.2.ln1.hook_scale"; get_act_name("resid_pre", 0) ==
+    "blocks.0.hook_resid_pre"; a full name ("blocks.0.hook_resid_pre") comes back as it is. The first digits
+    in `name` are the layer and what follows is the layer type, as in TL. A name TL would build but minibert
+    lacks (TL's final LayerNorm "ln_final", GPT-only sites such as "rot_q") raises HookError.
+    """
+    if not isinstance(name, str):
+        raise HookError(f"get_act_name takes a name such as 'pattern' or 'resid_pre'; got {_shown(name)}.")
+    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+        return name
+    match = re.match(r"([a-z]+)(\d+)([a-z]?.*)", name)
+    if match is not None:
+        name, layer, layer_type = match.groups(0)
+    name = _TL_ALIASES.get(name, name)
+    if name in _TL_ATTN:
+        layer_type = "attn"
+    elif name in _TL_MLP:
+        layer_type = "mlp"
+    elif layer_type in _TL_LAYER_TYPES:
+        layer_type = _TL_LAYER_TYPES[layer_type]
+    full = (f"blocks.{layer}." if layer is not None else "") + (f"{layer_type}." if layer_type else "") + f"hook_{name}"
+    if name in ("scale", "normalized") and layer is None:
+        full = f"ln_final.{full}"
+    if not _is_minibert_name(full):
+        raise HookError(f"get_act_name({name!r}, {layer!r}, {layer_type!r}) gives {full!r}, which minibert does not "
+                        f"have. Per block: 'resid_pre', 'q', 'k', 'v', 'attn_scores', 'pattern', 'z', 'result', "
+                        f"'attn_out', 'resid_mid', 'pre', 'post', 'mlp_out', 'resid_post', 'normalized_resid_post', "
+                        f"and 'scale' / 'normalized' / 'out' with layer_type 'ln1' or 'ln2'; BERT has no final "
+                        f"LayerNorm (ln_final). `model.hook_names` lists every name.")
+    return full
+
+
+def _is_minibert_name(name: str) -> bool:
+    """A name of minibert's hook grammar (per-block sites of SITE_DOCS, ln1/ln2, or a top-level site)."""
+    if layer_of(name) is None:
+        return name in SITE_DOCS or bool(re.fullmatch(r"(embed|mlm)\.ln\.hook_\w+", name))
+    site = _site(name)
+    return (site in SITE_DOCS and site not in _TOP_LEVEL) or bool(re.fullmatch(r"ln[12]\.hook_(scale|normalized|out)", site))
+
+
 # What each hook site holds: axes and the equation, for the docs table (`minibert hooks`).
 # Per-block sites are listed without their "blocks.{i}." prefix; LN is written for every layernorm.
 SITE_DOCS: dict[str, tuple[str, str]] = {
     "embed.hook_embed": ("[B, T, D]", "W_E[input_ids] — token embeddings"),
     "embed.hook_pos_embed": ("[B, T, D]", "W_pos[0..T) — absolute position embeddings"),
     "embed.hook_token_type_embed": ("[B, T, D]", "W_type[token_type_ids] — segment embeddings"),
+    "embed.hook_project": ("[B, T, D]", "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
+                           "projected to D (ELECTRA, ALBERT)"),
     "hook_full_embed": ("[B, T, D]", "LayerNorm(embed + pos + token_type) — the residual stream entering block 0"),
     "hook_resid_pre": ("[B, T, D]", "x — the block's input (previous block's output)"),
     "attn.hook_q": ("[B, T, H, K]", "q = x W_Q + b_Q"),
@@ -255,9 +416,12 @@ SITE_DOCS: dict[str, tuple[str, str]] = {
     "pooler.hook_out": ("[B, D]", "tanh(h_[CLS] W + b) — pooler output"),
     "mlm.hook_logits": ("[B, T, V]", "LayerNorm(act(h W + b)) W_Eᵀ + bias — masked-LM logits"),
     "nsp.hook_logits": ("[B, 2]", "pooled W + b — next-sentence logits"),
+    "discriminator.hook_logits": ("[B, T]", "act(h W + b) · w + c — ELECTRA's replaced-token logits"),
     "classifier.hook_logits": ("[B, C] or [B, T, C]", "pooled W + b (sequence) or h W + b (token classification)"),
 }
 _LAYERNORMS = re.compile(r"(^|\.)(ln1|ln2|ln)\.(hook_\w+)$")
+_TOP_LEVEL = frozenset(n for n in SITE_DOCS if n.split(".")[0] in ("embed", "pooler", "mlm", "nsp", "classifier", "discriminator")
+                       or n == "hook_full_embed")
 
 
 def site_doc(name: str) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """Clark et al. head statistics (minibert.analysis.heads) against a brute-force NumPy reference.
 
-The reference below is written from ANALYSIS.md with explicit loops over documents, query rows and
+The reference below is written from docs/definitions.md with explicit loops over documents, query rows and
 key columns (and over head pairs for Jensen–Shannon), in float64, sharing no code with the library.
 """
 
@@ -13,15 +13,18 @@ import numpy as np
 import pytest
 
 from minibert.analysis import heads
+from minibert.errors import AnalysisError
 
 # ---- the reference ------------------------------------------------------------------------------------
 
 
-def reference_document(A, cls, sep, punct):
-    """Every statistic for one head of one document. A: [n, n] real rows × real keys; cls/sep/punct: [n] 0/1."""
+def reference_document(A, cls, sep, punct, sep_normalization="clark"):
+    """Every statistic for one head of one document. A: [n, n] real rows × real keys; cls/sep/punct: [n] 0/1.
+    [SEP] rows divide by 2 and the other rows by n − 2 (Clark et al.), or by their counts ("count")."""
     n = A.shape[0]
     s = dict.fromkeys(heads.STATISTICS, 0.0)
     n_sep = sum(sep)
+    sep_rows, rest_rows = (2, n - 2) if sep_normalization == "clark" else (n_sep, n - n_sep)
     for i in range(n):
         for j in range(n):
             a = float(A[i, j])
@@ -36,9 +39,9 @@ def reference_document(A, cls, sep, punct):
             if sep[j]:
                 s["to_sep"] += a / n
                 if sep[i]:
-                    s["sep_to_sep"] += a / n_sep
+                    s["sep_to_sep"] += a / sep_rows
                 else:
-                    s["rest_to_sep"] += a / (n - n_sep)
+                    s["rest_to_sep"] += a / rest_rows
             if punct[j]:
                 s["to_punct"] += a / n
     n_cls = sum(cls)
@@ -54,7 +57,7 @@ def reference_document(A, cls, sep, punct):
     return s
 
 
-def reference_statistics(pattern, mask, is_cls, is_sep, is_punct):
+def reference_statistics(pattern, mask, is_cls, is_sep, is_punct, sep_normalization="clark"):
     """{name: [B, L, H]} from pattern [L, B, H, T, S] by looping over documents, layers and heads."""
     L, B, H = pattern.shape[:3]
     out = {name: np.zeros((B, L, H)) for name in heads.STATISTICS}
@@ -63,7 +66,7 @@ def reference_statistics(pattern, mask, is_cls, is_sep, is_punct):
         for layer in range(L):
             for h in range(H):
                 A = np.asarray(pattern[layer, b, h, :n, :n], np.float64)
-                doc = reference_document(A, is_cls[b, :n], is_sep[b, :n], is_punct[b, :n])
+                doc = reference_document(A, is_cls[b, :n], is_sep[b, :n], is_punct[b, :n], sep_normalization)
                 for name, value in doc.items():
                     out[name][b, layer, h] = value
     return out
@@ -91,6 +94,20 @@ def reference_js(pattern, mask, doc_mask):
     return js
 
 
+U = 2.0**-24  # fp32 unit roundoff
+
+
+def statistic_rtol(T: int, S: int) -> float:
+    """Relative error bound of a statistic computed in fp32 from fp32 maps [T, S], against float64.
+
+    Every statistic is a sum of non-negative terms (A ≥ 0, weights 1/n, −p ln p ≥ 0 for p ≤ 1): summed over
+    keys then over query rows, each term passes through at most (S − 1) + (T − 1) additions, and a sum of
+    non-negative terms keeps the relative error of its terms (Higham 2002, §4.2). Forming one term takes
+    at most 8 roundings (smoothing 3, ln 2, product 1, weight 1/n 2). Hence (T + S + 8)·u relative.
+    """
+    return (T + S + 8) * U
+
+
 # ---- random attention maps --------------------------------------------------------------------------
 
 
@@ -115,14 +132,17 @@ def random_maps(rng, L=2, B=4, H=3, T=11, lengths=(11, 7, 4, 9)):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_head_statistics_match_brute_force(seed):
+@pytest.mark.parametrize("normalization", heads.SEP_NORMALIZATIONS)
+def test_head_statistics_match_brute_force(seed, normalization):
     pattern, mask, cls, sep, punct = random_maps(np.random.default_rng(seed))
-    got = jax.jit(heads.head_statistics)(pattern, mask, cls, sep, punct)
-    want = reference_statistics(pattern, mask, cls, sep, punct)
+    statistics = jax.jit(heads.head_statistics, static_argnames="sep_normalization")
+    got = statistics(pattern, mask, cls, sep, punct, sep_normalization=normalization)
+    want = reference_statistics(pattern, mask, cls, sep, punct, normalization)
     assert set(got) == set(heads.STATISTICS)
     for name in heads.STATISTICS:
         assert got[name].shape == (4, 2, 3), name
-        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=statistic_rtol(11, 11), atol=0,
+                                   err_msg=name)
 
 
 def test_bool_masks_and_padding_keys_with_small_weight():
@@ -133,8 +153,21 @@ def test_bool_masks_and_padding_keys_with_small_weight():
         leaky[:, b, :, :n, n:] = 1e-9
     got = heads.head_statistics(leaky, mask.astype(bool), cls > 0, sep > 0, punct > 0)
     want = heads.head_statistics(pattern, mask, cls, sep, punct)
-    for name in heads.STATISTICS:
-        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-6, atol=1e-7)
+    for name in heads.STATISTICS:  # padding keys are zeroed before any sum: the same program on the same values
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def js_atol(mask, doc_mask, S: int) -> float:
+    """Absolute error bound of the fp32 JS sums against float64 (terms of either sign, so not relative to JS).
+
+    Smoothed values p ≥ 0.001/S and m ≤ 1, so |ln(p/m)| ≤ c = |ln(0.001/S)| + ln 2 and a row's terms
+    ½p ln(p/m) + ½q ln(q/m) have Σ|terms| ≤ c (Σp = Σq = 1). Errors: ln p and ln m are each off by
+    ≤ u·|ln(0.001/S)|, times p (Σ ≤ 1 per row, two logs, two heads); smoothing, m and the products
+    ≤ 6u relative per term; the sum over S keys and then the rows ≤ (S + rows)·u relative to Σ|terms|.
+    """
+    rows = float((np.asarray(mask) * np.asarray(doc_mask)[:, None]).sum())
+    c = abs(math.log(0.001 / S)) + math.log(2)
+    return rows * (c * (S + rows + 6) + 4 * abs(math.log(0.001 / S))) * U
 
 
 def test_js_divergence_matches_brute_force():
@@ -142,7 +175,7 @@ def test_js_divergence_matches_brute_force():
     doc_mask = np.array([1.0, 1.0, 0.0, 1.0], np.float32)  # the third document is padding
     got = np.asarray(jax.jit(heads.js_divergence_batch)(pattern, mask, doc_mask))
     want = reference_js(pattern, mask, doc_mask)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=0, atol=js_atol(mask, doc_mask, pattern.shape[-1]))
     assert np.array_equal(got, got.T)
     assert np.all(np.diag(got) == 0) and np.all(got[~np.eye(4, dtype=bool)] > 0)
 
@@ -151,7 +184,7 @@ def test_js_divergence_is_zero_between_identical_heads():
     pattern, mask, *_ = random_maps(np.random.default_rng(4), L=1, H=2)
     pattern[:, :, 1] = pattern[:, :, 0]
     js = np.asarray(heads.js_divergence_batch(pattern, mask, np.ones(4, np.float32)))
-    np.testing.assert_allclose(js, 0.0, atol=1e-6)
+    assert np.all(js == 0.0)  # p = q bitwise, so m = (p + p)/2 = p exactly and every term is 0·0
 
 
 # ---- hand-built maps -----------------------------------------------------------------------------------
@@ -204,21 +237,48 @@ def test_uniform_and_sep_heads():
     np.testing.assert_allclose(mean["entropy"][0], [math.log(n), mean["entropy"][0, 1]], rtol=1e-6)
     np.testing.assert_allclose(mean["cls_entropy"][0, 0], math.log(n), rtol=1e-6)
     assert mean["to_sep"][0, 1] == pytest.approx(1.0)
-    assert mean["sep_to_sep"][0, 1] == pytest.approx(1.0) and mean["rest_to_sep"][0, 1] == pytest.approx(1.0)
+    # One [SEP]: Clark's constants give 1/2 and (n − 1)/(n − 2), not fractions.
+    assert mean["sep_to_sep"][0, 1] == pytest.approx(1 / 2)
+    assert mean["rest_to_sep"][0, 1] == pytest.approx((n - 1) / (n - 2))
     assert mean["to_cls"][0, 0] == pytest.approx(1 / n)
     assert heads.behaviour_labels(mean).tolist() == [["", "sep"]]
 
 
-def test_clark_denominators_on_a_pair():
-    """With two [SEP]s, sep_to_sep is Σ/2 and rest_to_sep is Σ/(n − 2), Clark et al.'s constants."""
+@pytest.mark.parametrize("normalization", heads.SEP_NORMALIZATIONS)
+def test_clark_denominators_on_a_pair(normalization):
+    """With two [SEP]s, sep_to_sep is Σ/2 and rest_to_sep is Σ/(n − 2) either way (the counts are 2, n − 2)."""
     rng = np.random.default_rng(5)
     n, seps = 9, (4, 8)
-    rows = rng.dirichlet(np.ones(n), size=n)
-    stats = heads.head_statistics(*one_document(rows[None], sep=seps))
-    sep_cols = rows[:, list(seps)].sum(1)
-    assert float(stats["sep_to_sep"][0, 0, 0]) == pytest.approx(sep_cols[list(seps)].sum() / 2, rel=1e-6)
+    rows = rng.dirichlet(np.ones(n), size=n).astype(np.float32)
+    stats = heads.head_statistics(*one_document(rows[None], sep=seps), sep_normalization=normalization)
+    sep_cols = rows.astype(np.float64)[:, list(seps)].sum(1)
+    rtol = statistic_rtol(n, n)
+    assert float(stats["sep_to_sep"][0, 0, 0]) == pytest.approx(sep_cols[list(seps)].sum() / 2, rel=rtol)
     rest = [i for i in range(n) if i not in seps]
-    assert float(stats["rest_to_sep"][0, 0, 0]) == pytest.approx(sep_cols[rest].sum() / (n - 2), rel=1e-6)
+    assert float(stats["rest_to_sep"][0, 0, 0]) == pytest.approx(sep_cols[rest].sum() / (n - 2), rel=rtol)
+
+
+@pytest.mark.parametrize("normalization, sep_to_sep, rest_to_sep", [
+    ("clark", 0.4 / 2, (0.4 + 0.25 + 0.5) / (4 - 2)),  # Clark's constants: / 2 and / (n − 2), one [SEP] or two
+    ("count", 0.4 / 1, (0.4 + 0.25 + 0.5) / 3),         # / the [SEP] count and the other tokens' count
+])
+def test_one_sep_by_hand(normalization, sep_to_sep, rest_to_sep):
+    """[CLS] a b [SEP]: the [SEP] column holds 0.4, 0.25, 0.5 in the other rows and 0.4 in its own row."""
+    rows = np.array([[0.1, 0.2, 0.3, 0.4],
+                     [0.25, 0.25, 0.25, 0.25],
+                     [0.0, 0.0, 0.5, 0.5],
+                     [0.2, 0.2, 0.2, 0.4]], np.float32)
+    stats = heads.head_statistics(*one_document(rows[None], sep=(3,), width=6), sep_normalization=normalization)
+    rtol = statistic_rtol(4, 4)  # the hand values are exact decimals; fp32 holds them to u each
+    assert float(stats["sep_to_sep"][0, 0, 0]) == pytest.approx(sep_to_sep, rel=rtol)
+    assert float(stats["rest_to_sep"][0, 0, 0]) == pytest.approx(rest_to_sep, rel=rtol)
+    assert float(stats["to_sep"][0, 0, 0]) == pytest.approx((0.4 + 0.25 + 0.5 + 0.4) / 4, rel=rtol)
+
+
+def test_unknown_sep_normalization_names_the_choices():
+    rows = np.full((1, 3, 3), 1 / 3, np.float32)
+    with pytest.raises(AnalysisError, match="'clark'.*'count'"):
+        heads.head_statistics(*one_document(rows, sep=(2,)), sep_normalization="sep_count")
 
 
 def test_behaviour_labels_thresholds_and_joining():

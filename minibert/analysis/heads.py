@@ -1,20 +1,22 @@
 """Clark et al. (2019) head statistics: where each head's attention goes, its entropy, and how heads differ.
 
-Definitions follow /ANALYSIS.md ("What Does BERT Look At?"). For one document with n real tokens and
-one head's attention A [T, S] (rows sum to 1 over the real keys):
+Definitions follow docs/definitions.md ("Clark et al. head statistics"). For one document with n real
+tokens and one head's attention A [T, S] (rows sum to 1 over the real keys):
 
     self      Σ_i A[i, i] / n              next     Σ_i A[i, i+1] / n       prev   Σ_i A[i, i−1] / n
     to_cls    Σ_i A[i, CLS] / n            to_sep   Σ_i Σ_s∈SEP A[i, s] / n
     to_punct  Σ_i Σ_s∈{. ,} A[i, s] / n
-    sep_to_sep   Σ_{i∈SEP} Σ_{s∈SEP} A[i, s] / #SEP        (Clark: / 2)
-    rest_to_sep  Σ_{i∉SEP} Σ_{s∈SEP} A[i, s] / (n − #SEP)  (Clark: / (n − 2))
+    sep_to_sep   Σ_{i∈SEP} Σ_{s∈SEP} A[i, s] / 2
+    rest_to_sep  Σ_{i∉SEP} Σ_{s∈SEP} A[i, s] / (n − 2)
     entropy      mean over real rows of −Σ_s p ln p, p = 0.9999·A + 0.0001/n over the real keys (nats)
     cls_entropy  the same for the [CLS] row alone
     uniform_entropy  ln n: its document average is the entropy of uniform attention, the baseline
 
-Clark et al. ran `[CLS] A [SEP] B [SEP]` segments, which have two [SEP]s, so their constants 2 and
-n − 2 are the [SEP] count and the non-[SEP] count; dividing by the counts gives the same numbers there
-and keeps the two [SEP] statistics fractions for single sentences (one [SEP]) too.
+The constants 2 and n − 2 are Clark et al.'s (General_Analysis.ipynb), written for `[CLS] A [SEP] B [SEP]`
+segments, and they are the default for every document, one [SEP] or two, so numbers compare with the
+paper's. sep_normalization="count" divides by the document's [SEP] count and non-[SEP] count instead
+(the two agree on two-[SEP] documents; with one [SEP], "clark" gives half the "count" sep_to_sep and
+(n − 1)/(n − 2) times its rest_to_sep).
 
 Every statistic is computed per document (or summed over the documents a row packs); averaging over
 documents is the caller's (the corpus runner sums them on the device). Arrays: pattern [L, B, H, T, S],
@@ -41,6 +43,7 @@ STATISTICS: tuple[str, ...] = (
 EXACT = jax.lax.Precision.HIGHEST  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
 ENTROPY_SMOOTHING = 1e-4  # p = (1 − ε)·A + ε/n, as Clark et al., so ln p is finite
 JS_SMOOTHING = 1e-3
+SEP_NORMALIZATIONS = ("clark", "count")  # sep_to_sep / rest_to_sep divided by 2 and n − 2, or by the counts
 
 # Behaviour label → (statistic, threshold): a head gets the label when the statistic exceeds it.
 BEHAVIOURS: dict[str, tuple[str, float]] = {
@@ -76,7 +79,8 @@ def _smoothed(a, same, n, eps):
     return jnp.where(same[:, None], (1 - eps) * a + eps / jnp.maximum(n, 1.0)[:, None, :, None], 0.0)
 
 
-def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[str, jax.Array]:
+def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct,
+                     sep_normalization: str = "clark") -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for one layer: {name: [B, H]} from pattern [B, H, T, S].
 
     Arguments as head_statistics. Each statistic is a sum over query rows with per-token weights (1/n
@@ -92,6 +96,7 @@ def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[
     in_document = lambda marks: jnp.einsum("BTS,BS->BT", same.astype(jnp.float32), marks)  # per token's document
     n_sep, n_cls = in_document(sep), in_document(cls)
     per_token = real / jnp.maximum(n, 1.0)  # each document's tokens weigh 1/n in all
+    sep_rows, rest_rows = _sep_denominators(n, n_sep, sep_normalization)
     # Each query row's attention to the [CLS], [SEP] and punctuation columns: [B, H, T, 3].
     to = jnp.einsum("BHTS,BSC->BHTC", a, jnp.stack([cls, sep, punct], -1), precision=EXACT)
     rows = lambda weights, values: jnp.einsum("BT,BHT->BH", weights, values, precision=EXACT)
@@ -106,15 +111,31 @@ def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[
         "to_cls": rows(per_token, to[..., 0]),
         "to_sep": rows(per_token, to[..., 1]),
         "to_punct": rows(per_token, to[..., 2]),
-        "sep_to_sep": rows(sep / jnp.maximum(n_sep, 1.0), to[..., 1]),
-        "rest_to_sep": rows((real - sep) / jnp.maximum(n - n_sep, 1.0), to[..., 1]),
+        "sep_to_sep": rows(sep / sep_rows, to[..., 1]),
+        "rest_to_sep": rows((real - sep) / rest_rows, to[..., 1]),
         "entropy": rows(per_token, row_entropy),
         "cls_entropy": rows(cls / jnp.maximum(n_cls, 1.0), row_entropy),
         "uniform_entropy": jnp.broadcast_to(uniform[:, None], a.shape[:2]),
     }
 
 
-def head_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[str, jax.Array]:
+def _sep_denominators(n, n_sep, sep_normalization: str):
+    """What sep_to_sep and rest_to_sep divide by, per token [B, T]: Clark's 2 and n − 2, or the document's
+    [SEP] and non-[SEP] counts (floored at 1: a document without such rows adds 0 either way)."""
+    check_sep_normalization(sep_normalization)
+    if sep_normalization == "clark":
+        return jnp.full_like(n, 2.0), jnp.maximum(n - 2.0, 1.0)
+    return jnp.maximum(n_sep, 1.0), jnp.maximum(n - n_sep, 1.0)
+
+
+def check_sep_normalization(sep_normalization: str) -> None:
+    if sep_normalization not in SEP_NORMALIZATIONS:
+        raise AnalysisError(f"sep_normalization must be 'clark' (divide by 2 and n − 2, the paper's constants; the "
+                            f"default) or 'count' (divide by the [SEP] and non-[SEP] counts), not {sep_normalization!r}.")
+
+
+def head_statistics(pattern, attention_mask, is_cls, is_sep, is_punct,
+                    sep_normalization: str = "clark") -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for every document and head: {name: [B, L, H]} (jit-compatible).
 
     pattern [L, B, H, T, S] (cache.stack("attn.hook_pattern")); attention_mask [B, T]: 1 real, 0 padding
@@ -122,13 +143,15 @@ def head_statistics(pattern, attention_mask, is_cls, is_sep, is_punct) -> dict[s
     row then gives the sum of its documents' statistics); is_cls / is_sep / is_punct [B, T] (float or
     bool; see token_masks_from_ids). Only query rows and keys of the same document count; n is the
     document's number of real tokens. A document with no [SEP] (or no [CLS]) gets 0 for the statistics
-    about it. One layer at a time: layer_statistics.
+    about it. sep_normalization: "clark" (default) or "count", see the module docstring. One layer at a
+    time: layer_statistics.
     """
-    per_layer = [layer_statistics(layer, attention_mask, is_cls, is_sep, is_punct) for layer in pattern]
+    per_layer = [layer_statistics(layer, attention_mask, is_cls, is_sep, is_punct, sep_normalization)
+                 for layer in pattern]
     return {name: jnp.stack([s[name] for s in per_layer], axis=1) for name in STATISTICS}
 
 
-_head_statistics_jit = jax.jit(head_statistics)
+_head_statistics_jit = jax.jit(head_statistics, static_argnames="sep_normalization")
 
 
 def token_masks_from_ids(ids, mask, cls_id: int, sep_id: int, punct_ids: Sequence[int]) -> dict[str, np.ndarray]:
@@ -170,7 +193,7 @@ def js_divergence_batch(pattern, attention_mask, doc_mask) -> jax.Array:
 
 
 def behaviour_labels(mean: Mapping[str, np.ndarray]) -> np.ndarray:
-    """[L, H] strings naming what each head does, from document-averaged statistics (ANALYSIS.md).
+    """[L, H] strings naming what each head does, from document-averaged statistics (docs/definitions.md).
 
     Labels (BEHAVIOURS): "broad" (entropy > 3.8 nats), "next" / "prev" (> 0.5 of the attention on the
     next / previous token), "cls" / "sep" / "punct" (> 0.6 on [CLS] / [SEP] / "." and ","). A head that
@@ -216,14 +239,17 @@ def check_segment_ids(segment_ids: str) -> None:
                             f"0 as in Clark et al.'s extraction script), not {segment_ids!r}.")
 
 
-def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "real") -> dict[str, np.ndarray]:
+def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "real",
+                         sep_normalization: str = "clark") -> dict[str, np.ndarray]:
     """Head statistics of one batch, averaged over its documents: {name: [L, H]} NumPy.
 
     texts_or_batch: a text, a list of texts (with `pairs` for sentence B), a Batch, or a dict of id
     arrays. segment_ids: "real" (sentence B has type 1) or "zeros" (Clark et al.'s extraction script).
+    sep_normalization: "clark" (sep_to_sep / 2, rest_to_sep / (n − 2), the default) or "count".
     For a corpus, `minibert.analysis.corpus.survey` batches, buckets and accumulates on the device.
     """
     check_segment_ids(segment_ids)
+    check_sep_normalization(sep_normalization)
     batch = texts_or_batch
     if is_text(batch):
         batch = model.tokenize([batch] if isinstance(batch, str) else list(batch),
@@ -236,5 +262,6 @@ def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "
     if segment_ids == "zeros":
         fields["token_type_ids"] = np.zeros_like(ids)
     _, cache = model.run_with_cache(fields, names="blocks.*.attn.hook_pattern")
-    stats = _head_statistics_jit(cache.stack("attn.hook_pattern"), mask, **model_token_masks(model, ids, mask))
+    stats = _head_statistics_jit(cache.stack("attn.hook_pattern"), mask, **model_token_masks(model, ids, mask),
+                                 sep_normalization=sep_normalization)
     return {name: np.asarray(value).mean(0) for name, value in stats.items()}

@@ -1,0 +1,64 @@
+"""Numerical tolerances of the tests, each derived from the computation it bounds.
+
+u is the unit roundoff: 2^-24 in float32, 2^-8 in bfloat16 (8 significant bits). Three bounds:
+
+- A sum of n non-negative terms (softmax rows, head statistics) rounded in any order is within
+  (n − 1)·u of the exact sum, relative (Higham 2002, §4.2): a strict bound.
+- A dot product of length n with terms of both signs: the strict bound n·u·Σ|x_i y_i| is far too
+  pessimistic for n in the hundreds, so we use the probabilistic bound of Higham & Mary (2019,
+  "A new approach to probabilistic rounding error analysis", Thm 2.4): |error| ≤ λ·√n·u·Σ|x_i y_i|
+  with probability at least 1 − 2n·exp(−λ²/2). λ = 7 makes that failure probability ≤ 5e-11·n per
+  value, so ≤ 1e-4 over the ~10^5 values a test compares at n ≤ 2048. We take Σ|x_i y_i| to be the
+  scale (max |value|) of the tensor the product feeds, and measure errors against that scale.
+- A forward pass: one post-LN block chains the reductions q, k, v (D), q·k (K), pattern·v (S), W_O
+  (D), LN1 (D), W_in (D), W_out (F), LN2 (D); each adds its dot-product error relative to the scale
+  of the residual stream, and the block's closing LayerNorm renormalises that stream, so an error
+  made in one block is carried, not amplified, into the next (first-order propagation with gain 1).
+  The embedding LN is one more stage. Comparing two implementations adds both their errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+U32 = 2.0**-24
+U_BF16 = 2.0**-8
+LAMBDA = 7.0
+
+
+def sum_rtol(n: int, u: float = U32) -> float:
+    """Relative error of a sum of n non-negative terms."""
+    return max(n - 1, 1) * u
+
+
+def dot_rtol(n: int, u: float = U32) -> float:
+    """Error of a length-n dot product relative to the scale of its result (probabilistic, λ = 7)."""
+    return LAMBDA * math.sqrt(n) * u
+
+
+def block_rtol(D: int, F: int, K: int, S: int, u: float = U32) -> float:
+    """One encoder block's rounding error relative to the residual stream's scale."""
+    return sum(dot_rtol(n, u) for n in (D, D, K, S, D, D, D, F, D))
+
+
+def forward_rtol(config, S: int, programs: int = 2, u: float = U32) -> float:
+    """Error of a whole forward (embedding LN + every block) relative to the hidden states' scale, for
+    `programs` independent implementations compared (2: minibert vs transformers; 1: vs float64)."""
+    D, F, K = config.hidden_size, config.intermediate_size, config.head_dim
+    stages = config.num_hidden_layers + 1
+    return programs * stages * block_rtol(D, F, K, S, u)
+
+
+def assert_close_to_scale(ours, theirs, rtol: float, what: str = "", where=None) -> None:
+    """max |ours − theirs| ≤ rtol · max |theirs| over the positions `where` selects (default: all)."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    assert ours.shape == theirs.shape, f"{what}: shape {ours.shape} vs {theirs.shape}"
+    if where is not None:
+        ours, theirs = ours[where], theirs[where]
+        if not ours.size:
+            return
+    scale = np.abs(theirs).max()
+    err = np.abs(ours - theirs).max()
+    assert err <= rtol * scale, f"{what}: max difference {err:.2e} > {rtol:.1e} × scale {scale:.2e}"
