@@ -191,7 +191,7 @@ _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
 patterns = np.asarray(cache.stack("attn.hook_pattern"))  # [L, B, H, T, S]
 maps = [patterns[:, b, :, :n, :n] for b, n in enumerate(batch.lengths)]
 js = analysis.js_divergence(maps) / len(maps)
-coords, _ = analysis.mds(js)  # the JS matrix itself is the dissimilarity (ANALYSIS.md)
+coords, _ = analysis.mds(js)  # the JS matrix itself is the dissimilarity (docs/definitions.md)
 figures.mds_scatter(coords, analysis.behaviour_labels(stats), annotate=True)
 
 # %%

@@ -1,7 +1,7 @@
 """Attention analyses: head statistics, word-level attention, dependency heads, head clustering,
 rollout and flow, attention norms, gradients and sentence embeddings.
 
-Definitions are ANALYSIS.md's (Clark et al. 2019 and successors); each module's docstring states them.
+Definitions are docs/definitions.md's (Clark et al. 2019 and successors); each module's docstring states them.
 
     from minibert import analysis
     stats = analysis.attention_statistics(model, texts)        # {statistic: [L, H]}

@@ -27,7 +27,7 @@ def js_divergence(attention: Sequence, batch_size: int = 16) -> np.ndarray:
 
     attention: one document's map [L, H, n, n] (real tokens only) or a sequence of them, lengths free
     to differ. Per document, with p = 0.999·A + 0.001/n (one head) and q likewise (another), m = (p+q)/2:
-    Σ over query rows of ½Σ_s p ln(p/m) + ½Σ_s q ln(q/m) (ANALYSIS.md). Heads are flattened
+    Σ over query rows of ½Σ_s p ln(p/m) + ½Σ_s q ln(q/m) (docs/definitions.md). Heads are flattened
     layer-major (index = layer·H + head, 0-indexed). Documents run `batch_size` at a time, padded to the
     longest one, so one program is compiled.
     """

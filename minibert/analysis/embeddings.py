@@ -37,7 +37,7 @@ def word_positions(tokens: Sequence[str], groups: Sequence[Sequence[int]], word:
 
 def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[str] | None = None,
                       occurrence: int = 0) -> np.ndarray:
-    """Attention paid to `word` in each text, per layer: [N, L] (ANALYSIS.md, seed 000).
+    """Attention paid to `word` in each text, per layer: [N, L] (docs/definitions.md, seed 000).
 
     value[n, l] = mean over heads of Σ over real query rows t of Σ over the word's tokens s of A[l, h, t, s]
     — the attention the word receives, in "tokens' worth" (1.0 = one row's whole attention). The word

@@ -1,4 +1,4 @@
-"""Dependency syntax in attention heads: how often a head's most-attended word is the gold head (ANALYSIS.md).
+"""Dependency syntax in attention heads: how often a head's most-attended word is the gold head (docs/definitions.md).
 
 Clark et al. (2019), section 4.2: for each head, turn the token map into a word map (words.py), zero
 its diagonal, drop the [CLS] and [SEP] rows and columns without renormalising, and predict each word's

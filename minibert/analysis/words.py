@@ -1,4 +1,4 @@
-"""Word-level attention: token-to-token maps turned into word-to-word maps (ANALYSIS.md).
+"""Word-level attention: token-to-token maps turned into word-to-word maps (docs/definitions.md).
 
 A word split into wordpieces has several rows and columns in the token map. Attention TO a word is
 the sum over its tokens' columns (the mass the word receives); attention FROM a word is the mean over
