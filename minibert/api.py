@@ -66,6 +66,19 @@ def is_text(batch) -> bool:
     return isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch))
 
 
+def _check_whole_numbers(name: str, value: np.ndarray) -> None:
+    """Ids and token types are whole numbers; a float such as 1012.7 would be cut to 1012, silently."""
+    if value.dtype == bool or np.issubdtype(value.dtype, np.integer):
+        return
+    if not np.issubdtype(value.dtype, np.floating):
+        raise InputError(f"{name} must be an int array [B, T]; got dtype {value.dtype}. Pass the arrays "
+                         f"model.tokenize makes.")
+    fractional = ~np.isfinite(value) | (value != np.round(value))
+    if fractional.any():
+        raise InputError(f"{name} must hold whole numbers; found {value[fractional][0]} in a {value.dtype} array. "
+                         f"Pass an int array, as model.tokenize makes.")
+
+
 def _add(value, ctx, delta):
     return value + delta
 
@@ -160,6 +173,9 @@ class Model:
         """A Batch, a dict of id arrays, or text(s) → checked int32 arrays on the device."""
         if is_text(batch):
             batch = self.tokenize(batch)
+        if not isinstance(batch, (Batch, Mapping)):
+            raise InputError(f"a batch is a text, a list of texts, a Batch (model.tokenize) or a dict of id arrays; "
+                             f"got {type(batch).__name__}.")
         fields = batch.to_dict() if isinstance(batch, Batch) else dict(batch)
         if "input_ids" not in fields:
             raise InputError("a batch needs input_ids; pass model.tokenize(texts) or a dict with input_ids [B, T].")
@@ -172,6 +188,11 @@ class Model:
         for name, value in (("token_type_ids", types), ("attention_mask", mask)):
             if value.shape != ids.shape:
                 raise InputError(f"{name} has shape {value.shape} but input_ids has {ids.shape}; they must match.")
+        _check_whole_numbers("input_ids", ids)
+        _check_whole_numbers("token_type_ids", types)
+        if not np.isin(mask, (0, 1)).all():  # a 0.5 would run as 0: mask out the token, silently
+            raise InputError(f"attention_mask must hold only 1 (a real token) and 0 (padding); found "
+                             f"{np.unique(mask[~np.isin(mask, (0, 1))])[:5].tolist()}.")
         cfg = self.config
         if ids.shape[1] > cfg.max_position_embeddings:
             raise InputError(

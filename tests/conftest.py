@@ -75,3 +75,24 @@ def bundled_dir():
 @pytest.fixture(scope="session")
 def bundled():
     return minibert.load()
+
+
+class _CreatesFile:
+    """Unpickling this object creates a file: the payload of a malicious pytorch_model.bin."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def malicious_bin(path, marker):
+    """A pytorch_model.bin whose unpickling (without weights_only) creates `marker`; the test proves that it does."""
+    import torch
+
+    torch.save({"embeddings.word_embeddings.weight": torch.zeros(2, 2), "payload": _CreatesFile(marker)}, path)
+    torch.load(path, weights_only=False)  # the payload is real: it runs when the file is unpickled unsafely
+    assert marker.exists()
+    marker.unlink()
+    return path

@@ -9,16 +9,23 @@ import csv
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_hf_model, malicious_bin
+from matplotlib.legend import Legend
 
-from minibert.app import cli, demo
-from minibert.viz import report
+import minibert
+from minibert.analysis import corpus
 from minibert.analysis.heads import attention_statistics, behaviour_labels
+from minibert.app import cli, demo
+from minibert.viz import figures, report
 
 COMMANDS = ("demo", "view", "stats", "hooks", "convert")
 DEMO_FILES = {
@@ -35,7 +42,7 @@ TOLERANCE = 1e-5
 def bundled_load(monkeypatch, bundled):
     """`minibert COMMAND` without --model reuses the session's bundled model (loading is tested by the demo)."""
     load = cli._load
-    monkeypatch.setattr(cli, "_load", lambda name: bundled if name is None else load(name))
+    monkeypatch.setattr(cli, "_load", lambda name, download=False: bundled if name is None else load(name, download))
 
 
 def run(*argv) -> tuple[int, str, str]:
@@ -72,11 +79,19 @@ def assert_matches(table: dict[str, np.ndarray], expected: dict[str, np.ndarray]
 # ---- demo -------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
+def demo_log(tmp_path_factory):
+    """(out, stdout, stderr, every warning raised) of one `minibert demo`."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    status, stdout, stderr = run("demo", "--out", out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status, stdout, stderr = run("demo", "--out", out)
     assert status == 0, stderr
-    return out, stdout
+    return out, stdout, stderr, caught
+
+
+@pytest.fixture(scope="module")
+def demo_run(demo_log):
+    return demo_log[:2]
 
 
 def test_demo_writes_and_prints_every_file(demo_run):
@@ -138,6 +153,36 @@ def test_demo_summary_names_the_top_heads(demo_run):
         assert line.split()[len(meaning.split())] == f"{layer + 1}-{head + 1}", line
     labels = behaviour_labels(table)
     assert f"cls {sum('cls' in label.split('+') for label in labels.ravel())}" in stdout
+
+
+def test_demo_reports_each_step_with_elapsed_seconds(demo_log):
+    """A demo takes minutes on a loaded machine: stderr names each step as it starts, with the seconds so far."""
+    _, _, stderr, _ = demo_log
+    steps = [re.fullmatch(r"minibert demo: \[\s*(\d+\.\d) s\] (.+)", line) for line in stderr.splitlines()]
+    assert all(steps), stderr
+    seconds, said = [float(m[1]) for m in steps], [m[2] for m in steps]
+    assert seconds == sorted(seconds)
+    assert said[0] == "loading the model" and said[-1] == "done"
+    for name in {Path(name).with_suffix("").as_posix() for name in DEMO_FILES}:  # every output is announced
+        assert any(name in step for step in said), (name, said)
+
+
+def test_demo_raises_no_warning(demo_log):
+    """Legends are placed by minibert (no matplotlib 'loc="best" can be slow' warning), and nothing else warns."""
+    _, _, _, caught = demo_log
+    assert not caught, [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
+
+
+def test_figure_legends_have_a_place(bundled):
+    """Every legend of the demo's line and scatter figures sits in a named corner, never loc="best" (code 0),
+    and the corner is free of the lines: the attention lines of the demo climb to the right."""
+    text = demo.demo_text()
+    for fig in (demo.pca_figure(bundled, text.groups), demo.attention_to_word_figure(bundled, text.groups)):
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        assert len(legends) == len(text.groups)
+        assert all(legend._loc != 0 for legend in legends)  # Legend._loc: matplotlib's location code
+    fig = figures.attention_to_word_plot(np.array([[0.0, 0.2, 0.8, 1.0]]), ["rising"])
+    assert fig.axes[0].get_legend()._loc == Legend.codes["upper left"]
 
 
 def test_demo_head_heatmap_is_the_strongest_object_to_verb_head(bundled):
@@ -250,6 +295,102 @@ def test_stats_bad_input_is_one_line(tmp_path, bundled_load, content, name, mess
 # ---- hooks, convert, help ---------------------------------------------------------------------------
 
 
+def assert_one_line_error(result, command: str, message: str) -> None:
+    status, stdout, stderr = result
+    assert status == cli.USER_ERROR and stdout == "", (status, stdout)
+    assert stderr.count("\n") == 1 and stderr.startswith(f"minibert {command}: error: "), stderr
+    assert message in stderr, stderr
+
+
+@pytest.fixture
+def no_survey(monkeypatch):
+    """`stats` must refuse bad outputs before the survey: a survey here fails the test."""
+    def survey(*args, **kwargs):
+        raise AssertionError("the survey ran before the outputs were checked")
+
+    monkeypatch.setattr(corpus, "survey", survey)
+
+
+def test_stats_refuses_to_overwrite_its_input(tmp_path, monkeypatch, no_survey):
+    """`stats texts.csv --out texts` would write texts.csv over the corpus; however the path is spelled."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts.csv").write_text("One line.\nAnother line.\n")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "texts.csv")
+    for out in ("texts", "texts.csv", "sub/../texts", str(tmp_path / "texts"), "link"):
+        assert_one_line_error(run("stats", "texts.csv", "--out", out), "stats", "is the input file texts.csv")
+    assert (tmp_path / "texts.csv").read_text() == "One line.\nAnother line.\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "texts.csv"]
+
+
+def test_stats_checks_its_outputs_before_the_survey(tmp_path, no_survey):
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("One line.\n")
+    (tmp_path / "a_file").write_text("not a folder")
+    assert_one_line_error(run("stats", corpus_file, "--out", tmp_path / "a_file" / "results"), "stats",
+                          f"cannot write into {tmp_path / 'a_file'}")
+    (tmp_path / "results.json").mkdir()
+    assert_one_line_error(run("stats", corpus_file, "--out", tmp_path / "results"), "stats",
+                          f"the output {tmp_path / 'results.json'} is a folder")
+
+
+def test_view_checks_its_output_before_running(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    assert_one_line_error(run("view", "Hello.", "--out", tmp_path / "a_file" / "v.html"), "view", "cannot write into")
+
+
+def test_ctrl_c_is_one_line_and_status_130(tmp_path, bundled_load, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus, "survey", interrupted)
+    (tmp_path / "corpus.txt").write_text("One line.\n")
+    status, stdout, stderr = run("stats", tmp_path / "corpus.txt", "--out", tmp_path / "s")
+    assert (status, stdout, stderr.strip()) == (cli.INTERRUPTED, "", "minibert stats: interrupted")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"minibert {minibert.__version__}\n"
+
+
+def test_download_reaches_load_and_names_the_extra(tmp_path, monkeypatch):
+    """Without huggingface_hub: --download says how to install it; without --download the fix names both."""
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import huggingface_hub now raises ImportError
+    monkeypatch.chdir(tmp_path)
+    command = ("view", "Hello.", "--model", "nobody/no-such-bert", "--out", tmp_path / "v.html")
+    assert_one_line_error(run(*command, "--download"), "view",
+                          "download=True fetches 'nobody/no-such-bert' through huggingface_hub, which is not "
+                          "installed. Install it with `pip install 'minibert[hub]'`.")
+    assert_one_line_error(run(*command), "view", "after `pip install 'minibert[hub]'`, minibert.load("
+                                                 "'nobody/no-such-bert', download=True) (--download on the command "
+                                                 "line) fetches it from the Hub")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_size": "8"}, "hidden_size must be a positive integer, got '8'"),
+    ({"layer_norm_eps": "1e-12"}, "layer_norm_eps must be a small positive number such as 1e-12, got '1e-12'"),
+    ([1, 2], "config.json holds a JSON list; it must hold an object"),
+])
+def test_view_with_a_bad_config_is_one_line(tmp_path, change, message):
+    checkpoint = tmp_path / "checkpoint"
+    make_hf_model(checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, **change} if isinstance(change, dict) else change))
+    assert_one_line_error(run("view", "Hello.", "--model", checkpoint, "--out", tmp_path / "v.html"), "view",
+                          message)
+    assert not (tmp_path / "v.html").exists()
+
+
+def test_convert_refuses_a_malicious_bin_and_runs_nothing(tmp_path):
+    marker = tmp_path / "payload_ran"
+    bin_path = malicious_bin(tmp_path / "pytorch_model.bin", marker)
+    assert_one_line_error(run("convert", bin_path), "convert",
+                          f"{bin_path} could not be read as a file of tensors (UnpicklingError)")
+    assert not marker.exists() and not (tmp_path / "model.safetensors").exists()
+
+
 def test_convert_missing_file_is_one_line(tmp_path):
     status, _, stderr = run("convert", tmp_path / "pytorch_model.bin")
     assert status == cli.USER_ERROR and stderr.count("\n") == 1 and "pytorch_model.bin" in stderr
@@ -271,6 +412,31 @@ def test_bad_command_line_exits_2(capsys):
         cli.main(["view"])
     assert exit_info.value.code == 2
     assert "the following arguments are required: TEXT" in capsys.readouterr().err
+
+
+def test_wheel_ships_the_license_types_and_data(tmp_path):
+    """`pip wheel .` of a copy of the project (the checkout stays clean): LICENSE, py.typed, the data files,
+    the entry point and the extras that the error messages name are in the wheel."""
+    root = Path(__file__).resolve().parent.parent
+    source = tmp_path / "source"
+    shutil.copytree(root / "minibert", source / "minibert", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(root / name, source / name)
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                             "-q", str(source), "-w", str(tmp_path / "wheel")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "wheel").glob("minibert-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        info = next(name.split("/")[0] for name in names if name.endswith(".dist-info/METADATA"))
+        metadata = archive.read(f"{info}/METADATA").decode().splitlines()
+        assert archive.read(f"{info}/licenses/LICENSE") == (root / "LICENSE").read_bytes()
+        assert "minibert = minibert.app.cli:main" in archive.read(f"{info}/entry_points.txt").decode()
+    assert {"minibert/py.typed", "minibert/data/demo.json", "minibert/viz/static/views.js"} <= names
+    assert {"License-Expression: Apache-2.0", "License-File: LICENSE", "Provides-Extra: hub",
+            "Provides-Extra: tutorials"} <= set(metadata)
+    assert (root / "LICENSE").read_text().split()[:3] == ["Apache", "License", "Version"]
 
 
 def test_installed_entry_point_help():

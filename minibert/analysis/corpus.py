@@ -78,7 +78,7 @@ class SurveyResult:
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence
-        npz, js = _output_paths(path)
+        npz, js = output_paths(path)
         np.savez_compressed(npz, **arrays)
         js.write_text(json.dumps({"documents": self.documents, "settings": self.settings, "counts": self.counts,
                                   "heads": self.table()}, indent=1))
@@ -87,7 +87,7 @@ class SurveyResult:
     @classmethod
     def load(cls, path: str | Path) -> "SurveyResult":
         """Read back what `save(path)` wrote."""
-        npz, js_path = _output_paths(path)
+        npz, js_path = output_paths(path)
         with np.load(npz) as arrays:
             mean = {name: arrays[name] for name in arrays.files if name != "js_divergence"}
             js = arrays["js_divergence"] if "js_divergence" in arrays.files else None
@@ -95,7 +95,7 @@ class SurveyResult:
         return cls(mean, info["documents"], js, info["settings"], info.get("counts", {}))
 
 
-def _output_paths(path: str | Path) -> tuple[Path, Path]:
+def output_paths(path: str | Path) -> tuple[Path, Path]:
     """(prefix.npz, prefix.json) for a prefix, or for a path that already ends in .npz, .json or .csv."""
     path = Path(path)
     prefix = path.with_suffix("") if path.suffix in (".npz", ".json", ".csv") else path

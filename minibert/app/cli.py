@@ -8,33 +8,76 @@
 
 Options take layers and heads 0-indexed, as the Python API does; figures, pages and summaries label
 them "L-H", 1-indexed as in Clark et al. (layer 2, head 5 is "3-6"). Mistakes in the input (a missing
-file, an index out of range, an unknown checkpoint) print one line and exit with status 2.
+file, an index out of range, an unknown checkpoint, an output that would overwrite the input) print one
+line and exit with status 2, before any long work where they can be found first; Ctrl-C prints one line
+and exits with 130. `--download` fetches a --model from the Hugging Face Hub; `minibert --version`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from minibert.errors import InputError, MinibertError
+from minibert import __version__
+from minibert.errors import DataFileError, DistributedError, InputError, MinibertError
 
 USER_ERROR = 2  # argparse's status for a bad command line; ours for bad input the command line names
+INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
 EPILOG = ("Layers and heads are 0-indexed in options; figures and pages label them L-H, 1-indexed "
           "(layer 2, head 5 is 3-6).")
 
 
-def _load(name: str | None):
+def _load(name: str | None, download: bool = False):
     import minibert
 
-    return minibert.load(name)
+    return minibert.load(name, download=download)
+
+
+def _steps(command: str) -> Callable[[str], None]:
+    """Report each step of a long command on stderr as it starts, with the seconds since the command began."""
+    start = time.perf_counter()
+
+    def step(what: str) -> None:
+        print(f"minibert {command}: [{time.perf_counter() - start:5.1f} s] {what}", file=sys.stderr, flush=True)
+
+    return step
+
+
+def _checked_outputs(outputs: list[Path], inputs: Sequence[Path] = ()) -> None:
+    """Refuse, before any work, outputs that would overwrite an input or that cannot be written."""
+    for output in outputs:
+        clash = next((source for source in inputs if output.resolve() == source.resolve()), None)
+        if clash is not None:
+            raise DataFileError(f"the output {output} is the input file {clash}; writing it would destroy the "
+                                f"input. Choose another --out.")
+        if output.is_dir():
+            raise DataFileError(f"the output {output} is a folder; choose a file name with --out.")
+    for folder in dict.fromkeys(output.parent for output in outputs):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):  # a real write: permissions, read-only disks, quotas
+                pass
+        except OSError as error:
+            raise DataFileError(f"cannot write into {folder} ({error.strerror or error}); choose another --out "
+                                f"or fix the folder's permissions.") from None
+    unwritable = [output for output in outputs if output.exists() and not os.access(output, os.W_OK)]
+    if unwritable:
+        raise DataFileError(f"{unwritable[0]} exists and cannot be overwritten; choose another --out.")
 
 
 def _demo(args) -> int:
     from minibert.app import demo
     from minibert.viz import report
 
-    paths, result = demo.build(_load(args.model), args.out)
+    step = _steps("demo")
+    step("loading the model")
+    paths, result = demo.build(_load(args.model, args.download), args.out, step=step)
+    step("done")
     for path in paths:
         print(path)
     print(report.head_summary(result.mean, result.documents))
@@ -56,7 +99,9 @@ def _view(args) -> int:
     from minibert import viz
     from minibert.viz import report
 
-    model = _load(args.model)
+    out = args.out or Path(VIEW_FILES[args.kind])
+    _checked_outputs([out])
+    model = _load(args.model, args.download)
     cfg = model.config
     layer = _checked_index("--layer", args.layer, cfg.num_hidden_layers, "layers") or 0
     head = _checked_index("--head", args.head, cfg.num_attention_heads, "heads")
@@ -71,23 +116,30 @@ def _view(args) -> int:
         "neuron": lambda: doc.neuron_view(layer=layer, head=head or 0, query_index=query,
                                           title=f"Neuron view: {quoted}"),
     }
-    out = args.out or Path(VIEW_FILES[args.kind])
     kinds = list(make) if args.kind == "all" else [args.kind]
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report.views_page(f"minibert: {quoted}", [make[kind]() for kind in kinds]), encoding="utf-8")
     print(out)
     return 0
 
 
 def _stats(args) -> int:
+    import jax
+
     from minibert.analysis import corpus
     from minibert.viz import report
 
-    texts, pairs = corpus.read_corpus(args.file, pairs=args.pairs)
-    batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    result = corpus.survey(_load(args.model), texts, pairs, max_length=args.max_length, progress=True, **batching)
     prefix = args.out or Path(f"{args.file.stem}_heads")
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    npz, json_path = corpus.output_paths(prefix)
+    _checked_outputs([npz, json_path, json_path.with_suffix(".csv")], [args.file])  # before hours of survey
+    if args.distributed:  # before anything touches JAX; each process then reads its share of FILE
+        corpus.initialize(args.coordinator, args.num_processes, args.process_id,
+                          heartbeat_timeout=args.heartbeat_timeout)
+    batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
+    result = corpus.survey(_load(args.model, args.download), args.file, args.pairs, max_length=args.max_length,
+                           progress=True, checkpoint=args.checkpoint, every=args.every, timeout=args.timeout,
+                           **batching)
+    if jax.process_index() != 0:
+        return 0  # every process holds the whole result; process 0 writes and prints it
     npz, json_path = result.save(prefix)
     for path in (npz, json_path, report.write_table(result.table(), json_path.with_suffix(".csv"))):
         print(path)
@@ -96,13 +148,14 @@ def _stats(args) -> int:
 
 
 def _hooks(args) -> int:
-    import minibert
     from minibert.hooks import hook_table
 
+    if args.output:
+        _checked_outputs([Path(args.output)])
     if args.model is None:
         names, n_layers = all_hook_names(), "L"
     else:
-        model = minibert.load(args.model)
+        model = _load(args.model, args.download)
         names, n_layers = model.hook_names, model.config.num_hidden_layers
     text = hook_table(names, n_layers)
     if args.output:
@@ -150,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minibert", description="A transparent BERT encoder: attention views, head statistics, hooks.",
         epilog="Run `minibert COMMAND --help` for a command's options. " + EPILOG)
+    parser.add_argument("--version", action="version", version=f"minibert {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run, help: str, description: str) -> argparse.ArgumentParser:
@@ -157,17 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(run=run)
         return p
 
-    def model_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", metavar="NAME", default=None,
-                       help="checkpoint: a directory, a weights/ name or a cached Hugging Face id "
-                            "(default: the bundled all-MiniLM-L6-v2)")
+    def model_option(p: argparse.ArgumentParser, help: str = "checkpoint: a directory, a weights/ name or a "
+                     "cached Hugging Face id (default: the bundled all-MiniLM-L6-v2)") -> None:
+        p.add_argument("--model", metavar="NAME", default=None, help=help)
+        p.add_argument("--download", action="store_true",
+                       help="fetch --model from the Hugging Face Hub if it is not on disk "
+                            "(needs pip install 'minibert[hub]')")
 
     demo = command("demo", _demo, "write example figures, views and head statistics into a folder",
                    "Run the demo on the bundled sentences: PCA of three groups of similar short sentences, "
-                   "attention paid to a chosen word by layer, one head's heatmap, a layers × heads grid, the neuron figure, Clark "
-                   "et al.'s head statistics and an MDS map of the heads (PNG and SVG); head, model and neuron "
-                   "views of an MRPC sentence pair (HTML, offline); the statistics of every head (CSV, JSON, NPZ); "
-                   "and index.html linking them all. Prints each path and a summary of the top heads.")
+                   "attention paid to a chosen word by layer, one head's heatmap, a layers × heads grid, the "
+                   "neuron figure, Clark et al.'s head statistics and an MDS map of the heads (PNG and SVG); "
+                   "head, model and neuron views of an MRPC sentence pair (HTML, offline); the statistics of every "
+                   "head (CSV, JSON, NPZ); and index.html linking them all. Prints each path and a summary of the "
+                   "top heads, and each step as it starts (on stderr, with the seconds so far).")
     demo.add_argument("--out", type=Path, default=Path("out"), metavar="DIR", help="output folder (default: out/)")
     model_option(demo)
 
@@ -205,12 +262,27 @@ def build_parser() -> argparse.ArgumentParser:
                             " fewer rows for longer documents)")
     stats.add_argument("--max-length", type=int, default=128, metavar="N",
                        help="truncate documents to N tokens (default 128)")
+    stats.add_argument("--checkpoint", type=Path, metavar="FILE",
+                       help="keep the running totals and position in FILE; run the same command again to resume")
+    stats.add_argument("--every", type=int, default=100_000, metavar="N",
+                       help="rewrite the checkpoint every N documents (per process; default 100000)")
+    stats.add_argument("--distributed", action="store_true",
+                       help="one of several processes (jax.distributed): each reads its share of FILE, process 0 "
+                            "writes; the coordinator, process count and id come from the flags below or from "
+                            "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID")
+    stats.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (with --distributed)")
+    stats.add_argument("--num-processes", type=int, metavar="N", help="how many processes (with --distributed)")
+    stats.add_argument("--process-id", type=int, metavar="I", help="this process, 0 … N-1 (with --distributed)")
+    stats.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                       help="stop with an error naming a process that has not answered for S seconds (default 60)")
+    stats.add_argument("--heartbeat-timeout", type=int, default=100, metavar="S",
+                       help="jax.distributed's: after S silent seconds it aborts every process; keep it above "
+                            "--timeout (default 100)")
     model_option(stats)
 
     hooks = command("hooks", _hooks, "print the table of hook points (name, axes, equation)",
                     "Print every hook point with its axes and equation, as Markdown (docs/hooks.md is this output).")
-    hooks.add_argument("--model", metavar="NAME", default=None,
-                       help="list one checkpoint's hooks (default: every architecture's)")
+    model_option(hooks, help="list one checkpoint's hooks (default: every architecture's)")
     hooks.add_argument("--output", metavar="FILE", help="write Markdown to this file instead of printing")
 
     convert = command("convert", _convert, "convert a trusted pytorch_model.bin to model.safetensors",
@@ -231,7 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     except MinibertError as error:  # bad input, named by the library; anything else is a bug: keep its traceback
         message = " ".join(str(error).split())
         print(f"minibert {args.command}: error: {message}", file=sys.stderr)
+        if isinstance(error, DistributedError):  # a normal exit would wait in jax.distributed's shutdown for
+            sys.stderr.flush()                  # the lost process until the heartbeat timeout, then abort
+            os._exit(USER_ERROR)
         return USER_ERROR
+    except KeyboardInterrupt:  # Ctrl-C is the user's choice, not a bug: no traceback
+        print(f"\nminibert {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

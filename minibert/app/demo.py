@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -82,7 +82,7 @@ def _save(fig: Figure, stem: Path) -> list[Path]:
 
 
 def _panels(n: int, width: float, height: float) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width * n, height), layout="constrained")
+    fig = figures.NotebookFigure(figsize=(width * n, height), layout="constrained")
     return fig, list(fig.subplots(1, n))
 
 
@@ -148,8 +148,13 @@ def featured_head(mean: dict[str, np.ndarray]) -> tuple[int, int]:
 
 # ---- the demo ---------------------------------------------------------------------------------------
 
-def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
-    """Write the demo into `out` (created if needed); returns (every path written, the head statistics)."""
+def _quiet(what: str) -> None:
+    pass
+
+
+def build(model, out: str | Path, step: Callable[[str], None] = _quiet) -> tuple[list[Path], corpus.SurveyResult]:
+    """Write the demo into `out` (created if needed); returns (every path written, the head statistics).
+    `step(what)` is called as each step starts, naming what it writes (the command line prints it)."""
     out = Path(out)
     figure_dir = out / "figures"
     figure_dir.mkdir(parents=True, exist_ok=True)
@@ -161,10 +166,13 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
         paths.extend(_save(fig, figure_dir / name))
         captions[name] = caption
 
+    step("figures/pca: each group's sentence vectors in two principal components")
     figure("pca", pca_figure(model, text.groups),
            "Sentence vectors of each group in two principal components, coloured by a property of the sentence.")
+    step("figures/attention_to_word: attention paid to the chosen word, by layer")
     figure("attention_to_word", attention_to_word_figure(model, text.groups),
            "Attention paid to the chosen word in each layer, one line per sentence.")
+    step(f"figures/head_heatmap, figures/head_grid: every head's attention on {text.head_sentence!r}")
     layer, head, doc = strongest_head(model, text.head_sentence, text.head_from, text.head_to)
     label = head_label(layer, head)
     relation = f"{text.head_from!r} attends to {text.head_to!r}"
@@ -174,16 +182,19 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
     figure("head_grid", figures.head_grid(doc.attention, doc.tokens, title=f"{text.head_sentence!r}: every head"),
            f"Every head's attention on {text.head_sentence!r}, layers down, heads across.")
 
+    step(f"head statistics over the demo's {len(text.sentences)} sentences, with the distances between heads")
     result = corpus.survey(model, text.sentences, js_divergence=True, progress=False)
     layer, head = featured_head(result.mean)
     label = head_label(layer, head)
     pair = viz.document(model, text.text, text.pair)
     query = 1  # the pair's first word
+    step(f"figures/neuron: how head {label} computes one query's attention")
     figure("neuron", figures.neuron_figure(pair.q[layer, :, head], pair.k[layer, :, head], pair.tokens, query,
                                            title=f"head {label} (the strongest previous-token head): "
                                                  f"{pair.tokens[query]!r} attending"),
            f"How head {label} computes the attention of {pair.tokens[query]!r}: q, each k, q×k, q·k, "
            "q·k/√K and the softmax.")
+    step("figures/head_statistics, figures/head_mds: the heads by their statistics")
     figure("head_statistics", figures.head_statistics_figure(
         result.mean, title=f"head statistics over the demo's {result.documents} sentences"),
         "Clark et al.'s head statistics: attention to special tokens and entropy by layer; positional heads.")
@@ -191,6 +202,7 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
     figure("head_mds", figures.mds_scatter(coords, heads.behaviour_labels(result.mean), annotate=True),
            "Heads placed by the Jensen–Shannon distance between their attention maps (MDS), coloured by layer.")
 
+    step("head_view.html, model_view.html, neuron_view.html: interactive views of the pair")
     views = {
         "head_view": (pair.head_view(layer=layer, heads=[head], title="Head view: the MRPC pair"),
                       f"token-to-token lines of each layer's heads (opens on head {label}; the coloured "
@@ -204,6 +216,7 @@ def build(model, out: str | Path) -> tuple[list[Path], corpus.SurveyResult]:
         paths.append(view.save(out / f"{name}.html"))
         captions[name] = caption
 
+    step("head_statistics.csv, .json, .npz and index.html")
     npz, json_path = result.save(out / "head_statistics")
     paths += [report.write_table(result.table(), out / "head_statistics.csv"), json_path, npz]
     index = out / "index.html"

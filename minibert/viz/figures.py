@@ -4,7 +4,8 @@ PCA and MDS scatters, and the head statistics of Clark et al. 2019, "What Does B
 Every function takes plain arrays (NumPy or JAX), returns a `matplotlib.figure.Figure` and, given
 `path`, saves it (.png, .svg or .pdf, by suffix). Single-panel figures also take `ax` to draw into
 a figure of your own (they then return the figure that holds `ax`). Figures are built without
-pyplot: nothing opens a window or piles up in pyplot's list; notebooks show a returned Figure inline.
+pyplot: nothing opens a window or piles up in pyplot's list; a returned figure is a NotebookFigure,
+which a notebook shows inline with no `%matplotlib inline`. Legends go in the emptiest corner.
 
 Axis letters as everywhere in minibert: L layers, H heads, T query positions, S key positions,
 K head dim, N sentences or points. Arguments are 0-indexed; figures label layers and heads
@@ -16,9 +17,10 @@ K head dim, N sentences or points. Arguments are 0-indexed; figures label layers
 
 from __future__ import annotations
 
+import io
+from collections.abc import Mapping, Sequence
 from itertools import product
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib import colormaps
@@ -43,7 +45,7 @@ MAX_TICKED_TOKENS = 40  # head_grid labels its thumbnails with tokens up to this
 MAX_LEGEND_CHARS = 48
 BEHAVIOUR_MARKERS = ("^", "s", "D", "v", "P", "X", "*", "<", ">", "p")
 
-# Keys of the head-statistics dicts ([L, H] arrays, per-document averages of ANALYSIS.md) → legend labels.
+# Keys of the head-statistics dicts ([L, H] arrays, per-document averages of docs/definitions.md) → legend labels.
 SPECIAL_TOKENS = {"to_cls": "[CLS]", "to_sep": "[SEP]", "to_punct": ". or ,"}
 GRADIENTS = {"cls": "[CLS]", "sep": "[SEP]", "punct": ". or ,", "other": "other"}
 ENTROPIES = {"entropy": "all tokens", "cls_entropy": "[CLS] row"}
@@ -65,10 +67,27 @@ def save(fig: Figure, path) -> Path:
     return path
 
 
+class NotebookFigure(Figure):
+    """The Figure every function here returns: one that shows itself in Jupyter.
+
+    A Figure made without pyplot has no canvas manager, and IPython draws a Figure inline only after
+    `%matplotlib inline` or a pyplot import has registered its formatter; otherwise a notebook prints
+    "<Figure size 642x572 with 2 Axes>". IPython asks any object for `_repr_png_`, so this needs
+    neither (where the inline formatter is registered, it is used instead: one image either way).
+    PNG rather than SVG: a layers × heads grid or a long neuron figure is megabytes of SVG paths but a
+    small PNG, and PNG shows in every notebook front end, as the inline backend's own default.
+    """
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", bbox_inches="tight")
+        return buffer.getvalue()
+
+
 def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure | SubFigure, Axes]:
     if ax is not None:
         return ax.figure, ax
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = NotebookFigure(figsize=figsize, layout="constrained")
     return fig, fig.add_subplot()
 
 
@@ -88,7 +107,24 @@ def _one_based_ticks(ax: Axes, axis: str, n: int) -> None:
     getattr(ax, f"set_{axis}ticks")(np.arange(1, n + 1))
 
 
+LEGEND_CORNERS = {"upper right": (True, True), "upper left": (False, True), "lower left": (False, False),
+                  "lower right": (True, False)}  # loc → (right half, upper half)
+
+
+def _emptiest_corner(ax: Axes) -> str:
+    """The corner of `ax` whose quarter holds the fewest plotted points, for the legend. loc="best" looks
+    for a free place while drawing, testing candidate boxes against every point, and warns that it "can be
+    slow with large amounts of data"; one count of the points per quarter decides here instead."""
+    points = [line.get_xydata() for line in ax.get_lines()] + [c.get_offsets() for c in ax.collections]
+    xy = np.concatenate([np.asarray(p, float).reshape(-1, 2) for p in points] or [np.zeros((0, 2))])
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()  # fractions of the axes, so inverted axes count right
+    right, upper = (xy[:, 0] - x0) / (x1 - x0) > 0.5, (xy[:, 1] - y0) / (y1 - y0) > 0.5
+    counts = {loc: int(np.sum((right == r) & (upper == u))) for loc, (r, u) in LEGEND_CORNERS.items()}
+    return min(counts, key=counts.get)
+
+
 def _legend(ax: Axes, handles=None, labels=None, **options) -> None:
+    options.setdefault("loc", _emptiest_corner(ax))
     legend = ax.legend(handles, labels, **options) if handles else ax.legend(**options)
     for text in legend.get_texts():
         text.set_parse_math(False)
@@ -175,7 +211,7 @@ def head_grid(attention, tokens: Sequence[str], *, layers: Sequence[int] | None 
     rows = _check.indices("layers", layers, a.shape[0], "layers")
     cols = _check.indices("heads", heads, a.shape[1], "heads")
     shown = a[np.ix_(rows, cols)]
-    fig = Figure(figsize=(1.6 * len(cols) + 1.5, 1.6 * len(rows) + 0.8), layout="constrained")
+    fig = NotebookFigure(figsize=(1.6 * len(cols) + 1.5, 1.6 * len(rows) + 0.8), layout="constrained")
     # Not sharex/sharey: shared tick machinery costs time quadratic in the panels (seconds for 12 × 12).
     grid = fig.subplots(len(rows), len(cols), squeeze=False)
     norm = Normalize(0.0, shown.max() if vmax is None else vmax)
@@ -266,7 +302,7 @@ def _neuron_layout(n_keys: int, d_head: int) -> tuple[Figure, dict[str, Axes]]:
     """q above k; k, q×k, q·k, q·k/√K and softmax side by side, sharing the key rows."""
     vector_width = d_head * max(0.08, 2.0 / d_head)  # inches; a vector panel is at least 2 inches wide
     scalar_width = 0.75
-    fig = Figure(figsize=(2 * vector_width + 3 * scalar_width + 2.5, min(0.25 * n_keys + 2.5, 24.0)),
+    fig = NotebookFigure(figsize=(2 * vector_width + 3 * scalar_width + 2.5, min(0.25 * n_keys + 2.5, 24.0)),
                  layout="constrained")
     grid = fig.add_gridspec(2, 5, height_ratios=[1, n_keys],
                             width_ratios=[vector_width, vector_width, scalar_width, scalar_width, scalar_width])
@@ -543,7 +579,7 @@ def head_statistics_figure(mean: Mapping[str, object], *, title: str | None = No
     """
     _statistics(mean, {**SPECIAL_TOKENS, **ENTROPIES, UNIFORM_ENTROPY: "uniform"}, "mean")
     positional = [key for key in POSITIONAL if key in mean]
-    fig = Figure(figsize=(12.0, 9.0 if positional else 4.5), layout="constrained")
+    fig = NotebookFigure(figsize=(12.0, 9.0 if positional else 4.5), layout="constrained")
     top, bottom = fig.subfigures(2, 1) if positional else (fig, None)
     left, right = top.subplots(1, 2)
     special_tokens_plot(mean, ax=left, title="attention to special tokens")

@@ -1,0 +1,47 @@
+"""In a notebook, a figure that minibert returns shows as an image with no `%matplotlib inline`; and
+`import minibert` stays light (matplotlib loads with minibert.viz, not before)."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+
+import nbclient
+import nbformat
+
+FIGURE = ("import numpy as np\nfrom minibert.viz import figures\n"
+          "figures.attention_heatmap(np.full((3, 3), 1 / 3), ['[CLS]', 'hi', '[SEP]'])")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def executed(tmp_path, *sources: str) -> list[list[dict]]:
+    """Each code cell's outputs after running the cells in a fresh kernel of this Python."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return [cell.outputs for cell in notebook.cells]
+
+
+def images(outputs: list[dict]) -> list[bytes]:
+    return [base64.b64decode(output["data"]["image/png"]) for output in outputs
+            if output["output_type"] in ("execute_result", "display_data") and "image/png" in output["data"]]
+
+
+def test_a_returned_figure_shows_as_an_image(tmp_path, monkeypatch):
+    """As a user's fresh notebook: no MPLBACKEND set, no pyplot, no magic; the last expression is a figure.
+    After pyplot is imported (which registers the inline formatter) it still shows exactly once."""
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    bare, with_pyplot = executed(tmp_path, FIGURE, "import matplotlib.pyplot\n" + FIGURE)
+    for outputs in (bare, with_pyplot):
+        shown = images(outputs)
+        assert len(shown) == 1, outputs
+        assert shown[0].startswith(PNG_MAGIC) and len(shown[0]) > 1000
+
+
+def test_import_minibert_does_not_load_matplotlib():
+    code = "import sys, minibert; print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
