@@ -17,6 +17,14 @@ heads 1-indexed in the "L-H" form of Clark et al. (tooltips give the 0-indexed n
 
     attention  [L, H, T, S]   rows sum to 1 (softmax over keys S), from attn.hook_pattern
     q, k       [L, T, H, K]   per-head query and key vectors, from attn.hook_q and attn.hook_k
+
+What a page holds, and how exactly (see `_html` for the packing): the head and model views carry
+attention as one byte per weight, round(255·a), so each line's opacity is within 1/510 of the
+weight (a step of 1/255 in opacity is invisible), and lines fainter than 0.005 are not drawn. The
+neuron view carries q and k as float32 (the model's own values, exactly) and computes q×k, q·k,
+q·k/√K and the softmax from them in float64; when `attention` is not that softmax (within 1e-5),
+it carries `attention` as float32 too and shows it. A page of the bundled model (6 layers × 12
+heads) at 512 tokens is about 3 MB (head, model view) and 12 MB (neuron view).
 """
 
 from __future__ import annotations
@@ -30,30 +38,41 @@ import numpy as np
 from minibert.viz import _check
 from minibert.viz._html import View
 
-ATTENTION_DIGITS = 4  # significant digits for line opacity: plenty, and keeps pages small
-EXACT_DIGITS = 6  # the neuron view's q, k and softmax: numbers a reader checks against the model
 SOFTMAX_TOLERANCE = 1e-5
 
 
-def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *, layer: int = 0,
-              heads: Sequence[int] | None = None, theme: str = "light", title: str | None = None) -> View:
+def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *,
+              layer: int | None = None, heads: Sequence[int] | None = None, layers: Sequence[int] | None = None,
+              theme: str = "light", title: str | None = None) -> View:
     """Token-to-token lines for the heads of one layer, opacity = attention weight.
 
     tokens: the document's T tokens. attention: [L, H, T, T]. sentence_b_start: index of
     sentence B's first token for a pair (adds the A→B / B→A / A→A / B→B filter).
-    layer: the layer shown first; heads: the heads switched on first (default all), 0-indexed.
-    In the page: a layer selector, one colour toggle per head (double-click: only that head),
-    hover a token to see only its attention, click to pin it.
+    layers: the layers the page's selector offers (default all; fewer make a smaller file);
+    layer: the layer shown first (default the first of `layers`); heads: the heads switched on
+    first (default all); all 0-indexed. In the page: a layer selector, one colour toggle per head
+    (double-click: only that head), hover a token to see only its attention, click to pin it.
     """
     tokens = _check.token_list(tokens)
     a = _check.attention_array(tokens, attention)
     n_layers, n_heads = a.shape[:2]
+    rows = _check.indices("layers", layers, n_layers, "layers")
+    first = _shown_first("layer", rows[0] if layer is None else layer, rows, n_layers, "layers")
     shown = _check.indices("heads", heads, n_heads, "heads")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
-                layers=list(range(n_layers)), layer=_check.index("layer", layer, n_layers, "layers"),
-                heads=list(range(n_heads)), n_heads=n_heads, active=[h in shown for h in range(n_heads)])
-    return View("head", meta, {"attention": (a, ATTENTION_DIGITS)},
+                layers=rows, layer=first, heads=list(range(n_heads)), n_heads=n_heads,
+                active=[h in shown for h in range(n_heads)])
+    return View("head", meta, {"attention": (a[rows], "unit_byte")},
                 title=title or "Head view", theme=_check.theme(theme))
+
+
+def _shown_first(name: str, value, offered: list[int], size: int, what: str) -> int:
+    """Position in `offered` of the index shown first; it must be one of the offered ones."""
+    value = _check.index(name, value, size, what)
+    if value not in offered:
+        raise _check.VizError(f"{name}={value} must be among {what}={offered}; add it to {what}=, "
+                              f"or leave {what} None for all.")
+    return offered.index(value)
 
 
 def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *,
@@ -73,7 +92,7 @@ def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = 
         raise _check.VizError(f"thumbnail must be 'lines' or 'matrix'; got {thumbnail!r}.")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
                 layers=rows, heads=cols, n_heads=a.shape[1], thumbnail=thumbnail)
-    return View("model", meta, {"attention": (a[np.ix_(rows, cols)], ATTENTION_DIGITS)},
+    return View("model", meta, {"attention": (a[np.ix_(rows, cols)], "unit_byte")},
                 title=title or "Model view", theme=_check.theme(theme))
 
 
@@ -93,10 +112,11 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     q, k: [L, T, H, K]; attention: [L, H, T, T], the model's own pattern, which the softmax column
     shows. Positive values blue, negative orange, intensity = magnitude. layer, head, query_index:
     shown first (0-indexed); layers, heads: which ones the page's selectors offer (default all;
-    fewer make a smaller file: pages grow as L·H·T²). Click a token on the left to make it the query.
-    The page computes q×k and q·k from q and k. If softmax(q·k/√K) differs from `attention` by
-    more than 1e-5 (a bfloat16 run, a mask, another scale, arrays from different documents),
-    a warning is issued and the page says so.
+    fewer make a smaller file: pages grow as L·H·T·K). Click a token on the left to make it the query.
+    The page computes q×k, q·k and softmax(q·k/√K) from q and k (float32, exact) in float64. If
+    that softmax differs from `attention` by more than 1e-5 (a bfloat16 run, a mask, another
+    scale, arrays from different documents), a warning is issued, the page says so and its
+    softmax column shows `attention` (then carried as float32 too: pages grow as L·H·T²).
     """
     tokens = _check.token_list(tokens)
     a = _check.attention_array(tokens, attention)
@@ -106,11 +126,8 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
         raise _check.VizError(f"q and k must have the same shape [L, T, H, K]; got {q.shape} and {k.shape}.")
     rows = _check.indices("layers", layers, a.shape[0], "layers")
     cols = _check.indices("heads", heads, a.shape[1], "heads")
-    layer = _check.index("layer", layer, a.shape[0], "layers")
-    head = _check.index("head", head, a.shape[1], "heads")
-    if layer not in rows or head not in cols:
-        raise _check.VizError(f"layer={layer} and head={head} must be among layers={rows} and heads={cols}; "
-                              f"add them to layers= and heads=, or leave those None for all.")
+    layer = _shown_first("layer", layer, rows, a.shape[0], "layers")
+    head = _shown_first("head", head, cols, a.shape[1], "heads")
     n_heads = a.shape[1]
     q, k, a = q[rows][:, :, cols], k[rows][:, :, cols], a[np.ix_(rows, cols)]
     gap = _softmax_gap(q, k, a)
@@ -119,10 +136,12 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
                       "softmax column shows the given attention. That is expected from a bfloat16 or float16 run; "
                       "otherwise, were q, k and attention captured from the same document, in the same layer and "
                       "head order?", stacklevel=2)
-    arrays = {"q": (q, EXACT_DIGITS), "k": (k, EXACT_DIGITS), "attention": (a, EXACT_DIGITS)}
+    arrays = {"q": (q, "float32"), "k": (k, "float32")}
+    if gap > SOFTMAX_TOLERANCE:
+        arrays["attention"] = (a, "float32")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)), layers=rows,
-                heads=cols, n_heads=n_heads, d_head=q.shape[-1], layer=rows.index(layer),
-                head=cols.index(head), query=_check.index("query_index", query_index, len(tokens), "tokens"),
+                heads=cols, n_heads=n_heads, d_head=q.shape[-1], layer=layer, head=head,
+                query=_check.index("query_index", query_index, len(tokens), "tokens"),
                 mismatch=gap if gap > SOFTMAX_TOLERANCE else None)
     return View("neuron", meta, arrays, title=title or "Neuron view", theme=_check.theme(theme))
 
@@ -142,7 +161,7 @@ class Document:
     sentence_b_start: int | None
 
     def head_view(self, **options) -> View:
-        """`head_view` of this document; options: layer, heads, theme, title."""
+        """`head_view` of this document; options: layer, heads, layers, theme, title."""
         return head_view(self.tokens, self.attention, self.sentence_b_start, **options)
 
     def model_view(self, **options) -> View:
