@@ -1,0 +1,213 @@
+"""One command for a GPU machine: minibert next to transformers (sdpa, eager) on the same card.
+
+    python benchmarks/gpu.py [--bundled DIR] [--out gpu.md]     # on a GPU with jax[cuda], flax, torch, transformers
+    python benchmarks/gpu.py --smoke                            # tiny sizes on any machine (a test runs this)
+
+For bert-base (random weights, bert-base-uncased shape) and the bundled checkpoint, in float32 and
+bfloat16, at B ∈ {64, 256} × T ∈ {128, 512}: tokens/s, MFU against the card's dense bf16 peak
+(minibert.accounting.GPU_PEAK_FLOPS), peak device memory, compile time, for minibert with nothing
+captured / every pattern captured / everything captured and offloaded to host, and transformers' sdpa
+and eager attention. Also: whether the fused attention lowered to cuDNN (the compiled HLO names a
+cudnn call), the corpus survey, and analysis.ablation_sweep when it exists. Writes a Markdown report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import harness  # noqa: E402
+
+import minibert  # noqa: E402
+from minibert import accounting  # noqa: E402
+
+FULL = dict(batches=(64, 256), lengths=(128, 512), repeats=5, survey=1000)
+SMOKE = dict(batches=(2,), lengths=(16,), repeats=1, survey=4)
+DTYPES = {"fp32": (jnp.float32, "float32"), "bf16": (jnp.bfloat16, "bfloat16")}
+
+
+def median_seconds(fn, repeats: int) -> tuple[float, float]:
+    """(first call in seconds, including compilation; median of `repeats` later calls)."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times)
+
+
+def jax_peak_memory() -> float | None:
+    """Peak bytes in use on the first JAX device so far (GPU allocators report it; the CPU does not)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def lowered_to_cudnn(model, batch) -> bool:
+    """Whether the plain forward's compiled program calls cuDNN (the fused attention's flash kernel)."""
+    inputs = model.inputs(batch)
+    no_writers = jax.tree_util.tree_structure({})
+    compiled = model._forward_jit.lower(model.state, inputs, [], capture=frozenset(), writer_def=no_writers).compile()
+    # Only a custom call's target counts: the text's metadata also holds Python names and file paths.
+    return re.search(r'custom_call_target="[^"]*cudnn', compiled.as_text(), re.IGNORECASE) is not None
+
+
+def minibert_cases(model, batch) -> dict:
+    return {
+        "minibert, nothing captured": lambda: harness.block(model(batch).last_hidden_state),
+        "minibert, patterns captured": lambda: harness.block(
+            model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")[1].stack("hook_pattern")),
+        "minibert, everything captured (offload)": lambda: model.run_with_cache(batch, offload=True),
+    }
+
+
+def torch_cases(directory: Path, batch, torch_dtype, device: str) -> dict:
+    import torch
+
+    tensors = {k: torch.tensor(np.asarray(v), dtype=torch.long, device=device) for k, v in batch.items()}
+    cases = {}
+    for attn in ("sdpa", "eager"):
+        hf = harness.hf_model(directory, attn).to(device=device, dtype=torch_dtype)
+
+        def run(hf=hf):
+            with torch.no_grad():
+                out = hf(**tensors).last_hidden_state
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return out
+
+        cases[f"transformers {attn}"] = run
+    return cases
+
+
+def torch_peak(device: str, fn) -> float | None:
+    import torch
+
+    if device != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    return float(torch.cuda.max_memory_allocated())
+
+
+def model_rows(label: str, directory: Path, sizes: dict, device: str) -> tuple[list[list[str]], list[str]]:
+    """Rows of the main table for one checkpoint, and notes (cuDNN lowering per dtype)."""
+    import torch
+
+    rows, notes = [], []
+    peak_device = jax.devices()[0]
+    for dtype_name, (jax_dtype, torch_name) in DTYPES.items():
+        model = minibert.load(directory, dtype=jax_dtype)
+        peak = accounting.peak_flops(peak_device, jnp.bfloat16)  # MFU against the dense bf16 peak
+        for B in sizes["batches"]:
+            for T in sizes["lengths"]:
+                batch = harness.random_ids(B, T, vocab=model.config.vocab_size)
+                if T == sizes["lengths"][0] and B == sizes["batches"][0]:
+                    notes.append(f"{label} {dtype_name}: fused attention lowered to cuDNN: "
+                                 f"{'yes' if lowered_to_cudnn(model, batch) else 'no'}")
+                flops = accounting.flops_per_token(model.config, T)
+                cases = minibert_cases(model, batch) | torch_cases(directory, batch, getattr(torch, torch_name), device)
+                for name, fn in cases.items():
+                    first, seconds = median_seconds(fn, sizes["repeats"])
+                    memory = jax_peak_memory() if name.startswith("minibert") else torch_peak(device, fn)
+                    tokens = B * T / seconds
+                    mfu = accounting.achieved_fraction(tokens, flops, peak) if peak else None
+                    rows.append([label, dtype_name, str(B), str(T), name, harness.fmt(tokens, 0),
+                                 harness.fmt(100 * mfu, 1) if mfu is not None else "—",
+                                 harness.fmt(memory / 2**30, 2) if memory else "—",
+                                 harness.fmt(first - seconds, 2) if name.startswith("minibert") else "—"])
+    return rows, notes
+
+
+def survey_rows(directory: Path, sizes: dict) -> list[list[str]]:
+    from minibert.analysis import corpus
+
+    model = minibert.load(directory)
+    texts, pairs = harness.english_like_texts(sizes["survey"])
+    rows = []
+    for run in ("first call (compiles)", "again"):
+        _, seconds = harness.timed(lambda: corpus.survey(model, texts, pairs, progress=False))
+        rows.append([f"corpus.survey, {len(texts)} segments, {run}", harness.fmt(seconds, 2),
+                     harness.fmt(len(texts) / seconds, 1) + " segments/s"])
+    from minibert import analysis
+
+    if hasattr(analysis, "ablation_sweep"):
+        batch = model.tokenize(texts[:8], pairs[:8])
+        metric = lambda out: out.last_hidden_state[:, 0].sum(-1)  # noqa: E731 — one value per row
+        _, seconds = harness.timed(lambda: np.asarray(analysis.ablation_sweep(model, batch, metric)))
+        L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+        rows.append([f"analysis.ablation_sweep, {L}×{H} heads, 8 pairs (first call)", harness.fmt(seconds, 2),
+                     harness.fmt(L * H / seconds, 0) + " heads/s"])
+    return rows
+
+
+def tiny_checkpoint(directory: Path) -> Path:
+    """A small random BertModel for --smoke (bert-base's layout, a fraction of its size)."""
+    import torch
+    import transformers
+
+    if not (directory / "model.safetensors").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, architectures=["BertModel"])
+        transformers.BertModel(cfg).eval().save_pretrained(directory)
+        (directory / "vocab.txt").write_text((harness.bundled_dir() / "vocab.txt").read_text())
+    return directory
+
+
+def report(args) -> str:
+    sizes = SMOKE if args.smoke else FULL
+    device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
+    scratch = harness.scratch_dir()
+    random_dir = tiny_checkpoint(scratch / "tiny-bert") if args.smoke else harness.make_bert_base(scratch / "bert-base")
+    # --smoke runs the tiny model only (every code path, seconds of compiling); the bundled one in full runs.
+    checkpoints = {"tiny BERT (random)": random_dir} if args.smoke else {"bert-base shape (random)": random_dir,
+                                                                         "bundled": Path(args.bundled)}
+    rows, notes = [], []
+    for label, directory in checkpoints.items():
+        more_rows, more_notes = model_rows(label, directory, sizes, device)
+        rows += more_rows
+        notes += more_notes
+    header = ["model", "dtype", "B", "T", "implementation", "tokens/s", "MFU % (bf16 peak)", "peak memory GiB",
+              "compile s"]
+    machine = harness.machine()
+    lines = [f"## GPU benchmark ({'smoke' if args.smoke else 'full'})", "",
+             *(f"- {key}: {value}" for key, value in machine.items()), "",
+             harness.markdown_table(header, rows), "", *(f"- {note}" for note in notes), "",
+             harness.markdown_table(["workload", "seconds", "throughput"],
+                                    survey_rows(random_dir if args.smoke else Path(args.bundled), sizes)),
+             "", "Peak memory of minibert rows is the device's running peak (JAX cannot reset it): read it as an "
+             "upper bound per row; torch rows reset the peak per case."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundled", default=str(harness.bundled_dir()),
+                        help="the bundled checkpoint directory (default: minibert.sources.resolve())")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, any machine: checks the script runs")
+    parser.add_argument("--out", type=Path, help="also write the Markdown report here")
+    args = parser.parse_args(argv)
+    text = report(args)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
