@@ -93,50 +93,6 @@ def test_head_parity(tmp_path, architecture):
         assert_close(getattr(out, field), theirs, TINY, f"{architecture} {field}")
 
 
-def test_sequence_classifier_labels(tmp_path):
-    make_hf_model(tmp_path, "BertForSequenceClassification", num_labels=3,
-                  id2label={0: "negative", 1: "neutral", 2: "positive"}, label2id={"negative": 0, "neutral": 1, "positive": 2})
-    assert minibert.load(tmp_path).config.id2label == ("negative", "neutral", "positive")
-
-
-def test_sharded_and_half_precision_checkpoints(tmp_path):
-    import transformers
-
-    sharded = tmp_path / "sharded"
-    hf_model = make_hf_model(sharded, "BertModel")
-    hf_model.save_pretrained(sharded, max_shard_size="20KB")
-    assert (sharded / "model.safetensors.index.json").exists()
-    (sharded / "model.safetensors").unlink(missing_ok=True)
-    batch = random_batch(np.random.default_rng(3), 2, 7, 99)
-    assert_parity(minibert.load(sharded), hf_model, batch, TINY)
-
-    for dtype in (torch.float16, torch.bfloat16):
-        directory = tmp_path / str(dtype)
-        make_hf_model(directory, "BertModel", dtype=dtype)
-        upcast = transformers.BertModel.from_pretrained(directory, attn_implementation="eager", dtype=torch.float32).eval()
-        assert_parity(minibert.load(directory), upcast, batch, TINY)
-
-
-def test_bert_prefixed_bare_layout(tmp_path):
-    from safetensors.numpy import load_file, save_file
-
-    hf_model = make_hf_model(tmp_path, "BertModel")
-    tensors = load_file(tmp_path / "model.safetensors")
-    save_file({f"bert.{k}": v for k, v in tensors.items()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    assert_parity(minibert.load(tmp_path), hf_model, random_batch(np.random.default_rng(4), 2, 6, 99), TINY)
-
-
-def test_pytorch_bin_needs_opt_in_and_converts(tmp_path):
-    hf_model = make_hf_model(tmp_path, "BertModel", safe_serialization=False)
-    assert not (tmp_path / "model.safetensors").exists()
-    with pytest.raises(minibert.CheckpointError, match="pickle"):
-        minibert.load(tmp_path)
-    batch = random_batch(np.random.default_rng(5), 2, 6, 99)
-    assert_parity(minibert.load(tmp_path, allow_pickle=True), hf_model, batch, TINY)
-    minibert.convert_bin_to_safetensors(tmp_path / "pytorch_model.bin")
-    assert_parity(minibert.load(tmp_path), hf_model, batch, TINY)
-
-
 def test_bfloat16_compute_stays_close(tmp_path):
     hf_model = make_hf_model(tmp_path, "BertModel", scale=0.1)
     import jax.numpy as jnp
