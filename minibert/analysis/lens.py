@@ -1,0 +1,107 @@
+"""Logit lens for masked-LM checkpoints: what the MLM head would predict from each layer's residual stream.
+
+    logits = logit_lens(model, batch)                    # [L + 1, B, T, V]: embedding, then each block's output
+    ids, values = logit_lens(model, batch, top_k=5)      # [L + 1, B, T, 5] each, without the full logits
+    steps = logit_contributions(model, batch, targets)   # [L + 1, B, T]: start, then each block's change
+
+Stream 0 is `hook_full_embed` (the embedding LayerNorm's output), stream l + 1 is block l's output
+`blocks.{l}.hook_normalized_resid_post`; each is read by the model's own head stage (`Bert.head`: dense,
+activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from minibert.config import architectures_with
+from minibert.errors import AnalysisError
+
+STREAMS = ["hook_full_embed", "blocks.*.hook_normalized_resid_post"]
+
+
+def _require_mlm(model) -> None:
+    if not model.config.heads.mlm:
+        raise AnalysisError(f"the logit lens reads the residual stream through a masked-LM head, and this model is a "
+                            f"{model.config.architecture}; load a checkpoint with one "
+                            f"({' or '.join(architectures_with('mlm'))}), e.g. minibert.load('bert-base-uncased').")
+
+
+def residual_streams(model, batch) -> jax.Array:
+    """[L + 1, B, T, D]: the embedding output, then every block's output."""
+    _, cache = model.run_with_cache(batch, names=STREAMS)
+    return jnp.concatenate([cache["hook_full_embed"][None], cache.stack("hook_normalized_resid_post")])
+
+
+def _read(model, state, hidden) -> jax.Array:
+    """The MLM head's logits [B, T, V] for hidden states [B, T, D], through the model's head stage."""
+    return nnx.merge(model.graphdef, state).head(hidden).logits
+
+
+@partial(jax.jit, static_argnames=("model", "top_k"))
+def _lens(model, state, streams, top_k: int | None):
+    """Each stream [L + 1, B, T, D] through the head, one stream at a time (one [B, T, V] block live)."""
+    if top_k is None:
+        return jax.lax.map(lambda h: _read(model, state, h), streams)
+    return jax.lax.map(lambda h: jax.lax.top_k(_read(model, state, h), top_k), streams)
+
+
+@partial(jax.jit, static_argnames=("model",))
+def _lens_at(model, state, streams, targets) -> jax.Array:
+    """The lens logit of token targets[b, t] at every stream: [L + 1, B, T]."""
+    pick = lambda h: jnp.take_along_axis(_read(model, state, h), targets[..., None], axis=-1)[..., 0]
+    return jax.lax.map(pick, streams)
+
+
+def logit_lens(model, batch, top_k: int | None = None):
+    """The logit lens (nostalgebraist 2020) on a masked-LM model: every layer's residual stream read by the head.
+
+    top_k=None: logits [L + 1, B, T, V] (NumPy float32; row 0 the embedding, row l + 1 block l's output,
+    whose last row equals the model's own logits). top_k=k: (token ids [L + 1, B, T, k], logits [L + 1,
+    B, T, k]) of the k highest, computed on the device so the full logits never reach the host; turn ids
+    into tokens with model.tokenizer.convert_ids_to_tokens.
+    """
+    _require_mlm(model)
+    if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= model.config.vocab_size):
+        raise AnalysisError(f"top_k must be an int in [1, {model.config.vocab_size}] (the vocabulary) or None; got {top_k!r}.")
+    result = _lens(model, model.state, residual_streams(model, batch), top_k)
+    if top_k is None:
+        return np.asarray(result)
+    values, ids = result
+    return np.asarray(ids), np.asarray(values)
+
+
+def logit_contributions(model, batch, targets) -> np.ndarray:
+    """Per-block change of a chosen token's lens logit: [L + 1, B, T], NumPy float32.
+
+    targets: the token id to follow at each position, int [B, T] (e.g. the original ids at masked
+    positions), or one id / token string for every position. Row 0 is the lens logit at the embedding;
+    row l + 1 is block l's change, lens_{l+1} − lens_l; the rows sum to the model's final logit.
+
+    Why changes and not a decomposition: in a pre-LN model (GPT-2) the final residual stream is the sum
+    of every block's output, and the unembedding after one last LayerNorm is nearly linear in it, so each
+    block's output has a "direct" logit. BERT's blocks are post-LN: each block ends with LayerNorm(x + f(x)),
+    which rescales and recentres the whole stream, so the output is no sum of per-block terms; and the
+    MLM head adds a dense layer, an activation and a LayerNorm before the unembedding. No additive
+    direct-logit split exists. The change of the lens logit across a block is what it does measure:
+    how much closer reading the stream after that block (rather than before) brings the head to the token.
+    """
+    _require_mlm(model)
+    ids = np.asarray(model.inputs(batch)[0])
+    if isinstance(targets, str):
+        if model.tokenizer is None or targets not in model.tokenizer.vocab:
+            raise AnalysisError(f"targets {targets!r} is not a token of this model's vocabulary; pass a token id or a "
+                                f"wordpiece as model.tokenize writes it (e.g. 'paris', '##ing').")
+        targets = model.tokenizer.vocab[targets]
+    targets = np.broadcast_to(np.asarray(targets), ids.shape) if np.ndim(targets) == 0 else np.asarray(targets)
+    if targets.shape != ids.shape or not np.issubdtype(targets.dtype, np.integer):
+        raise AnalysisError(f"targets must be one token id or int token ids [B, T] = {ids.shape}; got "
+                            f"{targets.dtype} {targets.shape}.")
+    if targets.min() < 0 or targets.max() >= model.config.vocab_size:
+        raise AnalysisError(f"targets must lie in [0, {model.config.vocab_size}); found {targets.min()}…{targets.max()}.")
+    lens = _lens_at(model, model.state, residual_streams(model, batch), jnp.asarray(targets, jnp.int32))
+    return np.asarray(jnp.concatenate([lens[:1], jnp.diff(lens, axis=0)]))

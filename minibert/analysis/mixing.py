@@ -1,0 +1,222 @@
+"""Context mixing: how much each token's representation draws on every other token, layer by layer.
+
+Three measures of the same question, each a per-layer map over one batch (docs/context_mixing.md):
+
+    value_zeroing(model, batch)                       C [L, B, T, S]  Mohebbi, Zuidema, Chrupała & Alishahi 2023
+    alti(model, batch)                                C [L, B, T, S]  Ferrando, Gállego & Costa-jussà 2022
+    attention_attribution(model, batch, target_fn)    Attr [L, B, H, T, S]  Hao, Dong, Wei & Xu 2021
+
+The two maps C have rows over real query tokens summing to 1 and zeros at padding rows and columns, so
+`analysis.attention_rollout` composes them into whole-model maps. Layers, heads and tokens are 0-indexed.
+
+Each is one compiled program over everything it sweeps: value zeroing maps one block over every zeroed
+token, ALTI maps its decomposition over layers and documents, attribution maps the gradient over the
+integration steps — chunked (`jax.lax.map(batch_size=...)`) so a sweep's live memory stays near
+MEMORY_BUDGET bytes.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from minibert.errors import AnalysisError
+from minibert.hooks import HookFn, HookPoints
+from minibert.model import Output
+
+MEMORY_BUDGET = 1 << 29  # bytes of activations one chunk of a sweep may hold (512 MiB)
+EXACT = jax.lax.Precision.HIGHEST  # full float32 products on GPUs too (no TF32): distances of 1e-9 matter
+
+
+def chunk_size(bytes_per_item: float, n_items: int) -> int:
+    """How many items of a sweep run side by side so one chunk stays within MEMORY_BUDGET (at least 1)."""
+    return int(max(1, min(n_items, MEMORY_BUDGET // max(bytes_per_item, 1))))
+
+
+def _real_pairs(attention_mask) -> jax.Array:
+    """float32 [B, T, S]: 1 where query t and key s are both real tokens."""
+    real = jnp.asarray(attention_mask, jnp.float32)
+    return real[:, :, None] * real[:, None, :]
+
+
+def normalize_rows(scores) -> jax.Array:
+    """Each row divided by its sum; rows summing to 0 (padding queries) stay 0."""
+    total = scores.sum(-1, keepdims=True)
+    return scores / jnp.where(total > 0, total, 1.0)
+
+
+# ---- value zeroing --------------------------------------------------------------------------------------
+
+def _zero_value(v, ctx, token):
+    """v [B, S, H, K] with key position `token` zeroed in every head (−1 zeroes nothing)."""
+    return jnp.where((jnp.arange(v.shape[1]) == token)[None, :, None, None], 0.0, v).astype(v.dtype)
+
+
+def cosine_distance(x, y) -> jax.Array:
+    """1 − cos(x, y) over the last axis, as ½‖x̂ − ŷ‖² of the unit vectors: accurate where cos is near 1,
+    where 1 − x̂·ŷ would cancel to float32 noise (≈ 6e-8) long before reaching distances of 1e-9."""
+    unit = lambda a: a / jnp.linalg.norm(a, axis=-1, keepdims=True)
+    return 0.5 * jnp.sum((unit(x) - unit(y)) ** 2, axis=-1)
+
+
+@partial(jax.jit, static_argnames=("model", "chunk"))
+def _value_zeroing_distances(model, state, resid_pre, attention_mask, chunk: int) -> jax.Array:
+    """resid_pre [L, B, T, D] (each block's captured input) → 1 − cos(x̃_t^¬s, x̃_t), [L, B, T, S]."""
+    module = nnx.merge(model.graphdef, state)
+    key_mask = module.key_mask(attention_mask)
+    cfg = model.config
+    per_layer = []
+    for layer in range(cfg.num_hidden_layers):
+        def output(token, layer=layer):
+            """Block `layer`'s output [B, T, D] with the value of key `token` zeroed in every head."""
+            writers = {f"blocks.{layer}.attn.hook_v": (HookFn(_zero_value, token=token),)}
+            hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
+            return module.block(layer, resid_pre[layer], key_mask, hooks)
+
+        clean = output(jnp.int32(-1))  # the same program with nothing zeroed: x̃
+        distances = jax.lax.map(lambda s: cosine_distance(output(s), clean), jnp.arange(resid_pre.shape[2]),
+                                batch_size=chunk)  # [S, B, T]
+        per_layer.append(distances.transpose(1, 2, 0))
+    return jnp.stack(per_layer)
+
+
+def value_zeroing(model, batch, *, normalize: bool = True) -> np.ndarray:
+    """Value zeroing (Mohebbi et al. 2023): C [L, B, T, S], NumPy float32.
+
+    In block l, the value vector of key token s is set to zero in every head — the attention pattern
+    stays as computed — and the rest of that block runs (attention output, residual, LN1, FFN, residual,
+    LN2). C[l, b, t, s] = 1 − cos(x̃_t^¬s, x̃_t), x̃ the block's output with and without the zeroing,
+    then each row divided by its sum over real keys (normalize=False keeps the raw distances).
+    Padding rows and columns are 0. Each block's input comes from one captured forward pass; then one
+    compiled program runs every block over every zeroed token (chunked to MEMORY_BUDGET).
+    """
+    inputs = model.inputs(batch)
+    _, cache = model.run_with_cache(batch, names="blocks.*.hook_resid_pre")
+    resid_pre = cache.stack("hook_resid_pre")  # [L, B, T, D]
+    cfg = model.config
+    _, B, T, D = resid_pre.shape
+    # One zeroed token holds a block's activations: the FFN's [B, T, F] twice, a dozen [B, T, D], the scores.
+    per_token = 4 * B * T * (2 * cfg.intermediate_size + 12 * D + 2 * cfg.num_attention_heads * T)
+    distances = _value_zeroing_distances(model, model.state, resid_pre, inputs[2], chunk_size(per_token, T))
+    distances = distances * _real_pairs(inputs[2])
+    return np.asarray(normalize_rows(distances) if normalize else distances)
+
+
+# ---- ALTI -----------------------------------------------------------------------------------------------
+
+def alti_terms(x, v, pattern, scale, gamma, W_O) -> jax.Array:
+    """ALTI's per-token terms T_t(x_s) of one document and layer, [T, S, D].
+
+    x [S, D] the block input, v [S, H, K] (with b_V), pattern [H, T, S], scale [T, 1] the σ LN1 divided
+    by, gamma [D] LN1's gain, W_O [H, K, D]. z_ts = Σ_h α^h_ts f^h(x_s) + [t = s] x_s with
+    f^h(x) = (x W_V + b_V) W_O^h (b_O excluded); T_t(x_s) = γ ⊙ (z_ts − mean z_ts) / σ_t.
+    """
+    f = jnp.einsum("SHK,HKD->SHD", v, W_O, precision=EXACT)
+    z = jnp.einsum("HTS,SHD->TSD", pattern, f, precision=EXACT)
+    z = z + jnp.eye(pattern.shape[1], x.shape[0], dtype=z.dtype)[:, :, None] * x[None]
+    return gamma * (z - z.mean(-1, keepdims=True)) / scale[:, :, None]
+
+
+def _alti_contributions(x, v, pattern, scale, gamma, W_O) -> jax.Array:
+    """c_ts = max(0, ‖ỹ_t‖₁ − ‖ỹ_t − T_t(x_s)‖₁) with ỹ_t = Σ_s T_t(x_s): [T, S], before normalising."""
+    terms = alti_terms(x, v, pattern, scale, gamma, W_O)
+    total = terms.sum(1)  # ỹ [T, D]
+    l1 = lambda a: jnp.abs(a).sum(-1)
+    return jnp.maximum(0.0, l1(total)[:, None] - l1(total[:, None] - terms))
+
+
+@partial(jax.jit, static_argnames=("chunk",))
+def _alti(resid_pre, v, pattern, scale, gamma, W_O, attention_mask, chunk: int) -> jax.Array:
+    """Stacked per-layer captures ([L, B, ...]) and weights ([L, ...]) → unnormalised c [L, B, T, S]."""
+    def layer(args):
+        x, v, pattern, scale, gamma, W_O = args
+        one = lambda doc: _alti_contributions(*doc, gamma, W_O)
+        return jax.lax.map(one, (x, v, pattern, scale), batch_size=chunk)
+
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    contributions = jax.lax.map(layer, tuple(map(f32, (resid_pre, v, pattern, scale, gamma, W_O))))
+    return contributions * _real_pairs(attention_mask)
+
+
+def alti(model, batch) -> np.ndarray:
+    """ALTI (Ferrando et al. 2022): C [L, B, T, S], NumPy float32, rows over real tokens summing to 1.
+
+    The attention block's output after its residual and LN1 is split into one term per input token,
+    T_t(x_s) = γ ⊙ (z_ts − mean z_ts)/σ_t with z_ts = Σ_h α^h_ts f^h(x_s) + [t = s] x_s (alti_terms), so
+    that Σ_s T_t(x_s) = LN1 output − β − γ ⊙ (b_O − mean b_O)/σ_t. Token s's contribution to t is how
+    much closer (in L1) the whole is to the sum than the sum without s: c_ts = max(0, ‖ỹ_t‖₁ − ‖ỹ_t −
+    T_t(x_s)‖₁), rows normalised. Computed from one captured forward pass (resid_pre, v, pattern, LN1's
+    σ) in one compiled program over layers and documents. Padding rows and columns are 0.
+    """
+    inputs = model.inputs(batch)
+    sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale"]
+    _, cache = model.run_with_cache(batch, names=[f"blocks.*.{site}" for site in sites])
+    captured = [cache.stack(site) for site in sites]
+    blocks = model.params["blocks"]
+    layers = range(model.config.num_hidden_layers)
+    gamma = jnp.stack([blocks[layer]["ln1"]["scale"] for layer in layers])
+    W_O = jnp.stack([blocks[layer]["attn"]["W_O"] for layer in layers])
+    _, _, T, D = captured[0].shape
+    per_document = 4 * T * T * (4 * D + model.config.num_attention_heads)  # z, the terms, their differences
+    contributions = _alti(*captured, gamma, W_O, inputs[2], chunk_size(per_document, captured[0].shape[1]))
+    return np.asarray(normalize_rows(contributions))
+
+
+# ---- attention attribution ------------------------------------------------------------------------------
+
+PATTERNS = "blocks.*.attn.hook_pattern"
+
+
+def _replace_pattern(pattern, ctx, layer, replacement):
+    """In block `layer` the pattern becomes `replacement` [B, H, T, S]; other blocks keep theirs."""
+    return jnp.where(ctx.layer == layer, replacement, pattern).astype(pattern.dtype)
+
+
+def _target_total(model, state, inputs, target_fn, layer, pattern) -> jax.Array:
+    """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern`."""
+    hook = HookFn(_replace_pattern, layer=layer, replacement=pattern)
+    out, _ = model.forward_fn(hooks={PATTERNS: hook})(state, inputs)
+    values = target_fn(out)
+    if jnp.shape(values) != (inputs[0].shape[0],):
+        raise AnalysisError(f"target_fn must return one value per batch row, shape ({inputs[0].shape[0]},); it "
+                            f"returned shape {jnp.shape(values)}. E.g. lambda out: out.logits[:, 0, token_id].")
+    return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient
+
+
+@partial(jax.jit, static_argnames=("model", "target_fn", "steps", "chunk"))
+def _integrated_gradient(model, state, inputs, pattern, layer, target_fn: Callable, steps: int, chunk: int):
+    """A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S] (layer traced)."""
+    gradient = jax.grad(partial(_target_total, model, state, inputs, target_fn, layer))
+    alphas = jnp.arange(1, steps + 1, dtype=pattern.dtype) / steps
+    grads = jax.lax.map(lambda alpha: gradient(alpha * pattern), alphas, batch_size=chunk)  # [m, B, H, T, S]
+    return pattern * grads.mean(0)
+
+
+def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array], steps: int = 20) -> np.ndarray:
+    """Self-attention attribution (Hao et al. 2021): Attr [L, B, H, T, S], NumPy float32.
+
+    Attr(A_l) = A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l, a Riemann sum of the integrated gradient
+    along the path from a zero pattern to A_l with m = `steps`. All heads of block l are scaled
+    together; the other blocks compute their patterns as usual (from the changed residual stream).
+    target_fn(output) returns one value F per batch row (e.g. `lambda out: out.logits[:, 0, c]`); rows
+    are attributed separately. One compiled program serves every layer: the layer is a traced
+    argument, and the m steps run as one batched gradient (chunked to MEMORY_BUDGET).
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise AnalysisError(f"steps must be a positive int (the m of the Riemann sum; 20 in the paper); got {steps!r}.")
+    inputs = model.inputs(batch)
+    _, cache = model.run_with_cache(batch, names=PATTERNS)
+    patterns = cache.stack("attn.hook_pattern")  # [L, B, H, T, S]
+    cfg = model.config
+    _, B, H, T, _ = patterns.shape
+    # One step holds a forward and backward pass: per block the pattern and its gradient, the FFN, a dozen [T, D].
+    per_step = 4 * B * T * cfg.num_hidden_layers * (4 * H * T + 3 * cfg.intermediate_size + 12 * cfg.hidden_size)
+    chunk = chunk_size(per_step, steps)
+    return np.stack([np.asarray(_integrated_gradient(model, model.state, inputs, patterns[layer], jnp.int32(layer),
+                                                     target_fn, steps, chunk))
+                     for layer in range(cfg.num_hidden_layers)])

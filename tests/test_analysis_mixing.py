@@ -1,0 +1,243 @@
+"""Value zeroing, ALTI and attention attribution against brute force written here: loops of literal forward
+passes, a float64 NumPy re-derivation from the raw weights, and a per-step loop of model.grad."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import minibert
+from minibert import HookFn
+from minibert.analysis import mixing
+from minibert.errors import AnalysisError
+
+from conftest import make_hf_model, random_batch
+
+EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    make_hf_model(directory, "BertModel")
+    return minibert.load(directory)
+
+
+def tiny_batch():
+    """B = 3 rows of 7 tokens, rows 1 and 2 padded."""
+    return random_batch(np.random.default_rng(4), 3, 7, 99)
+
+
+def bundled_batch(model):
+    """An aspect question paired with a review and a shorter pair (padding), as seed 002."""
+    return model.tokenize(["what do you think of the food ?", "and the service ?"],
+                          ["the food was great but the service was slow .", "slow ."])
+
+
+@pytest.fixture(params=["tiny", "bundled"])
+def case(request, tiny):
+    if request.param == "tiny":
+        return tiny, tiny_batch()
+    model = request.getfixturevalue("bundled")
+    return model, bundled_batch(model)
+
+
+def real_mask(model, batch) -> np.ndarray:
+    return np.asarray(model.inputs(batch)[2]) > 0
+
+
+def block_noise(model) -> float:
+    """Relative float32 rounding between two evaluations of one block's output, ‖δx̃‖/‖x̃‖, differently fused:
+    about 8 chained operations (products, sums, two layernorms) each rounding at eps relative to O(1)
+    normalised values (blocked sums grow their error like log n, not n), for each of the two runs: 16 eps."""
+    return 16 * EPS32
+
+
+# ---- value zeroing ----------------------------------------------------------------------------------------
+
+def zero_value_at(v, ctx, token):
+    return v * (jnp.arange(v.shape[1]) != token)[None, :, None, None].astype(v.dtype)
+
+
+def reference_value_zeroing(model, batch) -> np.ndarray:
+    """Raw 1 − cos [L, B, T, S] from L × T literal forward passes, the cosine in float64."""
+    L, (B, T) = model.config.num_hidden_layers, np.asarray(model.inputs(batch)[0]).shape
+    outputs = [f"blocks.{layer}.hook_normalized_resid_post" for layer in range(L)]
+    _, clean = model.run_with_cache(batch, names=outputs)
+    real = real_mask(model, batch)
+    distances = np.zeros((L, B, T, T))
+    for layer in range(L):
+        x = np.asarray(clean[outputs[layer]], np.float64)
+        for token in range(T):
+            hook = HookFn(zero_value_at, token=jnp.int32(token))
+            _, cache = model.run(batch, names=[outputs[layer]], hooks={f"blocks.{layer}.attn.hook_v": hook})
+            y = np.asarray(cache[outputs[layer]], np.float64)
+            cos = (x * y).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(y, axis=-1)
+            distances[layer, :, :, token] = np.where(real & real[:, token:token + 1], 1 - cos, 0.0)
+    return distances
+
+
+def test_value_zeroing_matches_a_loop_of_forward_passes(case, request):
+    """Also near cos = 1: on the bundled model some [CLS] rows have distances below 1e-6, where
+    1 − x·y/(‖x‖‖y‖) in float32 is noise (it rounds at ≈ 1e-7); the bound below is far tighter there."""
+    model, batch = case
+    expected = reference_value_zeroing(model, batch)
+    if "bundled" in request.node.name:
+        assert ((expected[:, :, 0] > 0) & (expected[:, :, 0] < 1e-6)).any(), "no [CLS] distance below 1e-6 to check"
+    raw = mixing.value_zeroing(model, batch, normalize=False)
+    assert raw.shape == expected.shape
+    # 1 − cos = ½‖x̂ − ŷ‖²: a relative error ε in either output moves it by at most 2√d·ε + ε².
+    eps = block_noise(model)
+    np.testing.assert_array_less(np.abs(raw - expected), 2 * np.sqrt(expected) * eps + eps**2 + 1e-30)
+    # Rows normalised over real keys, padding rows and columns 0.
+    real = real_mask(model, batch)
+    normalized = mixing.value_zeroing(model, batch)
+    rows = expected.sum(-1, keepdims=True)
+    reference = np.divide(expected, rows, out=np.zeros_like(expected), where=rows > 0)
+    row_error = (2 * np.sqrt(expected) * eps + eps**2).sum(-1, keepdims=True)  # bound on each row sum's error
+    bound = np.divide(2 * row_error, rows, out=np.zeros_like(expected), where=rows > 0) + 4 * EPS32
+    np.testing.assert_array_less(np.abs(normalized - reference), bound)
+    np.testing.assert_allclose(normalized.sum(-1), np.broadcast_to(real, normalized.shape[:-1]), atol=real.shape[1] * EPS32)
+    assert (normalized[:, ~real] == 0).all() and (normalized.transpose(0, 1, 3, 2)[:, ~real] == 0).all()
+
+
+def test_cosine_distance_is_accurate_where_the_naive_formula_cancels():
+    """½‖x̂ − ŷ‖² agrees with float64 where 1 − x̂·ŷ in float32 does not (a 1e-5 relative nudge)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 384))
+    y = x + 1e-5 * rng.normal(size=x.shape) * np.abs(x)
+    exact = 1 - (x * y).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(y, axis=-1)
+    ours = np.asarray(mixing.cosine_distance(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)))
+    # Rounding the inputs to float32 moves each unit vector by ≤ eps·(1 + √D·eps): 2√d·that bounds the change.
+    np.testing.assert_array_less(np.abs(ours - exact), 2 * np.sqrt(exact) * 2 * EPS32 + 4 * EPS32**2)
+    x32, y32 = (a.astype(np.float32) for a in (x, y))
+    naive = 1 - (x32 * y32).sum(-1) / np.linalg.norm(x32, axis=-1) / np.linalg.norm(y32, axis=-1)
+    assert np.abs(naive - exact).max() > 10 * np.abs(ours - exact).max()
+
+
+# ---- ALTI -------------------------------------------------------------------------------------------------
+
+def reference_alti(model, batch) -> tuple[np.ndarray, np.ndarray, float]:
+    """ALTI in float64 NumPy from the raw weights, one layer's input x taken from the captured forward pass.
+    Also returns ‖ỹ_t‖₁ / Σ_s c_ts per row [L, B, T] (how much the cancellation in c amplifies rounding)
+    and the largest |score| (softmax turns a score's absolute rounding into α's relative rounding)."""
+    params = model.params
+    cfg = model.config
+    ids, _, mask = (np.asarray(a) for a in model.inputs(batch))
+    _, cache = model.run_with_cache(batch, names="blocks.*.hook_resid_pre")
+    H, K = cfg.num_attention_heads, cfg.head_dim
+    result = np.zeros((cfg.num_hidden_layers, *ids.shape, ids.shape[1]))
+    amplification = np.zeros((cfg.num_hidden_layers, *ids.shape))
+    largest_score = 0.0
+    for layer in range(cfg.num_hidden_layers):
+        p = {k: {n: np.asarray(v, np.float64) for n, v in part.items()} for k, part in params["blocks"][layer].items()}
+        attn, ln1 = p["attn"], p["ln1"]
+        for b in range(len(ids)):
+            n = int(mask[b].sum())
+            x = np.asarray(cache[f"blocks.{layer}.hook_resid_pre"][b, :n], np.float64)  # [n, D]
+            q = np.einsum("SD,DHK->HSK", x, attn["W_Q"]) + attn["b_Q"][:, None]
+            k = np.einsum("SD,DHK->HSK", x, attn["W_K"]) + attn["b_K"][:, None]
+            v = np.einsum("SD,DHK->HSK", x, attn["W_V"]) + attn["b_V"][:, None]
+            scores = np.einsum("HTK,HSK->HTS", q, k) / np.sqrt(K)
+            largest_score = max(largest_score, np.abs(scores).max())
+            alpha = np.exp(scores - scores.max(-1, keepdims=True))
+            alpha /= alpha.sum(-1, keepdims=True)
+            f = np.einsum("HSK,HKD->HSD", v, attn["W_O"])  # f^h(x_s), b_O excluded
+            resid_mid = x + np.einsum("HTS,HSD->TD", alpha, f) + attn["b_O"]
+            sigma = np.sqrt(resid_mid.var(-1) + cfg.layer_norm_eps)
+            for t in range(n):
+                terms = []
+                for s in range(n):
+                    z = sum(alpha[h, t, s] * f[h, s] for h in range(H)) + (x[s] if s == t else 0.0)
+                    terms.append(ln1["scale"] * (z - z.mean()) / sigma[t])
+                total = np.sum(terms, axis=0)
+                c = [max(0.0, np.abs(total).sum() - np.abs(total - term).sum()) for term in terms]
+                result[layer, b, t, :n] = np.array(c) / np.sum(c)
+                amplification[layer, b, t] = np.abs(total).sum() / np.sum(c)
+    return result, amplification, largest_score
+
+
+def test_alti_matches_a_float64_rederivation(case):
+    model, batch = case
+    expected, amplification, largest_score = reference_alti(model, batch)
+    got = mixing.alti(model, batch)
+    assert got.shape == expected.shape
+    # The float32 captures carry 16 eps of relative rounding (as block_noise), α also eps·|score| per score
+    # (×4: q, k, the product, the softmax); c = ‖ỹ‖₁ − ‖ỹ − T‖₁ cancels, so relative to ‖ỹ‖₁ that error
+    # becomes, after dividing by the row sum, × ‖ỹ‖₁/Σ_s c_s.
+    real = real_mask(model, batch)
+    bound = np.broadcast_to((block_noise(model) + 4 * EPS32 * largest_score) * amplification[..., None] + EPS32,
+                            got.shape)
+    np.testing.assert_array_less(np.abs(got - expected), bound)
+    np.testing.assert_allclose(got.sum(-1), np.broadcast_to(real, got.shape[:-1]), atol=real.shape[1] * EPS32)
+
+
+def test_alti_terms_sum_to_the_layernorm_output_without_bias(case):
+    """Σ_s T_t(x_s) = LN1 output − β − γ ⊙ (b_O − mean b_O)/σ_t, from the captured hook values."""
+    model, batch = case
+    names = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
+    _, cache = model.run_with_cache(batch, names=[f"blocks.*.{n}" for n in names])
+    real = real_mask(model, batch)
+    for layer in range(model.config.num_hidden_layers):
+        p = model.params["blocks"][layer]
+        gamma, beta, b_O = (np.asarray(a) for a in (p["ln1"]["scale"], p["ln1"]["bias"], p["attn"]["b_O"]))
+        for b in range(real.shape[0]):
+            n = int(real[b].sum())
+            x, v, pattern, scale, ln1 = (np.asarray(cache[f"blocks.{layer}.{name}"][b]) for name in names)
+            terms = mixing.alti_terms(x[:n], v[:n], pattern[:, :n, :n], scale[:n], gamma, p["attn"]["W_O"])
+            expected = ln1[:n] - beta - gamma * (b_O - b_O.mean()) / scale[:n]
+            # Both sides are LN-scaled sums of S + 1 vectors of size ≈ |γ|·√D·|x|/σ: eps × that × √S.
+            magnitude = np.abs(gamma).max() * (np.abs(x).max() + np.abs(v).max() * np.sqrt(v.shape[-1])) / scale.min()
+            np.testing.assert_allclose(np.asarray(terms.sum(1)), expected,
+                                       atol=8 * EPS32 * magnitude * np.sqrt(model.config.hidden_size * n), rtol=0)
+
+
+# ---- attention attribution --------------------------------------------------------------------------------
+
+def readout(model):
+    """F(output) per row: [CLS]'s last hidden state on a fixed random direction."""
+    direction = jnp.asarray(np.random.default_rng(1).normal(size=model.config.hidden_size), jnp.float32)
+    return lambda out: out.last_hidden_state[:, 0] @ direction
+
+
+def replace_with(pattern, ctx, new):
+    return new
+
+
+def reference_attribution(model, batch, target_fn, steps) -> np.ndarray:
+    """A_l ⊙ mean over k of ∂F/∂A_l at (k/m)·A_l, one model.grad call per layer and step."""
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    loss = lambda out: target_fn(out).sum()
+    result = []
+    for layer in range(model.config.num_hidden_layers):
+        name = f"blocks.{layer}.attn.hook_pattern"
+        pattern = np.asarray(cache[name], np.float64)
+        total = np.zeros_like(pattern)
+        for k in range(1, steps + 1):
+            scaled = jnp.asarray(k / steps * pattern, jnp.float32)
+            _, grads = model.grad(batch, loss, [name], hooks={name: HookFn(replace_with, new=scaled)})
+            total += np.asarray(grads[name], np.float64)
+        result.append(pattern * total / steps)
+    return np.stack(result)
+
+
+def test_attention_attribution_matches_a_loop_of_gradients(case, request):
+    model, batch = case
+    steps = 4 if "bundled" in request.node.name else 20  # the paper's m on the tiny model; fewer calls on the big one
+    target_fn = readout(model)
+    expected = reference_attribution(model, batch, target_fn, steps)
+    got = mixing.attention_attribution(model, batch, target_fn, steps=steps)
+    assert got.shape == expected.shape
+    # A gradient through L blocks in float32: relative rounding ≈ L × block_noise of the largest entry.
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, atol=model.config.num_hidden_layers * block_noise(model) * scale, rtol=0)
+    real = real_mask(model, batch)
+    assert (got.transpose(0, 1, 3, 4, 2)[:, ~real] == 0).all()  # padding keys carry no attention, so no attribution
+
+
+def test_attention_attribution_rejects_a_scalar_target(tiny):
+    with pytest.raises(AnalysisError, match="one value per batch row"):
+        mixing.attention_attribution(tiny, tiny_batch(), lambda out: out.last_hidden_state.sum(), steps=2)
+    with pytest.raises(AnalysisError, match="steps"):
+        mixing.attention_attribution(tiny, tiny_batch(), readout(tiny), steps=0)
