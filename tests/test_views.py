@@ -90,7 +90,8 @@ class Loaded:
     def edges(self, nth: int = 0) -> dict[tuple[int, int, int], float]:
         """{(head, query, key): opacity} of the lines the nth token-lines drawing on the page drew last."""
         self.settle()
-        rows = self.page.evaluate("n => document.querySelectorAll('.mbv-linesbox')[n].mbvDrawn", nth)
+        rows = json.loads(self.page.evaluate(  # one string: 10⁵ small arrays cross to Python slowly
+            "n => JSON.stringify(document.querySelectorAll('.mbv-linesbox')[n].mbvDrawn)", nth))
         return {(h, i, j): w for h, i, j, w in rows}
 
     def pixels(self, selector: str, nth: int = 0) -> np.ndarray:
@@ -118,10 +119,16 @@ def page_of(*views: viz.View) -> str:
 
 def expected_edges(attention_2d: np.ndarray, head: int, rows=None, cols=None):
     """{(head, query, key): true weight} of the lines a page draws: those whose decoded weight shows."""
-    rows = range(len(attention_2d)) if rows is None else rows
-    cols = range(len(attention_2d)) if cols is None else cols
-    shown = shown_weight(attention_2d)
-    return {(head, i, j): attention_2d[i, j] for i in rows for j in cols if shown[i, j] >= MIN_WEIGHT}
+    keep = np.zeros(attention_2d.shape, bool)
+    keep[np.ix_(range(len(attention_2d)) if rows is None else list(rows),
+                range(len(attention_2d)) if cols is None else list(cols))] = True
+    i, j = np.nonzero(keep & (shown_weight(attention_2d) >= MIN_WEIGHT))
+    return {(head, a, b): w for a, b, w in zip(i.tolist(), j.tolist(), attention_2d[i, j].tolist())}
+
+
+def all_heads(attention_3d: np.ndarray) -> dict:
+    """expected_edges of every head of one layer, attention_3d [H, T, S]."""
+    return {e: w for h, pattern in enumerate(attention_3d) for e, w in expected_edges(pattern, h).items()}
 
 
 def assert_edges(drawn: dict, expected: dict):
@@ -370,3 +377,127 @@ def test_neuron_view_warns_when_pattern_is_not_the_softmax(browser):
     np.testing.assert_allclose(view.page.evaluate("[...document.querySelectorAll('text[data-col=softmax]')]"
                                                   ".map(t => +t.dataset.value)"), attention[1, 0, 0], atol=1e-6)
     assert view.problems == []
+
+
+def test_head_view_layer_filter_keeps_only_those_layers(browser):
+    _, _, attention = hand_arrays(n_layers=3)
+    view = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, B_START, layers=[2, 0], layer=0)))
+    page = view.page
+    layer_select = ".mbv-controls select >> nth=0"
+    assert page.locator(layer_select + " >> option").all_inner_texts() == ["3", "1"]  # numbered from 1
+    assert_edges(view.edges(), all_heads(attention[0]))
+    page.select_option(layer_select, index=0)
+    assert_edges(view.edges(), all_heads(attention[2]))
+    data = json.loads(page.locator("script.mbv-data").text_content())
+    assert len(data["arrays"]["attention"]["layers"]) == 2  # the page carries the chosen layers only
+    assert view.problems == []
+    first = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, layers=[1, 2])))
+    assert_edges(first.edges(), all_heads(attention[1]))  # shown first: the first of layers
+    with pytest.raises(viz.VizError, match=r"layer=0 must be among layers=\[1, 2\]"):
+        viz.head_view(TOKENS, attention, layers=[1, 2], layer=0)
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def svg_texts(tree: ElementTree.Element) -> list[str]:
+    return [t.text or "" for t in tree.iter(SVG + "text")]
+
+
+def assert_png(data: bytes, width: float, height: float):
+    """A PNG of the drawing's size (device pixel ratio 1 in headless chromium) that is not blank."""
+    image = matplotlib.image.imread(io.BytesIO(data), format="png")
+    assert data.startswith(b"\x89PNG") and image.shape[:2] == (round(height), round(width))
+    drawn = np.abs(image[..., :3] - image[0, 0, :3]).sum(axis=-1) > 0.1  # unlike the background in the corner
+    assert drawn.mean() > 0.01
+
+
+def test_downloads_save_the_current_drawing_as_png_and_svg(browser):
+    tokens = ["[CLS]", *HOSTILE, "[SEP]"]
+    q, k, attention = hand_arrays(len(tokens))
+    views = [viz.head_view(tokens, attention, 3), viz.model_view(tokens, attention, 3),
+             viz.neuron_view(tokens, q, k, attention, 3, layer=1, head=2)]
+    view = Loaded(browser, content=page_of(*views))
+    page = view.page
+    ids = page.evaluate("[...document.querySelectorAll('.mbv')].map(e => '#' + e.id)")
+
+    page.dblclick(f"{ids[0]} .mbv-swatch >> nth=1")  # the head view shows head 1 only
+    drawing = ElementTree.fromstring(view.download(ids[0], "svg"))  # parses: user text is escaped
+    lines = {(int(e.get("data-h")), int(e.get("data-i")), int(e.get("data-j"))): float(e.get("stroke-opacity"))
+             for e in drawing.iter(SVG + "line") if e.get("data-h") is not None}
+    assert lines == view.edges(0) and lines.keys() == expected_edges(attention[0, 1], 1).keys()
+    assert svg_texts(drawing) == ["query", "key", *tokens, *tokens]
+    assert_png(view.download(ids[0], "png"), float(drawing.get("width")), float(drawing.get("height")))
+
+    grid = ElementTree.fromstring(view.download(ids[1], "svg"))  # the model view's grid: a PNG per thumbnail
+    images = [e.get("href") for e in grid.iter(SVG + "image")]
+    assert len(images) == 6 and all(h.startswith("data:image/png;base64,") for h in images)
+    assert "Layer 2" in svg_texts(grid) and "Head 3" in svg_texts(grid)
+    assert_png(view.download(ids[1], "png"), float(grid.get("width")), float(grid.get("height")))
+    page.click(f"{ids[1]} canvas.mbv-thumb[data-layer='1'][data-head='2']")
+    view.settle()
+    detail = ElementTree.fromstring(view.download(ids[1], "svg"))  # with a head open: that head's lines
+    assert {int(e.get("data-h")) for e in detail.iter(SVG + "line") if e.get("data-h") is not None} == {2}
+
+    neuron = ElementTree.fromstring(view.download(ids[2], "svg"))
+    cells = [e for e in neuron.iter(SVG + "rect") if e.get("fill-opacity") is not None and e.get("rx") is None]
+    size = q.shape[-1]
+    assert len([c for c in cells if c.get("height") == str(22 - 6)]) == size * (1 + 2 * len(tokens))  # q, k, q×k
+    assert HOSTILE[0] in svg_texts(neuron)
+    assert_png(view.download(ids[2], "png"), float(neuron.get("width")), float(neuron.get("height")))
+    assert page.locator(".mbv img").count() == 0
+    assert view.problems == []
+
+
+@pytest.fixture(scope="module")
+def long_doc(bundled):
+    doc = viz.document(bundled, LONG_TEXT, max_length=512)
+    assert len(doc.tokens) == 512
+    return doc
+
+
+@pytest.fixture(scope="module")
+def long_views(long_doc):
+    """The three views of the 512-token document, all layers and heads (the neuron view opens on 2-5)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the neuron view need not carry the pattern: softmax(q·k/√K) matches it
+        return {"head": long_doc.head_view(), "model": long_doc.model_view(),
+                "neuron": long_doc.neuron_view(layer=2, head=5)}
+
+
+def test_512_token_pages_of_the_bundled_model_are_small(long_views):
+    sizes = {name: len(v.document().encode("utf-8")) for name, v in long_views.items()}
+    assert max(sizes.values()) <= PAGE_LIMIT, sizes
+
+
+def test_512_token_views_draw_and_follow_clicks(browser, long_doc, long_views, tmp_path):
+    a = long_doc.attention
+    head = Loaded(browser, url=long_views["head"].save(tmp_path / "head.html").as_uri())
+    assert_edges(head.edges(), all_heads(a[0]))
+    before = head.pixels("canvas.mbv-edges")
+    head.page.select_option(".mbv-controls select >> nth=0", index=3)
+    assert_edges(head.edges(), all_heads(a[3]))
+    assert not np.array_equal(head.pixels("canvas.mbv-edges"), before)
+    head.page.click(".mbv-swatch >> nth=0")  # head 0 off
+    assert {h for h, _, _ in head.edges()} == set(range(1, 12))
+    assert head.problems == []
+
+    model = Loaded(browser, url=long_views["model"].save(tmp_path / "model.html").as_uri())
+    ink = model.page.evaluate("[...document.querySelectorAll('canvas.mbv-thumb')].map(c => c.getContext('2d')"
+                              ".getImageData(0, 0, c.width, c.height).data.filter((_, n) => n % 4 === 3)"
+                              ".reduce((s, v) => s + v, 0))")
+    assert len(ink) == 72 and min(ink) > 0
+    model.page.click("canvas.mbv-thumb[data-layer='5'][data-head='11']")
+    assert_edges(model.edges(), expected_edges(a[5, 11], 11))
+    assert model.problems == []
+
+    neuron = Loaded(browser, url=long_views["neuron"].save(tmp_path / "neuron.html").as_uri())
+    neuron.page.click(".mbv-tok[data-side=left][data-i='300']")
+    assert_neuron_numbers(neuron, long_doc.q[2, :, 5], long_doc.k[2, :, 5], a[2, 5, 300], 300)
+    q, k = (x[2, :, 5].astype(np.float64) for x in (long_doc.q, long_doc.k))
+    weights = softmax(k @ q[300] / np.sqrt(q.shape[-1]))  # the neuron view draws its own softmax, unquantised
+    lines = neuron.edges()
+    assert lines.keys() == {(5, 300, j) for j in np.flatnonzero(weights >= MIN_WEIGHT).tolist()}
+    np.testing.assert_allclose([lines[5, 300, j] for _, _, j in lines], weights[[j for _, _, j in lines]],
+                               rtol=0, atol=(len(weights) + 8) * np.finfo(np.float64).eps)
+    assert neuron.problems == []

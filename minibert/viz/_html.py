@@ -23,7 +23,7 @@ import zlib
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -49,14 +49,13 @@ def _layer_bytes(layer: np.ndarray, packing: Packing) -> bytes:
     return planes.tobytes()
 
 
-def _packed(array: np.ndarray, packing: Packing) -> dict:
-    """{"packing", "shape" (of one layer), "layers": one base64(zlib(bytes)) string per index of axis 0}."""
+def _packed(layers: Sequence[np.ndarray], packing: Packing) -> dict:
+    """{"packing", "shape" (of one layer), "layers": one base64(zlib(bytes)) string per layer}."""
     if packing not in PACKINGS:
         raise VizError(f"packing must be one of {PACKINGS}; got {packing!r}.")
-    array = np.asarray(array)
-    return {"packing": packing, "shape": list(array.shape[1:]),
+    return {"packing": packing, "shape": list(np.shape(layers[0])),
             "layers": [base64.b64encode(zlib.compress(_layer_bytes(layer, packing), 6)).decode("ascii")
-                       for layer in array]}
+                       for layer in layers]}
 
 
 def _safe_json(value) -> str:
@@ -71,9 +70,12 @@ class View:
     `.html` is an HTML fragment (a `<div>` with everything inlined), `.document()` a full page.
     """
 
-    def __init__(self, kind: str, meta: Mapping, arrays: Mapping[str, tuple[np.ndarray, Packing]], *,
+    def __init__(self, kind: str, meta: Mapping, arrays: Mapping[str, tuple[Sequence[np.ndarray], Packing]], *,
                  title: str, theme: str):
-        """arrays: name -> (array whose first axis is the layer, packing); see the module docstring."""
+        """arrays: name -> (its layers: equal-shaped arrays, or one array by its first axis; a packing).
+
+        See the module docstring for the packings.
+        """
         self.kind = kind
         self.title = title
         self.theme = theme

@@ -592,23 +592,30 @@ function drawThumbnail(canvas, values, offset, scale, T, color, filter, mode) {
   context.putImageData(linesImage(Math.round(side * 0.8) - x0, side, [{color: rgb(color), lines: lines}], ratio), x0, 0);
 }
 
-/** The layers × heads grid as SVG: axis labels as text, each thumbnail as an embedded PNG. */
-function gridSvg(grid) {
-  var box = grid.getBoundingClientRect(), node = svg("svg", {width: box.width, height: box.height});
-  Array.from(grid.children).forEach(function (cell) {
-    var r = cell.getBoundingClientRect(), x = r.left - box.left, y = r.top - box.top;
+/** The layers × heads grid as {node: SVG, width, height}: axis labels as text, each thumbnail as an
+    embedded PNG; the picture spans the grid's cells (the grid element may be wider). */
+function gridPicture(root, grid) {
+  var cells = Array.from(grid.children).filter(function (cell) { return cell.tagName === "CANVAS" || cell.textContent; });
+  var rects = cells.map(function (cell) { return cell.getBoundingClientRect(); });
+  var left = Math.min.apply(null, rects.map(function (r) { return r.left; }));
+  var top = Math.min.apply(null, rects.map(function (r) { return r.top; }));
+  var width = Math.ceil(Math.max.apply(null, rects.map(function (r) { return r.right; })) - left);
+  var height = Math.ceil(Math.max.apply(null, rects.map(function (r) { return r.bottom; })) - top);
+  var node = svg("svg", {width: width, height: height});
+  cells.forEach(function (cell, n) {
+    var r = rects[n], x = r.left - left, y = r.top - top;
     if (cell.tagName === "CANVAS") {
       node.appendChild(svg("image", {x: x, y: y, width: r.width, height: r.height, href: cell.toDataURL("image/png")}));
       node.appendChild(svg("rect", {x: x, y: y, width: r.width, height: r.height, rx: 4, fill: "none",
                                     stroke: getComputedStyle(cell).borderTopColor}));
-    } else if (cell.textContent) {
+    } else {
       var style = getComputedStyle(cell);
       node.appendChild(svg("text", {x: x + r.width / 2, y: y + r.height / 2, "text-anchor": "middle",
                                     "dominant-baseline": "central", fill: style.color, "font-size": style.fontSize,
                                     "font-family": style.fontFamily}, cell.textContent));
     }
   });
-  return node;
+  return picture(root, [{node: node, x: 0, y: 0}], width, height);
 }
 
 function modelView(body, meta, arrays, root) {
@@ -621,8 +628,7 @@ function modelView(body, meta, arrays, root) {
                                      function (v) { st.mode = v; draw(); }));
   controls.appendChild(downloadControl(root, busy, "model-view", function () {
     if (st.open) return picture(root, [{node: lines.svg(), x: 0, y: 0}], lines.width, lines.height);
-    var box = grid.getBoundingClientRect();
-    return picture(root, [{node: gridSvg(grid), x: 0, y: 0}], Math.ceil(box.width), Math.ceil(box.height));
+    return gridPicture(root, grid);
   }));
   body.appendChild(controls);
   body.appendChild(div("mbv-help", "Rows are layers, columns heads, numbered from 1 (tooltips give the 0-indexed " +
