@@ -238,22 +238,14 @@ def test_a_tensor_in_two_shards_is_named(tiny, change):
         minibert.load(tiny)
 
 
-@pytest.mark.parametrize("changes, message", [
+@pytest.mark.parametrize("changes, message", [  # more field types, and a config holding a list: test_config
     ({"layer_norm_eps": "1e-12"}, "layer_norm_eps must be a small positive number such as 1e-12, got '1e-12'"),
-    ({"hidden_size": "8"}, "hidden_size must be a positive integer, got '8'"),
     ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
     ({"num_hidden_layers": 1e8}, "num_hidden_layers must be a positive integer, got 100000000.0"),
-    ({"vocab_size": True}, "vocab_size must be a positive integer, got True"),
 ])
 def test_config_values_of_the_wrong_type(tiny, changes, message):
     _edit_config(tiny, **changes)
     with pytest.raises(minibert.ConfigError, match=re.escape(message)):
-        minibert.load(tiny)
-
-
-def test_config_holding_a_list(tiny):
-    (tiny / "config.json").write_text("[1, 2]")
-    with pytest.raises(minibert.ConfigError, match=r"config\.json holds a JSON list; it must hold an object"):
         minibert.load(tiny)
 
 
@@ -276,17 +268,6 @@ def test_too_many_layers_fail_before_any_table_or_allocation(tiny, monkeypatch):
     monkeypatch.setattr(checkpoint, "convert", unreachable)
     with pytest.raises(minibert.CheckpointError, match="config.json says num_hidden_layers = 100000000, but the "
                                                        "weights have 2"):
-        minibert.load(tiny)
-
-
-@pytest.mark.parametrize("content, message", [
-    ("[{\"type\": ", "modules.json is not valid JSON"),
-    ("{\"type\": \"Transformer\"}", "modules.json must be a JSON list of objects with 'type' and 'path' strings"),
-    ("[{\"type\": 3, \"path\": \"\"}]", "modules.json must be a JSON list of objects"),
-])
-def test_invalid_modules_json(tiny, content, message):
-    (tiny / "modules.json").write_text(content)
-    with pytest.raises(minibert.CheckpointError, match=re.escape(message)):
         minibert.load(tiny)
 
 
