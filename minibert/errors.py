@@ -55,4 +55,9 @@ class DataFileMissing(DataFileError, FileNotFoundError):
     """A data file that does not exist."""
 
 
+class DistributedError(MinibertError, RuntimeError):
+    """Processes of a multi-process run that disagree (settings, weights, corpus) or stopped answering: names
+    the processes and how to resume."""
+
+
 ConllError = DataFileError  # the CoNLL-U reader's errors are data-file errors

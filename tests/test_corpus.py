@@ -18,6 +18,7 @@ import pytest
 
 from minibert.analysis import corpus
 from test_analysis_heads import reference_document as reference_head
+from tolerances import sum_rtol
 
 STATISTICS = ("self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
               "entropy", "cls_entropy", "uniform_entropy")
@@ -386,3 +387,147 @@ def test_read_corpus_pairs_from_a_txt(tmp_path):
 def test_bad_inputs(bundled, texts, pairs, settings, message):
     with pytest.raises(ValueError, match=message):
         corpus.survey(bundled, texts, pairs, progress=False, **settings)
+
+
+# ---- merging, corpus files, checkpoints ---------------------------------------------------------------
+
+def regrouping_tolerance(result, keys: int) -> float:
+    """How far two surveys of the same documents may differ when the documents run in other batches, rows
+    or processes: every statistic is a sum of non-negative terms — over each document's ≤ `keys` keys,
+    then over the documents — and each sum, in any order, is within (n − 1)·u of the exact one (Higham,
+    tests/tolerances.py); two runs are both off, in opposite directions at worst. Scale: the largest mean."""
+    largest = max(float(np.abs(v).max()) for v in result.mean.values())
+    return 2 * (sum_rtol(result.documents) + sum_rtol(keys)) * largest
+
+
+def test_merge_weights_means_by_documents_and_adds_sums():
+    one = corpus.SurveyResult({"entropy": np.array([[1.0, 2.0]])}, 1, np.full((2, 2), 0.5),
+                              {"model": "m", "max_length": 128, "devices": 1, "processes": 1, "batch_size": 4},
+                              {"batches": 1, "tokens_run": 16, "real_tokens": 10})
+    three = corpus.SurveyResult({"entropy": np.array([[5.0, 2.0]])}, 3, np.full((2, 2), 1.5),
+                                {"model": "m", "max_length": 128, "devices": 2, "processes": 1, "batch_size": 8},
+                                {"batches": 2, "tokens_run": 64, "real_tokens": 30})
+    merged = corpus.SurveyResult.merge([one, three])
+    assert merged.documents == 4
+    np.testing.assert_allclose(merged.mean["entropy"], [[(1 + 3 * 5) / 4, 2.0]], rtol=1e-15)
+    np.testing.assert_array_equal(merged.js_divergence, np.full((2, 2), 2.0))
+    assert merged.counts == {"batches": 3, "tokens_run": 80, "real_tokens": 40}
+    assert merged.settings == {"model": "m", "max_length": 128, "devices": 3, "processes": 2, "batch_size": None,
+                               "reduce": "merged"}
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(settings={"model": "m", "max_length": 64}), r"result 1 was surveyed with max_length=64 but result 0 with "
+                                                      r"max_length=128"),
+    (dict(js_divergence=None), "differ in js_divergence"),
+    (dict(mean={"entropy": np.zeros((2, 2))}), "another head grid"),
+])
+def test_merge_refuses_results_that_measure_other_things(change, message):
+    base = dict(mean={"entropy": np.zeros((1, 2))}, documents=2, js_divergence=np.zeros((2, 2)),
+                settings={"model": "m", "max_length": 128})
+    with pytest.raises(ValueError, match=message):
+        corpus.SurveyResult.merge([corpus.SurveyResult(**base), corpus.SurveyResult(**dict(base, **change))])
+    with pytest.raises(ValueError, match="non-empty list of SurveyResult"):
+        corpus.SurveyResult.merge([])
+
+
+def test_merged_parts_equal_one_survey_of_the_union(bundled, tmp_path):
+    """Two surveys of two halves (one reduce="local", saved and loaded) merge to the survey of all texts."""
+    whole = corpus.survey(bundled, TEXTS, js_divergence=True, **SETTINGS)
+    first = corpus.survey(bundled, TEXTS[:7], js_divergence=True, **SETTINGS)
+    second = corpus.survey(bundled, TEXTS[7:], js_divergence=True, reduce="local", **SETTINGS)
+    second.save(tmp_path / "second")
+    merged = corpus.SurveyResult.merge([first, corpus.SurveyResult.load(tmp_path / "second")])
+    assert merged.documents == whole.documents == len(TEXTS)
+    assert merged.counts["real_tokens"] == whole.counts["real_tokens"]
+    tolerance = regrouping_tolerance(whole, keys=64)
+    for name in STATISTICS:
+        np.testing.assert_allclose(merged.mean[name], whole.mean[name], rtol=0, atol=tolerance, err_msg=name)
+    # each Jensen–Shannon entry is a sum of non-negative terms over every query row of every document
+    rows = whole.counts["real_tokens"]
+    np.testing.assert_allclose(merged.js_divergence, whole.js_divergence, rtol=2 * sum_rtol(rows), atol=0)
+
+
+def test_survey_of_a_corpus_file_streams_it(bundled, texts_result, tmp_path):
+    """A pathlib.Path is read line by line (blank lines skipped); the same documents in the same order give
+    exactly the numbers of the list."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(TEXTS) + "\n", encoding="utf-8")
+    result = corpus.survey(bundled, path, **SETTINGS)
+    assert result.documents == len(TEXTS) and result.counts == texts_result.counts
+    for name in STATISTICS:
+        np.testing.assert_array_equal(result.mean[name], texts_result.mean[name], err_msg=name)
+
+
+def test_read_corpus_shards_are_strided_and_cover_the_file(tmp_path):
+    (tmp_path / "a.txt").write_text("".join(f"text {i}\n" + "\n" * (i % 2) for i in range(10)), encoding="utf-8")
+    shares = [corpus.read_corpus(tmp_path / "a.txt", shard=(i, 3))[0] for i in range(3)]
+    assert shares == [[f"text {i}" for i in range(k, 10, 3)] for k in range(3)]  # 4, 3 and 3 texts
+    (tmp_path / "p.tsv").write_text("A0\tB0\nA1\tB1\nA2\tB2\n", encoding="utf-8")
+    assert corpus.read_corpus(tmp_path / "p.tsv", shard=(1, 2)) == (["A1"], ["B1"])
+    assert corpus.read_corpus(tmp_path / "p.tsv", shard=(4, 5)) == ([], [])  # more processes than lines
+    (tmp_path / "j.jsonl").write_text('{"text_a": "A0", "text_b": "B0"}\n{"text_a": "A1", "text_b": "B1"}\n')
+    assert corpus.read_corpus(tmp_path / "j.jsonl", shard=(1, 2)) == (["A1"], ["B1"])  # keys of line 1
+    for shard in [(3, 3), (-1, 2), (0, 0), "ab"]:
+        with pytest.raises(ValueError, match=r"shard must be \(index, count\) with 0 <= index < count"):
+            corpus.read_corpus(tmp_path / "a.txt", shard=shard)
+
+
+class Crash(Exception):
+    """The stand-in for a process that dies in the middle of a survey."""
+
+
+def crashing(texts, after: int):
+    yield from texts[:after]
+    raise Crash
+
+
+def test_checkpoint_resume_gives_identical_totals(bundled, tmp_path, monkeypatch):
+    """A survey that dies after 13 documents, started again with the same checkpoint, resumes from the last
+    saved position (8 documents: every 8, chunks of 4) and ends with exactly the totals and counts of a
+    run that was never interrupted; a finished checkpoint returns its result without running anything."""
+    monkeypatch.setattr(corpus, "CHUNK", 4)
+    settings = dict(SETTINGS, every=8, js_divergence=True)
+    whole = corpus.survey(bundled, TEXTS, checkpoint=tmp_path / "whole.ckpt", **settings)
+    with pytest.raises(Crash):
+        corpus.survey(bundled, crashing(TEXTS, 13), checkpoint=tmp_path / "resumed.ckpt", **settings)
+    resumed = corpus.survey(bundled, TEXTS, checkpoint=tmp_path / "resumed.ckpt", **settings)
+    traces = bundled.traces
+    again = corpus.survey(bundled, TEXTS, checkpoint=tmp_path / "resumed.ckpt", **settings)
+    assert bundled.traces == traces and again.counts == resumed.counts
+    for result in (resumed, again):
+        assert result.documents == whole.documents == len(TEXTS) and result.counts == whole.counts
+        for name in STATISTICS:
+            np.testing.assert_array_equal(result.mean[name], whole.mean[name], err_msg=name)
+        np.testing.assert_array_equal(result.js_divergence, whole.js_divergence)
+
+
+def test_checkpoint_of_another_survey_is_refused(bundled, tmp_path):
+    path = tmp_path / "run.ckpt"
+    corpus.survey(bundled, TEXTS[:3], checkpoint=path, **SETTINGS)
+    with pytest.raises(ValueError, match=r"run.ckpt belongs to another survey: its max_length is 128, this run's "
+                                         r"is 64; .* or delete the file"):
+        corpus.survey(bundled, TEXTS[:3], checkpoint=path, **dict(SETTINGS, max_length=64, buckets=(16, 32, 64)))
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"run.ckpt cannot be read .* delete it to start the survey afresh"):
+        corpus.survey(bundled, TEXTS[:3], checkpoint=path, **SETTINGS)
+
+
+@pytest.mark.parametrize("texts, pairs, settings, message", [
+    (["A."], None, {"reduce": "both"}, "reduce must be 'global'"),
+    (["A."], None, {"every": 0}, "every .* must be at least 1"),
+    (["A."], None, {"timeout": 0}, "timeout .* positive"),
+    (["A."], True, {}, "pairs=True reads a corpus file's lines"),
+])
+def test_bad_scale_out_inputs(bundled, texts, pairs, settings, message):
+    with pytest.raises(ValueError, match=message):
+        corpus.survey(bundled, texts, pairs, progress=False, **settings)
+
+
+def test_initialize_names_missing_settings(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID not set"):
+        corpus.initialize("localhost:1234")
+    with pytest.raises(RuntimeError, match=r"process id 2 must lie in 0 … 1"):
+        corpus.initialize("localhost:1234", 2, 2)

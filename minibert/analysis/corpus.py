@@ -25,23 +25,33 @@ How a corpus runs:
   turn on JAX's persistent cache before the first survey:
   `jax.config.update("jax_compilation_cache_dir", "~/.cache/jax")`.
 
-Scale-out: the batch axis is sharded over the local devices (`jax.sharding`, one mesh axis "data"). On
-several hosts, call `jax.distributed.initialize()` in every process first, then let every process call
-`survey` with its own share of the corpus (e.g. every `jax.process_count()`-th document, starting at
-`jax.process_index()`). Each step's global batch is built from every process's rows with
-`jax.make_array_from_process_local_data`; before each chunk the processes agree (one small all-gather)
-on how many batches of each bucket to run, and a process with fewer documents runs empty ones; the
-totals come back reduced over all processes, so every process gets the same SurveyResult. (The
-multi-host path is written for, not tested on, several hosts; tests cover several devices of one.)
+Scale-out (docs/scale_out.md): the batch axis is sharded over the local devices (`jax.sharding`, one mesh
+axis "data"). Several processes (`initialize()`, i.e. jax.distributed, in each) run in one of two ways:
+- reduce="global" (default): every process calls `survey(model, path)` with the same corpus file and reads
+  and tokenizes only its share (every `jax.process_count()`-th text, streamed); the processes run in
+  lockstep, one global batch at a time (`jax.make_array_from_process_local_data`), agree before each
+  chunk on how many batches of each row length to run (a process with fewer documents runs empty
+  ones), and all return the statistics of the whole corpus. At the start they check that they run the
+  same settings, weights and corpus, and a process that stops answering ends the run with a
+  DistributedError naming it after `timeout` seconds.
+- reduce="local": no communication; each process returns the result of its own share, and
+  `SurveyResult.merge` adds them up (the same engine a Ray fleet uses: corpus_ray.survey_ray).
+checkpoint=path keeps the running totals and the position (rewritten atomically every `every` documents);
+a survey started again with the same checkpoint resumes there, with totals identical to an
+uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
+import hashlib
 import json
+import os
 import sys
+import time
 import weakref
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -52,11 +62,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from minibert.analysis import heads
+from minibert.api import length_buckets
 from minibert.hooks import HookFn
-from minibert.errors import AnalysisError, DataFileMissing
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DistributedError
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
-_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → {js_divergence: jitted step}
+_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → {(js, sep_normalization): jitted step}
+_PLACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → (state, device ids, state on them)
+_DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → (state, sha256 of the weights)
+_RUNS = itertools.count()  # surveys started in this process: names each run's handshake keys
+MERGE_KEYS = ("model", "max_length", "segment_ids", "sep_normalization")  # settings that change the numbers
 
 
 @dataclasses.dataclass
@@ -65,20 +80,48 @@ class SurveyResult:
 
     mean: dict[str, np.ndarray]
     documents: int
-    js_divergence: np.ndarray | None = None  # [L·H, L·H], summed over documents (ANALYSIS.md)
+    js_divergence: np.ndarray | None = None  # [L·H, L·H], summed over documents (docs/definitions.md)
     settings: dict = dataclasses.field(default_factory=dict)
     counts: dict = dataclasses.field(default_factory=dict)  # batches, tokens_run (padded), real_tokens
 
     def table(self) -> list[dict]:
         return heads.head_table(self.mean)
 
+    @property
+    def sums(self) -> dict[str, np.ndarray]:
+        """Each statistic summed over the documents ([L, H]): mean × documents, what merging adds."""
+        return {name: value * self.documents for name, value in self.mean.items()}
+
+    @classmethod
+    def merge(cls, results: Iterable["SurveyResult"]) -> "SurveyResult":
+        """The result of one survey over the union of the results' corpora (each process's reduce="local"
+        result, Ray blocks, saved and loaded parts): documents and counts summed, means weighted by
+        documents, Jensen–Shannon sums added. The parts must agree on the settings in MERGE_KEYS."""
+        results = list(results)
+        if not results or not all(isinstance(r, SurveyResult) for r in results):
+            raise AnalysisError("merge takes a non-empty list of SurveyResult (e.g. each process's "
+                                "survey(..., reduce='local')).")
+        _check_mergeable(results)
+        documents = sum(r.documents for r in results)
+        if documents == 0:
+            raise AnalysisError("the results to merge hold no documents; survey at least one text.")
+        mean = {name: sum(r.sums[name] for r in results) / documents for name in results[0].mean}
+        js = None if results[0].js_divergence is None else sum(r.js_divergence for r in results)
+        counts = {key: sum(r.counts.get(key, 0) for r in results) for key in results[0].counts}
+        return cls(mean, documents, js, _merged_settings([r.settings for r in results]), counts)
+
     def save(self, path: str | Path) -> tuple[Path, Path]:
         """Write `path.npz` (arrays) and `path.json` (settings, documents, tidy per-head table). A
-        suffix .npz, .json or .csv on `path` is dropped; any other dot stays part of the name."""
+        suffix .npz, .json or .csv on `path` is dropped; any other dot stays part of the name.
+        A result every process of a reduce="global" run holds is written by process 0 only (the others
+        return the same paths and write nothing)."""
+        npz, js = output_paths(path)
+        if self.settings.get("reduce") == "global" and self.settings.get("processes", 1) > 1 \
+                and jax.process_index() != 0:
+            return npz, js
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence
-        npz, js = output_paths(path)
         np.savez_compressed(npz, **arrays)
         js.write_text(json.dumps({"documents": self.documents, "settings": self.settings, "counts": self.counts,
                                   "heads": self.table()}, indent=1))
@@ -95,6 +138,37 @@ class SurveyResult:
         return cls(mean, info["documents"], js, info["settings"], info.get("counts", {}))
 
 
+def _check_mergeable(results: list[SurveyResult]) -> None:
+    """The parts of a merge measure the same thing: the same statistics and head grid, the same settings
+    in MERGE_KEYS, and a Jensen–Shannon matrix in all or none."""
+    first = results[0]
+    for number, result in enumerate(results[1:], 1):
+        if set(result.mean) != set(first.mean) or any(result.mean[k].shape != first.mean[k].shape for k in first.mean):
+            raise AnalysisError(f"result {number} holds other statistics or another head grid than result 0; merge "
+                                f"only surveys of the same model.")
+        differ = [key for key in MERGE_KEYS if result.settings.get(key) != first.settings.get(key)]
+        if differ:
+            key = differ[0]
+            raise AnalysisError(f"result {number} was surveyed with {key}={result.settings.get(key)!r} but result 0 "
+                                f"with {key}={first.settings.get(key)!r}; merge only surveys run with the same "
+                                f"{', '.join(MERGE_KEYS)}.")
+        if (result.js_divergence is None) != (first.js_divergence is None):
+            raise AnalysisError(f"result {number} and result 0 differ in js_divergence (one has the matrix); run "
+                                f"every part with the same js_divergence setting.")
+
+
+def _merged_settings(settings: list[dict]) -> dict:
+    """Settings of a merged result: what every part shares, devices and processes added up, and None where
+    the parts differ in how they ran (batching, say)."""
+    merged = {key: value if all(s.get(key) == value for s in settings) else None
+              for key, value in settings[0].items()}
+    for key in ("devices", "processes"):
+        if all(key in s for s in settings):
+            merged[key] = sum(s[key] for s in settings)
+    merged["reduce"] = "merged"
+    return merged
+
+
 def output_paths(path: str | Path) -> tuple[Path, Path]:
     """(prefix.npz, prefix.json) for a prefix, or for a path that already ends in .npz, .json or .csv."""
     path = Path(path)
@@ -104,47 +178,115 @@ def output_paths(path: str | Path) -> tuple[Path, Path]:
 
 # ---- reading a corpus ---------------------------------------------------------------------------------
 
-def read_corpus(path: str | Path, pairs: bool = False) -> tuple[list[str], list[str] | None]:
+def read_corpus(path: str | Path, pairs: bool = False,
+                shard: tuple[int, int] | None = None) -> tuple[list[str], list[str] | None]:
     """(texts, pairs or None) from a file; blank lines are skipped.
 
     .tsv, or any text file with pairs=True: one `A<TAB>B` pair per line. .jsonl: one JSON object per
     line, with "text", or "text_a" and "text_b". Any other suffix (.txt): one text per line.
+    shard=(index, count): only every count-th text from the index-th on (0-based, blank lines not
+    counted), as one of `count` processes reads it; the file is streamed, never loaded whole.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataFileMissing(f"{path} is not a file; pass a .txt (one text per line), .tsv (A<TAB>B per "
-                                f"line) or .jsonl file.")
-    lines = [(number, line) for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-             if line.strip()]
-    if not lines:
-        raise AnalysisError(f"{path} holds no text; put one text per line (or A<TAB>B pairs in a .tsv).")
-    if path.suffix == ".jsonl":
-        return _read_jsonl(path, lines)
-    if path.suffix == ".tsv" or pairs:
-        split = [(number, line.split("\t")) for number, line in lines]
-        bad = [number for number, parts in split if len(parts) != 2]
-        if bad:
-            raise AnalysisError(f"{path}: lines {bad[:5]} do not hold exactly two tab-separated texts (A<TAB>B).")
-        return [a for _, (a, _) in split], [b for _, (_, b) in split]
-    return [line for _, line in lines], None
+    corpus = CorpusFile(path, pairs)
+    rows = list(corpus.rows(shard))
+    return [a for a, _ in rows], [b for _, b in rows] if corpus.has_pairs else None
 
 
-def _read_jsonl(path: Path, lines) -> tuple[list[str], list[str] | None]:
-    rows = []
-    for number, line in lines:
+class CorpusFile:
+    """A corpus file in read_corpus's formats, read line by line: `rows(shard)` yields (text, second text
+    or None) for one process's share; `fingerprint()` tells copies of the file apart cheaply."""
+
+    FINGERPRINT_BYTES = 1 << 20  # the file's size and a hash of its first MB identify it across processes
+
+    def __init__(self, path: str | Path, pairs: bool = False):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataFileMissing(f"{self.path} is not a file; pass a .txt (one text per line), .tsv (A<TAB>B per "
+                                  f"line) or .jsonl file.")
+        first = next(self._lines(), None)
+        if first is None:
+            raise AnalysisError(f"{self.path} holds no text; put one text per line (or A<TAB>B pairs in a .tsv).")
+        self.kind = "jsonl" if self.path.suffix == ".jsonl" else "pairs" if self.path.suffix == ".tsv" or pairs \
+            else "texts"
+        if self.kind == "jsonl":  # the first object's keys say whether the file holds texts or pairs
+            row = self._json(*first)  # (number, line)
+            self.keys = ("text_a", "text_b") if isinstance(row, dict) and "text_a" in row else ("text",)
+
+    @property
+    def has_pairs(self) -> bool:
+        return self.kind == "pairs" or (self.kind == "jsonl" and len(self.keys) == 2)
+
+    def rows(self, shard: tuple[int, int] | None = None, skip: int = 0) -> Iterator[tuple[str, str | None]]:
+        """(text, second text or None) for every count-th non-blank line from the index-th on, after the
+        first `skip` of them (a resumed survey's position)."""
+        index, count = _checked_shard(shard)
+        lines = itertools.islice(self._lines(), index, None, count)
+        for number, line in itertools.islice(lines, skip, None):
+            yield self.parse(line, number)
+
+    def fingerprint(self) -> str:
+        with self.path.open("rb") as file:
+            head = file.read(self.FINGERPRINT_BYTES)
+        return f"{self.path.stat().st_size} bytes, sha256 of the first MB {hashlib.sha256(head).hexdigest()[:16]}"
+
+    def _lines(self) -> Iterator[tuple[int, str]]:
+        """(line number from 1, line) for the lines that are not blank."""
+        with self.path.open("rb") as file:  # bytes, decoded line by line, so a decoding error names its line
+            for number, raw in enumerate(file, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataFileError(f"{self.path}, line {number}: not valid UTF-8 (byte {raw[error.start]:#04x}, "
+                                        f"the line's byte {error.start + 1}); save the file as UTF-8.") from None
+                if line.strip():
+                    yield number, line.rstrip("\r\n")
+
+    def parse(self, line: str, number: int | None = None) -> tuple[str, str | None]:
+        """(text, second text or None) from one non-blank line (number: its line number, for errors)."""
+        if self.kind == "texts":
+            return line, None
+        if self.kind == "pairs":
+            parts = line.split("\t")
+            if len(parts) != 2:
+                bad = [] if number is None else [n for n, other in itertools.islice(self._lines_after(number), 4)
+                                                 if other.count("\t") != 1]
+                where = f"lines {[number, *bad]}" if number else _line(number, line)
+                raise AnalysisError(f"{self.path}: {where} do not hold exactly two tab-separated texts (A<TAB>B).")
+            return parts[0], parts[1]
+        row = self._json(number, line)
+        if not isinstance(row, dict) or any(not isinstance(row.get(key), str) for key in self.keys):
+            raise AnalysisError(f"{self.path}, {_line(number, line)}: expected an object with string field(s) "
+                                f"{' and '.join(repr(k) for k in self.keys)} like the first line; got {str(row)[:60]}.")
+        return row[self.keys[0]], row[self.keys[1]] if len(self.keys) == 2 else None
+
+    def _lines_after(self, number: int) -> Iterator[tuple[int, str]]:
+        """Every non-blank line after line `number`: an error names up to five bad lines, not just one."""
+        return ((n, line) for n, line in self._lines() if n > number)
+
+    def _json(self, number: int | None, line: str):
         try:
-            rows.append(json.loads(line))
+            return json.loads(line)
         except json.JSONDecodeError as error:
-            raise AnalysisError(f"{path}, line {number}: not valid JSON ({error.msg}); write one object per line, "
-                             f'e.g. {{"text": "..."}} or {{"text_a": "...", "text_b": "..."}}.') from None
-    keys = ("text_a", "text_b") if isinstance(rows[0], dict) and "text_a" in rows[0] else ("text",)
-    for (number, _), row in zip(lines, rows):
-        if not isinstance(row, dict) or any(not isinstance(row.get(key), str) for key in keys):
-            raise AnalysisError(f"{path}, line {number}: expected an object with string field(s) "
-                             f"{' and '.join(repr(k) for k in keys)} like the first line; got {str(row)[:60]}.")
-    if len(keys) == 2:
-        return [row["text_a"] for row in rows], [row["text_b"] for row in rows]
-    return [row["text"] for row in rows], None
+            raise AnalysisError(f"{self.path}, {_line(number, line)}: not valid JSON ({error.msg}); write one object per line, "
+                                f'e.g. {{"text": "..."}} or {{"text_a": "...", "text_b": "..."}}.') from None
+
+
+def _line(number: int | None, line: str) -> str:
+    """How an error names a line: by number where the reader knows it (a Ray block does not)."""
+    return f"line {number}" if number else f"the line {line[:60]!r}"
+
+
+def _checked_shard(shard) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    try:
+        index, count = (int(v) for v in shard)
+    except (TypeError, ValueError):
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise AnalysisError(f"shard must be (index, count) with 0 <= index < count, e.g. (jax.process_index(), "
+                            f"jax.process_count()); got {shard!r}.")
+    return index, count
 
 
 # ---- batching -----------------------------------------------------------------------------------------
@@ -153,12 +295,8 @@ def default_buckets(max_length: int) -> tuple[int, ...]:
     """Row lengths 128, 256, 512, … up to max_length (just max_length when it is at most 128). Rows pack
     several documents, so one row length wastes little; each length is one program to compile — on a
     CPU a compile costs as much as running ten to twenty thousand tokens — and attention over long rows
-    costs more per token, hence a few lengths for long documents."""
-    buckets, size = [], 128
-    while size < max_length:
-        buckets.append(size)
-        size *= 2
-    return (*buckets, max_length)
+    costs more per token, hence a few lengths for long documents. The rule is the core's (api.length_buckets)."""
+    return length_buckets(max_length, smallest=128, per_octave=1)
 
 
 def default_batch_tokens(platform: str) -> int:
@@ -245,14 +383,18 @@ class _Packer:
 
 # ---- the survey ---------------------------------------------------------------------------------------
 
-def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, batch_tokens: int | None = None,
-           batch_size: int | None = None, max_length: int = 128, buckets: Sequence[int] | None = None,
-           pack: bool = True, segment_ids: str = "real", js_divergence: bool = False, progress: bool = True,
-           devices: Sequence | None = None) -> SurveyResult:
-    """Clark et al. head statistics over a corpus (ANALYSIS.md), each averaged over documents.
+def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str] | bool | None = None, *,
+           batch_tokens: int | None = None, batch_size: int | None = None, max_length: int = 128,
+           buckets: Sequence[int] | None = None, pack: bool = True, segment_ids: str = "real",
+           js_divergence: bool = False, progress: bool = True, devices: Sequence | None = None,
+           sep_normalization: str = "clark", reduce: str = "global", checkpoint: str | Path | None = None,
+           every: int = 100_000, timeout: float = 60.0) -> SurveyResult:
+    """Clark et al. head statistics over a corpus (docs/definitions.md), each averaged over documents.
 
-    texts (and pairs, one second text per text): lists or any iterables of strings, streamed a chunk at
-    a time. Segments longer than max_length tokens are truncated (longest first).
+    texts: a pathlib.Path to a corpus file in read_corpus's formats (pairs=True reads a .txt as A<TAB>B),
+      streamed; with several processes each reads and tokenizes only its share. Or lists / iterables of
+      strings, streamed a chunk at a time (pairs: one second text per text); with several processes,
+      each process's own share. Segments longer than max_length tokens are truncated (longest first).
     batch_tokens: tokens per batch (default: default_batch_tokens of the devices' platform); rows of
       length T run batch_tokens // T at a time (rounded down to a multiple of the device count). With
       several processes: per process.
@@ -261,11 +403,29 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
     pack: several documents per row (True), or one (False).
     segment_ids: "real" (sentence B gets type 1) or "zeros" (Clark et al.'s extraction script).
     js_divergence: also accumulate the Jensen–Shannon matrix between heads (much more work per batch).
+    sep_normalization: "clark" (sep_to_sep / 2, rest_to_sep / (n − 2), the paper's; default) or "count".
     devices: the local devices to shard each batch over (default: all of them).
-    Several hosts: see the module docstring.
+    reduce: "global" — with several processes (initialize()) they run in lockstep and each returns the
+      result of the whole corpus; "local" — this process's share alone, no communication: add the
+      processes' results up with SurveyResult.merge.
+    checkpoint: a file for the running totals and the position, rewritten atomically every `every`
+      documents (per process) and at the end; a survey that finds it resumes there (same settings,
+      weights, corpus and process count, else an error naming what differs). With reduce="global"
+      process 0 writes it and every process reads it (put it on a disk they share); with "local" and
+      several processes each process keeps its own (the file name plus ".process<i>").
+    timeout: seconds a process waits at each chunk for the others before it stops with a
+      DistributedError naming the missing ones; keep it below initialize()'s heartbeat_timeout.
     """
     heads.check_segment_ids(segment_ids)
-    devices = _checked_devices(devices)
+    heads.check_sep_normalization(sep_normalization)
+    if reduce not in ("global", "local"):
+        raise AnalysisError(f"reduce must be 'global' (every process gets the whole corpus's result) or 'local' "
+                            f"(this process's share, to merge later), not {reduce!r}.")
+    if not every >= 1 or not timeout > 0:
+        raise AnalysisError(f"every (documents between checkpoints) must be at least 1 and timeout (seconds) "
+                            f"positive; got every={every}, timeout={timeout}.")
+    devices = _checked_devices(devices, reduce)
+    distributed = reduce == "global" and jax.process_count() > 1
     batch_tokens = default_batch_tokens(devices[0].platform) if batch_tokens is None else batch_tokens
     if batch_size is not None and (batch_size < 1 or batch_size % len(devices)):
         suggestion = len(devices) * max(1, batch_size // len(devices))
@@ -275,15 +435,32 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
         raise AnalysisError(f"batch_tokens must be positive (tokens per batch, e.g. 2048); got {batch_tokens}.")
     buckets = _checked_buckets(buckets, max_length, model.config.max_position_embeddings)
     rows = (lambda size: batch_size) if batch_size else (lambda size: batch_rows(size, batch_tokens, len(devices)))
+    settings = dict(batch_tokens=None if batch_size else batch_tokens, batch_size=batch_size,
+                    max_length=max_length, buckets=list(buckets), pack=pack, segment_ids=segment_ids,
+                    sep_normalization=sep_normalization, devices=len(devices), model=model.source)
 
-    mesh = Mesh(np.array(devices if jax.process_count() == 1 else jax.devices()), ("data",))
+    source = _Source(texts, pairs)
+    run_id = dict(settings, js_divergence=js_divergence, reduce=reduce, processes=jax.process_count(),
+                  chunk=CHUNK, every=-(-every // CHUNK) * CHUNK, corpus=source.fingerprint)
+    if distributed or checkpoint is not None:
+        run_id["weights"] = _weights_digest(model)
+    saved = _Checkpoint.open(checkpoint, reduce, run_id)
+    documents_in = source.rows(skip=saved.chunks * CHUNK)
+    if distributed:
+        first = list(itertools.islice(documents_in, CHUNK))
+        documents_in = itertools.chain(first, documents_in)
+        _check_processes_agree(run_id, saved.chunks, first if source.fingerprint is None else None)
+
+    mesh = Mesh(np.array(jax.devices() if distributed else devices), ("data",))
     replicated, by_rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
-    state = jax.device_put(model.state, replicated)
-    step = _survey_step(model, js_divergence)
-    totals = jax.device_put(_zeros(model, js_divergence), replicated)
+    state = _placed_state(model, mesh)
+    step = _survey_step(model, js_divergence, sep_normalization)
+    totals = _replicated(saved.totals or _zeros(model, js_divergence), replicated)
     packer = _Packer(buckets, rows, pack)
-    bar = _progress(texts, progress)
+    packer.used = set(saved.used)
+    bar = _progress(source.total, progress and (not distributed or jax.process_index() == 0))
     previous, counts = None, dict(batches=0, tokens_run=0, real_tokens=0)
+    tag = f"minibert/survey/{next(_RUNS)}"
 
     def run(batches):
         nonlocal totals, previous
@@ -301,37 +478,90 @@ def survey(model, texts: Iterable[str], pairs: Iterable[str] | None = None, *, b
                     bar.update(previous[1])
             previous = (totals, documents)
 
-    chunks = _tokenized_chunks(model, texts, pairs, max_length)
-    for start in itertools.count(0, CHUNK):
-        batch = next(chunks, None)
-        if batch is not None:
-            lengths = batch.attention_mask.sum(1)
-            if lengths.max() > buckets[-1]:
-                raise AnalysisError(f"document {start + int(lengths.argmax())} has {lengths.max()} tokens but the largest "
-                                 f"bucket is {buckets[-1]}; add a bucket of {max_length} (max_length).")
-            packer.add(batch)
-        batches, more = _agreed(packer.full_batches(), buckets, more=batch is not None)
-        run(batches)
-        if not more:
-            break
-    run(_agreed(packer.flush(), buckets, more=False)[0])
-    if bar is not None:
-        if previous is not None:
-            bar.update(previous[1])
-        bar.close()
-    totals = {name: np.asarray(value, np.float64) for name, value in totals.items()}
+    def keep(chunks: int):
+        """Run what the packer holds and save the totals: the position is then a whole number of chunks."""
+        run(_agreed(packer.flush(), buckets, more=False)[0])
+        host = {name: np.asarray(value) for name, value in totals.items()}
+        everywhere = _summed_over_processes(counts) if distributed else counts
+        if not distributed or jax.process_index() == 0:
+            saved.save(chunks, host, packer.used, {k: v + saved.counts.get(k, 0) for k, v in everywhere.items()})
+
+    chunks = _tokenized_chunks(model, documents_in, source.pairs, max_length, saved.chunks * CHUNK)
+    with _named_peer_failures(distributed, timeout):
+        for index in itertools.count(saved.chunks):
+            batch = next(chunks, None)
+            if batch is not None:
+                lengths = batch.attention_mask.sum(1)
+                if lengths.max() > buckets[-1]:
+                    raise AnalysisError(f"document {index * CHUNK + int(lengths.argmax())} has {lengths.max()} tokens but "
+                                        f"the largest bucket is {buckets[-1]}; add a bucket of {max_length} (max_length).")
+                packer.add(batch)
+            if distributed:
+                _await_peers(tag, index, timeout)
+            batches, more = _agreed(packer.full_batches(), buckets, more=batch is not None)
+            run(batches)
+            if not more:
+                break
+            if saved.path is not None and (index + 1) * CHUNK % run_id["every"] == 0:
+                keep(index + 1)
+        if saved.path is not None:
+            keep(index + 1)
+        else:
+            run(_agreed(packer.flush(), buckets, more=False)[0])
+        if distributed:
+            counts = _summed_over_processes(counts)
+        if bar is not None:
+            if previous is not None:
+                bar.update(previous[1])
+            bar.close()
+        totals = {name: np.asarray(value, np.float64) for name, value in totals.items()}
+    counts = {key: value + saved.counts.get(key, 0) for key, value in counts.items()}
     documents = int(round(float(totals.pop("documents"))))
-    if documents == 0:
-        raise AnalysisError("survey got no texts; pass a non-empty list (or iterable) of strings.")
+    if documents == 0 and (reduce == "global" or jax.process_count() == 1):
+        raise AnalysisError("survey got no texts; pass a non-empty list (or iterable) of strings, or a file.")
     js = totals.pop("js_divergence", None)
-    settings = dict(batch_tokens=None if batch_size else batch_tokens, batch_size=batch_size,
-                    max_length=max_length, buckets=list(buckets), pack=pack, segment_ids=segment_ids,
-                    devices=len(devices), processes=jax.process_count(), model=model.source)
-    return SurveyResult({name: totals[name] / documents for name in heads.STATISTICS}, documents, js, settings,
-                        counts)
+    settings.update(devices=mesh.size, processes=jax.process_count() if distributed else 1, reduce=reduce)
+    mean = {name: totals[name] / max(documents, 1) for name in heads.STATISTICS}
+    return SurveyResult(mean, documents, js, settings, counts)
 
 
-def _checked_devices(devices) -> list:
+class _Source:
+    """What survey reads: a corpus file (each process its share) or lists / iterables of strings."""
+
+    def __init__(self, texts, pairs):
+        if isinstance(texts, Path):
+            if pairs is not None and not isinstance(pairs, bool):
+                raise AnalysisError("with a corpus file, pairs is True (read a .txt as A<TAB>B) or left out; the "
+                                    "second texts come from the file.")
+            self.file = CorpusFile(texts, bool(pairs))
+            self.pairs, self.total, self.fingerprint = self.file.has_pairs, None, self.file.fingerprint()
+            return
+        if isinstance(texts, str) or isinstance(pairs, str):
+            raise AnalysisError("survey takes a list (or iterable) of texts, or a pathlib.Path to a corpus file, not "
+                                "one string; wrap a text as [text], a file name as Path(name).")
+        if isinstance(pairs, bool):
+            raise AnalysisError("pairs=True reads a corpus file's lines as A<TAB>B; with lists, pass the second "
+                                "texts themselves.")
+        if pairs is not None and hasattr(texts, "__len__") and hasattr(pairs, "__len__") and len(texts) != len(pairs):
+            raise AnalysisError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
+        for name, values in (("texts", texts), ("pairs", pairs)):
+            if isinstance(values, Sequence):  # a list is checked whole before any batch runs; a stream, as read
+                _check_strings(name, values, 0)
+        self.file, self.texts, self.second = None, texts, pairs
+        self.pairs, self.fingerprint = pairs is not None, None
+        self.total = len(texts) if hasattr(texts, "__len__") else None
+
+    def rows(self, skip: int) -> Iterator[tuple[str, str | None]]:
+        """(text, second text or None), after the first `skip` (a resumed survey's position)."""
+        if self.file is not None:
+            shard = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+            return self.file.rows(shard, skip)
+        rows = zip(self.texts, itertools.repeat(None)) if self.second is None else zip(self.texts, self.second,
+                                                                                         strict=True)
+        return itertools.islice(rows, skip, None)
+
+
+def _checked_devices(devices, reduce: str) -> list:
     local = jax.local_devices()
     if devices is None:
         return local
@@ -342,9 +572,9 @@ def _checked_devices(devices) -> list:
     foreign = [d for d in devices if d not in local]
     if foreign:
         raise AnalysisError(f"devices {foreign} are not local devices of this process; pick from {local}.")
-    if jax.process_count() > 1 and devices != local:
-        raise AnalysisError("with several processes every process shards over all its local devices; leave "
-                         "devices out.")
+    if jax.process_count() > 1 and reduce == "global" and devices != local:
+        raise AnalysisError("with several processes and reduce='global' every process shards over all its local "
+                            "devices; leave devices out (or use reduce='local').")
     return devices
 
 
@@ -361,28 +591,28 @@ def _checked_buckets(buckets, max_length: int, positions: int) -> tuple[int, ...
     return buckets
 
 
-def _tokenized_chunks(model, texts, pairs, max_length: int) -> Iterator:
-    """Batches of up to CHUNK tokenized documents (rows padded to the chunk's longest)."""
-    if isinstance(texts, str) or isinstance(pairs, str):
-        raise AnalysisError("survey takes a list (or iterable) of texts, not one string; wrap it: [text].")
-    if pairs is not None and hasattr(texts, "__len__") and hasattr(pairs, "__len__") and len(texts) != len(pairs):
-        raise AnalysisError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
-    rows = iter(texts) if pairs is None else zip(texts, pairs, strict=True)
-    for start in itertools.count(0, CHUNK):
+def _tokenized_chunks(model, rows: Iterator, pairs: bool, max_length: int, first: int) -> Iterator:
+    """Batches of up to CHUNK tokenized documents (rows padded to the chunk's longest); `first` numbers
+    the first document in error messages."""
+    for start in itertools.count(first, CHUNK):
         try:
             chunk = list(itertools.islice(rows, CHUNK))
         except ValueError as error:  # zip(strict=True) of iterables of different lengths
             raise AnalysisError(f"texts and pairs have different lengths ({error}).") from None
         if not chunk:
             return
-        first = chunk if pairs is None else [a for a, _ in chunk]
-        second = None if pairs is None else [b for _, b in chunk]
-        for name, values in (("texts", first), ("pairs", second or ())):
-            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
-            if bad is not None:
-                raise AnalysisError(f"{name}[{start + bad}] is not a string but {type(values[bad]).__name__}; "
-                                 f"pass text.")
-        yield model.tokenize(first, second, max_length=max_length)
+        first_texts = [a for a, _ in chunk]
+        second = [b for _, b in chunk] if pairs else None
+        for name, values in (("texts", first_texts), ("pairs", second or ())):
+            _check_strings(name, values, start)
+        yield model.tokenize(first_texts, second, max_length=max_length)
+
+
+def _check_strings(name: str, values: Sequence, start: int) -> None:
+    """Every value is a text; the error names the first that is not by its index (`start` numbers values[0])."""
+    bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise AnalysisError(f"{name}[{start + bad}] is not a string but {type(values[bad]).__name__}; pass text.")
 
 
 def _agreed(batches: list, buckets: Sequence[int], more: bool) -> tuple[list, bool]:
@@ -390,14 +620,200 @@ def _agreed(batches: list, buckets: Sequence[int], more: bool) -> tuple[list, bo
     with the most, the missing ones empty (None); `more`: whether any process has documents left."""
     if jax.process_count() == 1:
         return batches, more
-    from jax.experimental import multihost_utils
-
     counts = np.array([more] + [sum(size == s for s, _ in batches) for size in buckets], np.int32)
-    agreed = np.asarray(multihost_utils.process_allgather(counts)).max(0)
+    agreed = _gathered(counts).max(0)
     padded = [b for size in buckets for b in [x for x in batches if x[0] == size]]
     for size, wanted in zip(buckets, agreed[1:]):
         padded += [(size, None)] * int(wanted - sum(size == s for s, _ in batches))
     return padded, bool(agreed[0])
+
+
+# ---- several processes --------------------------------------------------------------------------------
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, *, heartbeat_timeout: int = 100) -> None:
+    """Start jax.distributed for a multi-process survey; call it in every process before anything else
+    touches JAX. Arguments left out come from JAX_COORDINATOR_ADDRESS (host:port of process 0),
+    JAX_NUM_PROCESSES and JAX_PROCESS_ID. On CPUs the collectives go over gloo.
+    heartbeat_timeout: seconds after which the runtime declares a silent process dead and aborts every
+    other one (SIGABRT, which no Python code can catch); survey's `timeout` should stay below it so that
+    the survey stops first, with an error that names the process."""
+    values = {"JAX_COORDINATOR_ADDRESS": coordinator_address, "JAX_NUM_PROCESSES": num_processes,
+              "JAX_PROCESS_ID": process_id}
+    values = {name: os.environ.get(name) if value is None else value for name, value in values.items()}
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        raise DistributedError(f"{', '.join(missing)} not set; pass the coordinator address (host:port of process "
+                               f"0), the number of processes and this process's id, or set those variables.")
+    try:
+        count, index = int(values["JAX_NUM_PROCESSES"]), int(values["JAX_PROCESS_ID"])
+    except ValueError:
+        raise DistributedError(f"the number of processes and the process id must be integers; got "
+                               f"{values['JAX_NUM_PROCESSES']!r} and {values['JAX_PROCESS_ID']!r}.") from None
+    if not 0 <= index < count:
+        raise DistributedError(f"process id {index} must lie in 0 … {count - 1} (the number of processes is {count}).")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(values["JAX_COORDINATOR_ADDRESS"], count, index,
+                               heartbeat_timeout_seconds=int(heartbeat_timeout))
+
+
+def _gathered(values: np.ndarray) -> np.ndarray:
+    """[processes, …]: every process's `values` (one small all-gather)."""
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(values))
+
+
+def _summed_over_processes(counts: dict) -> dict:
+    keys = sorted(counts)
+    total = _gathered(np.array([counts[k] for k in keys], np.int64)).sum(0)
+    return {key: int(value) for key, value in zip(keys, total)}
+
+
+def _digest(value) -> np.ndarray:
+    """sha256 of a JSON-able value as 32 uint8: what the processes compare."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
+
+
+def _check_processes_agree(run_id: dict, position: int, first_texts: list | None) -> None:
+    """Before the first batch: every process runs the same settings and weights on the same corpus file
+    from the same checkpoint position, or the survey stops naming what differs. With lists of texts,
+    every process getting the same first texts means each was handed the whole corpus."""
+    items = {"settings": {k: v for k, v in run_id.items() if k not in ("weights", "corpus")},
+             "weights": run_id.get("weights"), "corpus file": run_id["corpus"], "checkpoint position": position}
+    mine = np.stack([_digest(value) for value in items.values()] + [_digest(first_texts)])
+    every = _gathered(mine)  # [processes, items + 1, 32]
+    for number, (name, value) in enumerate(items.items()):
+        differ = [p for p in range(len(every)) if not np.array_equal(every[p, number], every[0, number])]
+        if differ:
+            raise DistributedError(f"processes {differ} differ from process 0 in their {name} (this process, "
+                                   f"{jax.process_index()}, has {str(value)[:300]}); start every process with the "
+                                   f"same model, settings, corpus file and checkpoint.")
+    if first_texts is not None and all(np.array_equal(row, every[0, -1]) for row in every[:, -1]):
+        raise DistributedError(f"all {len(every)} processes were given the same texts, so every document would count "
+                               f"{len(every)} times; pass each process its own share, or a pathlib.Path to the "
+                               f"corpus file, which survey shares out itself.")
+
+
+def _await_peers(tag: str, index: int, timeout: float) -> None:
+    """Every process says it reached chunk `index` and waits (at most `timeout` seconds) for the others,
+    through jax.distributed's key-value store, so that a process that died or hangs is named in an error
+    here instead of leaving the others blocked in a collective."""
+    from jax._src.distributed import global_state  # the coordination client (no public handle to it)
+
+    client, me = global_state.client, jax.process_index()
+    key = f"{tag}/{index}"
+    client.key_value_set(f"{key}/{me}", "1")
+    deadline, missing = time.monotonic() + timeout, []
+    for peer in range(jax.process_count()):
+        if peer != me:
+            try:
+                client.blocking_key_value_get(f"{key}/{peer}", max(1, int((deadline - time.monotonic()) * 1000)))
+            except jax.errors.JaxRuntimeError:
+                missing.append(peer)
+    if missing:
+        raise DistributedError(f"process {me}: processes {missing} did not reach the same point of the survey within "
+                               f"timeout={timeout:g} s (stopped, killed or hung); this run is over. Start every "
+                               f"process again with the same checkpoint= to resume from the last saved position.")
+    # Every peer has now passed the previous chunk, so no one reads this process's key for it any more.
+    client.key_value_delete(f"{tag}/{index - 1}/{me}")
+
+
+@contextlib.contextmanager
+def _named_peer_failures(distributed: bool, timeout: float):
+    """A collective that fails because a peer went away becomes a DistributedError that says so."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if not distributed:
+            raise
+        first = str(error).strip().splitlines()[0][:300]
+        raise DistributedError(f"process {jax.process_index()}: a collective with the other processes failed "
+                               f"({first}); one of them has probably stopped. Start every process again with the "
+                               f"same checkpoint= to resume from the last saved position.") from error
+
+
+def _weights_digest(model) -> str:
+    """sha256 of every weight, computed once per model (the processes compare it before a survey)."""
+    known = _DIGESTS.get(model)
+    if known is None or known[0] is not model.state:
+        digest = hashlib.sha256()
+        for leaf in jax.tree_util.tree_leaves(model.state):
+            digest.update(np.ascontiguousarray(leaf).tobytes())
+        known = _DIGESTS[model] = (model.state, digest.hexdigest()[:16])
+    return known[1]
+
+
+def _placed_state(model, mesh: Mesh):
+    """The weights replicated over the mesh, placed once per model and mesh: device_put to devices of
+    several processes would compare the weights across processes on every call (one all-gather per
+    array); the start-of-survey check compares one hash of them instead."""
+    ids = tuple(d.id for d in mesh.devices.flat)
+    placed = _PLACED.get(model)
+    if placed is None or placed[0] is not model.state or placed[1] != ids:
+        placed = _PLACED[model] = (model.state, ids, _replicated(model.state, NamedSharding(mesh, PartitionSpec())))
+    return placed[2]
+
+
+def _replicated(tree, sharding: NamedSharding):
+    """Each array of `tree` on every device of `sharding`, built from this process's copy (no cross-process
+    check: callers compare hashes once instead)."""
+    def place(value):
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    return jax.tree_util.tree_map(place, tree)
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Checkpoint:
+    """A survey's saved position: whole chunks done, the running totals, the row lengths already compiled
+    (the packer's flush depends on them) and the counts so far. One .npz, replaced atomically."""
+
+    path: Path | None
+    run_id: dict
+    chunks: int = 0
+    totals: dict | None = None
+    used: tuple = ()
+    counts: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def open(cls, checkpoint, reduce: str, run_id: dict) -> "_Checkpoint":
+        """The checkpoint at `checkpoint` if there is one (checked against this run), else an empty one."""
+        if checkpoint is None:
+            return cls(None, run_id)
+        path = Path(checkpoint)
+        if reduce == "local" and jax.process_count() > 1:
+            path = path.with_name(f"{path.name}.process{jax.process_index()}")
+        if not path.exists():
+            return cls(path, run_id)
+        try:
+            with np.load(path) as stored:
+                info = json.loads(str(stored["info"]))
+                totals = {name[len("total."):]: stored[name] for name in stored.files if name.startswith("total.")}
+        except (OSError, ValueError, KeyError) as error:
+            raise DataFileError(f"checkpoint {path} cannot be read ({error}); delete it to start the survey "
+                                f"afresh.") from None
+        saved_id = json.loads(json.dumps(info["run_id"]))
+        here = json.loads(json.dumps(run_id, default=str))
+        differ = [key for key in sorted(set(saved_id) | set(here)) if saved_id.get(key) != here.get(key)]
+        if differ:
+            key = differ[0]
+            raise DataFileError(f"checkpoint {path} belongs to another survey: its {key} is {saved_id.get(key)!r}, "
+                                f"this run's is {here.get(key)!r}; run with the same settings, weights and corpus "
+                                f"to resume, or delete the file to start afresh.")
+        return cls(path, run_id, info["chunks"], totals, tuple(info["used"]), info["counts"])
+
+    def save(self, chunks: int, totals: dict, used, counts: dict) -> None:
+        info = json.dumps(dict(run_id=self.run_id, chunks=chunks, used=sorted(used), counts=counts), default=str)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with temporary.open("wb") as file:
+            np.savez(file, info=np.array(info), **{f"total.{name}": value for name, value in totals.items()})
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)  # readers see the old checkpoint or the new one, never half of one
 
 
 def _packed_rows(model, size: int, rows: list | None, n_rows: int, segment_ids: str) -> dict[str, np.ndarray]:
@@ -419,33 +835,34 @@ def _packed_rows(model, size: int, rows: list | None, n_rows: int, segment_ids: 
     return dict(arrays, **heads.model_token_masks(model, arrays["input_ids"], arrays["attention_mask"]))
 
 
-def _progress(texts, enabled: bool):
+def _progress(total: int | None, enabled: bool):
     if not enabled:
         return None
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=len(texts) if hasattr(texts, "__len__") else None, unit="doc", desc="survey",
-                file=sys.stderr)
+    return tqdm(total=total, unit="doc", desc="survey", file=sys.stderr)
 
 
-def _zeros(model, js: bool) -> dict[str, jax.Array]:
+def _zeros(model, js: bool) -> dict[str, np.ndarray]:
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
-    zeros = {name: jnp.zeros((L, H), jnp.float32) for name in heads.STATISTICS}
-    zeros["documents"] = jnp.zeros((), jnp.float32)
+    zeros = {name: np.zeros((L, H), np.float32) for name in heads.STATISTICS}
+    zeros["documents"] = np.zeros((), np.float32)
     if js:
-        zeros["js_divergence"] = jnp.zeros((L * H, L * H), jnp.float32)
+        zeros["js_divergence"] = np.zeros((L * H, L * H), np.float32)
     return zeros
 
 
-def _survey_step(model, js: bool) -> Callable:
+def _survey_step(model, js: bool, sep_normalization: str) -> Callable:
     """The jitted step for this model, made once and kept while the model lives (jit then caches one
     program per batch shape). It holds the model weakly, so the cache does not keep the model alive."""
     steps = _STEPS.setdefault(model, {})
-    if js not in steps:
-        steps[js] = jax.jit(functools.partial(_step, weakref.ref(model), model.config.num_hidden_layers, js))
-    return steps[js]
+    key = (js, sep_normalization)
+    if key not in steps:
+        steps[key] = jax.jit(functools.partial(_step, weakref.ref(model), model.config.num_hidden_layers, js,
+                                               sep_normalization))
+    return steps[key]
 
 
 def _positions_within_documents(value, ctx, positions):
@@ -458,7 +875,7 @@ def _within_documents(value, ctx, same):
     return jnp.where(same[:, None], value, jnp.finfo(value.dtype).min)
 
 
-def _step(model_ref, layers: int, js: bool, state, totals, arrays):
+def _step(model_ref, layers: int, js: bool, sep_normalization: str, state, totals, arrays):
     """Forward over packed rows with every layer's pattern captured, statistics layer by layer, sums into
     totals. Two hooks make a packed row behave as its documents run one by one: positions restart at
     each document, and attention stays within each document (the softmax gives other documents' keys
@@ -471,7 +888,8 @@ def _step(model_ref, layers: int, js: bool, state, totals, arrays):
     forward = model_ref().forward_fn(names=names, hooks=hooks)
     _, captured = forward(state, (arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"]))
     masks = (arrays["is_cls"], arrays["is_sep"], arrays["is_punct"])
-    per_layer = [heads.layer_statistics(captured[name], documents, *masks) for name in names]  # {name: [B, H]}
+    per_layer = [heads.layer_statistics(captured[name], documents, *masks, sep_normalization)
+                 for name in names]  # {name: [B, H]}
     new = {name: totals[name] + jnp.stack([s[name] for s in per_layer]).sum(1) for name in heads.STATISTICS}
     new["documents"] = totals["documents"] + documents.max(1).sum()
     if js:

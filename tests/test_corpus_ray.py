@@ -1,0 +1,40 @@
+"""The Ray path (minibert.analysis.corpus_ray) on a local Ray the test starts: its merged result equals
+one corpus.survey of the same file, which test_corpus holds to a brute-force NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray  # in the test extra (CI installs it)
+
+from minibert.analysis import corpus, corpus_ray
+from test_corpus import PAIRS, SETTINGS, STATISTICS, TEXTS, regrouping_tolerance
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_blocks_merge_to_one_survey(bundled, local_ray, tmp_path):
+    """Texts in blocks of 7 lines on two actors (with blank lines, which both readers skip), and pairs
+    from a .tsv with the Jensen–Shannon matrix: the merged results equal single surveys of the files."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n\n".join(TEXTS) + "\n", encoding="utf-8")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{a}\t{b}\n" for a, b in PAIRS), encoding="utf-8")
+    settings = {k: v for k, v in SETTINGS.items() if k != "progress"}
+    for path, js in ((texts, False), (pairs, True)):
+        got = corpus_ray.survey_ray(path, actors=2, block_documents=7, js_divergence=js, **settings)
+        want = corpus.survey(bundled, path, js_divergence=js, **SETTINGS)
+        assert got.documents == want.documents and got.counts["real_tokens"] == want.counts["real_tokens"]
+        assert got.settings["reduce"] == "merged" and got.settings["model"] == want.settings["model"]
+        tolerance = regrouping_tolerance(want, keys=64)
+        for name in STATISTICS:
+            np.testing.assert_allclose(got.mean[name], want.mean[name], rtol=0, atol=tolerance, err_msg=name)
+        if js:  # each entry sums non-negative terms over every query row of every document
+            rows = want.counts["real_tokens"]
+            np.testing.assert_allclose(got.js_divergence, want.js_divergence, rtol=2 * (rows - 1) * 2.0**-24, atol=0)
