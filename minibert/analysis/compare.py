@@ -66,7 +66,7 @@ def _head_agreement(a, b, attention_mask) -> tuple[jax.Array, jax.Array]:
     log = lambda x: jnp.log(jnp.where(x > 0, x, 1.0))  # 0 at padding, where the factor in front is 0 too
     rows = (0.5 * p * (log(p) - log(m)) + 0.5 * q * (log(q) - log(m))).sum(-1)  # [L, B, H, T]
     real = jnp.asarray(attention_mask > 0, jnp.float32)
-    return cosine, jnp.einsum("LBHT,BT->LBH", rows, real) / real.sum(1)
+    return cosine, jnp.einsum("LBHT,BT->LBH", rows, real) / real.sum(1)[:, None]
 
 
 def _check_comparable(model_a, model_b) -> None:
@@ -75,7 +75,7 @@ def _check_comparable(model_a, model_b) -> None:
     shape_a, shape_b = (ca.num_hidden_layers, ca.num_attention_heads), (cb.num_hidden_layers, cb.num_attention_heads)
     if shape_a != shape_b:
         raise AnalysisError(f"the models have different shapes: {shape_a[0]} layers × {shape_a[1]} heads ({model_a.source}) "
-                            f"vs {shape_b[0]} × {shape_b[1]} ({model_b.source}); compare checkpoints of one architecture, "
+                            f"vs {shape_b[0]} layers × {shape_b[1]} heads ({model_b.source}); compare checkpoints of one architecture, "
                             f"e.g. a pretrained model and its fine-tuned version.")
     ta, tb = model_a.tokenizer, model_b.tokenizer
     if ta is None or tb is None or ta.vocab != tb.vocab or ta.do_lower_case != tb.do_lower_case:
