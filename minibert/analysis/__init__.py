@@ -22,6 +22,10 @@ from minibert.analysis.norms import attention_norms
 from minibert.analysis.syntax import (ConllError, DependencyResult, Sentence, dependency_accuracy, read_conllu,
                                       sample_treebank, score_heads)
 from minibert.analysis.words import word_attention, word_groups, word_labels
+from minibert.analysis import compare, lens, mixing
+from minibert.analysis.compare import Comparison, RelationExample, RelationResult, compare_models, relation_accuracy
+from minibert.analysis.lens import logit_contributions, logit_lens
+from minibert.analysis.mixing import alti, attention_attribution, value_zeroing
 
 __all__ = [
     "BEHAVIOURS", "STATISTICS", "ConllError", "DependencyResult", "Sentence",
@@ -31,5 +35,7 @@ __all__ = [
     "mlm_loss_fn", "model_token_masks", "pca", "read_conllu", "sample_treebank", "score_heads", "sentence_vectors",
     "stress", "token_masks_from_ids", "token_targets", "word_attention", "word_groups", "word_labels",
     "word_positions",
+    "Comparison", "RelationExample", "RelationResult", "alti", "attention_attribution", "compare_models",
+    "logit_contributions", "logit_lens", "relation_accuracy", "value_zeroing", "compare", "lens", "mixing",
     "clustering", "embeddings", "flow", "gradients", "heads", "norms", "syntax", "words",
 ]
