@@ -32,15 +32,14 @@ import fnmatch
 import functools
 import numbers
 import re
-from typing import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from minibert.config import architectures_with
 from minibert.errors import HookError
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +217,8 @@ def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
         spec = [spec]
     if not isinstance(spec, Iterable) or not all(isinstance(p, str) for p in spec):
         raise HookError(f"names must be a hook name, a glob, a list of them, or a predicate fn(name) -> bool; got "
-                        f"{_shown(spec)}. For TransformerLens shorthand use get_act_name, e.g. get_act_name('pattern', 3).")
+                        f"{_shown(spec)}. For TransformerLens shorthand use get_act_name, e.g. "
+                        f"get_act_name('pattern', 3).")
     chosen = set()
     for pattern in spec:
         matches = fnmatch.filter(hook_names, pattern) if any(c in pattern for c in "*?[") else (
@@ -236,7 +236,8 @@ def _unknown_message(pattern: str, hook_names: list[str], architecture: str) -> 
                     f"({', '.join(architectures_with(part))}).")
     close = difflib.get_close_matches(pattern, hook_names, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-    return f"no hook point matches {pattern!r}.{hint} `model.hook_names` lists them all; `minibert hooks` prints the table."
+    return (f"no hook point matches {pattern!r}.{hint} `model.hook_names` lists them all; `minibert hooks` prints "
+            f"the table.")
 
 
 def _shown(value) -> str:
@@ -318,7 +319,8 @@ class Cache(Mapping):
         names = [n for n in self._hook_names
                  if layer_of(n) is not None and (_site(n) == suffix or _site(n).endswith("." + suffix))]
         if not names:
-            raise KeyError(f"{suffix!r} is not a per-layer hook; examples: 'hook_pattern', 'attn.hook_q', 'hook_resid_post'.")
+            raise KeyError(f"{suffix!r} is not a per-layer hook; examples: 'hook_pattern', 'attn.hook_q', "
+                           f"'hook_resid_post'.")
         sites = sorted({_site(n) for n in names})
         if len(sites) > 1:
             raise KeyError(f"{suffix!r} is ambiguous: it names {sites}; pass one of them.")
@@ -382,7 +384,8 @@ def _is_minibert_name(name: str) -> bool:
     if layer_of(name) is None:
         return name in SITE_DOCS or bool(re.fullmatch(r"(embed|mlm)\.ln\.hook_\w+", name))
     site = _site(name)
-    return (site in SITE_DOCS and site not in _TOP_LEVEL) or bool(re.fullmatch(r"ln[12]\.hook_(scale|normalized|out)", site))
+    per_block_ln = re.fullmatch(r"ln[12]\.hook_(scale|normalized|out)", site)
+    return (site in SITE_DOCS and site not in _TOP_LEVEL) or bool(per_block_ln)
 
 
 # What each hook site holds: axes and the equation, for the docs table (`minibert hooks`).
@@ -420,8 +423,8 @@ SITE_DOCS: dict[str, tuple[str, str]] = {
     "classifier.hook_logits": ("[B, C] or [B, T, C]", "pooled W + b (sequence) or h W + b (token classification)"),
 }
 _LAYERNORMS = re.compile(r"(^|\.)(ln1|ln2|ln)\.(hook_\w+)$")
-_TOP_LEVEL = frozenset(n for n in SITE_DOCS if n.split(".")[0] in ("embed", "pooler", "mlm", "nsp", "classifier", "discriminator")
-                       or n == "hook_full_embed")
+_HEAD_AND_EMBED = ("embed", "pooler", "mlm", "nsp", "classifier", "discriminator")
+_TOP_LEVEL = frozenset(n for n in SITE_DOCS if n.split(".")[0] in _HEAD_AND_EMBED or n == "hook_full_embed")
 
 
 def site_doc(name: str) -> tuple[str, str]:

@@ -149,8 +149,8 @@ def test_head_statistics_match_brute_force(seed, normalization):
     assert set(got) == set(heads.STATISTICS)
     for name in heads.STATISTICS:
         assert got[name].shape == (4, 2, 3), name
-        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=statistic_rtol(11, 11), atol=statistic_atol(11, 11),
-                                   err_msg=name)
+        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=statistic_rtol(11, 11),
+                                   atol=statistic_atol(11, 11), err_msg=name)
 
 
 def test_bool_masks_and_padding_keys_with_small_weight():
@@ -340,8 +340,8 @@ def test_attention_statistics_on_the_bundled_checkpoint(bundled, pair, segment_i
         # The same captured patterns feed both: only the statistics' own fp32 sums differ (plus the mean
         # over ≤ 3 documents, 2 roundings).
         T = batch.input_ids.shape[1]
-        np.testing.assert_allclose(got[name], want[name].mean(0), rtol=statistic_rtol(T, T) + 2 * U, atol=statistic_atol(T, T),
-                                   err_msg=name)
+        np.testing.assert_allclose(got[name], want[name].mean(0), rtol=statistic_rtol(T, T) + 2 * U,
+                                   atol=statistic_atol(T, T), err_msg=name)
     if pair:  # the same tokens through the same program
         from_texts = heads.attention_statistics(bundled, PAIR[0], pairs=PAIR[1], segment_ids=segment_ids)
         np.testing.assert_array_equal(from_texts["to_sep"], got["to_sep"])

@@ -7,9 +7,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tolerances import U32, U_BF16, assert_close_to_scale, dot_rtol, sum_rtol
 
 from minibert.model import NO_HOOKS, explicit_attention, fused_attention, unwatched_attention
-from tolerances import U32, U_BF16, assert_close_to_scale, dot_rtol, sum_rtol
 
 B, T, H, K = 3, 9, 4, 16
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from scipy.special import erf
+from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.analysis import interventions
 from minibert.hooks import site_doc
-from tolerances import U32, assert_close_to_scale, forward_rtol, sum_rtol
 
 TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
 
@@ -145,10 +145,14 @@ def test_offload_streams_numpy_and_equals_device_capture(bundled, reference):
     out, on_device = bundled.run_with_cache(batch, names="blocks.*.attn.hook_*")
     out_host, on_host = bundled.run_with_cache(batch, names="blocks.*.attn.hook_*", offload=True)
     assert list(on_host) == list(on_device)
+    # Block-by-block programs fuse and sum differently from the whole forward: two fp32 programs.
+    rtol = forward_rtol(bundled.config, S=batch.input_ids.shape[1])
     for name in on_host:
         assert isinstance(on_host[name], np.ndarray)
-        np.testing.assert_allclose(on_host[name], on_device[name], atol=1e-5)
-    np.testing.assert_allclose(out_host.last_hidden_state, out.last_hidden_state, atol=1e-5)
+        where = _real(name, on_host[name].shape, batch.attention_mask)  # real rows and keys
+        assert_close_to_scale(on_host[name], on_device[name], rtol, name, where=where)
+    real = np.broadcast_to(np.asarray(batch.attention_mask, bool)[..., None], out.last_hidden_state.shape)
+    assert_close_to_scale(out_host.last_hidden_state, out.last_hidden_state, rtol, "last hidden state", where=real)
 
 
 def test_fused_and_explicit_attention_paths_agree(bundled, reference):
@@ -178,8 +182,8 @@ def test_zero_ablation_of_a_head_matches_numpy(bundled, reference):
     hooks = interventions.ablate_heads(interventions.head_mask(3, 7, 6, 12))
     out, cache = bundled.run(batch, names=["blocks.3.attn.hook_z", "pooler.hook_out"], hooks=hooks)
     assert np.abs(np.asarray(cache["blocks.3.attn.hook_z"])[:, :, 7]).max() == 0
-    _compare("blocks.5.hook_normalized_resid_post", out.last_hidden_state, ablated_ref["blocks.5.hook_normalized_resid_post"], batch.attention_mask,
-             bundled)
+    last = "blocks.5.hook_normalized_resid_post"
+    _compare(last, out.last_hidden_state, ablated_ref[last], batch.attention_mask, bundled)
     _compare("pooler.hook_out", out.pooler_output, ablated_ref["pooler.hook_out"], batch.attention_mask, bundled)
 
 
@@ -207,7 +211,13 @@ def test_sweep_over_every_head_compiles_once(bundled, reference):
     assert len({o.tobytes() for o in outputs}) == 72  # every head made a different change
 
 
-def test_gradient_wrt_pattern_matches_finite_differences(bundled, reference):
+def _nudged(value, ctx, d):
+    return value + d
+
+
+def test_gradient_wrt_pattern_matches_forward_mode(bundled, reference):
+    """model.grad (reverse mode, through its own delta hooks) against jax.jvp of a plain hooked run (forward
+    mode): the directional derivative along a random nudge, computed two independent ways."""
     batch = reference[0]
     direction = jax.random.normal(jax.random.PRNGKey(0), (2, 384))
 
@@ -219,16 +229,21 @@ def test_gradient_wrt_pattern_matches_finite_differences(bundled, reference):
     _, cache = bundled.run_with_cache(batch, names=[name])
     assert grads[name].shape == cache[name].shape
     nudge = jax.random.normal(jax.random.PRNGKey(1), cache[name].shape)
-    eps = 1e-2
 
-    def shifted(sign):
-        hook = minibert.HookFn(lambda v, ctx, d: v + sign * eps * d, d=nudge)
-        return float(loss_fn(bundled.run_with_hooks(batch, {name: hook})))
+    def along(t):
+        return loss_fn(bundled.run_with_hooks(batch, {name: minibert.HookFn(_nudged, d=t * nudge)}))
 
-    finite = (shifted(1) - shifted(-1)) / (2 * eps)
-    analytic = float(jnp.vdot(grads[name], nudge))
-    assert abs(finite - analytic) <= 1e-2 * max(1.0, abs(analytic)), (finite, analytic)
-    assert abs(float(loss) - float(loss_fn(bundled(batch)))) < 1e-5
+    _, forward_mode = jax.jvp(along, (jnp.float32(0.0),), (jnp.float32(1.0),))
+    terms = grads[name] * nudge
+    analytic = float(terms.sum())
+    # Both linearise the same 4 remaining blocks and the pooler in fp32: two programs' errors relative to
+    # the scale of what is summed (Σ|∂L/∂a · nudge|), as tolerances.forward_rtol bounds a forward.
+    bound = forward_rtol(bundled.config, S=batch.input_ids.shape[1]) * float(jnp.abs(terms).sum())
+    assert abs(float(forward_mode) - analytic) <= bound, (float(forward_mode), analytic, bound)
+    # The loss itself: model.grad's run (unpadded, delta hooks) against model(batch) (padded to a bucket).
+    loss_terms = float(jnp.abs(bundled(batch).pooler_output * direction).sum())
+    bound = forward_rtol(bundled.config, S=batch.input_ids.shape[1]) * loss_terms
+    assert abs(float(loss) - float(loss_fn(bundled(batch)))) <= bound
 
 
 def test_blocking_attention_to_a_token(bundled, reference):

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
-import minibert
 from conftest import make_hf_model, random_batch
 from tolerances import U_BF16, assert_close_to_scale, forward_rtol
+
+import minibert
 
 
 def _tiny_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37):

@@ -25,12 +25,13 @@ masks [B, T]; layers and heads 0-indexed, labels in the paper's 1-indexed "L-H" 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
+
 from minibert.api import is_text
 from minibert.config import head_label
 from minibert.errors import AnalysisError
@@ -130,8 +131,9 @@ def _sep_denominators(n, n_sep, sep_normalization: str):
 
 def check_sep_normalization(sep_normalization: str) -> None:
     if sep_normalization not in SEP_NORMALIZATIONS:
-        raise AnalysisError(f"sep_normalization must be 'clark' (divide by 2 and n − 2, the paper's constants; the "
-                            f"default) or 'count' (divide by the [SEP] and non-[SEP] counts), not {sep_normalization!r}.")
+        raise AnalysisError(f"sep_normalization must be 'clark' (divide by 2 and n − 2, the paper's constants; "
+                            f"the default) or 'count' (divide by the [SEP] and non-[SEP] counts), not "
+                            f"{sep_normalization!r}.")
 
 
 def head_statistics(pattern, attention_mask, is_cls, is_sep, is_punct,
