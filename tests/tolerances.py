@@ -1,6 +1,6 @@
 """Numerical tolerances of the tests, each derived from the computation it bounds.
 
-u is the unit roundoff: 2^-24 in float32, 2^-8 in bfloat16 (8 significant bits). Three bounds:
+u is the unit roundoff: 2^-24 in float32, 2^-53 in float64, 2^-8 in bfloat16 (8 significant bits). Three bounds:
 
 - A sum of n non-negative terms (softmax rows, head statistics) rounded in any order is within
   (n − 1)·u of the exact sum, relative (Higham 2002, §4.2): a strict bound.
@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 U32 = 2.0**-24
+U64 = 2.0**-53
 U_BF16 = 2.0**-8
 LAMBDA = 7.0
 
