@@ -14,7 +14,8 @@ from minibert import checkpoint, sources
 from minibert.config import BertConfig
 from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, site_doc, writers_for
 from minibert.model import Bert, Output
-from minibert.tokenizer import Batch, Tokenizer
+from minibert.tokenizer import Batch, BaseTokenizer
+from minibert.tokenizers_hf import tokenizer_for
 from minibert.errors import InputError
 
 Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, attention_mask, each int32 [B, T]
@@ -42,7 +43,7 @@ def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = 
         tensors = checkpoint.read_safetensors(model_dir)
     checkpoint.check_config(cfg, tensors, source=str(model_dir))
     params = checkpoint.convert(tensors, cfg, dtype=dtype, source=str(model_dir))
-    return Model(cfg, params, Tokenizer.from_dir(model_dir), dtype=dtype, pooling=pooling, source=str(directory))
+    return Model(cfg, params, tokenizer_for(model_dir, cfg), dtype=dtype, pooling=pooling, source=str(directory))
 
 
 def _checked_dtype(dtype):
@@ -130,7 +131,7 @@ def _cut_output(out: Output, length: int, heads) -> Output:
 class Model:
     """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit."""
 
-    def __init__(self, config: BertConfig, params: Mapping | None = None, tokenizer: Tokenizer | None = None, *,
+    def __init__(self, config: BertConfig, params: Mapping | None = None, tokenizer: BaseTokenizer | None = None, *,
                  dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None):
         """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed)."""
         self.config, self.tokenizer, self.dtype, self.pooling, self.source = config, tokenizer, dtype, pooling, source
@@ -147,7 +148,7 @@ class Model:
 
     def __repr__(self):
         c = self.config
-        return (f"Model({c.architecture}: {c.num_hidden_layers} layers, {c.num_attention_heads} heads, "
+        return (f"Model({c.family.name} {c.architecture}: {c.num_hidden_layers} layers, {c.num_attention_heads} heads, "
                 f"{c.hidden_size} wide, {self.param_count():,} params, from {self.source})")
 
     @property
@@ -194,10 +195,10 @@ class Model:
             raise InputError(f"attention_mask must hold only 1 (a real token) and 0 (padding); found "
                              f"{np.unique(mask[~np.isin(mask, (0, 1))])[:5].tolist()}.")
         cfg = self.config
-        if ids.shape[1] > cfg.max_position_embeddings:
+        if ids.shape[1] > cfg.max_tokens:
             raise InputError(
-                f"the batch has {ids.shape[1]} tokens per row but this model has {cfg.max_position_embeddings} "
-                f"positions; tokenize with max_length={cfg.max_position_embeddings} to truncate, or split the text.")
+                f"the batch has {ids.shape[1]} tokens per row but this model has {cfg.max_tokens} "
+                f"positions; tokenize with max_length={cfg.max_tokens} to truncate, or split the text.")
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise InputError(f"input_ids must lie in [0, {cfg.vocab_size}); found {ids.min()}…{ids.max()}. "
                              f"Were they made with another model's tokenizer?")
@@ -287,7 +288,7 @@ class Model:
     @property
     def length_buckets(self) -> tuple[int, ...]:
         """The row lengths run, model(batch) and run_with_cache pad to (length_buckets up to the model's positions)."""
-        return length_buckets(self.config.max_position_embeddings)
+        return length_buckets(self.config.max_tokens)
 
     def __call__(self, batch) -> Output:
         return self.run(batch)[0]

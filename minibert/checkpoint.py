@@ -1,9 +1,11 @@
-"""Hugging Face BERT checkpoints → minibert parameters, by a strict table.
+"""Hugging Face checkpoints of the BERT family → minibert parameters, by a strict table per family.
 
 Every checkpoint key minibert reads is named in `key_table`, with the minibert
 parameter it becomes and the reshaping that puts it in the shape the maths uses
 (PyTorch Linear stores W as out×in; minibert stores W_Q as D×H×K and W_O as H×K×D).
-Missing keys, unexpected keys and wrong shapes are errors that name the key.
+Missing keys, unexpected keys and wrong shapes are errors that name the key. The
+families differ only in key names (LAYER_KEYS, HEAD_KEYS); config.FAMILIES says which
+table a model_type uses.
 
 Loading reads safetensors only. A PyTorch `pytorch_model.bin` is a pickle, which can
 run code when it is read: it is loaded only when the caller passes `allow_pickle=True`,
@@ -12,22 +14,76 @@ and `convert_bin_to_safetensors` turns it into a safetensors file once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
+import re
 from pathlib import Path
 from typing import Callable, Mapping
 
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import BertConfig, read_json_object
-from minibert.errors import CheckpointError, ConfigError
+from minibert.config import Config, read_json_object
+from minibert.errors import CheckpointError
 
-# Keys Hugging Face saves that carry no weights (buffers) or repeat a tied weight.
-IGNORED = ("embeddings.position_ids",)
-TIED = {  # key → minibert parameter it must equal
-    "cls.predictions.decoder.weight": "embed.word",
-    "cls.predictions.decoder.bias": "mlm.decoder_bias",
+# Keys Hugging Face saves that carry no weights (buffers).
+IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+# Per-layer key names of each layout: (prefix of layer i, {part of minibert's Block: Hugging Face module}).
+LAYER_KEYS: dict[str, tuple[str, dict[str, str]]] = {
+    "bert": ("encoder.layer.{i}", {
+        "query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+        "out": "attention.output.dense", "ln1": "attention.output.LayerNorm",
+        "mlp_in": "intermediate.dense", "mlp_out": "output.dense", "ln2": "output.LayerNorm"}),
+    "distilbert": ("transformer.layer.{i}", {
+        "query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
+        "out": "attention.out_lin", "ln1": "sa_layer_norm",
+        "mlp_in": "ffn.lin1", "mlp_out": "ffn.lin2", "ln2": "output_layer_norm"}),
+    # ALBERT's one shared layer (num_hidden_groups = inner_group_num = 1, see config.FAMILY_VALUES).
+    "albert": ("encoder.albert_layer_groups.0.albert_layers.0", {
+        "query": "attention.query", "key": "attention.key", "value": "attention.value",
+        "out": "attention.dense", "ln1": "attention.LayerNorm",
+        "mlp_in": "ffn", "mlp_out": "ffn_output", "ln2": "full_layer_layer_norm"}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadKeys:
+    """Where one family keeps its embedding projection and heads (keys without the encoder's prefix)."""
+
+    pooler: str | None = "pooler.dense"  # the bare model's pooler
+    sequence_pooler: str = "pooler.dense"  # the dense layer a sequence classifier puts on the first token
+    classifier: str = "classifier"  # the sequence classifier's output layer
+    projection: str | None = None  # the E → D embedding projection
+    mlm_dense: str = "cls.predictions.transform.dense"
+    mlm_ln: str = "cls.predictions.transform.LayerNorm"
+    mlm_bias: str = "cls.predictions.bias"
+    tied: tuple[tuple[str, str], ...] = (  # key → minibert parameter it repeats (saved or not)
+        ("cls.predictions.decoder.weight", "embed.word"), ("cls.predictions.decoder.bias", "mlm.decoder_bias"))
+
+
+_ROBERTA_HEADS = HeadKeys(
+    sequence_pooler="classifier.dense", classifier="classifier.out_proj", mlm_dense="lm_head.dense",
+    mlm_ln="lm_head.layer_norm", mlm_bias="lm_head.bias",
+    tied=(("lm_head.decoder.weight", "embed.word"), ("lm_head.decoder.bias", "mlm.decoder_bias")))
+HEAD_KEYS: dict[str, HeadKeys] = {  # model_type → key names
+    "bert": HeadKeys(),
+    "roberta": _ROBERTA_HEADS,
+    "xlm-roberta": _ROBERTA_HEADS,
+    "camembert": _ROBERTA_HEADS,
+    "distilbert": HeadKeys(
+        pooler=None, sequence_pooler="pre_classifier", mlm_dense="vocab_transform", mlm_ln="vocab_layer_norm",
+        mlm_bias="vocab_projector.bias", tied=(("vocab_projector.weight", "embed.word"),)),
+    "electra": HeadKeys(
+        pooler=None, sequence_pooler="classifier.dense", classifier="classifier.out_proj",
+        projection="embeddings_project", mlm_dense="generator_predictions.dense",
+        mlm_ln="generator_predictions.LayerNorm", mlm_bias="generator_lm_head.bias",
+        tied=(("generator_lm_head.weight", "embed.word"),)),
+    "albert": HeadKeys(
+        pooler="pooler", sequence_pooler="pooler", projection="encoder.embedding_hidden_mapping_in",
+        mlm_dense="predictions.dense", mlm_ln="predictions.LayerNorm", mlm_bias="predictions.bias",
+        tied=(("predictions.decoder.weight", "embed.word"), ("predictions.decoder.bias", "mlm.decoder_bias"))),
 }
 
 
@@ -53,6 +109,14 @@ def _to_HKD(w, cfg):  # [D, H·K] → [H, K, D]
     return w.T.reshape(cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size)
 
 
+def _to_vector(w, cfg):  # [1, D] → [D] (a Linear with one output)
+    return w[0]
+
+
+def _to_scalar(b, cfg):  # [1] → ()
+    return b[0]
+
+
 Rule = tuple[str, tuple[int, ...], Callable]  # minibert param path, HF shape, converter
 
 
@@ -64,47 +128,66 @@ def _linear(hf: str, w: str, b: str, out_dim: int, in_dim: int, w_fn=_transpose,
     return {f"{hf}.weight": (w, (out_dim, in_dim), w_fn), f"{hf}.bias": (b, (out_dim,), b_fn)}
 
 
-def key_table(cfg: BertConfig) -> dict[str, Rule]:
+def key_table(cfg: Config) -> dict[str, Rule]:
     """Every Hugging Face key this architecture needs → (minibert param path, HF shape, converter).
 
     Encoder keys are bare (`embeddings...`, `encoder...`, `pooler...`); head keys are as HF
-    saves them (`cls...`, `classifier...`).
+    saves them (`cls...`, `classifier...`, `lm_head...`).
     """
-    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    D, E, V = cfg.hidden_size, cfg.embed_dim, cfg.vocab_size
+    names = HEAD_KEYS[cfg.model_type]
     table: dict[str, Rule] = {
-        "embeddings.word_embeddings.weight": ("embed.word", (V, D), _identity),
-        "embeddings.position_embeddings.weight": ("embed.position", (cfg.max_position_embeddings, D), _identity),
-        "embeddings.token_type_embeddings.weight": ("embed.token_type", (cfg.type_vocab_size, D), _identity),
-        **_layer_norm("embeddings.LayerNorm", "embed.ln", D),
+        "embeddings.word_embeddings.weight": ("embed.word", (V, E), _identity),
+        "embeddings.position_embeddings.weight": ("embed.position", (cfg.max_position_embeddings, E), _identity),
+        **_layer_norm("embeddings.LayerNorm", "embed.ln", E),
     }
-    for i in range(cfg.num_hidden_layers):
-        hf, ours = f"encoder.layer.{i}", f"blocks.{i}"
-        for name in ("query", "key", "value"):
-            letter = name[0].upper()
-            table |= _linear(f"{hf}.attention.self.{name}", f"{ours}.attn.W_{letter}", f"{ours}.attn.b_{letter}",
-                             D, D, _to_DHK, _to_HK)
-        table |= _linear(f"{hf}.attention.output.dense", f"{ours}.attn.W_O", f"{ours}.attn.b_O", D, D, _to_HKD)
-        table |= _layer_norm(f"{hf}.attention.output.LayerNorm", f"{ours}.ln1", D)
-        table |= _linear(f"{hf}.intermediate.dense", f"{ours}.mlp.W_in", f"{ours}.mlp.b_in", F, D)
-        table |= _linear(f"{hf}.output.dense", f"{ours}.mlp.W_out", f"{ours}.mlp.b_out", D, F)
-        table |= _layer_norm(f"{hf}.output.LayerNorm", f"{ours}.ln2", D)
+    if cfg.family.token_types:
+        table["embeddings.token_type_embeddings.weight"] = ("embed.token_type", (cfg.type_vocab_size, E), _identity)
+    if cfg.has_projection:
+        table |= _linear(names.projection, "embed.W_proj", "embed.b_proj", D, E)
+    layer, parts = LAYER_KEYS[cfg.family.layer_keys]
+    # ALBERT's blocks share one set of weights: the key table names them once, as block 0's.
+    for i in range(1 if cfg.family.shared_layers else cfg.num_hidden_layers):
+        table |= _block_keys(cfg, layer.format(i=i), parts, f"blocks.{i}")
     heads = cfg.heads
     if heads.pooler:
-        table |= _linear("pooler.dense", "pooler.W", "pooler.b", D, D)
+        pooler = names.sequence_pooler if heads.classifier == "sequence" else names.pooler
+        table |= _linear(pooler, "pooler.W", "pooler.b", D, D)
     if heads.mlm:
-        table |= _linear("cls.predictions.transform.dense", "mlm.W", "mlm.b", D, D)
-        table |= _layer_norm("cls.predictions.transform.LayerNorm", "mlm.ln", D)
-        table["cls.predictions.bias"] = ("mlm.decoder_bias", (V,), _identity)
+        table |= _linear(names.mlm_dense, "mlm.W", "mlm.b", E, D)
+        table |= _layer_norm(names.mlm_ln, "mlm.ln", E)
+        table[names.mlm_bias] = ("mlm.decoder_bias", (V,), _identity)
     if heads.nsp:
         table |= _linear("cls.seq_relationship", "nsp.W", "nsp.b", 2, D)
     if heads.classifier:
-        table |= _linear("classifier", "classifier.W", "classifier.b", cfg.num_labels, D)
+        classifier = names.classifier if heads.classifier == "sequence" else "classifier"
+        table |= _linear(classifier, "classifier.W", "classifier.b", cfg.num_labels, D)
+    if heads.discriminator:
+        table |= _linear("discriminator_predictions.dense", "discriminator.W", "discriminator.b", D, D)
+        table |= _linear("discriminator_predictions.dense_prediction", "discriminator.w", "discriminator.c", 1, D,
+                         _to_vector, _to_scalar)
     return table
 
 
-def _canonical(key: str) -> str:
-    """Strip the `bert.` prefix of head models and rename TF-era LayerNorm gamma/beta."""
-    key = key.removeprefix("bert.")
+def _block_keys(cfg: Config, hf: str, parts: Mapping[str, str], ours: str) -> dict[str, Rule]:
+    """One layer's keys under the layout's module names `parts`, into minibert's Block `ours`."""
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    table: dict[str, Rule] = {}
+    for name in ("query", "key", "value"):
+        letter = name[0].upper()
+        table |= _linear(f"{hf}.{parts[name]}", f"{ours}.attn.W_{letter}", f"{ours}.attn.b_{letter}",
+                         D, D, _to_DHK, _to_HK)
+    table |= _linear(f"{hf}.{parts['out']}", f"{ours}.attn.W_O", f"{ours}.attn.b_O", D, D, _to_HKD)
+    table |= _layer_norm(f"{hf}.{parts['ln1']}", f"{ours}.ln1", D)
+    table |= _linear(f"{hf}.{parts['mlp_in']}", f"{ours}.mlp.W_in", f"{ours}.mlp.b_in", F, D)
+    table |= _linear(f"{hf}.{parts['mlp_out']}", f"{ours}.mlp.W_out", f"{ours}.mlp.b_out", D, F)
+    table |= _layer_norm(f"{hf}.{parts['ln2']}", f"{ours}.ln2", D)
+    return table
+
+
+def _canonical(key: str, prefix: str = "bert") -> str:
+    """Strip the encoder prefix of head models (`bert.`, `roberta.`, …) and rename TF-era LayerNorm gamma/beta."""
+    key = key.removeprefix(prefix + ".")
     if key.endswith(".gamma"):
         key = key[: -len("gamma")] + "weight"
     elif key.endswith(".beta"):
@@ -112,14 +195,16 @@ def _canonical(key: str) -> str:
     return key
 
 
-def convert(tensors: Mapping[str, np.ndarray], cfg: BertConfig, *, dtype=jnp.float32, source: str = "checkpoint") -> dict:
-    """HF tensors (bare or `bert.`-prefixed keys) → nested dict of minibert params, checked strictly."""
+def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32, source: str = "checkpoint") -> dict:
+    """HF tensors (bare or prefixed keys: `bert.`, `roberta.`, …) → nested dict of minibert params, checked strictly."""
     table = key_table(cfg)
+    prefix = cfg.family.key_prefix
+    tied = dict(HEAD_KEYS[cfg.model_type].tied)
     by_key = {}
     for key, value in tensors.items():
-        canonical = _canonical(key)
+        canonical = _canonical(key, prefix)
         if canonical in by_key:
-            raise CheckpointError(f"{source}: key {key!r} appears twice (with and without the 'bert.' prefix).")
+            raise CheckpointError(f"{source}: key {key!r} appears twice (with and without the '{prefix}.' prefix).")
         by_key[canonical] = (key, value)
     missing = [k for k in table if k not in by_key]
     if missing:
@@ -128,7 +213,7 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: BertConfig, *, dtype=jnp.flo
             f"{cfg.num_hidden_layers} layers needs, first {missing[:3]}. Check that config.json "
             f"(architectures, num_hidden_layers) describes these weights."
         )
-    unexpected = [by_key[k][0] for k in by_key if k not in table and k not in IGNORED and k not in TIED]
+    unexpected = [by_key[k][0] for k in by_key if k not in table and k not in IGNORED and k not in tied]
     if unexpected:
         raise CheckpointError(
             f"{source}: {len(unexpected)} unexpected key(s), first {unexpected[:3]}. minibert loads "
@@ -144,13 +229,13 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: BertConfig, *, dtype=jnp.flo
                 f"intermediate_size={cfg.intermediate_size}, vocab_size={cfg.vocab_size})."
             )
         flat[path] = to_ours(jnp.asarray(value, dtype=jnp.float32), cfg).astype(dtype)
-    for key, path in TIED.items():
+    for key, path in tied.items():
         if key in by_key and path in flat:
-            tied = jnp.asarray(by_key[key][1], jnp.float32).astype(dtype)
-            if not jnp.array_equal(tied, flat[path]):
+            repeated = jnp.asarray(by_key[key][1], jnp.float32).astype(dtype)
+            if not jnp.array_equal(repeated, flat[path]):
                 raise CheckpointError(
                     f"{source}: {key!r} differs from {path.replace('.', ' ')}; minibert ties the MLM decoder "
-                    f"to the word embeddings as BERT does, and these weights are untied."
+                    f"to the word embeddings as {cfg.family.name} does, and these weights are untied."
                 )
     return _nest(flat)
 
@@ -292,19 +377,21 @@ def _read_modules(path: Path) -> list[dict]:
     return modules
 
 
-def check_config(cfg: BertConfig, tensors: Mapping[str, object], *, source: str = "checkpoint") -> None:
+def check_config(cfg: Config, tensors: Mapping[str, object], *, source: str = "checkpoint") -> None:
     """Compare config.json's layer count with the weights before the key table is built.
 
     A config that asks for 10⁸ layers of 1-layer weights fails here at once, not after allocating them.
+    ALBERT stores one shared layer whatever the count, so there is nothing to compare.
     """
-    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    try:
-        inferred = BertConfig.from_params(shapes, num_attention_heads=1, source=source)
-    except ConfigError:
-        return  # the weights lack an embedding or layer key: convert() names it
+    if cfg.family.shared_layers:
+        return
     # Only the layer count needs checking first: the key table grows with it. Other sizes are checked key by
     # key by convert(), which names the tensor; extra layers in the weights are named there too.
-    said, found = cfg.num_hidden_layers, inferred.num_hidden_layers
-    if said > found:
+    layer = re.escape(LAYER_KEYS[cfg.family.layer_keys][0]).replace(r"\{i\}", r"(\d+)")
+    found = {int(m.group(1)) for key in tensors if (m := re.match(rf"(?:\w+\.)?{layer}\.", key))}
+    if not found:
+        return  # the weights have no layer at all: convert() names the missing keys
+    said = cfg.num_hidden_layers
+    if said > max(found) + 1:
         raise CheckpointError(f"{source}: config.json says num_hidden_layers = {said}, but the weights have "
-                              f"{found}. Fix config.json (or use the config that came with these weights).")
+                              f"{max(found) + 1}. Fix config.json (or use the config that came with these weights).")

@@ -3,7 +3,7 @@
 Axis letters, used in every einsum and docstring of minibert:
     B batch      T query positions   S key positions   H heads
     K head dim   D model dim         F ffn dim         L layers
-    V vocabulary C classes
+    V vocabulary C classes           E embedding width (= D unless ELECTRA/ALBERT narrow it)
 
 Each intermediate passes through `hooks(name, value)` where it is computed. With no
 hooks the call is the identity and costs nothing; `minibert.hooks.HookPoints` reads,
@@ -16,6 +16,10 @@ One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer comput
     ln1        = LayerNorm(resid_mid)
     resid_post = ln1 + MLP(ln1)
     block out  = LayerNorm(resid_post)      (= next block's resid_pre)
+
+The other families (config.FAMILIES) are this encoder with small, explicit variations: RoBERTa
+numbers positions from pad_token_id + 1; DistilBERT has no segment embeddings; ELECTRA and ALBERT
+project E-wide embeddings up to D; ALBERT applies one block's weights in every layer.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from minibert.config import BertConfig
+from minibert.config import Config
 
 
 class Hooks(Protocol):
@@ -62,6 +66,7 @@ ACTIVATIONS = {
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
+    "tanh": jnp.tanh,  # BERT's pooler
 }
 
 
@@ -82,7 +87,7 @@ class Output:
 
     last_hidden_state: jax.Array  # [B, T, D]
     pooler_output: jax.Array | None = None  # [B, D]
-    logits: jax.Array | None = None  # MLM [B, T, V], sequence [B, C] or token [B, T, C]
+    logits: jax.Array | None = None  # MLM [B, T, V], sequence [B, C], token [B, T, C] or discriminator [B, T]
     nsp_logits: jax.Array | None = None  # [B, 2], BertForPreTraining only
 
 
@@ -107,18 +112,41 @@ class LayerNorm(nnx.Module):
 
 
 class Embeddings(nnx.Module):
-    def __init__(self, cfg: BertConfig, dtype, rngs):
-        self.word = _weight(rngs, (cfg.vocab_size, cfg.hidden_size), dtype)  # [V, D]
-        self.position = _weight(rngs, (cfg.max_position_embeddings, cfg.hidden_size), dtype)
-        self.token_type = _weight(rngs, (cfg.type_vocab_size, cfg.hidden_size), dtype)
-        self.ln = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+    """LayerNorm(W_E[ids] + W_pos[positions] + W_type[segments]), then (ELECTRA, ALBERT) · W_proj + b_proj.
+
+    Tables are E wide; the projection, where the family has one, maps E to the D of the blocks.
+    DistilBERT has no segment table; RoBERTa's positions start at pad_token_id + 1.
+    """
+
+    def __init__(self, cfg: Config, dtype, rngs):
+        E = cfg.embed_dim
+        self.word = _weight(rngs, (cfg.vocab_size, E), dtype)  # [V, E]
+        self.position = _weight(rngs, (cfg.max_position_embeddings, E), dtype)
+        self.token_type = _weight(rngs, (cfg.type_vocab_size, E), dtype) if cfg.family.token_types else None
+        self.ln = LayerNorm(E, cfg.layer_norm_eps, dtype)
+        self.W_proj = _weight(rngs, (E, cfg.hidden_size), dtype) if cfg.has_projection else None  # [E, D]
+        self.b_proj = _zeros((cfg.hidden_size,), dtype) if cfg.has_projection else None
+        self.offset_positions = cfg.family.position_offset
+        self.pad_token_id = cfg.pad_token_id
+
+    def positions(self, input_ids) -> jax.Array:
+        """The position-table row of every token: [1, T] rows 0…T−1, or for RoBERTa [B, T] counting real
+        tokens from pad_token_id + 1, with padding tokens on the pad row (fairseq's numbering)."""
+        if not self.offset_positions:
+            return jnp.arange(input_ids.shape[1])[None]
+        real = input_ids != self.pad_token_id
+        return jnp.where(real, jnp.cumsum(real, axis=1) + self.pad_token_id, self.pad_token_id)
 
     def __call__(self, input_ids, token_type_ids, hooks: Hooks):
-        T = input_ids.shape[1]
-        embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, D]
-        pos = hooks("embed.hook_pos_embed", jnp.broadcast_to(self.position[...][:T], embed.shape))
-        token_type = hooks("embed.hook_token_type_embed", self.token_type[...][token_type_ids])
-        return self.ln(embed + pos + token_type, hooks, "embed.ln")
+        embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, E]
+        summed = embed + hooks("embed.hook_pos_embed",
+                               jnp.broadcast_to(self.position[...][self.positions(input_ids)], embed.shape))
+        if self.token_type is not None:
+            summed = summed + hooks("embed.hook_token_type_embed", self.token_type[...][token_type_ids])
+        normalized = self.ln(summed, hooks, "embed.ln")
+        if self.W_proj is None:
+            return normalized
+        return hooks("embed.hook_project", normalized @ self.W_proj[...] + self.b_proj[...])  # [B, T, D]
 
 
 def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str):
@@ -160,7 +188,7 @@ def unwatched_attention(q, k, v, key_mask):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: BertConfig, dtype, rngs):
+    def __init__(self, cfg: Config, dtype, rngs):
         D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
         self.W_Q, self.W_K, self.W_V = (_weight(rngs, (D, H, K), dtype) for _ in range(3))
         self.b_Q, self.b_K, self.b_V = (_zeros((H, K), dtype) for _ in range(3))
@@ -186,7 +214,7 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: BertConfig, dtype, rngs):
+    def __init__(self, cfg: Config, dtype, rngs):
         self.W_in = _weight(rngs, (cfg.hidden_size, cfg.intermediate_size), dtype)  # [D, F]
         self.b_in = _zeros((cfg.intermediate_size,), dtype)
         self.W_out = _weight(rngs, (cfg.intermediate_size, cfg.hidden_size), dtype)  # [F, D]
@@ -200,7 +228,7 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: BertConfig, dtype, rngs):
+    def __init__(self, cfg: Config, dtype, rngs):
         self.attn = Attention(cfg, dtype, rngs)
         self.ln1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype, rngs)
@@ -217,31 +245,52 @@ class Block(nnx.Module):
 
 
 class Pooler(nnx.Module):
-    """pooled = tanh([CLS] hidden state · W + b)."""
+    """pooled = act(first token's hidden state · W + b); act is tanh, except in the sequence classifiers of
+    ELECTRA (gelu) and DistilBERT (relu), whose dense layer on the first token minibert calls the pooler."""
 
-    def __init__(self, cfg: BertConfig, dtype, rngs):
+    def __init__(self, cfg: Config, dtype, rngs):
         self.W = _weight(rngs, (cfg.hidden_size, cfg.hidden_size), dtype)
         self.b = _zeros((cfg.hidden_size,), dtype)
+        self.activation = cfg.family.pooler_activation
 
     def __call__(self, hidden, hooks: Hooks):
-        return hooks("pooler.hook_out", jnp.tanh(hidden[:, 0] @ self.W[...] + self.b[...]))  # [B, D]
+        return hooks("pooler.hook_out", ACTIVATIONS[self.activation](hidden[:, 0] @ self.W[...] + self.b[...]))  # [B, D]
 
 
 class MaskedLMHead(nnx.Module):
-    """logits = LayerNorm(act(h · W + b)) · Eᵀ + bias, with E the (tied) word embeddings."""
+    """logits = LayerNorm(act(h · W + b)) · W_Eᵀ + bias, with W_E the (tied) word embeddings [V, E].
 
-    def __init__(self, cfg: BertConfig, dtype, rngs):
-        self.W = _weight(rngs, (cfg.hidden_size, cfg.hidden_size), dtype)
-        self.b = _zeros((cfg.hidden_size,), dtype)
-        self.activation = cfg.hidden_act
-        self.ln = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+    W is [D, E]: ELECTRA's generator and ALBERT map back down to the embedding width. act is the config's
+    hidden_act, or gelu where the family fixes it (RoBERTa, ELECTRA).
+    """
+
+    def __init__(self, cfg: Config, dtype, rngs):
+        self.W = _weight(rngs, (cfg.hidden_size, cfg.embed_dim), dtype)
+        self.b = _zeros((cfg.embed_dim,), dtype)
+        self.activation = cfg.family.mlm_activation or cfg.hidden_act
+        self.ln = LayerNorm(cfg.embed_dim, cfg.layer_norm_eps, dtype)
         self.decoder_bias = _zeros((cfg.vocab_size,), dtype)
 
     def __call__(self, hidden, word_embeddings, hooks: Hooks):
         transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
         transformed = self.ln(transformed, hooks, "mlm.ln")
-        logits = jnp.einsum("BTD,VD->BTV", transformed, word_embeddings) + self.decoder_bias[...]
+        logits = jnp.einsum("BTE,VE->BTV", transformed, word_embeddings) + self.decoder_bias[...]
         return hooks("mlm.hook_logits", logits)
+
+
+class Discriminator(nnx.Module):
+    """ELECTRA's replaced-token detector: logit = act(h · W + b) · w + c, one per position, [B, T]."""
+
+    def __init__(self, cfg: Config, dtype, rngs):
+        self.W = _weight(rngs, (cfg.hidden_size, cfg.hidden_size), dtype)
+        self.b = _zeros((cfg.hidden_size,), dtype)
+        self.activation = cfg.hidden_act
+        self.w = _weight(rngs, (cfg.hidden_size,), dtype)
+        self.c = _zeros((), dtype)
+
+    def __call__(self, hidden, hooks: Hooks):
+        transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
+        return hooks("discriminator.hook_logits", transformed @ self.w[...] + self.c[...])
 
 
 class Classifier(nnx.Module):
@@ -257,17 +306,21 @@ class Classifier(nnx.Module):
 
 
 class Bert(nnx.Module):
-    """The encoder and the head its architecture names (BertConfig.architecture)."""
+    """The encoder and the head its architecture names (Config.architecture), for every family."""
 
-    def __init__(self, cfg: BertConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    def __init__(self, cfg: Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
         self.config = cfg
         self.embed = Embeddings(cfg, dtype, rngs)
-        self.blocks = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
+        if cfg.family.shared_layers:  # ALBERT: every entry is the same Block, so its weights are stored once
+            self.blocks = nnx.List([Block(cfg, dtype, rngs)] * cfg.num_hidden_layers)
+        else:
+            self.blocks = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
         heads = cfg.heads
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
         self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
         self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp") if heads.nsp else None
         self.classifier = Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier") if heads.classifier else None
+        self.discriminator = Discriminator(cfg, dtype, rngs) if heads.discriminator else None
 
     # The stages below are the only code that runs the model: the plain forward, the offloaded forward
     # (api.Model.run(offload=True)) and the sweeps of analysis/ compose them.
@@ -304,4 +357,6 @@ class Bert(nnx.Module):
         if self.classifier is not None:
             per_token = self.config.heads.classifier == "token"
             logits = self.classifier(hidden if per_token else pooled, hooks)
+        if self.discriminator is not None:
+            logits = self.discriminator(hidden, hooks)
         return Output(hidden, pooled, logits, nsp_logits)

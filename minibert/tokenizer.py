@@ -22,10 +22,11 @@ import dataclasses
 import functools
 import json
 import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+
 from minibert.errors import TokenizerError
 
 SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -105,12 +106,96 @@ class Batch:
         return self.tokens[row][:int(self.lengths[row])]
 
 
-class Tokenizer:
+class BaseTokenizer:
+    """What every family's tokenizer shares: its special tokens (the one place analyses, views and the CLI
+    read "[CLS]" or "<s>" from), id ↔ token lookups, argument checks and padding into a Batch.
+
+    A subclass sets `vocab`, `ids_to_tokens`, `special_tokens` ({"cls_token": "[CLS]", ...}),
+    `model_max_length` and `segments` (whether sentence B gets segment id 1), and encodes one row in `_encode`.
+    """
+
+    vocab: dict[str, int]
+    ids_to_tokens: dict[int, str]
+    special_tokens: dict[str, str]
+    model_max_length: int
+    segments: bool = True
+
+    def _encode(self, text: str, pair: str | None, max_length: int | None) -> dict[str, list]:
+        raise NotImplementedError
+
+    # ---- special tokens ---------------------------------------------------------------------------------
+
+    def _special_id(self, name: str) -> int:
+        return self.vocab[self.special_tokens[name]]
+
+    cls_token = property(lambda self: self.special_tokens["cls_token"])
+    sep_token = property(lambda self: self.special_tokens["sep_token"])
+    pad_token = property(lambda self: self.special_tokens["pad_token"])
+    unk_token = property(lambda self: self.special_tokens["unk_token"])
+    mask_token = property(lambda self: self.special_tokens["mask_token"])
+    cls_token_id = property(lambda self: self._special_id("cls_token"))
+    sep_token_id = property(lambda self: self._special_id("sep_token"))
+    pad_token_id = property(lambda self: self._special_id("pad_token"))
+    unk_token_id = property(lambda self: self._special_id("unk_token"))
+    mask_token_id = property(lambda self: self._special_id("mask_token"))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str] | str):
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, self.unk_token_id)
+        return [self.vocab.get(token, self.unk_token_id) for token in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        if np.ndim(ids) == 0:
+            return self.ids_to_tokens[int(ids)]
+        return [self.ids_to_tokens[int(i)] for i in ids]
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, *,
+                 max_length: int | None = None, padding: str = "longest") -> Batch:
+        """Tokenize texts (and optional second texts) into a padded Batch.
+
+        max_length: truncate each row to this many tokens, longest sequence first (Hugging Face's
+        "longest_first"); without it a row longer than the model's limit is an error.
+        padding: "longest" (pad to the longest row) or "max_length" (pad to max_length).
+        """
+        texts = _text_list(texts, "texts")
+        if not texts:
+            raise TokenizerError("the batch is empty; pass at least one text, e.g. model.tokenize(['Hello world.']).")
+        if pairs is not None:
+            pairs = _text_list(pairs, "pairs")
+            if len(pairs) != len(texts):
+                raise TokenizerError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
+        if padding not in ("longest", "max_length") or (padding == "max_length" and max_length is None):
+            raise TokenizerError(f"padding must be 'longest' or 'max_length' (with max_length=N); got {padding!r}.")
+        rows = [self._encode(_checked_text(text, f"texts[{i}]"),
+                             None if pairs is None else _checked_text(pairs[i], f"pairs[{i}]"), max_length)
+                for i, text in enumerate(texts)]
+        width = max_length if padding == "max_length" else max(len(row["input_ids"]) for row in rows)
+        return self._padded(rows, width, texts, pairs)
+
+    def _padded(self, rows: list[dict], width: int, texts: list[str], pairs: list[str] | None) -> Batch:
+        def pad(values, fill):
+            return [row[values] + [fill] * (width - len(row[values])) for row in rows]
+
+        ids = np.asarray(pad("input_ids", self.pad_token_id), np.int32)
+        mask = np.asarray([[1] * len(row["input_ids"]) + [0] * (width - len(row["input_ids"])) for row in rows],
+                          np.int32)
+        return Batch(input_ids=ids, token_type_ids=np.asarray(pad("token_type_ids", 0), np.int32),
+                     attention_mask=mask, tokens=[self.convert_ids_to_tokens(row) for row in ids],
+                     word_ids=pad("word_ids", None), sequence_ids=pad("sequence_ids", None),
+                     offsets=pad("offsets", (0, 0)), texts=texts, pairs=pairs)
+
+
+class Tokenizer(BaseTokenizer):
     """BERT's basic tokenizer + WordPiece over a vocabulary (token → id)."""
 
     def __init__(self, vocab: dict[str, int], *, do_lower_case: bool = True, strip_accents: bool | None = None,
                  tokenize_chinese_chars: bool = True, model_max_length: int = 512,
-                 special_tokens: dict[str, str] | None = None):
+                 special_tokens: dict[str, str] | None = None, segments: bool = True):
+        self.segments = segments
         self.vocab = dict(vocab)
         self.ids_to_tokens = {i: t for t, i in self.vocab.items()}
         self.do_lower_case = do_lower_case
@@ -125,36 +210,22 @@ class Tokenizer:
         self._wordpiece = functools.lru_cache(maxsize=1 << 16)(self._wordpiece_uncached)
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> Tokenizer:
-        """Read `vocab.txt` (or a WordPiece `tokenizer.json`) and `tokenizer_config.json` from a checkpoint dir."""
+    def from_dir(cls, directory: str | Path, *, segments: bool = True) -> Tokenizer:
+        """Read `vocab.txt` (or a WordPiece `tokenizer.json`) and `tokenizer_config.json` from a checkpoint dir.
+
+        segments=False gives sentence B segment id 0, for models without segment embeddings (DistilBERT)."""
         directory = Path(directory)
         settings = _read_json(directory / "tokenizer_config.json")
-        special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
-        special |= {name: _content(value) for name, value in _read_json(directory / "special_tokens_map.json").items()
-                    if name in SPECIAL_TOKENS}
+        special = configured_special_tokens(directory, settings)
         max_length = settings.get("model_max_length", 512)
         return cls(_read_vocab(directory), do_lower_case=settings.get("do_lower_case", True),
                    strip_accents=settings.get("strip_accents"),
                    tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
-                   model_max_length=max_length if max_length < 1e9 else 512, special_tokens=special)
+                   model_max_length=max_length if max_length < 1e9 else 512, special_tokens=special,
+                   segments=segments)
 
     def __repr__(self):
         return f"Tokenizer(vocab={len(self.vocab)}, do_lower_case={self.do_lower_case})"
-
-    # ---- special tokens ---------------------------------------------------------------------------------
-
-    def _special_id(self, name: str) -> int:
-        return self.vocab[self.special_tokens[name]]
-
-    cls_token_id = property(lambda self: self._special_id("cls_token"))
-    sep_token_id = property(lambda self: self._special_id("sep_token"))
-    pad_token_id = property(lambda self: self._special_id("pad_token"))
-    unk_token_id = property(lambda self: self._special_id("unk_token"))
-    mask_token_id = property(lambda self: self._special_id("mask_token"))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
 
     # ---- stage 1: normalize -------------------------------------------------------------------------------
 
@@ -250,44 +321,11 @@ class Tokenizer:
         """WordPiece tokens of one text, without [CLS]/[SEP]."""
         return [self.ids_to_tokens[i] for word in self._words(_checked_text(text, "text")) for i in word.ids]
 
-    def convert_tokens_to_ids(self, tokens: Sequence[str] | str):
-        if isinstance(tokens, str):
-            return self.vocab.get(tokens, self.unk_token_id)
-        return [self.vocab.get(token, self.unk_token_id) for token in tokens]
-
-    def convert_ids_to_tokens(self, ids):
-        if np.ndim(ids) == 0:
-            return self.ids_to_tokens[int(ids)]
-        return [self.ids_to_tokens[int(i)] for i in ids]
-
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Token ids back to text: wordpieces joined, "##" continuations glued to the previous piece."""
         special = {self.vocab[token] for token in self.special_tokens.values()} if skip_special_tokens else set()
         tokens = [self.ids_to_tokens[int(i)] for i in ids if int(i) not in special]
         return " ".join(tokens).replace(" ##", "")
-
-    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, *,
-                 max_length: int | None = None, padding: str = "longest") -> Batch:
-        """Tokenize texts (and optional second texts) into a padded Batch.
-
-        max_length: truncate each row to this many tokens, longest sequence first (Hugging Face's
-        "longest_first"); without it a row longer than the model's limit is an error.
-        padding: "longest" (pad to the longest row) or "max_length" (pad to max_length).
-        """
-        texts = _text_list(texts, "texts")
-        if not texts:
-            raise TokenizerError("the batch is empty; pass at least one text, e.g. model.tokenize(['Hello world.']).")
-        if pairs is not None:
-            pairs = _text_list(pairs, "pairs")
-            if len(pairs) != len(texts):
-                raise TokenizerError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
-        if padding not in ("longest", "max_length") or (padding == "max_length" and max_length is None):
-            raise TokenizerError(f"padding must be 'longest' or 'max_length' (with max_length=N); got {padding!r}.")
-        rows = [self._encode(_checked_text(text, f"texts[{i}]"),
-                             None if pairs is None else _checked_text(pairs[i], f"pairs[{i}]"), max_length)
-                for i, text in enumerate(texts)]
-        width = max_length if padding == "max_length" else max(len(row["input_ids"]) for row in rows)
-        return self._padded(rows, width, texts, pairs)
 
     def _encode(self, text: str, pair: str | None, max_length: int | None) -> dict[str, list]:
         """[CLS] A [SEP] (B [SEP]) for one row, truncated longest-first to max_length."""
@@ -313,21 +351,8 @@ class Tokenizer:
             row["offsets"] += [span for _, span, _ in flat] + [(0, 0)]
             row["word_ids"] += [w for _, _, w in flat] + [None]
             row["sequence_ids"] += [sequence] * len(flat) + [None]
-            row["token_type_ids"] += [sequence] * (len(flat) + 1)
+            row["token_type_ids"] += [sequence if self.segments else 0] * (len(flat) + 1)
         return row
-
-    def _padded(self, rows: list[dict], width: int, texts: list[str], pairs: list[str] | None) -> Batch:
-        def pad(values, fill):
-            return [row[values] + [fill] * (width - len(row[values])) for row in rows]
-
-        ids = np.asarray(pad("input_ids", self.pad_token_id), np.int32)
-        mask = np.asarray([[1] * len(row["input_ids"]) + [0] * (width - len(row["input_ids"])) for row in rows],
-                          np.int32)
-        return Batch(input_ids=ids, token_type_ids=np.asarray(pad("token_type_ids", 0), np.int32),
-                     attention_mask=mask, tokens=[self.convert_ids_to_tokens(row) for row in ids],
-                     word_ids=pad("word_ids", None), sequence_ids=pad("sequence_ids", None),
-                     offsets=pad("offsets", (0, 0)), texts=texts, pairs=pairs)
-
 
 def _truncated_counts(counts: list[int], budget: int) -> list[int]:
     """Longest-first truncation of one or two sequences to `budget` tokens in all (Hugging Face's rule:
@@ -358,6 +383,13 @@ def _checked_text(text, name: str) -> str:
     if not isinstance(text, str):
         raise TokenizerError(f"{name} is a {type(text).__name__}, not a string; pass text (str) to tokenize.")
     return text
+
+
+def configured_special_tokens(directory: Path, settings: Mapping) -> dict[str, str]:
+    """The special tokens a checkpoint names in tokenizer_config.json (`settings`) and special_tokens_map.json."""
+    special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
+    return special | {name: _content(value) for name, value in _read_json(directory / "special_tokens_map.json").items()
+                      if name in SPECIAL_TOKENS}
 
 
 def _content(token) -> str:

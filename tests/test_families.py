@@ -1,0 +1,353 @@
+"""The BERT family: RoBERTa (and XLM-R, CamemBERT), DistilBERT, ELECTRA, ALBERT.
+
+Parity with Hugging Face transformers (PyTorch, eager attention), fp32, on tiny random models of each
+family with odd sizes, built and saved here: every hidden state, every attention map and each head's
+logits within 1e-5 (TINY, derived in test_parity.py's terms: fp32 rounding, eps = 1.2e-7, through
+reductions of at most 37 terms of magnitude ≲ 10, then LayerNorm, is a few 1e-6 per layer). Tokenizers:
+byte-level BPE and Unigram tokenizers trained here with the `tokenizers` library, compared with
+transformers' AutoTokenizer on a few hundred fuzzed strings (ids, offsets, word ids, segments).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import string
+
+import numpy as np
+import pytest
+import torch
+
+import minibert
+from minibert.config import ARCHITECTURES, FAMILIES, Config
+from minibert.tokenizers_hf import tokenizer_for
+from conftest import write_vocab
+from test_parity import TINY, assert_close, assert_parity
+
+VOCAB = 99
+HF_CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
+              "distilbert": "DistilBert", "electra": "Electra", "albert": "Albert"}
+# Odd sizes: head widths, FFN and embedding widths that share no factor with each other.
+SIZES = {
+    "roberta": dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+                    max_position_embeddings=40, type_vocab_size=1, pad_token_id=1),
+    "xlm-roberta": dict(hidden_size=20, num_hidden_layers=2, num_attention_heads=5, intermediate_size=29,
+                        max_position_embeddings=40, type_vocab_size=1, pad_token_id=1, hidden_act="gelu_new"),
+    "camembert": dict(hidden_size=18, num_hidden_layers=1, num_attention_heads=2, intermediate_size=23,
+                      max_position_embeddings=40, type_vocab_size=1, pad_token_id=1),
+    "distilbert": dict(dim=30, n_layers=2, n_heads=5, hidden_dim=37, max_position_embeddings=40),
+    "electra": dict(embedding_size=10, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                    intermediate_size=37, max_position_embeddings=40, type_vocab_size=3),
+    "albert": dict(embedding_size=10, hidden_size=24, num_hidden_layers=3, num_attention_heads=4,
+                   intermediate_size=37, max_position_embeddings=40, hidden_act="gelu_new"),
+}
+
+
+CORPUS = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog!",
+          "Ünïcödé façade, café and naïve résumé.", "Numbers 1234 and symbols $%& (brackets) [x].",
+          "日本語のテキストと English mixed.", "Don't stop: it's 3:45pm, isn't it?"] * 10
+TOKENIZER_CLASSES = {"roberta": "RobertaTokenizer", "xlm-roberta": "XLMRobertaTokenizer",
+                     "camembert": "CamembertTokenizer", "albert": "AlbertTokenizer"}
+
+
+def write_tokenizer(directory, model_type: str) -> int:
+    """The family's tokenizer files, as transformers writes them, over a vocabulary trained here on CORPUS:
+    byte-level BPE merges (RoBERTa) or Unigram pieces with scores (XLM-R, CamemBERT, ALBERT) learnt with
+    `tokenizers`, handed to transformers' own tokenizer class, saved with save_pretrained (tokenizer.json
+    with the family's normalizer, pre-tokenizer, special tokens and template). WordPiece families get a
+    vocab.txt (conftest.write_vocab). Returns the vocabulary size."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    if model_type in ("distilbert", "electra"):
+        write_vocab(directory, VOCAB)
+        return VOCAB
+    hf_class = getattr(transformers, TOKENIZER_CLASSES[model_type])
+    defaults = hf_class().get_vocab()  # the class's default vocabulary: its special tokens
+    specials = sorted(defaults, key=defaults.get)
+    if model_type == "roberta":
+        learner = Tokenizer(models.BPE())
+        learner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        learner.train_from_iterator(CORPUS, trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        model = json.loads(learner.to_str())["model"]
+        tokenizer = hf_class(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]])
+    else:
+        learner = Tokenizer(models.Unigram())
+        learner.pre_tokenizer = pre_tokenizers.Metaspace()
+        learner.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=150, special_tokens=specials,
+                                                                    unk_token="<unk>"))
+        tokenizer = hf_class(vocab=[tuple(piece) for piece in json.loads(learner.to_str())["model"]["vocab"]])
+    tokenizer.save_pretrained(directory)
+    return len(tokenizer)
+
+
+def make_family_model(directory, model_type: str, suffix: str = "Model", *, seed: int = 0, scale: float = 0.3,
+                      **config):
+    """A tiny random HF model of a family: every weight redrawn (LayerNorm gains near 1), saved; the torch model."""
+    import transformers
+
+    prefix = HF_CLASSES[model_type]
+    settings = dict(vocab_size=VOCAB, **SIZES[model_type]) | config
+    cfg = getattr(transformers, f"{prefix}Config")(**settings, architectures=[prefix + suffix], num_labels=3)
+    torch.manual_seed(seed)
+    model = getattr(transformers, prefix + suffix)(cfg).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.copy_(1 + 0.2 * torch.randn_like(module.weight))
+                module.bias.copy_(scale * torch.randn_like(module.bias))
+            elif not isinstance(module, torch.nn.LayerNorm):
+                for p in module.parameters(recurse=False):
+                    p.copy_(scale * torch.randn_like(p))
+    model.save_pretrained(directory)
+    write_tokenizer(directory, model_type)
+    return model
+
+
+def family_batch(rng, model_type: str, batch: int, length: int):
+    """Random ids (none special), right padding with the family's pad id, segments where the family has them."""
+    sizes = SIZES[model_type]
+    pad = sizes.get("pad_token_id", 0)
+    ids = rng.integers(5, VOCAB, size=(batch, length))
+    lengths = rng.integers(2, length + 1, size=batch)
+    lengths[0] = length
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
+    inputs = {"input_ids": np.where(mask == 1, ids, pad), "attention_mask": mask}
+    if model_type != "distilbert":
+        types = np.zeros_like(ids)
+        for b, n in enumerate(lengths):
+            types[b, n // 2:n] = rng.integers(0, sizes.get("type_vocab_size", 2))
+        inputs["token_type_ids"] = types
+    return inputs
+
+
+@pytest.mark.parametrize("model_type", list(HF_CLASSES))
+def test_encoder_parity(tmp_path, model_type):
+    hf_model = make_family_model(tmp_path, model_type)
+    model = minibert.load(tmp_path)
+    assert model.config.model_type == model_type
+    out, ref = assert_parity(model, hf_model, family_batch(np.random.default_rng(1), model_type, 3, 11), TINY)
+    if model.config.heads.pooler:
+        assert_close(out.pooler_output, ref.pooler_output, TINY, "pooler")
+
+
+HEAD_CASES = [(t, s) for t in HF_CLASSES for s in ("ForMaskedLM", "ForSequenceClassification",
+                                                   "ForTokenClassification")] + [("electra", "ForPreTraining")]
+
+
+@pytest.mark.parametrize("model_type,suffix", HEAD_CASES, ids=lambda v: v)
+def test_head_parity(tmp_path, model_type, suffix):
+    hf_model = make_family_model(tmp_path, model_type, suffix)
+    model = minibert.load(tmp_path)
+    assert model.config.architecture == HF_CLASSES[model_type] + suffix
+    out, ref = assert_parity(model, hf_model, family_batch(np.random.default_rng(2), model_type, 4, 9), TINY)
+    assert_close(out.logits, ref.logits, TINY, f"{model_type} {suffix} logits")
+
+
+@pytest.mark.parametrize("model_type,config", [
+    ("electra", dict(embedding_size=24)),  # no projection when the widths agree (HF builds none)
+    ("distilbert", dict(sinusoidal_pos_embds=True, activation="relu")),
+    ("roberta", dict(max_position_embeddings=13)),  # the longest row: 13 − (pad 1 + 1) = 11 tokens
+])
+def test_variant_parity(tmp_path, model_type, config):
+    hf_model = make_family_model(tmp_path, model_type, **config)
+    model = minibert.load(tmp_path)
+    assert_parity(model, hf_model, family_batch(np.random.default_rng(3), model_type, 3, 11), TINY)
+
+
+def fuzz_texts(rng, n: int) -> list[str]:
+    """Strings that stress normalisation and offsets: mixed scripts, accents, emoji, runs of odd whitespace,
+    punctuation glued to words, and special tokens written in the text."""
+    pieces = [*CORPUS[:6], *string.punctuation, "  ", "\t", "\n", " ", "café", "naïve", "ÉCOLE", "ß", "ﬁ",
+              "日本", "😀", "\u00a0", "\u200b", "x\u0301", "<mask>", "[MASK]", "<s>", "Hello", "world", "123", "-"]
+    texts = []
+    for _ in range(n):
+        chosen = rng.choice(len(pieces), size=rng.integers(0, 8))
+        texts.append("".join(pieces[i] if rng.random() < 0.7 else " " + pieces[i] for i in chosen))
+    return texts
+
+
+def hf_rows(hf_tokenizer, texts, pairs, **kwargs) -> dict[str, list]:
+    """transformers' encoding of a batch, as the per-row lists a minibert Batch holds."""
+    encoded = hf_tokenizer(texts, pairs, padding=True, return_offsets_mapping=True, return_token_type_ids=True,
+                           **kwargs)
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+            "token_type_ids": encoded["token_type_ids"], "offsets": encoded["offset_mapping"],
+            "word_ids": [encoded.word_ids(i) for i in range(len(texts))],
+            "sequence_ids": [encoded.sequence_ids(i) for i in range(len(texts))]}
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "camembert", "albert"])
+def test_tokenizer_matches_transformers(tmp_path, model_type):
+    import transformers
+
+    write_tokenizer(tmp_path, model_type)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    architecture = HF_CLASSES[model_type] + "Model"
+    segments = model_type == "albert"
+    config = Config(architecture=architecture, type_vocab_size=2 if segments else 1,
+                    pad_token_id=hf_tokenizer.pad_token_id)
+    ours = tokenizer_for(tmp_path, config)
+    rng = np.random.default_rng(7)
+    texts, pairs = fuzz_texts(rng, 300), fuzz_texts(rng, 300)
+    for first, second, kwargs in [(texts, None, {}), (texts[:150], pairs[:150], {}),
+                                  (texts[150:], pairs[150:], {"max_length": 12, "truncation": "longest_first"})]:
+        batch = ours(first, second, max_length=kwargs.get("max_length"))
+        theirs = hf_rows(hf_tokenizer, first, second, **kwargs)
+        assert batch.input_ids.tolist() == theirs["input_ids"]
+        assert batch.attention_mask.tolist() == theirs["attention_mask"]
+        assert batch.offsets == [[tuple(span) for span in row] for row in theirs["offsets"]]
+        assert batch.word_ids == theirs["word_ids"]
+        assert batch.sequence_ids == theirs["sequence_ids"]
+        # Sentence B gets segment 1 where the family has segments (ALBERT); RoBERTa's template gives 0 anyway.
+        assert batch.token_type_ids.tolist() == theirs["token_type_ids"]
+        assert batch.tokens == [hf_tokenizer.convert_ids_to_tokens(row) for row in theirs["input_ids"]]
+    specials = {name: getattr(hf_tokenizer, name) for name in ("cls_token", "sep_token", "pad_token", "mask_token")}
+    assert {name: getattr(ours, name) for name in specials} == specials
+    assert ours.pad_token_id == hf_tokenizer.pad_token_id
+
+
+# ---- config: one table of families, strict keys ------------------------------------------------------------
+
+def test_every_family_class_is_in_the_tables():
+    """ARCHITECTURES names exactly the classes transformers has for each family's heads minibert builds."""
+    import transformers
+
+    for name, model_type in ((n, Config(architecture=n).model_type) for n in ARCHITECTURES):
+        assert hasattr(transformers, name), name
+        assert getattr(transformers, name).config_class.model_type == model_type
+    assert set(FAMILIES) == {"bert", *HF_CLASSES}
+
+
+@pytest.mark.parametrize("model_type", list(HF_CLASSES))
+def test_transformers_config_dicts_pass_the_allow_list(model_type):
+    """A config.json as transformers writes it for each family (all its default keys) is accepted."""
+    import transformers
+
+    prefix = HF_CLASSES[model_type]
+    written = getattr(transformers, f"{prefix}Config")(**SIZES[model_type]).to_dict()
+    cfg = Config.from_hf(written | {"architectures": [prefix + "ForMaskedLM"]})
+    assert (cfg.model_type, cfg.architecture) == (model_type, prefix + "ForMaskedLM")
+    assert cfg.hidden_size == SIZES[model_type].get("hidden_size", SIZES[model_type].get("dim"))
+
+
+def test_distilbert_names_and_no_segments():
+    cfg = Config.from_hf({"model_type": "distilbert", "dim": 30, "n_layers": 2, "n_heads": 5, "hidden_dim": 37,
+                          "activation": "relu", "sinusoidal_pos_embds": True})
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size,
+            cfg.hidden_act, cfg.type_vocab_size) == (30, 2, 5, 37, "relu", 1)
+    assert cfg.architecture == "DistilBertModel" and not cfg.heads.pooler
+    with pytest.raises(minibert.ConfigError, match="both 'dim' and 'hidden_size'"):
+        Config.from_hf({"model_type": "distilbert", "dim": 30, "hidden_size": 30})
+    with pytest.raises(minibert.ConfigError, match="type_vocab_size"):  # DistilBERT has no segment table
+        Config.from_hf({"model_type": "distilbert", "type_vocab_size": 2})
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not a family"),
+    ({"model_type": "albert", "num_hidden_groups": 2}, "num_hidden_groups = 2 is not supported"),
+    ({"model_type": "albert", "inner_group_num": 2}, "inner_group_num = 2 is not supported"),
+    ({"model_type": "roberta", "architectures": ["BertForMaskedLM"]}, "belongs to model_type 'bert'"),
+    ({"model_type": "bert", "embedding_size": 128}, "'embedding_size'"),  # BERT has no projection
+    ({"model_type": "electra", "sinusoidal_pos_embds": True}, "'sinusoidal_pos_embds'"),  # another family's key
+    ({"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 2}, "leaves no row"),
+])
+def test_family_config_errors_name_the_key(config, message):
+    with pytest.raises(minibert.ConfigError, match=message):
+        Config.from_hf(config)
+
+
+def test_family_layouts():
+    roberta = Config(architecture="RobertaModel", pad_token_id=1, max_position_embeddings=514)
+    assert (roberta.first_position, roberta.max_tokens) == (2, 512)
+    electra = Config(architecture="ElectraModel", hidden_size=256, num_attention_heads=4, embedding_size=128)
+    assert electra.has_projection and electra.embed_dim == 128
+    assert not Config(architecture="ElectraModel", hidden_size=256, num_attention_heads=4).has_projection
+    assert Config(architecture="AlbertModel", embedding_size=768).has_projection  # ALBERT always projects
+
+
+# ---- tokenizers and the model together ----------------------------------------------------------------------
+
+def test_roberta_from_vocab_and_merges(tmp_path):
+    """Without tokenizer.json, RoBERTa's vocab.json + merges.txt build the same byte-level BPE as transformers'."""
+    import transformers
+
+    write_tokenizer(tmp_path, "roberta")
+    model = json.loads((tmp_path / "tokenizer.json").read_text())["model"]
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "vocab.json").write_text(json.dumps(model["vocab"]))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in model["merges"]) + "\n")
+    hf_tokenizer = transformers.RobertaTokenizer(vocab=str(tmp_path / "vocab.json"), merges=str(tmp_path / "merges.txt"))
+    ours = tokenizer_for(tmp_path, Config(architecture="RobertaModel", type_vocab_size=1, pad_token_id=1))
+    texts = fuzz_texts(np.random.default_rng(8), 200)
+    batch, theirs = ours(texts[:100], texts[100:]), hf_rows(hf_tokenizer, texts[:100], texts[100:])
+    assert batch.input_ids.tolist() == theirs["input_ids"]
+    assert batch.offsets == [[tuple(span) for span in row] for row in theirs["offsets"]]
+    assert batch.word_ids == theirs["word_ids"]
+
+
+def test_sentencepiece_only_directory_says_how_to_convert(tmp_path):
+    (tmp_path / "spiece.model").write_bytes(b"\x00")
+    with pytest.raises(minibert.TokenizerError, match="save_pretrained"):
+        tokenizer_for(tmp_path, Config(architecture="AlbertModel"))
+
+
+@pytest.mark.parametrize("model_type,segment", [("distilbert", 0), ("electra", 1)])
+def test_wordpiece_families_segments(tmp_path, model_type, segment):
+    """DistilBERT has no segment table: sentence B keeps segment 0 (HF's DistilBertTokenizer returns none)."""
+    make_family_model(tmp_path, model_type)
+    model = minibert.load(tmp_path)
+    batch = model.tokenize(["a b"], ["c"])
+    assert batch.tokens[0][:6] == ["[CLS]", "a", "b", "[SEP]", "c", "[SEP]"]
+    assert batch.token_type_ids.tolist() == [[0, 0, 0, 0, segment, segment]]
+    model(batch)  # the model takes the ids it was given
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "albert"])
+def test_text_to_logits_matches_transformers(tmp_path, model_type):
+    """model.tokenize → MLM logits on texts, pairs and padding, against transformers' tokenizer and model."""
+    import transformers
+
+    vocab = write_tokenizer(tmp_path, model_type)
+    hf_model = make_family_model(tmp_path / "model", model_type, "ForMaskedLM", vocab_size=vocab,
+                                 max_position_embeddings=130)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the trained tokenizer, with the model
+        (tmp_path / "model" / name).write_text((tmp_path / name).read_text())
+    model = minibert.load(tmp_path / "model")
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "model")
+    texts, pairs = CORPUS[:3], ["Short.", "A somewhat longer second text, café!", "x"]
+    batch = model.tokenize(texts, pairs)
+    theirs = hf_tokenizer(texts, pairs, padding=True, return_tensors="np")
+    np.testing.assert_array_equal(batch.input_ids, theirs["input_ids"])
+    out, ref = assert_parity(model, hf_model, {k: np.asarray(v) for k, v in theirs.items()}, TINY)
+    assert_close(out.logits, ref.logits, TINY, "MLM logits")
+    assert batch.tokens[0][0] == model.tokenizer.cls_token == hf_tokenizer.cls_token
+
+
+def test_albert_applies_one_block_in_every_layer(tmp_path):
+    make_family_model(tmp_path, "albert")
+    model = minibert.load(tmp_path)
+    assert list(model.params["blocks"]) == [0]  # stored once
+    module = model.module
+    assert all(block is module.blocks[0] for block in module.blocks)
+    names = model.hook_names
+    for i in range(3):  # each application has its own hook names
+        assert f"blocks.{i}.attn.hook_pattern" in names
+    assert "embed.hook_project" in names and "embed.hook_token_type_embed" in names
+    # Patching layer 1's pattern leaves layer 0 alone: the hooks tell the applications apart.
+    batch = family_batch(np.random.default_rng(9), "albert", 2, 7)
+    _, clean = model.run_with_cache(batch, names="blocks.*.hook_resid_post")
+    _, patched = model.run(batch, names="blocks.*.hook_resid_post",
+                           hooks={"blocks.1.attn.hook_pattern": lambda value, ctx: value * 0})
+    # Equal up to fp32 rounding (a run with writer hooks is not padded to a length bucket, so XLA may sum in
+    # another order): TINY, as above.
+    assert_close(clean["blocks.0.hook_resid_post"], patched["blocks.0.hook_resid_post"], TINY, "layer 0")
+    assert np.abs(np.asarray(clean["blocks.1.hook_resid_post"]) - patched["blocks.1.hook_resid_post"]).max() > 0.1
+
+
+def test_hook_names_per_family(tmp_path):
+    make_family_model(tmp_path, "distilbert")
+    names = minibert.load(tmp_path).hook_names
+    assert "embed.hook_token_type_embed" not in names and "embed.hook_project" not in names
+    assert not any(name.startswith("pooler.") for name in names)
