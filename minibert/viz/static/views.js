@@ -15,6 +15,7 @@ var LINES_WIDTH = 170;   // px between the query and key columns
 var THUMB = 76;          // px, side of a model-view thumbnail
 var MIN_WEIGHT = 0.005;  // lines this faint are invisible; skipping them keeps large pages fast
 var MAX_CANVAS = 32000;  // px, below every browser's limit on a canvas side
+var STROKE_COST = 6;     // a pixel of a canvas stroke costs ~6 of linesImage's (headless chromium, no GPU)
 var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"];
 var POSITIVE = "#1f77b4", NEGATIVE = "#f57f17";  // neuron view: positive blue, negative orange
@@ -291,6 +292,8 @@ function addLine(density, width, height, y0, y1, w, lineWidth, span) {
   var slope = (y1 - y0) / width, half = lineWidth / 2 * Math.sqrt(1 + slope * slope);
   // Spread over the span the stroke touches in a column, its area there gives this mean coverage.
   var cover = 2 * half / (Math.abs(slope) + 2 * half), d = -Math.log(1 - Math.min(w * cover, 0.999));
+  span[0] = Math.min(span[0], Math.max(Math.floor(Math.min(y0, y1) - Math.abs(slope) - half), 0));
+  span[1] = Math.max(span[1], Math.min(Math.floor(Math.max(y0, y1) + Math.abs(slope) + half) + 2, height + 1));
   for (var x = 0; x < width; x++) {
     var a = y0 + slope * x, b = a + slope;
     var lo = Math.max(Math.min(a, b) - half, 0), hi = Math.min(Math.max(a, b) + half, height);
@@ -300,8 +303,6 @@ function addLine(density, width, height, y0, y1, w, lineWidth, span) {
     density[(il + 1) * width + x] += d * fl;
     density[ih * width + x] -= d * (1 - fh);
     density[(ih + 1) * width + x] -= d * fh;
-    if (il < span[0]) span[0] = il;
-    if (ih + 1 > span[1]) span[1] = ih + 1;
   }
 }
 
@@ -438,8 +439,25 @@ function tokenLines(root, busy, opts) {
     return drawn;
   }
 
-  /** The lines, head after head in the order of state.heads. */
+  /** The lines, head after head in the order of state.heads: stroked one by one when they cover
+      few pixels (a token's own lines), else rasterised by linesImage, whose cost is the area. */
   function paintEdges(drawn) {
+    var stroked = drawn.reduce(function (sum, e) { return sum + Math.abs(rowY(e[2]) - rowY(e[1])) + LINES_WIDTH; }, 0);
+    if (stroked * STROKE_COST < state.heads.length * LINES_WIDTH * height) {
+      var colors = headColors();
+      context.clearRect(0, 0, canvas.width, canvas.height);
+      context.lineWidth = 2;
+      drawn.forEach(function (e) {
+        context.strokeStyle = colors[e[0]];
+        context.globalAlpha = Math.min(e[3], 1);
+        context.beginPath();
+        context.moveTo(0, rowY(e[1]));
+        context.lineTo(LINES_WIDTH, rowY(e[2]));
+        context.stroke();
+      });
+      context.globalAlpha = 1;
+      return;
+    }
     var groups = {};
     state.heads.forEach(function (head) { groups[head.index] = {color: rgb(head.color), lines: []}; });
     drawn.forEach(function (e) { groups[e[0]].lines.push([rowY(e[1]), rowY(e[2]), e[3]]); });
@@ -447,13 +465,14 @@ function tokenLines(root, busy, opts) {
     context.putImageData(image, 0, 0);
   }
 
-  /** Beside each partner of the focused token, one bar per head with opacity = weight. */
+  /** Beside each partner of the focused token, one bar per head with opacity = weight, where a line is drawn. */
   function drawBars(f) {
     var fromLeft = f.side === "left", x0 = fromLeft ? linesR + 3 : textW + 3;
     var fragment = document.createDocumentFragment();
     range(fromLeft ? state.cols : state.rows).forEach(function (other) {
       state.heads.forEach(function (head, n) {
         var w = fromLeft ? head.weight(f.index, other) : head.weight(other, f.index);
+        if (w < MIN_WEIGHT) return;  // 12 heads × 512 tokens of empty bars made each hover slow
         var bar = svg("rect", {x: x0 + n * BAR, y: rowY(other) - ROW / 2 + 4, width: BAR - 1, height: ROW - 8,
                                fill: head.color, "fill-opacity": Math.max(w, 0.04), "class": "mbv-bar"});
         bar.appendChild(svg("title", null, "head " + (head.index + 1) + ": " + w.toFixed(3)));
