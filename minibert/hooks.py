@@ -201,7 +201,7 @@ class Recorder:
 
 # Hook prefixes of the head parts: on a model without that part they are valid names, just absent.
 HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
-              "classifier": "a classifier head"}
+              "classifier": "a classifier head", "discriminator": "ELECTRA's discriminator head"}
 
 
 def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:

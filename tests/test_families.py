@@ -351,3 +351,10 @@ def test_hook_names_per_family(tmp_path):
     names = minibert.load(tmp_path).hook_names
     assert "embed.hook_token_type_embed" not in names and "embed.hook_project" not in names
     assert not any(name.startswith("pooler.") for name in names)
+
+
+def test_discriminator_hook_on_another_model_names_the_architecture(tmp_path):
+    make_family_model(tmp_path, "electra", "ForMaskedLM")
+    with pytest.raises(minibert.HookError, match="ElectraForPreTraining"):
+        minibert.load(tmp_path).run_with_cache(family_batch(np.random.default_rng(0), "electra", 1, 4),
+                                               names=["discriminator.hook_logits"])
