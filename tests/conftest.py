@@ -67,6 +67,18 @@ def random_batch(rng: np.random.Generator, batch: int, length: int, vocab_size: 
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
+# Tests marked by a fixture they use, wherever they live: a test that drives chromium is a browser test;
+# the demo's tests share one run of `minibert demo` (a minute and more).
+MARKERS_BY_FIXTURE = {"browser": pytest.mark.browser, "demo_log": pytest.mark.slow}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, marker in MARKERS_BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
 @pytest.fixture(scope="session")
 def bundled_dir():
     return sources.resolve()

@@ -31,6 +31,7 @@ WORD_GROUPS = [
 ]
 
 
+@pytest.mark.slow  # transformers runs the bundled model per text
 def test_attention_to_word_matches_transformers_attentions(bundled, hf_bundled):
     """Σ over query rows of the word's columns, mean over heads, from transformers' own attention maps."""
     hf_model, hf_tokenizer = hf_bundled

@@ -63,6 +63,7 @@ def _perturb(pattern, ctx, delta):
     return pattern + delta[ctx.layer]
 
 
+@pytest.mark.slow  # 12 forward passes, one per perturbed entry
 def test_attention_gradients_match_finite_differences(tiny_mlm, masked):
     model, _ = tiny_mlm
     (batch, labels), _ = masked

@@ -4,6 +4,7 @@ checkpoint's own tensors."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 from minibert.analysis import norms
@@ -42,6 +43,7 @@ def reference_norms(tensors, resid_pre, pattern, n_heads):
     return f_norm, weighted, summed, attn_out
 
 
+@pytest.mark.slow  # Python loops over every layer, head and token pair
 def test_attention_norms_match_loops_over_checkpoint_tensors(bundled, bundled_dir):
     batch = bundled.tokenize(TEXTS)  # the first text is padded
     result = norms.attention_norms(bundled, batch)

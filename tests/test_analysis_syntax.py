@@ -211,6 +211,7 @@ def sample_patterns(bundled):
     return out
 
 
+@pytest.mark.slow  # the bundled model over the sample treebank, twice
 @pytest.mark.parametrize("mode", ["mean", "first"])
 def test_dependency_accuracy_on_the_bundled_checkpoint(bundled, sample_patterns, mode):
     sentences = syntax.read_conllu(syntax.sample_treebank())

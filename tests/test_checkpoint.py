@@ -23,6 +23,7 @@ def test_sequence_classifier_labels(tmp_path):
     assert minibert.load(tmp_path).config.id2label == ("negative", "neutral", "positive")
 
 
+@pytest.mark.slow  # three tiny checkpoints written and loaded, each to parity
 def test_sharded_and_half_precision_checkpoints(tmp_path):
     import transformers
 

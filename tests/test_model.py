@@ -17,6 +17,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from minibert.config import BertConfig
@@ -262,6 +263,7 @@ def test_block_by_hand_weights_against_the_reference():
 
 # ---- the stages compose to the forward ---------------------------------------------------------------------
 
+@pytest.mark.slow  # two eager forwards: every op dispatched on its own
 def test_stages_compose_to_the_forward_and_match_the_references():
     cfg = tiny_config(num_hidden_layers=2)
     module = Bert(cfg, rngs=nnx.Rngs(3))

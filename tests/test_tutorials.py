@@ -29,6 +29,7 @@ def test_there_are_tutorials():
     assert len(TUTORIALS) >= 3, [p.name for p in TUTORIALS]
 
 
+@pytest.mark.slow  # a fresh interpreter runs a whole notebook
 @pytest.mark.parametrize("tutorial", PAGES, ids=lambda path: path.stem)
 def test_tutorial_runs(tutorial, tmp_path):
     """A fresh interpreter, headless matplotlib, offline, in an empty directory: exit 0 and write nothing there."""
