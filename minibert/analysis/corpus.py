@@ -1,6 +1,7 @@
 """The corpus runner: stream texts (or pairs) through the model and accumulate head statistics on the device.
 
     result = minibert.analysis.corpus.survey(model, texts, pairs=None)      # lists, or iterables of str
+    result = minibert.analysis.corpus.survey(model, Path("corpus.tsv"))     # a file, streamed
     result.mean["to_sep"]       # [L, H], averaged over documents (layers and heads 0-indexed)
     result.save("survey")       # survey.npz + survey.json
 
@@ -64,7 +65,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from minibert.analysis import heads
 from minibert.api import length_buckets
 from minibert.hooks import HookFn
-from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DistributedError
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DistributedError, MinibertError
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → {(js, sep_normalization): jitted step}
@@ -534,7 +535,10 @@ class _Source:
                 raise AnalysisError("with a corpus file, pairs is True (read a .txt as A<TAB>B) or left out; the "
                                     "second texts come from the file.")
             self.file = CorpusFile(texts, bool(pairs))
-            self.pairs, self.total, self.fingerprint = self.file.has_pairs, None, self.file.fingerprint()
+            # Every line of this process's share is read and parsed once before the first batch (and counted,
+            # for the progress bar): a bad line near the end costs a read of the file, not a survey thrown away.
+            self.total = sum(1 for _ in self.file.rows(_process_share()))
+            self.pairs, self.fingerprint = self.file.has_pairs, self.file.fingerprint()
             return
         if isinstance(texts, str) or isinstance(pairs, str):
             raise AnalysisError("survey takes a list (or iterable) of texts, or a pathlib.Path to a corpus file, not "
@@ -554,11 +558,15 @@ class _Source:
     def rows(self, skip: int) -> Iterator[tuple[str, str | None]]:
         """(text, second text or None), after the first `skip` (a resumed survey's position)."""
         if self.file is not None:
-            shard = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
-            return self.file.rows(shard, skip)
+            return self.file.rows(_process_share(), skip)
         rows = zip(self.texts, itertools.repeat(None)) if self.second is None else zip(self.texts, self.second,
                                                                                          strict=True)
         return itertools.islice(rows, skip, None)
+
+
+def _process_share() -> tuple[int, int] | None:
+    """(index, count) of this process's share of a corpus file (CorpusFile.rows' shard); None: one process."""
+    return (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
 
 
 def _checked_devices(devices, reduce: str) -> list:
@@ -598,6 +606,8 @@ def _tokenized_chunks(model, rows: Iterator, pairs: bool, max_length: int, first
         try:
             chunk = list(itertools.islice(rows, CHUNK))
         except ValueError as error:  # zip(strict=True) of iterables of different lengths
+            if isinstance(error, MinibertError):  # a text's own error (a corpus line), already named
+                raise
             raise AnalysisError(f"texts and pairs have different lengths ({error}).") from None
         if not chunk:
             return
@@ -759,6 +769,9 @@ def _placed_state(model, mesh: Mesh):
 def _replicated(tree, sharding: NamedSharding):
     """Each array of `tree` on every device of `sharding`, built from this process's copy (no cross-process
     check: callers compare hashes once instead)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)  # arrays already in place are kept, not copied
+
     def place(value):
         value = np.asarray(value)
         return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
