@@ -185,6 +185,15 @@ def _block_keys(cfg: Config, hf: str, parts: Mapping[str, str], ours: str) -> di
     return table
 
 
+def _unused_pooler(cfg: Config) -> set[str]:
+    """The bare model's pooler keys when this head has no pooler: released head checkpoints often carry it
+    (roberta-base, saved as RobertaForMaskedLM) and Hugging Face leaves it unused; so does minibert."""
+    pooler = HEAD_KEYS[cfg.model_type].pooler
+    if cfg.heads.pooler or pooler is None:
+        return set()
+    return {f"{pooler}.weight", f"{pooler}.bias"}
+
+
 def _canonical(key: str, prefix: str = "bert") -> str:
     """Strip the encoder prefix of head models (`bert.`, `roberta.`, …) and rename TF-era LayerNorm gamma/beta."""
     key = key.removeprefix(prefix + ".")
@@ -213,7 +222,9 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32
             f"{cfg.num_hidden_layers} layers needs, first {missing[:3]}. Check that config.json "
             f"(architectures, num_hidden_layers) describes these weights."
         )
-    unexpected = [by_key[k][0] for k in by_key if k not in table and k not in IGNORED and k not in tied]
+    unused = _unused_pooler(cfg)
+    unexpected = [by_key[k][0] for k in by_key
+                  if k not in table and k not in IGNORED and k not in tied and k not in unused]
     if unexpected:
         raise CheckpointError(
             f"{source}: {len(unexpected)} unexpected key(s), first {unexpected[:3]}. minibert loads "

@@ -80,7 +80,8 @@ FAMILIES: dict[str, Family] = {
         renames=(("dim", "hidden_size"), ("n_layers", "num_hidden_layers"), ("n_heads", "num_attention_heads"),
                  ("hidden_dim", "intermediate_size"), ("activation", "hidden_act")),
         # The position table is stored in the weights whether it was learned or sinusoidal.
-        keys=frozenset({"dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout", "sinusoidal_pos_embds"})),
+        keys=frozenset({"dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout", "sinusoidal_pos_embds",
+                        "tie_weights_"})),
     "electra": Family(
         "ELECTRA", "Electra", "electra", "bert", projection="when_sizes_differ", base_pooler=False,
         pooler_activation="gelu", mlm_activation="gelu", pretraining=Heads(pooler=False, discriminator=True),
@@ -91,8 +92,10 @@ FAMILIES: dict[str, Family] = {
         special_tokens=(("cls_token", "[CLS]"), ("sep_token", "[SEP]"), ("pad_token", "<pad>"),
                         ("unk_token", "<unk>"), ("mask_token", "[MASK]"))),
 }
-# Config keys a family may set only to these values (ALBERT: one group of one layer, shared by every block).
-FAMILY_VALUES = {"albert": {"num_hidden_groups": (1,), "inner_group_num": (1,)}}
+# Config keys a family may set only to these values. ALBERT: one group of one layer, shared by every block;
+# the original ALBERT code's other structure keys, which released config.json files carry at these values.
+FAMILY_VALUES = {"albert": {"num_hidden_groups": (1,), "inner_group_num": (1,), "down_scale_factor": (1,),
+                            "gap_size": (0,), "net_structure_type": (0,), "num_memory_blocks": (0,)}}
 FIELDS_WITHOUT = {  # Config fields a family's config.json does not have (their defaults stand)
     "distilbert": {"type_vocab_size", "layer_norm_eps", "position_embedding_type"},
 }

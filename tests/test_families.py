@@ -358,3 +358,47 @@ def test_discriminator_hook_on_another_model_names_the_architecture(tmp_path):
     with pytest.raises(minibert.HookError, match="ElectraForPreTraining"):
         minibert.load(tmp_path).run_with_cache(family_batch(np.random.default_rng(0), "electra", 1, 4),
                                                names=["discriminator.hook_logits"])
+
+
+def test_released_config_files_load():
+    """config.json files as released on the Hub for each family (keys and values as published)."""
+    albert_base_v2 = {"architectures": ["AlbertForMaskedLM"], "attention_probs_dropout_prob": 0, "bos_token_id": 2,
+                      "classifier_dropout_prob": 0.1, "down_scale_factor": 1, "embedding_size": 128,
+                      "eos_token_id": 3, "gap_size": 0, "hidden_act": "gelu_new", "hidden_dropout_prob": 0,
+                      "hidden_size": 768, "initializer_range": 0.02, "inner_group_num": 1, "intermediate_size": 3072,
+                      "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "albert",
+                      "net_structure_type": 0, "num_attention_heads": 12, "num_hidden_groups": 1,
+                      "num_hidden_layers": 12, "num_memory_blocks": 0, "pad_token_id": 0, "type_vocab_size": 2,
+                      "vocab_size": 30000}
+    distilbert_base_uncased = {"activation": "gelu", "architectures": ["DistilBertForMaskedLM"],
+                               "attention_dropout": 0.1, "dim": 768, "dropout": 0.1, "hidden_dim": 3072,
+                               "initializer_range": 0.02, "max_position_embeddings": 512, "model_type": "distilbert",
+                               "n_heads": 12, "n_layers": 6, "pad_token_id": 0, "qa_dropout": 0.1,
+                               "seq_classif_dropout": 0.2, "sinusoidal_pos_embds": False, "tie_weights_": True,
+                               "transformers_version": "4.10.0.dev0", "vocab_size": 30522}
+    roberta_base = {"architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1, "bos_token_id": 0,
+                    "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+                    "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
+                    "max_position_embeddings": 514, "model_type": "roberta", "num_attention_heads": 12,
+                    "num_hidden_layers": 12, "pad_token_id": 1, "type_vocab_size": 1, "vocab_size": 50265}
+    assert Config.from_hf(albert_base_v2).embed_dim == 128
+    assert Config.from_hf(distilbert_base_uncased).hidden_size == 768
+    assert Config.from_hf(roberta_base).max_tokens == 512
+
+
+def test_head_checkpoint_with_the_bare_models_pooler(tmp_path):
+    """roberta-base is saved as RobertaForMaskedLM with roberta.pooler.* too: unused, as in transformers."""
+    from safetensors.numpy import load_file, save_file
+
+    hf_model = make_family_model(tmp_path, "roberta", "ForMaskedLM")
+    tensors = load_file(tmp_path / "model.safetensors")
+    rng = np.random.default_rng(0)
+    pooler = {"roberta.pooler.dense.weight": rng.normal(size=(24, 24)).astype(np.float32),
+              "roberta.pooler.dense.bias": rng.normal(size=24).astype(np.float32)}
+    save_file(tensors | pooler, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    out, ref = assert_parity(minibert.load(tmp_path), hf_model, family_batch(rng, "roberta", 2, 6), TINY)
+    assert_close(out.logits, ref.logits, TINY, "MLM logits")
+    tensors["roberta.pooler.dense.extra"] = pooler["roberta.pooler.dense.bias"]  # anything else stays an error
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(minibert.CheckpointError, match="unexpected key.*pooler.dense.extra"):
+        minibert.load(tmp_path)
