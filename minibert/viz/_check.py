@@ -83,6 +83,13 @@ def index(name: str, value, size: int, what: str) -> int:
     return int(value)
 
 
+def layers_and_heads(tokens, attention, layers, heads) -> tuple[list[str], np.ndarray, list[int], list[int]]:
+    """(tokens, attention [L, H, T, S], the chosen layers, the chosen heads), checked; None chooses all."""
+    tokens = token_list(tokens)
+    a = attention_array(tokens, attention)
+    return tokens, a, indices("layers", layers, a.shape[0], "layers"), indices("heads", heads, a.shape[1], "heads")
+
+
 def indices(name: str, values, size: int, what: str) -> list[int]:
     """None means all; an int means that one; otherwise a non-empty list, in the given order, no repeats."""
     if values is None:

@@ -206,10 +206,7 @@ def head_grid(attention, tokens: Sequence[str], *, layers: Sequence[int] | None 
     vmax: top of the shared colour scale (default: the largest value shown). Thumbnails carry token
     labels on the outer edges up to 40 tokens.
     """
-    tokens = _check.token_list(tokens)
-    a = _check.attention_array(tokens, attention)
-    rows = _check.indices("layers", layers, a.shape[0], "layers")
-    cols = _check.indices("heads", heads, a.shape[1], "heads")
+    tokens, a, rows, cols = _check.layers_and_heads(tokens, attention, layers, heads)
     shown = a[np.ix_(rows, cols)]
     fig = NotebookFigure(figsize=(1.6 * len(cols) + 1.5, 1.6 * len(rows) + 0.8), layout="constrained")
     # Not sharex/sharey: shared tick machinery costs time quadratic in the panels (seconds for 12 × 12).

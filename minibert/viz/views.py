@@ -84,10 +84,7 @@ def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = 
     thumbnail: "lines" (bertviz style) or "matrix" (a query × key heat map); switchable in the page.
     Pages grow as L·H·T²: choose layers and heads to keep long documents small.
     """
-    tokens = _check.token_list(tokens)
-    a = _check.attention_array(tokens, attention)
-    rows = _check.indices("layers", layers, a.shape[0], "layers")
-    cols = _check.indices("heads", heads, a.shape[1], "heads")
+    tokens, a, rows, cols = _check.layers_and_heads(tokens, attention, layers, heads)
     if thumbnail not in ("lines", "matrix"):
         raise _check.VizError(f"thumbnail must be 'lines' or 'matrix'; got {thumbnail!r}.")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
