@@ -256,6 +256,42 @@ finding("Attention to the sink token does little (small gradient, small transpor
         bool(np.mean(norm_share[middle]) < 0.5 * np.mean(weight_share[middle])))
 
 # %% [markdown]
+# ## The sink under context-mixing measures
+#
+# Attention weight is not influence. Value zeroing (Mohebbi et al. 2023) and ALTI (Ferrando et al.
+# 2022) measure how much a token's output depends on each input token, counting the value vectors,
+# the residual connection and the layernorms ([definitions](context_mixing.md)). Their share in the
+# sink's column, next to raw attention's (mean over heads), on the first five segments; query rows of
+# real tokens other than the sink itself.
+
+# %%
+few = model.tokenize(first[:5], second[:5])
+few_sink = np.asarray(analysis.token_targets(model, few)[sink_key], bool)
+few_real = np.asarray(few.attention_mask) > 0
+_, few_cache = model.run_with_cache(few, names="blocks.*.attn.hook_pattern")
+mixing_maps = {"raw attention": np.asarray(few_cache.stack("attn.hook_pattern")).mean(2),
+               "value zeroing": analysis.value_zeroing(model, few), "ALTI": analysis.alti(model, few)}
+rows = few_real & ~few_sink  # [B, T]
+
+
+def sink_share(m):
+    """[L]: mean over real non-sink query rows of the mass in the sink's column(s)."""
+    return np.array([(m[layer] * few_sink[:, None, :]).sum(-1)[rows].mean() for layer in range(L)])
+
+
+mixing_share = {name: sink_share(m) for name, m in mixing_maps.items()}
+for layer in range(L):
+    print(f"layer {layer + 1}: share to {sink_name}: " + ", ".join(f"{name} {share[layer]:.3f}"
+                                                              for name, share in mixing_share.items()))
+finding(f"Context-mixing measures give the sink far less than its attention weight (Mohebbi et al. 2023, "
+        f"Ferrando et al. 2022).",
+        f"in layers 2–{L}, {sink_name} takes {mixing_share['raw attention'][middle].mean():.2f} of the attention "
+        f"weight but {mixing_share['value zeroing'][middle].mean():.3f} of the value-zeroing mixing and "
+        f"{mixing_share['ALTI'][middle].mean():.3f} of ALTI's.",
+        bool(max(mixing_share["value zeroing"][middle].mean(), mixing_share["ALTI"][middle].mean())
+             < 0.25 * mixing_share["raw attention"][middle].mean()))
+
+# %% [markdown]
 # ## Summary
 
 # %%
