@@ -26,6 +26,9 @@ from minibert.analysis import compare, lens, mixing
 from minibert.analysis.compare import Comparison, RelationExample, RelationResult, compare_models, relation_accuracy
 from minibert.analysis.lens import logit_contributions, logit_lens
 from minibert.analysis.mixing import alti, attention_attribution, value_zeroing
+from minibert.analysis import interventions
+from minibert.analysis.interventions import (ablate_heads, ablation_sweep, attribution_patching, block_attention,
+                                             head_importance, head_mask, mean_z, patch_activations, scale_attention)
 
 __all__ = [
     "BEHAVIOURS", "STATISTICS", "ConllError", "DependencyResult", "Sentence",
@@ -37,5 +40,7 @@ __all__ = [
     "word_positions",
     "Comparison", "RelationExample", "RelationResult", "alti", "attention_attribution", "compare_models",
     "logit_contributions", "logit_lens", "relation_accuracy", "value_zeroing", "compare", "lens", "mixing",
+    "ablate_heads", "ablation_sweep", "attribution_patching", "block_attention", "head_importance", "head_mask",
+    "mean_z", "patch_activations", "scale_attention", "interventions",
     "clustering", "embeddings", "flow", "gradients", "heads", "norms", "syntax", "words",
 ]
