@@ -167,7 +167,8 @@ class Model:
 
     def tokenize(self, texts, pairs=None, *, max_length: int | None = None) -> Batch:
         if self.tokenizer is None:
-            raise InputError("this model was built without a tokenizer; pass token ids (a dict with input_ids) instead.")
+            raise InputError("this model was built without a tokenizer; pass token ids (a dict with input_ids) "
+                             "instead.")
         return self.tokenizer(texts, pairs, max_length=max_length)
 
     def inputs(self, batch) -> Inputs:
@@ -282,7 +283,8 @@ class Model:
                                               writer_def=writer_def)
                 captured |= {name: np.asarray(value) for name, value in values.items()}
         if inputs[0].shape[1] != length:
-            out, captured = _cut_output(out, length, self.config.heads), {n: _cut(n, v, length) for n, v in captured.items()}
+            out = _cut_output(out, length, self.config.heads)
+            captured = {n: _cut(n, v, length) for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
 
     @property

@@ -254,7 +254,8 @@ class Pooler(nnx.Module):
         self.activation = cfg.family.pooler_activation
 
     def __call__(self, hidden, hooks: Hooks):
-        return hooks("pooler.hook_out", ACTIVATIONS[self.activation](hidden[:, 0] @ self.W[...] + self.b[...]))  # [B, D]
+        pooled = ACTIVATIONS[self.activation](hidden[:, 0] @ self.W[...] + self.b[...])
+        return hooks("pooler.hook_out", pooled)  # [B, D]
 
 
 class MaskedLMHead(nnx.Module):
@@ -319,7 +320,8 @@ class Bert(nnx.Module):
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
         self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
         self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp") if heads.nsp else None
-        self.classifier = Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier") if heads.classifier else None
+        self.classifier = (Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier")
+                           if heads.classifier else None)
         self.discriminator = Discriminator(cfg, dtype, rngs) if heads.discriminator else None
 
     # The stages below are the only code that runs the model: the plain forward, the offloaded forward

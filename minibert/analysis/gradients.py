@@ -39,8 +39,9 @@ def attention_gradients(model, batch, loss_fn: Callable[[Output], jax.Array]) ->
 def _require_mlm_head(model) -> None:
     if not model.config.heads.mlm:
         raise InputError(f"the masked-LM loss needs a model with a masked-LM head "
-                         f"({' or '.join(architectures_with('mlm'))}); this model is a {model.config.architecture}. Load a checkpoint that has one, e.g. "
-                         f"minibert.load('bert-base-uncased'), or pass your own loss_fn to attention_gradients.")
+                         f"({' or '.join(architectures_with('mlm'))}); this model is a {model.config.architecture}. "
+                         f"Load a checkpoint that has one, e.g. minibert.load('bert-base-uncased'), or pass your "
+                         f"own loss_fn to attention_gradients.")
 
 
 def mask_tokens(model, batch, positions=None, *, rate: float = 0.15, seed: int = 0) -> tuple[dict, np.ndarray]:
@@ -58,7 +59,8 @@ def mask_tokens(model, batch, positions=None, *, rate: float = 0.15, seed: int =
         positions = _random_positions(real & ~np.isin(ids, _special_ids(model)), rate, seed)
     positions = np.asarray(positions, bool)
     if positions.shape != ids.shape:
-        raise InputError(f"positions has shape {positions.shape} but the batch is {ids.shape}; pass a bool [B, T] mask.")
+        raise InputError(f"positions has shape {positions.shape} but the batch is {ids.shape}; "
+                         f"pass a bool [B, T] mask.")
     if (positions & ~real).any():
         b, t = np.argwhere(positions & ~real)[0]
         raise InputError(f"positions marks padding (row {b}, position {t}); mask real tokens only.")

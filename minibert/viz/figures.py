@@ -489,7 +489,8 @@ def _one_shape(arrays: dict[str, np.ndarray], argument: str) -> dict[str, np.nda
 def _statistics(stats, keys: Mapping[str, str], argument: str) -> dict[str, np.ndarray]:
     """{legend label: [L, H]} for `keys` of a head-statistics dict, checked and of one shape."""
     if not isinstance(stats, Mapping):
-        raise VizError(f"{argument} must be a dict of [L, H] arrays with keys {list(keys)}; got {type(stats).__name__}.")
+        raise VizError(f"{argument} must be a dict of [L, H] arrays with keys {list(keys)}; "
+                       f"got {type(stats).__name__}.")
     missing = [key for key in keys if key not in stats]
     if missing:
         raise VizError(f"{argument} lacks {missing}; this figure needs {list(keys)} ([L, H] per-head averages).")

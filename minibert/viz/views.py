@@ -62,7 +62,7 @@ def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = N
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
                 layers=rows, layer=first, heads=list(range(n_heads)), n_heads=n_heads,
                 active=[h in shown for h in range(n_heads)])
-    return View("head", meta, {"attention": ([a[l] for l in rows], "unit_byte")},
+    return View("head", meta, {"attention": ([a[layer] for layer in rows], "unit_byte")},
                 title=title or "Head view", theme=_check.theme(theme))
 
 
@@ -89,7 +89,7 @@ def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = 
         raise _check.VizError(f"thumbnail must be 'lines' or 'matrix'; got {thumbnail!r}.")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
                 layers=rows, heads=cols, n_heads=a.shape[1], thumbnail=thumbnail)
-    return View("model", meta, {"attention": ([a[l, cols] for l in rows], "unit_byte")},
+    return View("model", meta, {"attention": ([a[layer, cols] for layer in rows], "unit_byte")},
                 title=title or "Model view", theme=_check.theme(theme))
 
 
