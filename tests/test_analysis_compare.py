@@ -66,6 +66,21 @@ def test_compare_models_matches_a_loop_over_texts(pair_of_models):
     np.testing.assert_allclose(same.js_divergence, 0.0, atol=tol)
 
 
+def test_compare_models_on_the_bundled_model_with_sharper_attention(bundled):
+    """The bundled checkpoint against itself with every W_Q doubled (each head's scores ×2, its rows sharper)."""
+    params = bundled.params
+    for block in params["blocks"].values():
+        block["attn"]["W_Q"], block["attn"]["b_Q"] = 2 * block["attn"]["W_Q"], 2 * block["attn"]["b_Q"]
+    sharper = minibert.Model(bundled.config, params, bundled.tokenizer)
+    texts = ["the food was great but the service was slow .", "what about the service ?"]
+    similarity, divergence = reference_comparison(bundled, sharper, texts)
+    result = compare.compare_models(bundled, sharper, texts)
+    tol = 16 * EPS32 * (bundled.config.num_hidden_layers + 1)  # as in the tiny test above
+    np.testing.assert_allclose(result.similarity, similarity, atol=tol, rtol=0)
+    np.testing.assert_allclose(result.js_divergence, divergence, atol=tol, rtol=0)
+    assert similarity.min() < 0.99 and divergence.max() > 100 * tol  # the change is far above the tolerance
+
+
 def test_compare_models_names_what_differs(pair_of_models, tmp_path_factory):
     model_a, _ = pair_of_models
     with pytest.raises(AnalysisError, match="3 layers"):
