@@ -441,8 +441,10 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str] | bool | Non
                     sep_normalization=sep_normalization, devices=len(devices), model=model.source)
 
     source = _Source(texts, pairs)
-    run_id = dict(settings, js_divergence=js_divergence, reduce=reduce, processes=jax.process_count(),
-                  chunk=CHUNK, every=-(-every // CHUNK) * CHUNK, corpus=source.fingerprint)
+    # What processes and checkpoints compare; the weights' hash stands for the model, whose path may differ by host.
+    run_id = dict({k: v for k, v in settings.items() if k != "model"}, js_divergence=js_divergence, reduce=reduce,
+                  processes=jax.process_count(), chunk=CHUNK, every=-(-every // CHUNK) * CHUNK,
+                  corpus=source.fingerprint)
     if distributed or checkpoint is not None:
         run_id["weights"] = _weights_digest(model)
     saved = _Checkpoint.open(checkpoint, reduce, run_id)
