@@ -79,6 +79,14 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(marker)
 
 
+@pytest.fixture(scope="module")
+def tiny_mlm(tmp_path_factory):
+    """(minibert model, transformers model) of one tiny random BertForMaskedLM, per test module."""
+    directory = tmp_path_factory.mktemp("tiny-mlm")
+    hf_model = make_hf_model(directory, "BertForMaskedLM", scale=0.2)
+    return minibert.load(directory), hf_model
+
+
 @pytest.fixture(scope="session")
 def bundled_dir():
     return sources.resolve()

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import make_hf_model, random_batch
+from conftest import random_batch
 from test_analysis_norms import TEXTS
 
 import minibert
@@ -15,13 +15,6 @@ from minibert.analysis import gradients
 from minibert.hooks import HookFn
 
 # ---- gradients with respect to attention, on a tiny random BertForMaskedLM ----------------------------
-
-@pytest.fixture(scope="module")
-def tiny_mlm(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny-mlm")
-    hf_model = make_hf_model(directory, "BertForMaskedLM", scale=0.2)
-    return minibert.load(directory), hf_model
-
 
 @pytest.fixture(scope="module")
 def masked(tiny_mlm):

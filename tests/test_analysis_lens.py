@@ -5,21 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import random_batch
 
-import minibert
 from minibert.analysis import lens
 from minibert.errors import AnalysisError
 
-from conftest import make_hf_model, random_batch
-
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-@pytest.fixture(scope="module")
-def tiny_mlm(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny-mlm")
-    hf = make_hf_model(directory, "BertForMaskedLM", scale=0.2)
-    return minibert.load(directory), hf
 
 
 def batch():
