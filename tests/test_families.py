@@ -402,3 +402,17 @@ def test_head_checkpoint_with_the_bare_models_pooler(tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(minibert.CheckpointError, match="unexpected key.*pooler.dense.extra"):
         minibert.load(tmp_path)
+
+
+def test_head_statistics_figures_name_the_familys_special_tokens():
+    """Figures label attention to the first and separator tokens with the model's own: <s>, </s> for RoBERTa."""
+    from minibert.viz import figures
+
+    values = np.full((2, 3), 0.25)
+    stats = {key: values for key in ("to_cls", "to_sep", "to_punct", "entropy", "cls_entropy", "uniform_entropy")}
+    legend = figures.special_tokens_plot(stats, cls_token="<s>", sep_token="</s>").axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["<s>", "</s>", ". or ,", "other"]
+    legend = figures.entropy_plot(stats, cls_token="<s>").axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()][:2] == ["all tokens", "<s> row"]
+    legend = figures.gradient_plot({"cls": values, "sep": values}, cls_token="<s>", sep_token="</s>").axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["<s>", "</s>"]

@@ -196,7 +196,8 @@ def build(model, out: str | Path, step: Callable[[str], None] = _quiet) -> tuple
            "q·k/√K and the softmax.")
     step("figures/head_statistics, figures/head_mds: the heads by their statistics")
     figure("head_statistics", figures.head_statistics_figure(
-        result.mean, title=f"head statistics over the demo's {result.documents} sentences"),
+        result.mean, title=f"head statistics over the demo's {result.documents} sentences",
+        cls_token=model.tokenizer.cls_token, sep_token=model.tokenizer.sep_token),
         "Clark et al.'s head statistics: attention to special tokens and entropy by layer; positional heads.")
     coords, _ = clustering.mds(result.js_divergence / result.documents)
     figure("head_mds", figures.mds_scatter(coords, heads.behaviour_labels(result.mean), annotate=True),

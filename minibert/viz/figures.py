@@ -417,25 +417,27 @@ def layer_plot(series: Mapping[str, object], ylabel: str, *, title: str | None =
 
 
 def special_tokens_plot(stats: Mapping[str, object], *, title: str | None = None, ax: Axes | None = None,
-                        path=None) -> Figure:
+                        path=None, cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
     """Average attention to [CLS], to [SEP], to "." or "," and to everything else, by layer (Clark et al. §3).
 
     stats: dict with "to_cls", "to_sep", "to_punct" ([L, H] per-head averages; other keys ignored);
-    "other" is 1 − their sum.
+    "other" is 1 − their sum. cls_token, sep_token: the model's own, for the legend (model.tokenizer.cls_token:
+    "<s>" and "</s>" for RoBERTa).
     """
-    arrays = _statistics(stats, SPECIAL_TOKENS, "stats")
+    arrays = _statistics(stats, _named(SPECIAL_TOKENS, cls_token, sep_token), "stats")
     arrays["other"] = 1.0 - sum(arrays.values())
     return _layer_plot(arrays, "average attention", None, title, ax, path)
 
 
 def gradient_plot(grads: Mapping[str, object], *, title: str | None = None, ax: Axes | None = None,
-                  path=None) -> Figure:
+                  path=None, cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
     """Magnitude of the loss gradient w.r.t. attention to [SEP] and to other tokens, by layer (Clark et al. §3).
 
     grads: dict with any of "cls", "sep", "punct", "other" ([L, H] per-head average gradient
-    magnitudes); each key present is drawn, in that order.
+    magnitudes); each key present is drawn, in that order. cls_token, sep_token: as in special_tokens_plot.
     """
-    present = {key: label for key, label in GRADIENTS.items() if isinstance(grads, Mapping) and key in grads}
+    present = {key: label for key, label in _named(GRADIENTS, cls_token, sep_token).items()
+               if isinstance(grads, Mapping) and key in grads}
     if not present:
         raise VizError(f"grads must be a dict with one or more of {list(GRADIENTS)} ([L, H] arrays); "
                        f"got {sorted(grads) if isinstance(grads, Mapping) else type(grads).__name__}.")
@@ -444,13 +446,13 @@ def gradient_plot(grads: Mapping[str, object], *, title: str | None = None, ax: 
 
 
 def entropy_plot(stats: Mapping[str, object], *, title: str | None = None, ax: Axes | None = None,
-                 path=None) -> Figure:
+                 path=None, cls_token: str = "[CLS]") -> Figure:
     """Entropy of each head's attention, over all query rows and over the [CLS] row, by layer (Clark et al. §3).
 
     stats: dict with "entropy", "cls_entropy" and "uniform_entropy" ([L, H], nats); the uniform
-    baseline is drawn as a dashed line of its layer means.
+    baseline is drawn as a dashed line of its layer means. cls_token: as in special_tokens_plot.
     """
-    arrays = _statistics(stats, {**ENTROPIES, UNIFORM_ENTROPY: "uniform"}, "stats")
+    arrays = _statistics(stats, {**_named(ENTROPIES, cls_token), UNIFORM_ENTROPY: "uniform"}, "stats")
     baseline = arrays.pop("uniform")
     return _layer_plot(arrays, "average attention entropy (nats)", baseline, title, ax, path)
 
@@ -484,6 +486,11 @@ def _one_shape(arrays: dict[str, np.ndarray], argument: str) -> dict[str, np.nda
         raise VizError(f"the arrays in {argument} must share one [L, H] shape; got "
                        f"{ {key: a.shape for key, a in arrays.items()} }.")
     return arrays
+
+
+def _named(labels: Mapping[str, str], cls_token: str, sep_token: str = "[SEP]") -> dict[str, str]:
+    """Legend labels with the model's special tokens in place of BERT's ("<s>" for RoBERTa's "[CLS]")."""
+    return {key: label.replace("[CLS]", cls_token).replace("[SEP]", sep_token) for key, label in labels.items()}
 
 
 def _statistics(stats, keys: Mapping[str, str], argument: str) -> dict[str, np.ndarray]:
@@ -568,20 +575,21 @@ def _behaviours(behaviours, n_heads: int | None, coords_shape: tuple[int, ...]) 
     return kinds
 
 
-def head_statistics_figure(mean: Mapping[str, object], *, title: str | None = None, path=None) -> Figure:
+def head_statistics_figure(mean: Mapping[str, object], *, title: str | None = None, path=None,
+                           cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
     """The main head statistics in one figure: special-token attention and entropy by layer (top),
     and a layers × heads heatmap of each positional statistic present ("prev", "next", "self"; bottom).
 
     mean: dict of [L, H] per-head averages with at least "to_cls", "to_sep", "to_punct", "entropy",
-    "cls_entropy" and "uniform_entropy".
+    "cls_entropy" and "uniform_entropy". cls_token, sep_token: as in special_tokens_plot.
     """
     _statistics(mean, {**SPECIAL_TOKENS, **ENTROPIES, UNIFORM_ENTROPY: "uniform"}, "mean")
     positional = [key for key in POSITIONAL if key in mean]
     fig = NotebookFigure(figsize=(12.0, 9.0 if positional else 4.5), layout="constrained")
     top, bottom = fig.subfigures(2, 1) if positional else (fig, None)
     left, right = top.subplots(1, 2)
-    special_tokens_plot(mean, ax=left, title="attention to special tokens")
-    entropy_plot(mean, ax=right, title="attention entropy")
+    special_tokens_plot(mean, ax=left, title="attention to special tokens", cls_token=cls_token, sep_token=sep_token)
+    entropy_plot(mean, ax=right, title="attention entropy", cls_token=cls_token)
     if positional:
         for key, ax in zip(positional, bottom.subplots(1, len(positional), squeeze=False)[0]):
             statistic_heatmap(mean[key], POSITIONAL[key], ax=ax, title=key)
