@@ -40,22 +40,27 @@ GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
 def matmul_flops(config: BertConfig, seq_len: int) -> dict[str, int]:
     """Matmul FLOPs per token of one forward through all L encoder blocks, by site, for `seq_len` keys."""
     D, F, L, S = config.hidden_size, config.intermediate_size, config.num_hidden_layers, seq_len
-    return {
+    flops = {
         "qkv": L * 3 * 2 * D * D,
         "scores": L * 2 * S * D,  # every query against S keys, H heads × K = D
         "context": L * 2 * S * D,
         "attn_out": L * 2 * D * D,
         "ffn": L * 2 * 2 * D * F,
     }
+    if config.has_projection:  # ELECTRA, ALBERT: E-wide embeddings up to D
+        flops["embed_project"] = 2 * config.embed_dim * D
+    return flops
 
 
 def head_flops_per_token(config: BertConfig, seq_len: int) -> float:
     """Matmul FLOPs per token of the pooler and the architecture's head (per-sequence work spread over tokens)."""
-    D, V, C = config.hidden_size, config.vocab_size, config.num_labels
+    D, E, V, C = config.hidden_size, config.embed_dim, config.vocab_size, config.num_labels
     heads = config.heads
     flops = 2 * D * D / seq_len if heads.pooler else 0.0
-    if heads.mlm:
-        flops += 2 * D * D + 2 * D * V
+    if heads.mlm:  # D → E, then against the E-wide word embeddings
+        flops += 2 * D * E + 2 * E * V
+    if heads.discriminator:
+        flops += 2 * D * D + 2 * D
     if heads.nsp:
         flops += 2 * D * 2 / seq_len
     if heads.classifier == "sequence":

@@ -416,3 +416,23 @@ def test_head_statistics_figures_name_the_familys_special_tokens():
     assert [t.get_text() for t in legend.get_texts()][:2] == ["all tokens", "<s> row"]
     legend = figures.gradient_plot({"cls": values, "sep": values}, cls_token="<s>", sep_token="</s>").axes[0].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["<s>", "</s>"]
+
+
+@pytest.mark.parametrize("architecture", ["AlbertForMaskedLM", "ElectraForPreTraining", "ElectraForMaskedLM",
+                                          "RobertaForSequenceClassification", "DistilBertForTokenClassification"])
+def test_flops_per_token_match_traced_matmuls(architecture):
+    """accounting counts the projection, the E-wide MLM head and the discriminator as the traced program does."""
+    import jax
+    import jax.numpy as jnp
+
+    from minibert import accounting
+    from test_accounting import dot_flops
+
+    cfg = Config(vocab_size=99, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+                 max_position_embeddings=40, embedding_size=10 if architecture.startswith(("Albert", "Electra")) else None,
+                 architecture=architecture, id2label=("a", "b", "c"))
+    model = minibert.Model(cfg, seed=0)
+    B, T = 2, 8
+    ids = jnp.full((B, T), 5, jnp.int32)
+    jaxpr = jax.make_jaxpr(model.forward_fn())(model.state, (ids, jnp.zeros_like(ids), jnp.ones_like(ids)))
+    assert dot_flops(jaxpr.jaxpr) == pytest.approx(B * T * accounting.flops_per_token(cfg, T, head=True))
