@@ -436,3 +436,36 @@ def test_flops_per_token_match_traced_matmuls(architecture):
     ids = jnp.full((B, T), 5, jnp.int32)
     jaxpr = jax.make_jaxpr(model.forward_fn())(model.state, (ids, jnp.zeros_like(ids), jnp.ones_like(ids)))
     assert dot_flops(jaxpr.jaxpr) == pytest.approx(B * T * accounting.flops_per_token(cfg, T, head=True))
+
+
+# Released configs at full size (Hub config.json values that set the sizes).
+FULL_SIZE = {
+    "roberta": dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                    layer_norm_eps=1e-5),
+    "xlm-roberta": dict(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                        layer_norm_eps=1e-5),
+    "distilbert": dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072),
+    "electra": dict(vocab_size=30522, embedding_size=128, hidden_size=256, num_hidden_layers=12,
+                    num_attention_heads=4, intermediate_size=1024),
+    "albert": dict(vocab_size=30000, embedding_size=128, hidden_size=768, num_hidden_layers=12,
+                   num_attention_heads=12, intermediate_size=3072, hidden_act="gelu_new"),
+}
+
+
+@pytest.mark.parametrize("model_type", list(FULL_SIZE))
+@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM"])
+def test_full_size_parameter_counts_match_transformers(model_type, suffix):
+    """Full-size configs, shapes only (jax.eval_shape; torch's meta device): the same number of parameters."""
+    import jax
+    import transformers
+    from flax import nnx
+
+    from minibert.model import Bert
+
+    prefix = HF_CLASSES[model_type]
+    hf_config = getattr(transformers, f"{prefix}Config")(**FULL_SIZE[model_type], architectures=[prefix + suffix])
+    with torch.device("meta"):
+        hf_model = getattr(transformers, prefix + suffix)(hf_config)
+    theirs = sum(p.numel() for p in hf_model.parameters())  # tied and shared weights once
+    ours = nnx.eval_shape(lambda: Bert(Config.from_hf(hf_config.to_dict())))
+    assert sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(ours, nnx.Param))) == theirs
