@@ -182,7 +182,7 @@ function busyTracker(root, body) {
   function start() { pending += 1; root.setAttribute("aria-busy", "true"); }
   function end() { pending -= 1; if (pending === 0) root.setAttribute("aria-busy", "false"); }
   function fail(error) {
-    body.appendChild(div("mbv-warn", "Could not read this view's data: " + error.message));
+    body.appendChild(div("mbv-warn", "This view could not be drawn: " + error.message));
     throw error;
   }
   return {
