@@ -11,10 +11,13 @@ u is the unit roundoff: 2^-24 in float32, 2^-53 in float64, 2^-8 in bfloat16 (8 
   value, so ≤ 1e-4 over the ~10^5 values a test compares at n ≤ 2048. We take Σ|x_i y_i| to be the
   scale (max |value|) of the tensor the product feeds, and measure errors against that scale.
 - A forward pass: one post-LN block chains the reductions q, k, v (D), q·k (K), pattern·v (S), W_O
-  (D), LN1 (D), W_in (D), W_out (F), LN2 (D); each adds its dot-product error relative to the scale
-  of the residual stream, and the block's closing LayerNorm renormalises that stream, so an error
-  made in one block is carried, not amplified, into the next (first-order propagation with gain 1).
-  The embedding LN is one more stage. Comparing two implementations adds both their errors.
+  (D), LN1 (D), W_in (D), W_out (F), LN2 (D), and the embedding LN is one more stage. To first order
+  the error of an output is a sum of every rounding made on the way, each times its sensitivity; the
+  block's closing LayerNorm renormalises the residual stream, so we take each rounding to move the
+  output by at most u times its scale (gain 1 from stage to stage). The roundings are independent and
+  of mean zero — the model of Higham & Mary's theorem, applied to the whole chain rather than to one
+  dot product — so their sum is within λ·√N·u of the scale, N the number of roundings (one per term
+  of each reduction, over every stage). Two implementations compared are two such sums: N doubles.
 """
 
 from __future__ import annotations
@@ -39,9 +42,14 @@ def dot_rtol(n: int, u: float = U32) -> float:
     return LAMBDA * math.sqrt(n) * u
 
 
+def block_roundings(D: int, F: int, K: int, S: int) -> int:
+    """Roundings one encoder block makes on the way to one output value (one per term of each reduction)."""
+    return sum((D, D, K, S, D, D, D, F, D))
+
+
 def block_rtol(D: int, F: int, K: int, S: int, u: float = U32) -> float:
     """One encoder block's rounding error relative to the residual stream's scale."""
-    return sum(dot_rtol(n, u) for n in (D, D, K, S, D, D, D, F, D))
+    return LAMBDA * math.sqrt(block_roundings(D, F, K, S)) * u
 
 
 def forward_rtol(config, S: int, programs: int = 2, u: float = U32) -> float:
@@ -49,7 +57,7 @@ def forward_rtol(config, S: int, programs: int = 2, u: float = U32) -> float:
     `programs` independent implementations compared (2: minibert vs transformers; 1: vs float64)."""
     D, F, K = config.hidden_size, config.intermediate_size, config.head_dim
     stages = config.num_hidden_layers + 1
-    return programs * stages * block_rtol(D, F, K, S, u)
+    return LAMBDA * math.sqrt(programs * stages * block_roundings(D, F, K, S)) * u
 
 
 def assert_close_to_scale(ours, theirs, rtol: float, what: str = "", where=None) -> None:
