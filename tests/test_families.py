@@ -469,3 +469,19 @@ def test_full_size_parameter_counts_match_transformers(model_type, suffix):
     theirs = sum(p.numel() for p in hf_model.parameters())  # tied and shared weights once
     ours = nnx.eval_shape(lambda: Bert(Config.from_hf(hf_config.to_dict())))
     assert sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(ours, nnx.Param))) == theirs
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "albert", "electra"])
+def test_dependency_words_encode_as_the_sentence_does(tmp_path, model_type):
+    """syntax.encode_words (gold words → ids) gives the ids the tokenizer gives the sentence, in every family."""
+    from minibert.analysis import syntax
+
+    write_tokenizer(tmp_path, model_type)
+    type_vocab_size = 2 if model_type in ("albert", "electra") else 1
+    tokenizer = tokenizer_for(tmp_path, Config(architecture=HF_CLASSES[model_type] + "Model",
+                                               type_vocab_size=type_vocab_size, pad_token_id=0))
+    words = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    ids, groups = syntax.encode_words(tokenizer, words)
+    batch = tokenizer([" ".join(words)])
+    assert ids == batch.input_ids[0].tolist()
+    assert groups[1:-1] == [[t for t, w in enumerate(batch.word_ids[0]) if w == i] for i in range(len(words))]

@@ -116,8 +116,10 @@ def read_conllu(path_or_text) -> list[Sentence]:
 def encode_words(tokenizer, words: Sequence[str]) -> tuple[list[int], list[list[int]]]:
     """([CLS] wordpieces… [SEP] ids, token positions of each word with [CLS] and [SEP] as words)."""
     ids, groups = [tokenizer.cls_token_id], [[0]]
-    for word in words:
-        pieces = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(word)) or [tokenizer.unk_token_id]
+    for i, word in enumerate(words):
+        # Words after the first follow a space: byte-level BPE (RoBERTa) spells them so ("Ġword"); WordPiece
+        # and SentencePiece tokenize " word" as "word".
+        pieces = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(" " * (i > 0) + word)) or [tokenizer.unk_token_id]
         groups.append(list(range(len(ids), len(ids) + len(pieces))))
         ids += pieces
     groups.append([len(ids)])
