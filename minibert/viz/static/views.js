@@ -578,7 +578,8 @@ function headView(body, meta, arrays, root) {
 // ---- model view ---------------------------------------------------------------------------------
 
 /** One head's pattern (flat [T, T] values at offset) on a canvas: bertviz-style lines, or a
-    query × key heat map drawn as a T × T image scaled to the thumbnail. */
+    query × key heat map: an image of at most one pixel per cell, scaled to the thumbnail, where
+    the cells sharing a pixel overlap as painted cells would, 1 − Π(1 − w). */
 function drawThumbnail(canvas, values, offset, scale, T, color, filter, mode) {
   var ratio = window.devicePixelRatio || 1, context = canvas.getContext("2d");
   canvas.width = canvas.height = Math.round(THUMB * ratio);
@@ -586,17 +587,18 @@ function drawThumbnail(canvas, values, offset, scale, T, color, filter, mode) {
   context.clearRect(0, 0, THUMB, THUMB);
   var step = (THUMB - 8) / T, i, j, w;
   if (mode === "matrix") {
-    var image = new ImageData(T, T), c = rgb(color);
+    var n = Math.min(T, Math.round((THUMB - 8) * ratio)), per = n / T, light = new Float32Array(n * n);
     for (i = filter[2][0]; i < filter[2][1]; i++) {
       for (j = filter[3][0]; j < filter[3][1]; j++) {
         w = values[offset + i * T + j] * scale;
-        if (w < MIN_WEIGHT) continue;
-        image.data.set([c[0], c[1], c[2], Math.round(Math.min(w, 1) * 255)], 4 * (i * T + j));
+        if (w >= MIN_WEIGHT) light[Math.floor(i * per) * n + Math.floor(j * per)] -= Math.log(1 - Math.min(w, 0.999));
       }
     }
-    var cells = el("canvas", {width: T, height: T});
+    var image = new ImageData(n, n), c = rgb(color);
+    light.forEach(function (v, p) { if (v > 0) image.data.set([c[0], c[1], c[2], 255 * (1 - Math.exp(-v))], 4 * p); });
+    var cells = el("canvas", {width: n, height: n});
     cells.getContext("2d").putImageData(image, 0, 0);
-    context.imageSmoothingEnabled = T > THUMB - 8;  // average when shrinking, sharp cells when enlarging
+    context.imageSmoothingEnabled = false;  // sharp cells
     context.drawImage(cells, 4, 4, THUMB - 8, THUMB - 8);
     return;
   }
