@@ -485,3 +485,16 @@ def test_dependency_words_encode_as_the_sentence_does(tmp_path, model_type):
     batch = tokenizer([" ".join(words)])
     assert ids == batch.input_ids[0].tolist()
     assert groups[1:-1] == [[t for t, w in enumerate(batch.word_ids[0]) if w == i] for i in range(len(words))]
+
+
+def test_compare_two_roberta_checkpoints(tmp_path):
+    """analysis.compare_models runs on a family whose tokenizer has no do_lower_case switch."""
+    from minibert import analysis
+
+    for name, seed in (("a", 0), ("b", 1)):  # 300: the trained tokenizer's vocabulary
+        make_family_model(tmp_path / name, "roberta", seed=seed, vocab_size=300)
+    model = minibert.load(tmp_path / "a")
+    same = analysis.compare_models(model, model, ["Hello world.", "The lazy dog!"])
+    np.testing.assert_allclose(same.similarity, np.ones((2, 3)), atol=1e-6)  # a model against itself: cos = 1
+    other = analysis.compare_models(model, minibert.load(tmp_path / "b"), ["Hello world.", "The lazy dog!"])
+    assert other.similarity.shape == (2, 3) and (other.similarity < 1 - 1e-3).all()

@@ -78,10 +78,12 @@ def _check_comparable(model_a, model_b) -> None:
                             f"vs {shape_b[0]} layers × {shape_b[1]} heads ({model_b.source}); compare checkpoints of one architecture, "
                             f"e.g. a pretrained model and its fine-tuned version.")
     ta, tb = model_a.tokenizer, model_b.tokenizer
-    if ta is None or tb is None or ta.vocab != tb.vocab or ta.do_lower_case != tb.do_lower_case:
+    # WordPiece has a do_lower_case switch; the other families' tokenizers keep it in their normalizer (None here).
+    if ta is None or tb is None or ta.vocab != tb.vocab or \
+            getattr(ta, "do_lower_case", None) != getattr(tb, "do_lower_case", None):
         what = ("a tokenizer is missing" if ta is None or tb is None else
                 f"vocabularies of {len(ta.vocab)} and {len(tb.vocab)} entries differ" if ta.vocab != tb.vocab else
-                f"lower-casing differs ({ta.do_lower_case} vs {tb.do_lower_case})")
+                f"lower-casing differs ({getattr(ta, 'do_lower_case', None)} vs {getattr(tb, 'do_lower_case', None)})")
         raise AnalysisError(f"the models do not share a tokenizer ({what}: {model_a.source} vs {model_b.source}); the same "
                             f"text would become different tokens. Compare checkpoints made from one tokenizer.")
 
