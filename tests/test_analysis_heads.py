@@ -11,7 +11,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from tolerances import forward_rtol
+from tolerances import survey_statistic_tolerances
 
 from minibert.analysis import heads
 from minibert.errors import AnalysisError
@@ -365,19 +365,10 @@ def test_survey_agrees_with_attention_statistics(bundled):
     result = corpus.survey(bundled, TEXTS, batch_size=2, progress=False)
     want = heads.attention_statistics(bundled, TEXTS)
     assert result.documents == len(TEXTS)
-    # Two programs (packed rows of 128 vs the batch padded to its bucket) give scores that differ by
-    # δs ≤ tolerances.forward_rtol × max|score|. Softmax moves each weight by ≤ 2·a·δs, so a statistic that
-    # sums weights moves by ≤ 2δs × its value, and an entropy by ≤ 2δs·Σ a(|ln p| + 1) ≤ 2δs·(H + 1)
-    # (−Σ a ln p is H up to the smoothing); then the statistics' own sums (statistic_rtol at S = 128).
-    batch = bundled.tokenize(TEXTS)
-    _, cache = bundled.run_with_cache(batch, names="blocks.*.attn.hook_attn_scores")
-    scores = np.asarray(cache.stack("hook_attn_scores"))
-    real = np.broadcast_to((batch.attention_mask > 0)[None, :, None, None, :], scores.shape)
-    delta = forward_rtol(bundled.config, S=128) * np.abs(scores[real]).max()
+    rtol, entropy_atol = survey_statistic_tolerances(bundled, TEXTS)  # two programs: derivation there
     for name in heads.STATISTICS:
-        entropy = name.endswith("entropy")
-        np.testing.assert_allclose(result.mean[name], want[name], rtol=2 * delta + statistic_rtol(128, 128),
-                                   atol=2 * delta if entropy else 0, err_msg=name)
+        np.testing.assert_allclose(result.mean[name], want[name], rtol=rtol,
+                                   atol=entropy_atol if name.endswith("entropy") else 0, err_msg=name)
 
 
 def test_attention_statistics_rejects_unknown_segment_mode(bundled):

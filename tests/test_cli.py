@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import make_hf_model, malicious_bin
 from matplotlib.legend import Legend
+from tolerances import survey_statistic_tolerances
 
 import minibert
 from minibert.analysis import corpus
@@ -35,7 +36,6 @@ DEMO_FILES = {
     "head_statistics.csv", "head_statistics.json", "head_statistics.npz",
 }
 HOSTILE = "<img src=x onerror=alert(1)>"
-TOLERANCE = 1e-5
 
 
 @pytest.fixture
@@ -70,10 +70,14 @@ def statistics_table(path: Path) -> dict[str, np.ndarray]:
     return table
 
 
-def assert_matches(table: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+def assert_matches(table: dict[str, np.ndarray], expected: dict[str, np.ndarray], tolerances) -> None:
+    """The survey's statistics (packed rows) against attention_statistics (a padded batch): two programs,
+    within tolerances.survey_statistic_tolerances (rtol, entropy atol)."""
+    rtol, entropy_atol = tolerances
     assert set(expected) <= set(table)
     for name, values in expected.items():
-        np.testing.assert_allclose(table[name], values, atol=TOLERANCE, err_msg=name)
+        np.testing.assert_allclose(table[name], values, rtol=rtol, atol=entropy_atol if name.endswith("entropy") else 0,
+                                   err_msg=name)
 
 
 # ---- demo -------------------------------------------------------------------------------------------
@@ -134,14 +138,17 @@ def test_demo_statistics_are_the_models(demo_run, bundled):
     """The demo's head statistics equal attention_statistics over the same sentences; CSV and JSON agree."""
     out, _ = demo_run
     table = statistics_table(out / "head_statistics.json")
-    assert_matches(table, attention_statistics(bundled, demo.demo_text().sentences))
+    sentences = demo.demo_text().sentences
+    assert_matches(table, attention_statistics(bundled, sentences), survey_statistic_tolerances(bundled, sentences))
     with (out / "head_statistics.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert len(rows) == table["prev"].size
     for row in rows:
-        assert float(row["prev"]) == pytest.approx(table["prev"][int(row["layer"]), int(row["head"])])
+        # csv writes floats with repr, which reads back to the same float
+        assert float(row["prev"]) == table["prev"][int(row["layer"]), int(row["head"])]
     with np.load(out / "head_statistics.npz") as arrays:
-        np.testing.assert_allclose(arrays["to_cls"], table["to_cls"], atol=TOLERANCE)
+        # The JSON holds the same float32 values as decimal text (repr round-trips exactly).
+        np.testing.assert_array_equal(arrays["to_cls"], table["to_cls"])
 
 
 def test_demo_summary_names_the_top_heads(demo_run):
@@ -263,7 +270,8 @@ def test_stats_saves_the_survey(tmp_path, bundled_load, bundled, layout):
     assert stdout.splitlines()[:3] == [str(p) for p in paths]
     assert json.loads(paths[1].read_text())["documents"] == len(TEXTS)
     expected = attention_statistics(bundled, TEXTS, PAIRS if paired else None)
-    assert_matches(statistics_table(paths[1]), expected)
+    assert_matches(statistics_table(paths[1]), expected,
+                   survey_statistic_tolerances(bundled, TEXTS, PAIRS if paired else None))
     layer, head = np.unravel_index(expected["to_cls"].argmax(), expected["to_cls"].shape)
     assert re.search(rf"\[CLS\]\s+{layer + 1}-{head + 1} ", stdout), stdout
 

@@ -71,3 +71,20 @@ def assert_close_to_scale(ours, theirs, rtol: float, what: str = "", where=None)
     scale = np.abs(theirs).max()
     err = np.abs(ours - theirs).max()
     assert err <= rtol * scale, f"{what}: max difference {err:.2e} > {rtol:.1e} × scale {scale:.2e}"
+
+
+def survey_statistic_tolerances(model, texts, pairs=None, row_length: int = 128) -> tuple[float, float]:
+    """(rtol, entropy atol) for head statistics of two programs on the same texts (corpus.survey's packed
+    rows of `row_length` against attention_statistics' padded batch).
+
+    The programs' scores differ by δs ≤ forward_rtol × max|score| (real keys). Softmax moves each weight by
+    ≤ 2·a·δs, so a statistic that sums weights moves by ≤ 2δs × its value, and an entropy by
+    ≤ 2δs·Σ a(|ln p| + 1) ≤ 2δs·(H + 1) (−Σ a ln p is H up to the 1e-4 smoothing); the statistics' own fp32
+    sums add (2·row_length + 8)·u (see test_analysis_heads.statistic_rtol).
+    """
+    batch = model.tokenize(texts, pairs)
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_attn_scores")
+    scores = np.asarray(cache.stack("hook_attn_scores"))
+    real = np.broadcast_to((np.asarray(batch.attention_mask) > 0)[None, :, None, None, :], scores.shape)
+    delta = forward_rtol(model.config, S=row_length) * float(np.abs(scores[real]).max())
+    return 2 * delta + (2 * row_length + 8) * U32, 2 * delta
