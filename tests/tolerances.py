@@ -73,18 +73,39 @@ def assert_close_to_scale(ours, theirs, rtol: float, what: str = "", where=None)
     assert err <= rtol * scale, f"{what}: max difference {err:.2e} > {rtol:.1e} × scale {scale:.2e}"
 
 
-def survey_statistic_tolerances(model, texts, pairs=None, row_length: int = 128) -> tuple[float, float]:
-    """(rtol, entropy atol) for head statistics of two programs on the same texts (corpus.survey's packed
-    rows of `row_length` against attention_statistics' padded batch).
-
-    The programs' scores differ by δs ≤ forward_rtol × max|score| (real keys). Softmax moves each weight by
-    ≤ 2·a·δs, so a statistic that sums weights moves by ≤ 2δs × its value, and an entropy by
-    ≤ 2δs·Σ a(|ln p| + 1) ≤ 2δs·(H + 1) (−Σ a ln p is H up to the 1e-4 smoothing); the statistics' own fp32
-    sums add (2·row_length + 8)·u (see test_analysis_heads.statistic_rtol).
-    """
+def score_delta(model, texts, pairs=None, row_length: int = 128, zero_segments: bool = False) -> float:
+    """How far two programs' attention scores on these texts can differ: forward_rtol × max|score| (real keys)."""
     batch = model.tokenize(texts, pairs)
-    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_attn_scores")
+    fields = batch.to_dict()
+    if zero_segments:
+        fields["token_type_ids"] = np.zeros_like(fields["token_type_ids"])
+    _, cache = model.run_with_cache(fields, names="blocks.*.attn.hook_attn_scores")
     scores = np.asarray(cache.stack("hook_attn_scores"))
     real = np.broadcast_to((np.asarray(batch.attention_mask) > 0)[None, :, None, None, :], scores.shape)
-    delta = forward_rtol(model.config, S=row_length) * float(np.abs(scores[real]).max())
+    return forward_rtol(model.config, S=row_length) * float(np.abs(scores[real]).max())
+
+
+def survey_statistic_tolerances(model, texts, pairs=None, row_length: int = 128,
+                                zero_segments: bool = False) -> tuple[float, float]:
+    """(rtol, entropy atol) for head statistics of two programs on the same texts (corpus.survey's packed
+    rows of `row_length` against attention_statistics' padded batch, or two device layouts).
+
+    The programs' scores differ by δs (score_delta). Softmax moves each weight by ≤ 2·a·δs, so a statistic
+    that sums weights moves by ≤ 2δs × its value, and an entropy by ≤ 2δs·Σ a(|ln p| + 1) ≤ 2δs·(H + 1)
+    (−Σ a ln p is H up to the 1e-4 smoothing); the statistics' own fp32 sums add (2·row_length + 8)·u
+    (see test_analysis_heads.statistic_rtol).
+    """
+    delta = score_delta(model, texts, pairs, row_length, zero_segments)
     return 2 * delta + (2 * row_length + 8) * U32, 2 * delta
+
+
+def survey_js_atol(model, texts, pairs=None, row_length: int = 128) -> float:
+    """Absolute bound for Jensen–Shannon sums of two programs on the same texts.
+
+    ∂JS_row/∂p_j = ½ ln(p_j/m_j), |ln(p/m)| ≤ c = |ln(0.002/S)| (smoothed p ≥ 0.001/S, p/m < 2), and each
+    smoothed weight moves by ≤ 2.002·p·δs (as in survey_statistic_tolerances): a row of a head pair moves
+    by ≤ ½c·(2.002δs + 2.002δs). Summed over every real query row; the fp32 sums add (S + rows)·u·c per row.
+    """
+    rows = float(np.asarray(model.tokenize(texts, pairs).attention_mask).sum())
+    c = abs(math.log(0.002 / row_length))
+    return rows * c * (2.002 * score_delta(model, texts, pairs, row_length) + (row_length + rows) * U32)
