@@ -160,6 +160,10 @@ class Model:
     def params(self) -> dict:
         return nnx.to_pure_dict(self.state)
 
+    def block_params(self, layer: int) -> dict:
+        """The parameters block `layer` applies: its own, or for ALBERT the one block every layer shares."""
+        return self.params["blocks"][0 if self.config.family.shared_layers else layer]
+
     def param_count(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
 

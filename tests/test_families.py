@@ -498,3 +498,19 @@ def test_compare_two_roberta_checkpoints(tmp_path):
     np.testing.assert_allclose(same.similarity, np.ones((2, 3)), atol=1e-6)  # a model against itself: cos = 1
     other = analysis.compare_models(model, minibert.load(tmp_path / "b"), ["Hello world.", "The lazy dog!"])
     assert other.similarity.shape == (2, 3) and (other.similarity < 1 - 1e-3).all()
+
+
+def test_weight_reading_analyses_run_on_albert(tmp_path):
+    """Analyses that read a block's weights (attention norms, ALTI) take ALBERT's shared block for every layer."""
+    from minibert import analysis
+
+    make_family_model(tmp_path, "albert")
+    model = minibert.load(tmp_path)
+    np.testing.assert_array_equal(model.block_params(2)["attn"]["W_O"], model.params["blocks"][0]["attn"]["W_O"])
+    batch = family_batch(np.random.default_rng(4), "albert", 2, 6)
+    norms = analysis.attention_norms(model, batch)
+    assert norms["f_norm"].shape == (3, 2, 4, 6)
+    mixing = analysis.alti(model, batch)
+    real = batch["attention_mask"].astype(bool)
+    # Rows of real tokens sum to 1: a division by the row sum, then a sum of ≤ 6 fp32 terms: ≤ 7 · 1.2e-7.
+    np.testing.assert_allclose(mixing.sum(-1)[:, real], 1, atol=1e-6)

@@ -157,10 +157,9 @@ def alti(model, batch) -> np.ndarray:
     sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale"]
     _, cache = model.run_with_cache(batch, names=[f"blocks.*.{site}" for site in sites])
     captured = [cache.stack(site) for site in sites]
-    blocks = model.params["blocks"]
-    layers = range(model.config.num_hidden_layers)
-    gamma = jnp.stack([blocks[layer]["ln1"]["scale"] for layer in layers])
-    W_O = jnp.stack([blocks[layer]["attn"]["W_O"] for layer in layers])
+    blocks = [model.block_params(layer) for layer in range(model.config.num_hidden_layers)]
+    gamma = jnp.stack([block["ln1"]["scale"] for block in blocks])
+    W_O = jnp.stack([block["attn"]["W_O"] for block in blocks])
     _, _, T, D = captured[0].shape
     per_document = 4 * T * T * (4 * D + model.config.num_attention_heads)  # z, the terms, their differences
     contributions = _alti(*captured, gamma, W_O, inputs[2], chunk_size(per_document, captured[0].shape[1]))

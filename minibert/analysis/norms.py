@@ -44,11 +44,11 @@ def attention_norms(model, batch) -> dict[str, np.ndarray]:
     [L, B, H, T, S], "summed_norm" [L, B, T, S], and "pattern" α [L, B, H, T, S] to compare them with.
     """
     _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern"])
-    blocks = model.params["blocks"]
     f_norms, summed_norms, patterns = [], [], []
     for layer in range(model.config.num_hidden_layers):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
-        f_norm, summed = _layer_norms(cache[f"blocks.{layer}.attn.hook_v"], pattern, blocks[layer]["attn"]["W_O"])
+        W_O = model.block_params(layer)["attn"]["W_O"]
+        f_norm, summed = _layer_norms(cache[f"blocks.{layer}.attn.hook_v"], pattern, W_O)
         f_norms.append(np.asarray(f_norm))
         summed_norms.append(np.asarray(summed))
         patterns.append(np.asarray(pattern, np.float32))
