@@ -109,7 +109,8 @@ def _backend(directory: Path, family: Family):
 
 
 def _byte_level_bpe(directory: Path, family: Family):
-    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, processors
 
     settings = _read_json(directory / "tokenizer_config.json")
     special = dict(family.special_tokens) | configured_special_tokens(directory, settings)

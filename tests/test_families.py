@@ -10,19 +10,18 @@ transformers' AutoTokenizer on a few hundred fuzzed strings (ids, offsets, word 
 
 from __future__ import annotations
 
-import inspect
 import json
 import string
 
 import numpy as np
 import pytest
 import torch
+from conftest import write_vocab
+from test_parity import TINY, assert_close, assert_parity
 
 import minibert
 from minibert.config import ARCHITECTURES, FAMILIES, Config
 from minibert.tokenizers_hf import tokenizer_for
-from conftest import write_vocab
-from test_parity import TINY, assert_close, assert_parity
 
 VOCAB = 99
 HF_CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
@@ -278,7 +277,8 @@ def test_roberta_from_vocab_and_merges(tmp_path):
     (tmp_path / "tokenizer.json").unlink()
     (tmp_path / "vocab.json").write_text(json.dumps(model["vocab"]))
     (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in model["merges"]) + "\n")
-    hf_tokenizer = transformers.RobertaTokenizer(vocab=str(tmp_path / "vocab.json"), merges=str(tmp_path / "merges.txt"))
+    hf_tokenizer = transformers.RobertaTokenizer(vocab=str(tmp_path / "vocab.json"),
+                                                 merges=str(tmp_path / "merges.txt"))
     ours = tokenizer_for(tmp_path, Config(architecture="RobertaModel", type_vocab_size=1, pad_token_id=1))
     texts = fuzz_texts(np.random.default_rng(8), 200)
     batch, theirs = ours(texts[:100], texts[100:]), hf_rows(hf_tokenizer, texts[:100], texts[100:])
@@ -414,7 +414,8 @@ def test_head_statistics_figures_name_the_familys_special_tokens():
     assert [t.get_text() for t in legend.get_texts()] == ["<s>", "</s>", ". or ,", "other"]
     legend = figures.entropy_plot(stats, cls_token="<s>").axes[0].get_legend()
     assert [t.get_text() for t in legend.get_texts()][:2] == ["all tokens", "<s> row"]
-    legend = figures.gradient_plot({"cls": values, "sep": values}, cls_token="<s>", sep_token="</s>").axes[0].get_legend()
+    figure = figures.gradient_plot({"cls": values, "sep": values}, cls_token="<s>", sep_token="</s>")
+    legend = figure.axes[0].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["<s>", "</s>"]
 
 
@@ -424,13 +425,14 @@ def test_flops_per_token_match_traced_matmuls(architecture):
     """accounting counts the projection, the E-wide MLM head and the discriminator as the traced program does."""
     import jax
     import jax.numpy as jnp
-
-    from minibert import accounting
     from test_accounting import dot_flops
 
+    from minibert import accounting
+
+    projected = architecture.startswith(("Albert", "Electra"))
     cfg = Config(vocab_size=99, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
-                 max_position_embeddings=40, embedding_size=10 if architecture.startswith(("Albert", "Electra")) else None,
-                 architecture=architecture, id2label=("a", "b", "c"))
+                 max_position_embeddings=40, embedding_size=10 if projected else None, architecture=architecture,
+                 id2label=("a", "b", "c"))
     model = minibert.Model(cfg, seed=0)
     B, T = 2, 8
     ids = jnp.full((B, T), 5, jnp.int32)
