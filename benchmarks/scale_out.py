@@ -141,12 +141,14 @@ def report(numbers: dict, segments: int, core_rate: float | None = None) -> str:
               f"row gives {measured:.0f} per worker")
     texts, pairs = harness.english_like_texts(segments)
     gigabytes = SENTENCES * sum(len(f"{a}\t{b}\n".encode()) for a, b in zip(texts, pairs)) / segments / 1e9
-    arithmetic = (f"One worker on one core surveys {rate:.0f} segments/s (mean {numbers['one process']['tokens'] / segments:.0f} "
-                  f"real tokens; {source}). 10^8 such segments then take "
+    mean_tokens = numbers["one process"]["tokens"] / segments
+    arithmetic = (f"One worker on one core surveys {rate:.0f} segments/s (mean {mean_tokens:.0f} real tokens; "
+                  f"{source}). 10^8 such segments then take "
                   f"{SENTENCES / rate / 3600:,.0f} core-hours; the work is a map with no communication but a sum "
                   f"of {RESULT_BYTES / 1000:.1f} kB per block, so N workers divide it by N until the file system "
-                  f"feeds them (10^8 such lines ≈ {gigabytes:.0f} GB of text). With Ray blocks of {BLOCK:,} lines ({blocks} "
-                  f"blocks, {blocks * RESULT_BYTES / 1e6:.1f} MB of results to the driver in all), a lost worker costs "
+                  f"feeds them (10^8 such lines ≈ {gigabytes:.0f} GB of text). With Ray blocks of {BLOCK:,} lines "
+                  f"({blocks} blocks, {blocks * RESULT_BYTES / 1e6:.1f} MB of results to the driver in all), a lost "
+                  f"worker costs "
                   f"one block ({BLOCK / rate / 60:.0f} min of one core) instead of the run; past {blocks} workers "
                   f"smaller blocks keep every worker busy:\n\n"
                   + harness.markdown_table(["workers (1 core each)", "sentences each", "blocks each",

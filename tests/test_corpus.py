@@ -401,13 +401,13 @@ def test_bad_inputs(bundled, texts, pairs, settings, message):
 
 # ---- merging, corpus files, checkpoints ---------------------------------------------------------------
 
-def regrouping_tolerance(result, keys: int) -> float:
-    """How far two surveys of the same documents may differ when the documents run in other batches, rows
-    or processes: every statistic is a sum of non-negative terms — over each document's ≤ `keys` keys,
-    then over the documents — and each sum, in any order, is within (n − 1)·u of the exact one (Higham,
-    tests/tolerances.py); two runs are both off, in opposite directions at worst. Scale: the largest mean."""
-    largest = max(float(np.abs(v).max()) for v in result.mean.values())
-    return 2 * (sum_rtol(result.documents) + sum_rtol(keys)) * largest
+def regrouped_tolerances(model, texts, pairs=None, row_length: int = 64) -> tuple[float, float]:
+    """(rtol, entropy atol) between two surveys of the same documents run in other batches, rows, processes
+    or blocks: two programs (tolerances.survey_statistic_tolerances), and the sums over documents taken in
+    another order and grouping — each within (n − 1)·u of the exact sum of n non-negative terms (Higham), so
+    the two differ by at most twice that, relative."""
+    rtol, entropy_atol = survey_statistic_tolerances(model, texts, pairs, row_length)
+    return rtol + 2 * sum_rtol(len(texts)), entropy_atol
 
 
 def test_merge_weights_means_by_documents_and_adds_sums():
@@ -450,12 +450,10 @@ def test_merged_parts_equal_one_survey_of_the_union(bundled, tmp_path):
     merged = corpus.SurveyResult.merge([first, corpus.SurveyResult.load(tmp_path / "second")])
     assert merged.documents == whole.documents == len(TEXTS)
     assert merged.counts["real_tokens"] == whole.counts["real_tokens"]
-    tolerance = regrouping_tolerance(whole, keys=64)
-    for name in STATISTICS:
-        np.testing.assert_allclose(merged.mean[name], whole.mean[name], rtol=0, atol=tolerance, err_msg=name)
+    assert_same_statistics(merged.mean, whole.mean, regrouped_tolerances(bundled, TEXTS))
     # each Jensen–Shannon entry is a sum of non-negative terms over every query row of every document
-    rows = whole.counts["real_tokens"]
-    np.testing.assert_allclose(merged.js_divergence, whole.js_divergence, rtol=2 * sum_rtol(rows), atol=0)
+    rtol, atol = 2 * sum_rtol(whole.counts["real_tokens"]), survey_js_atol(bundled, TEXTS, row_length=64)
+    np.testing.assert_allclose(merged.js_divergence, whole.js_divergence, rtol=rtol, atol=atol)
 
 
 def test_survey_of_a_corpus_file_streams_it(bundled, texts_result, tmp_path):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import ray  # in the test extra (CI installs it)
+from test_corpus import PAIRS, SETTINGS, TEXTS, assert_same_statistics, regrouped_tolerances
+from tolerances import sum_rtol, survey_js_atol
 
 from minibert.analysis import corpus, corpus_ray
-from test_corpus import PAIRS, SETTINGS, STATISTICS, TEXTS, regrouping_tolerance
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +28,14 @@ def test_ray_blocks_merge_to_one_survey(bundled, local_ray, tmp_path):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{a}\t{b}\n" for a, b in PAIRS), encoding="utf-8")
     settings = {k: v for k, v in SETTINGS.items() if k != "progress"}
-    for path, js in ((texts, False), (pairs, True)):
+    first, second = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+    for path, js, documents in ((texts, False, (TEXTS, None)), (pairs, True, (first, second))):
         got = corpus_ray.survey_ray(path, actors=2, block_documents=7, js_divergence=js, **settings)
         want = corpus.survey(bundled, path, js_divergence=js, **SETTINGS)
         assert got.documents == want.documents and got.counts["real_tokens"] == want.counts["real_tokens"]
         assert got.settings["reduce"] == "merged" and got.settings["model"] == want.settings["model"]
-        tolerance = regrouping_tolerance(want, keys=64)
-        for name in STATISTICS:
-            np.testing.assert_allclose(got.mean[name], want.mean[name], rtol=0, atol=tolerance, err_msg=name)
-        if js:  # each entry sums non-negative terms over every query row of every document
-            rows = want.counts["real_tokens"]
-            np.testing.assert_allclose(got.js_divergence, want.js_divergence, rtol=2 * (rows - 1) * 2.0**-24, atol=0)
+        assert_same_statistics(got.mean, want.mean, regrouped_tolerances(bundled, *documents))
+        if js:  # each entry sums non-negative terms over every query row of every document, in two programs
+            np.testing.assert_allclose(got.js_divergence, want.js_divergence,
+                                       rtol=2 * sum_rtol(want.counts["real_tokens"]),
+                                       atol=survey_js_atol(bundled, *documents, row_length=64))

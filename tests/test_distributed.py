@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_corpus import STATISTICS, TEXTS, assert_same_statistics, regrouped_tolerances
 
 from minibert.analysis import corpus
-from test_corpus import STATISTICS, TEXTS, regrouping_tolerance
 
 SETTINGS = dict(batch_tokens=256, buckets=(32, 64))  # several row lengths and batches per process
 CHUNK = 16  # documents per chunk in the workers: several chunks, so several checkpoints, per process
@@ -88,8 +88,9 @@ SURVEYS = textwrap.dedent("""
     mine = corpus.survey(model, path, progress=False, reduce="local", **settings)
     mine.save(argument["out"] + f"/local{jax.process_index()}")
     errors = {}
-    for name, call in {"settings": lambda: corpus.survey(model, path, progress=False, max_length=64 + 64 * jax.process_index()),
-                       "same texts": lambda: corpus.survey(model, ["A text.", "Another one."], progress=False)}.items():
+    other_settings = lambda: corpus.survey(model, path, progress=False, max_length=64 + 64 * jax.process_index())
+    same_texts = lambda: corpus.survey(model, ["A text.", "Another one."], progress=False)
+    for name, call in {"settings": other_settings, "same texts": same_texts}.items():
         try:
             call()
         except DistributedError as error:
@@ -114,6 +115,8 @@ def test_two_processes_give_the_result_of_one(bundled, corpus_file, tmp_path):
 
     one = corpus.survey(bundled, corpus_file, progress=False, **SETTINGS)
     merged = corpus.SurveyResult.merge([corpus.SurveyResult.load(tmp_path / f"local{i}") for i in range(2)])
+    tolerances = regrouped_tolerances(bundled, lines)
+    assert_same_statistics(merged.mean, one.mean, tolerances)
     assert merged.documents == one.documents == TEXT_COUNT
     assert merged.counts["real_tokens"] == one.counts["real_tokens"]
     assert (merged.settings["processes"], merged.settings["devices"]) == (2, 4)
@@ -121,10 +124,7 @@ def test_two_processes_give_the_result_of_one(bundled, corpus_file, tmp_path):
         assert g["documents"] == TEXT_COUNT
         assert g["counts"] == got[0]["counts"] and g["counts"]["real_tokens"] == one.counts["real_tokens"]
         assert (g["settings"]["processes"], g["settings"]["devices"], g["settings"]["reduce"]) == (2, 4, "global")
-        tolerance = regrouping_tolerance(one, keys=64)
-        for name in STATISTICS:
-            np.testing.assert_allclose(g["mean"][name], one.mean[name], rtol=0, atol=tolerance, err_msg=name)
-            np.testing.assert_allclose(merged.mean[name], one.mean[name], rtol=0, atol=tolerance, err_msg=name)
+        assert_same_statistics(g["mean"], one.mean, tolerances)
         assert g["equality_checks"] == 0
         assert "processes [1] differ from process 0 in their settings" in g["errors"]["settings"]
         assert "all 2 processes were given the same texts" in g["errors"]["same texts"]

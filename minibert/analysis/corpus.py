@@ -47,15 +47,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import hashlib
+import itertools
 import json
 import os
 import sys
 import time
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,13 +64,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from minibert.analysis import heads
 from minibert.api import length_buckets
-from minibert.hooks import HookFn
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DistributedError, MinibertError
+from minibert.hooks import HookFn
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
-_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → {(js, sep_normalization): jitted step}
-_PLACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → (state, device ids, state on them)
-_DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → (state, sha256 of the weights)
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {(js, sep_normalization): jitted step}
+_PLACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (state, device ids, state on them)
+_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (state, sha256 of the weights)
 _RUNS = itertools.count()  # surveys started in this process: names each run's handshake keys
 MERGE_KEYS = ("model", "max_length", "segment_ids", "sep_normalization")  # settings that change the numbers
 
@@ -94,7 +94,7 @@ class SurveyResult:
         return {name: value * self.documents for name, value in self.mean.items()}
 
     @classmethod
-    def merge(cls, results: Iterable["SurveyResult"]) -> "SurveyResult":
+    def merge(cls, results: Iterable[SurveyResult]) -> SurveyResult:
         """The result of one survey over the union of the results' corpora (each process's reduce="local"
         result, Ray blocks, saved and loaded parts): documents and counts summed, means weighted by
         documents, Jensen–Shannon sums added. The parts must agree on the settings in MERGE_KEYS."""
@@ -129,7 +129,7 @@ class SurveyResult:
         return npz, js
 
     @classmethod
-    def load(cls, path: str | Path) -> "SurveyResult":
+    def load(cls, path: str | Path) -> SurveyResult:
         """Read back what `save(path)` wrote."""
         npz, js_path = output_paths(path)
         with np.load(npz) as arrays:
@@ -268,8 +268,8 @@ class CorpusFile:
         try:
             return json.loads(line)
         except json.JSONDecodeError as error:
-            raise AnalysisError(f"{self.path}, {_line(number, line)}: not valid JSON ({error.msg}); write one object per line, "
-                                f'e.g. {{"text": "..."}} or {{"text_a": "...", "text_b": "..."}}.') from None
+            raise AnalysisError(f"{self.path}, {_line(number, line)}: not valid JSON ({error.msg}); write one object "
+                                f'per line, e.g. {{"text": "..."}} or {{"text_a": "...", "text_b": "..."}}.') from None
 
 
 def _line(number: int | None, line: str) -> str:
@@ -496,8 +496,9 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str] | bool | Non
             if batch is not None:
                 lengths = batch.attention_mask.sum(1)
                 if lengths.max() > buckets[-1]:
-                    raise AnalysisError(f"document {index * CHUNK + int(lengths.argmax())} has {lengths.max()} tokens but "
-                                        f"the largest bucket is {buckets[-1]}; add a bucket of {max_length} (max_length).")
+                    raise AnalysisError(f"document {index * CHUNK + int(lengths.argmax())} has {lengths.max()} tokens "
+                                        f"but the largest bucket is {buckets[-1]}; add a bucket of {max_length} "
+                                        f"(max_length).")
                 packer.add(batch)
             if distributed:
                 _await_peers(tag, index, timeout)
@@ -795,7 +796,7 @@ class _Checkpoint:
     counts: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def open(cls, checkpoint, reduce: str, run_id: dict) -> "_Checkpoint":
+    def open(cls, checkpoint, reduce: str, run_id: dict) -> _Checkpoint:
         """The checkpoint at `checkpoint` if there is one (checked against this run), else an empty one."""
         if checkpoint is None:
             return cls(None, run_id)

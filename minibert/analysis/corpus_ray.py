@@ -61,7 +61,8 @@ class BlockSurvey:
         import minibert
         from minibert.analysis import corpus as survey_module
 
-        self.model, self.corpus, self.settings, self.survey = minibert.load(model), corpus, settings, survey_module.survey
+        self.model, self.corpus, self.settings = minibert.load(model), corpus, settings
+        self.survey = survey_module.survey
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = [self.corpus.parse(str(line)) for line in batch["text"] if str(line).strip()]
