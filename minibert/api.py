@@ -12,7 +12,7 @@ from flax import nnx
 
 from minibert import checkpoint, sources
 from minibert.config import BertConfig
-from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, site_doc, writers_for
+from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, site_axes, writers_for
 from minibert.model import Bert, Output
 from minibert.tokenizer import Batch, BaseTokenizer
 from minibert.tokenizers_hf import tokenizer_for
@@ -113,9 +113,7 @@ def _padded_to(inputs: Inputs, length: int, pad_id: int) -> Inputs:
 
 def _cut(name: str, value, length: int):
     """A captured value of a padded run cut back to the real length on each of its T and S axes (SITE_DOCS)."""
-    axes = site_doc(name)[0].strip("[]").replace(" ", "").split(",")
-    if len(axes) != value.ndim:  # "[B, C] or [B, T, C]": the classifier's two forms
-        axes = ["B", "T", "C"] if value.ndim == 3 else ["B", "C"]
+    axes = site_axes(name, value.ndim)
     return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
 
 

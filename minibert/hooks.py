@@ -438,6 +438,13 @@ def site_doc(name: str) -> tuple[str, str]:
     raise KeyError(f"hook {name!r} has no entry in SITE_DOCS; document it there.")
 
 
+def site_axes(name: str, ndim: int | None = None) -> list[str]:
+    """The axis letters of a hook's value from SITE_DOCS, e.g. ["B", "H", "T", "S"]; for a site with two forms
+    ("[B, C] or [B, T, C]"), the one with `ndim` axes (default: the first)."""
+    options = [re.findall(r"\w", option) for option in site_doc(name)[0].split(" or ")]
+    return next((o for o in options if len(o) == ndim), options[0])
+
+
 def hook_table(hook_names: list[str], n_layers: int | str) -> str:
     """The Markdown table of hook points: block 0 stands for every block."""
     rows = ["| hook name | axes | what it holds |", "| --- | --- | --- |"]

@@ -13,7 +13,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.analysis import interventions
-from minibert.hooks import site_doc
+from minibert.hooks import site_axes
 
 TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
 
@@ -66,7 +66,8 @@ def numpy_bert(t, ids, types, mask, n_heads, ablate=None):
         mid = out[n + "hook_resid_mid"] = x + attn_out
         ln1 = _ln(mid, t[p + "attention.output.LayerNorm.weight"], t[p + "attention.output.LayerNorm.bias"])
         out |= {n + f"ln1.hook_{k}": v for k, v in ln1.items()}
-        pre = out[n + "mlp.hook_pre"] = ln1["out"] @ t[p + "intermediate.dense.weight"].T + t[p + "intermediate.dense.bias"]
+        W_in, b_in = t[p + "intermediate.dense.weight"].T, t[p + "intermediate.dense.bias"]
+        pre = out[n + "mlp.hook_pre"] = ln1["out"] @ W_in + b_in
         post = out[n + "mlp.hook_post"] = 0.5 * pre * (1 + erf(pre / np.sqrt(2)))
         mlp_out = out[n + "hook_mlp_out"] = post @ t[p + "output.dense.weight"].T + t[p + "output.dense.bias"]
         resid_post = out[n + "hook_resid_post"] = ln1["out"] + mlp_out
@@ -85,10 +86,10 @@ def reference(bundled, bundled_dir):
 
 
 def _real(name, shape, mask):
-    """Which entries of a hook value belong to real tokens, from the site's axes (hooks.site_doc): real query
+    """Which entries of a hook value belong to real tokens, from the site's axes (hooks.site_axes): real query
     rows T and real keys S. Padding rows are read by no output; padding keys are masked."""
     real = np.asarray(mask) == 1  # [B, T]
-    axes = site_doc(name)[0].strip("[]").replace(" ", "").split(",")
+    axes = site_axes(name, len(shape))
     keep = np.ones(shape, bool)
     for axis, letter in enumerate(axes):
         if letter in ("T", "S"):
