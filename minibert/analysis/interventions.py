@@ -27,7 +27,7 @@ from flax import nnx
 
 from minibert.api import is_text
 from minibert.errors import AnalysisError
-from minibert.hooks import HookError, HookFn, HookPoints, fingerprint, site_doc, writers_for
+from minibert.hooks import HookError, HookFn, HookPoints, fingerprint, site_axes, writers_for
 from minibert.tokenizer import Batch
 
 # Device memory the activations of one sweep call may take (the default `chunk` is derived from it).
@@ -208,7 +208,7 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
 def _positional_site(model, site: str) -> str:
     """`site` if it is a per-block hook with positions on axis 1, else a HookError listing the choices."""
     per_block = [n.split(".", 2)[2] for n in model.hook_names if n.startswith("blocks.0.")]
-    positional = [s for s in per_block if site_doc(f"blocks.0.{s}")[0].startswith(("[B, T", "[B, S"))]
+    positional = [s for s in per_block if site_axes(f"blocks.0.{s}")[1] in ("T", "S")]
     if site not in positional:
         raise HookError(f"site {site!r} is not a per-block hook with positions on axis 1; patching needs one of "
                         f"{', '.join(positional)}.")
