@@ -205,7 +205,7 @@ def main():
     info = machine()
     print(f"## Sweeps — {info['cpu']} ({info['cores']} cores), {info['date']}, "
           f"{'quick' if settings.quick else 'full'} run (`python benchmarks/sweeps.py"
-          f"{' --quick' if settings.quick else ''}`)\n")
+          f"{' --quick' if settings.quick else ''} --torch-threads {args.torch_threads}`)\n")
     print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one sentence pair of {T} tokens (B = 1); metric: cosine "
           f"of the mean-pooled output with the clean run's. Median of {settings.repeats} runs, interleaved, compiled "
           f"programs warm. Largest difference from the transformers loops: {ablation_gap:.1e} (ablation), "
