@@ -29,6 +29,7 @@ from typing import Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from minibert.config import Config
@@ -111,6 +112,18 @@ class LayerNorm(nnx.Module):
         return hooks(f"{name}.hook_out", (normalized * self.scale[...] + self.bias[...]).astype(x.dtype))
 
 
+def position_rows(input_ids, pad_token_id: int, offset: bool):
+    """The position-table row of every token of input_ids [B, T]: [1, T] rows 0…T−1, or with `offset`
+    (RoBERTa, config.Family.position_offset) [B, T] counting real tokens from pad_token_id + 1, with
+    padding tokens on the pad row (fairseq's numbering). NumPy in, NumPy out (the corpus survey numbers
+    its documents with it on the host); JAX in, JAX out."""
+    xp = np if isinstance(input_ids, np.ndarray) else jnp
+    if not offset:
+        return xp.arange(input_ids.shape[1])[None]
+    real = input_ids != pad_token_id
+    return xp.where(real, xp.cumsum(real, axis=1) + pad_token_id, pad_token_id)
+
+
 class Embeddings(nnx.Module):
     """LayerNorm(W_E[ids] + W_pos[positions] + W_type[segments]), then (ELECTRA, ALBERT) · W_proj + b_proj.
 
@@ -130,12 +143,8 @@ class Embeddings(nnx.Module):
         self.pad_token_id = cfg.pad_token_id
 
     def positions(self, input_ids) -> jax.Array:
-        """The position-table row of every token: [1, T] rows 0…T−1, or for RoBERTa [B, T] counting real
-        tokens from pad_token_id + 1, with padding tokens on the pad row (fairseq's numbering)."""
-        if not self.offset_positions:
-            return jnp.arange(input_ids.shape[1])[None]
-        real = input_ids != self.pad_token_id
-        return jnp.where(real, jnp.cumsum(real, axis=1) + self.pad_token_id, self.pad_token_id)
+        """The position-table row of every token (position_rows)."""
+        return position_rows(input_ids, self.pad_token_id, self.offset_positions)
 
     def __call__(self, input_ids, token_type_ids, hooks: Hooks):
         embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, E]

@@ -539,3 +539,33 @@ def test_initialize_names_missing_settings(monkeypatch):
         corpus.initialize("localhost:1234")
     with pytest.raises(RuntimeError, match=r"process id 2 must lie in 0 … 1"):
         corpus.initialize("localhost:1234", 2, 2)
+
+
+# ---- families -----------------------------------------------------------------------------------------
+
+def test_packed_roberta_survey_matches_brute_force(tmp_path):
+    """RoBERTa reads position rows from pad_token_id + 1 (config.first_position): packed rows, where each
+    document's positions restart, must give every document the rows it reads alone, and row lengths stop
+    at config.max_tokens (128 of the 130 rows here), not at max_position_embeddings."""
+    from test_families import make_family_model, write_tokenizer
+
+    import minibert
+    from minibert.errors import AnalysisError
+
+    vocab = write_tokenizer(tmp_path, "roberta")
+    make_family_model(tmp_path / "model", "roberta", vocab_size=vocab, max_position_embeddings=130)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "model" / name).write_text((tmp_path / name).read_text())
+    model = minibert.load(tmp_path / "model")
+    assert (model.config.first_position, model.config.max_tokens) == (2, 128)
+    texts = TEXTS[:10]
+    settings = dict(batch_tokens=256, buckets=(64, 128), max_length=128, progress=False)
+    packed, alone = (corpus.survey(model, texts, pack=pack, **settings) for pack in (True, False))
+    assert packed.counts["tokens_run"] < alone.counts["tokens_run"]  # rows do hold several documents
+    tokenizer = model.tokenizer
+    names = {tokenizer.cls_token: "[CLS]", tokenizer.sep_token: "[SEP]"}  # the reference's names of the two
+    maps = [(A, [names.get(t, t) for t in tokens]) for A, tokens in document_maps(model, texts)]
+    assert_same_statistics(packed.mean, reference_mean(maps), survey_statistic_tolerances(model, texts, row_length=128))
+    assert_same_statistics(alone.mean, packed.mean, regrouped_tolerances(model, texts, row_length=128))
+    with pytest.raises(AnalysisError, match="model's 128 positions; got 130"):
+        corpus.survey(model, texts, max_length=130, progress=False)

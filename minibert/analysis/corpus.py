@@ -66,6 +66,7 @@ from minibert.analysis import heads
 from minibert.api import length_buckets
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DistributedError, MinibertError
 from minibert.hooks import HookFn
+from minibert.model import position_rows
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {(js, sep_normalization): jitted step}
@@ -434,7 +435,7 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str] | bool | Non
                          f"each batch is sharded over; try batch_size={suggestion}.")
     if batch_tokens < 1:
         raise AnalysisError(f"batch_tokens must be positive (tokens per batch, e.g. 2048); got {batch_tokens}.")
-    buckets = _checked_buckets(buckets, max_length, model.config.max_position_embeddings)
+    buckets = _checked_buckets(buckets, max_length, model.config.max_tokens)
     rows = (lambda size: batch_size) if batch_size else (lambda size: batch_rows(size, batch_tokens, len(devices)))
     settings = dict(batch_tokens=None if batch_size else batch_tokens, batch_size=batch_size,
                     max_length=max_length, buckets=list(buckets), pack=pack, segment_ids=segment_ids,
@@ -834,16 +835,20 @@ class _Checkpoint:
 
 def _packed_rows(model, size: int, rows: list | None, n_rows: int, segment_ids: str) -> dict[str, np.ndarray]:
     """The arrays of one batch: `rows` (lists of (ids, types) documents) laid out in n_rows × size, with
-    each token's document number in its row (1, 2, …; 0 padding) and its position within its document,
-    plus the token masks the statistics use. Rows past len(rows) are empty."""
+    each token's document number in its row (1, 2, …; 0 padding) and the position-table row it reads when
+    its document runs alone (the model's own rule, model.position_rows), plus the token masks the
+    statistics use. Rows past len(rows) are empty."""
     fields = ("input_ids", "token_type_ids", "documents", "positions")
     arrays = {name: np.zeros((n_rows, size), np.int32) for name in fields}
+    cfg = model.config
     for r, documents in enumerate(rows or ()):
         start = 0
         for number, (ids, types) in enumerate(documents, 1):
             span = slice(start, start + len(ids))
             arrays["input_ids"][r, span], arrays["token_type_ids"][r, span] = ids, types
-            arrays["documents"][r, span], arrays["positions"][r, span] = number, np.arange(len(ids))
+            arrays["documents"][r, span] = number
+            arrays["positions"][r, span] = position_rows(np.asarray(ids)[None], cfg.pad_token_id,
+                                                         cfg.family.position_offset)[0]
             start += len(ids)
     if segment_ids == "zeros":
         arrays["token_type_ids"][:] = 0
@@ -881,9 +886,9 @@ def _survey_step(model, js: bool, sep_normalization: str) -> Callable:
     return steps[key]
 
 
-def _positions_within_documents(value, ctx, positions):
-    """embed.hook_pos_embed [B, T, D] (table rows 0…T−1 on every row) → the rows of each token's position."""
-    return value[0][positions]
+def _positions_within_documents(value, ctx, table, positions):
+    """embed.hook_pos_embed [B, T, E] → the position table's rows [B, T] each token reads in its own document."""
+    return table[positions].astype(value.dtype)
 
 
 def _within_documents(value, ctx, same):
@@ -899,7 +904,9 @@ def _step(model_ref, layers: int, js: bool, sep_normalization: str, state, total
     names = [f"blocks.{i}.attn.hook_pattern" for i in range(layers)]
     documents = arrays["documents"]
     same = heads.same_document(documents)  # [B, T, S]
-    hooks = {"embed.hook_pos_embed": HookFn(_positions_within_documents, positions=arrays["positions"]),
+    table = state["embed"]["position"][...]  # [max_position_embeddings, E], model.Embeddings.position
+    hooks = {"embed.hook_pos_embed": HookFn(_positions_within_documents, table=table,
+                                            positions=arrays["positions"]),
              "blocks.*.attn.hook_attn_scores": HookFn(_within_documents, same=same)}
     forward = model_ref().forward_fn(names=names, hooks=hooks)
     _, captured = forward(state, (arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"]))
