@@ -390,13 +390,16 @@ def _is_minibert_name(name: str) -> bool:
 
 # What each hook site holds: axes and the equation, for the docs table (`minibert hooks`).
 # Per-block sites are listed without their "blocks.{i}." prefix; LN is written for every layernorm.
+# E is the embedding width: D unless the family projects (ALBERT; ELECTRA when embedding_size ≠ hidden_size).
 SITE_DOCS: dict[str, tuple[str, str]] = {
-    "embed.hook_embed": ("[B, T, D]", "W_E[input_ids] — token embeddings"),
-    "embed.hook_pos_embed": ("[B, T, D]", "W_pos[0..T) — absolute position embeddings"),
-    "embed.hook_token_type_embed": ("[B, T, D]", "W_type[token_type_ids] — segment embeddings"),
+    "embed.hook_embed": ("[B, T, E]", "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
+    "embed.hook_pos_embed": ("[B, T, E]", "W_pos[positions] — absolute position embeddings: rows 0…T−1, RoBERTa's "
+                             "from pad_token_id + 1"),
+    "embed.hook_token_type_embed": ("[B, T, E]", "W_type[token_type_ids] — segment embeddings"),
     "embed.hook_project": ("[B, T, D]", "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
                            "projected to D (ELECTRA, ALBERT)"),
-    "hook_full_embed": ("[B, T, D]", "LayerNorm(embed + pos + token_type) — the residual stream entering block 0"),
+    "hook_full_embed": ("[B, T, D]", "LayerNorm(embed + pos + token_type), projected to D where the family projects "
+                        "(= embed.hook_project) — the residual stream entering block 0"),
     "hook_resid_pre": ("[B, T, D]", "x — the block's input (previous block's output)"),
     "attn.hook_q": ("[B, T, H, K]", "q = x W_Q + b_Q"),
     "attn.hook_k": ("[B, S, H, K]", "k = x W_K + b_K"),
@@ -434,7 +437,9 @@ def site_doc(name: str) -> tuple[str, str]:
         return SITE_DOCS[site]
     match = _LAYERNORMS.search(site)
     if match:
-        return SITE_DOCS[f"ln.{match.group(3)}"]
+        axes, doc = SITE_DOCS[f"ln.{match.group(3)}"]
+        # embed.ln and mlm.ln normalize E-wide vectors (the embeddings; the MLM transform maps D back down to E)
+        return (axes.replace("D", "E"), doc) if match.group(2) == "ln" else (axes, doc)
     raise KeyError(f"hook {name!r} has no entry in SITE_DOCS; document it there.")
 
 

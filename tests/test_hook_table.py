@@ -9,12 +9,14 @@ import pytest
 
 from minibert import BertConfig, Model
 from minibert.app.cli import all_hook_names, main
-from minibert.config import ARCHITECTURES
+from minibert.config import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES
 from minibert.hooks import site_doc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
-# Distinct sizes so every axis letter maps to one number (hook_sites traces a 2 × 3 batch).
-SIZES = {"B": 2, "T": 3, "S": 3, "H": 4, "K": 5, "D": 20, "F": 7, "V": 11, "C": 3, "1": 1, "2": 2}
+# Distinct sizes so every axis letter maps to one number (hook_sites traces a 2 × 3 batch); E is D's 20
+# unless the family projects the embeddings.
+SIZES = {"B": 2, "T": 3, "S": 3, "H": 4, "K": 5, "D": 20, "E": 20, "F": 7, "V": 11, "C": 3, "1": 1, "2": 2}
+PROJECTED_E = 9
 
 
 def test_docs_table_is_what_the_code_generates(tmp_path):
@@ -25,11 +27,34 @@ def test_docs_table_is_what_the_code_generates(tmp_path):
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_documented_axes_match_traced_shapes(architecture):
+    projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
     cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=2, num_attention_heads=4, intermediate_size=7,
-                     max_position_embeddings=8, architecture=architecture, id2label=("a", "b", "c"))
+                     max_position_embeddings=8, architecture=architecture, id2label=("a", "b", "c"),
+                     embedding_size=PROJECTED_E if projects else None)
+    sizes = SIZES | {"E": cfg.embed_dim}
     documented = set(all_hook_names())
     for name, (shape, _) in Model(cfg).hook_sites.items():
         axes, _ = site_doc(name)
         options = [re.findall(r"\w", option) for option in axes.split(" or ")]
-        assert any(tuple(SIZES[a] for a in option) == shape for option in options), (name, axes, shape)
+        assert any(tuple(sizes[a] for a in option) == shape for option in options), (name, axes, shape)
         assert re.sub(r"^blocks\.\d+\.", "blocks.0.", name) in documented
+
+
+def test_documented_names_keep_every_models_forward_order():
+    """all_hook_names merges the architectures' lists: each model's encoder names appear in its own order
+    (embed.hook_project, which BERT lacks, between the embedding layernorm and hook_full_embed), heads
+    after every encoder name (the heads read the last block; their order among themselves differs by class:
+    BertForPreTraining runs the pooler before the MLM head)."""
+    documented = all_hook_names()
+    heads = ("pooler.", "mlm.", "nsp.", "classifier.", "discriminator.")
+    encoder = [n for n in documented if not n.startswith(heads)]
+    assert documented[:len(encoder)] == encoder
+    for architecture in ARCHITECTURES:
+        projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
+        cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=1, num_attention_heads=4,
+                         intermediate_size=7, max_position_embeddings=8, architecture=architecture,
+                         embedding_size=PROJECTED_E if projects else None)
+        names = [n for n in Model(cfg).hook_names if not n.startswith(heads)]
+        assert sorted(names, key=documented.index) == names, architecture
+    assert documented.index("embed.ln.hook_out") + 1 == documented.index("embed.hook_project")
+    assert documented.index("embed.hook_project") + 1 == documented.index("hook_full_embed")

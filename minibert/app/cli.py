@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -159,7 +160,7 @@ def _hooks(args) -> int:
         names, n_layers = model.hook_names, model.config.num_hidden_layers
     text = hook_table(names, n_layers)
     if args.output:
-        Path(args.output).write_text(_HOOKS_HEADER + text)
+        Path(args.output).write_text(_hooks_header() + text)
         print(f"wrote {args.output}")
     else:
         print(text, end="")
@@ -171,24 +172,40 @@ def all_hook_names() -> list[str]:
     from minibert import BertConfig, Model
     from minibert.config import ARCHITECTURES
 
-    names: dict[str, None] = {}
+    names: list[str] = []
     for architecture in ARCHITECTURES:
         cfg = BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
                          intermediate_size=4, max_position_embeddings=4, architecture=architecture)
-        names |= dict.fromkeys(Model(cfg).hook_names)
-    return list(names)
+        previous = None
+        for name in Model(cfg).hook_names:  # a name new to the list goes right after its predecessor in this model
+            if name not in names:
+                names.insert(0 if previous is None else names.index(previous) + 1, name)
+            previous = name
+    return names
 
 
-_HOOKS_HEADER = """# Hook points
+def _hooks_header() -> str:
+    """docs/hooks.md's introduction; which classes have which sites is read off config's tables."""
+    from minibert.config import FAMILIES, architectures_with
 
-Generated from the code by `minibert hooks --output docs/hooks.md`: every hook point of every
-architecture minibert loads. `pooler.*` exists on BertModel, BertForPreTraining and
-BertForSequenceClassification; `mlm.*` on BertForMaskedLM and BertForPreTraining; `nsp.*` on
-BertForPreTraining; `classifier.*` on the two classifiers. `model.hook_names` lists one model's.
-Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim,
-F ffn dim, V vocabulary, C classes.
+    def on(part: str) -> str:
+        return ", ".join(architectures_with(part))
 
-"""
+    segments = ", ".join(f.name for f in FAMILIES.values() if f.token_types)
+    projecting = ", ".join(f.name + (" (when embedding_size ≠ hidden_size)" if f.projection == "when_sizes_differ"
+                                     else "") for f in FAMILIES.values() if f.projection)
+    paragraphs = [
+        f"Generated from the code by `minibert hooks --output docs/hooks.md`: every hook point of every "
+        f"architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}). "
+        f"`model.hook_names` lists one model's.",
+        f"`pooler.*` exists on {on('pooler')}; `mlm.*` on {on('mlm')}; `nsp.*` on {on('nsp')}; "
+        f"`discriminator.*` on {on('discriminator')}; `classifier.*` on {on('classifier')}. "
+        f"`embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in {projecting}.",
+        "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
+        "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
+    ]
+    wrapped = (textwrap.fill(text, 100, break_on_hyphens=False) for text in paragraphs)
+    return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped)
 
 
 def _convert(args) -> int:
