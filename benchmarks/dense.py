@@ -13,13 +13,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from harness import (
+    Settings,
+    block,
+    bundled_dir,
+    fmt,
+    hf_model,
+    make_bert_base,
+    markdown_table,
+    random_ids,
+    scratch_dir,
+    time_round_robin,
+    time_samples,
+    timed,
+    transformer_lens_python,
+)
 
 import minibert
 from minibert import accounting
 from minibert.model import NO_HOOKS
-
-from harness import (Settings, block, bundled_dir, fmt, hf_model, make_bert_base, markdown_table, random_ids,
-                     scratch_dir, time_round_robin, time_samples, timed, transformer_lens_python)
 
 PATTERNS = "blocks.*.attn.hook_pattern"
 PEAK_SIZE = 2048
@@ -74,7 +86,8 @@ def core(settings: Settings) -> tuple[str, dict]:
         ["minibert.load() of the bundled all-MiniLM-L6-v2, first in this process", f"{loads[0]:.2f} s"],
         ["minibert.load(), median of the later loads", f"{np.median(loads[1:]):.2f} s"],
         ["first model.run at 8×128 (trace + compile + run)", f"{first:.2f} s ({traces} trace)"],
-        ["later model.run at 8×128, nothing captured (median)", f"{steady * 1e3:.0f} ms = {1024 / steady:,.0f} tokens/s"],
+        ["later model.run at 8×128, nothing captured (median)",
+         f"{steady * 1e3:.0f} ms = {1024 / steady:,.0f} tokens/s"],
         ["first-call compile overhead (first − later)", f"{first - steady:.2f} s"],
         ["transformers eager with output_attentions, same batch, interleaved (median)",
          f"{times['eager'] * 1e3:.0f} ms = {1024 / times['eager']:,.0f} tokens/s"],
@@ -106,6 +119,21 @@ def run_transformer_lens(directory: Path, B: int, T: int, settings: Settings, ca
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def dense_cases(model, batch: dict, eager, sdpa, torch_batch: dict, fits: bool) -> dict:
+    """The timed forwards of one config: minibert capturing nothing / the patterns / everything (when it
+    fits in memory) next to transformers eager with attentions and sdpa."""
+    cases = {
+        "minibert/nothing": lambda: block(model.run(batch)[0]),
+        "minibert/patterns": lambda: block(dict(model.run(batch, names=PATTERNS)[1])),
+    }
+    if fits:
+        cases["minibert/everything"] = lambda: block(dict(model.run_with_cache(batch)[1]))
+    return cases | {
+        "transformers eager/patterns": lambda: eager(**torch_batch, output_attentions=True),
+        "transformers sdpa/nothing": lambda: sdpa(**torch_batch),
+    }
+
+
 def dense(settings: Settings) -> tuple[str, dict]:
     import torch
 
@@ -121,18 +149,8 @@ def dense(settings: Settings) -> tuple[str, dict]:
         eager, sdpa = hf_model(directory, "eager"), hf_model(directory, "sdpa")
         everything_bytes = capture_bytes(model, B, T)
         fits = everything_bytes < 0.3 * available_memory()
-        cases = {
-            "minibert/nothing": lambda: block(model.run(batch)[0]),
-            "minibert/patterns": lambda: block(dict(model.run(batch, names=PATTERNS)[1])),
-        }
-        if fits:
-            cases["minibert/everything"] = lambda: block(dict(model.run_with_cache(batch)[1]))
-        cases |= {
-            "transformers eager/patterns": lambda: eager(**torch_batch, output_attentions=True),
-            "transformers sdpa/nothing": lambda: sdpa(**torch_batch),
-            "jax matmul": matmul,
-            "torch matmul": torch_mm,
-        }
+        cases = dense_cases(model, batch, eager, sdpa, torch_batch, fits) | {"jax matmul": matmul,
+                                                                             "torch matmul": torch_mm}
         with torch.inference_mode():
             times = time_round_robin(cases, config_settings)
         tl = run_transformer_lens(directory, B, T, config_settings,
@@ -159,7 +177,7 @@ def dense(settings: Settings) -> tuple[str, dict]:
                   "params": accounting.param_count(model.params)}
         results.append(record)
         ratio_rows += ratio_lines(record)
-        del model, eager, sdpa
+        del model, eager, sdpa, cases  # the closures hold the models: free them before the next config
     profile_text, profile = where_time_goes()
     gemm_text, gemms = gemm_kernels(settings)
     text = (markdown_table(["model", "B×T", "implementation, captured", "ms/batch", "tokens/s", "GFLOP/s",
@@ -180,7 +198,8 @@ def gemm_kernels(settings: Settings) -> tuple[str, dict]:
 
     cases, flops = {}, {}
     for m, k, n in GEMM_SHAPES:
-        x, w = (jax.random.normal(key, shape) for key, shape in zip(jax.random.split(jax.random.key(0)), ((m, k), (k, n))))
+        keys = jax.random.split(jax.random.key(0))
+        x, w = (jax.random.normal(key, shape) for key, shape in zip(keys, ((m, k), (k, n))))
         b = jnp.zeros((n,))
         dense_jax = jax.jit(lambda x, w, b: x @ w + b)
         tx, tw, tb = torch.randn(m, k), torch.randn(n, k), torch.zeros(n)
@@ -200,7 +219,6 @@ def gemm_kernels(settings: Settings) -> tuple[str, dict]:
 
 def where_time_goes() -> tuple[str, dict]:
     """Per-op profiles of the bundled MiniLM at 8×128, minibert next to transformers (benchmarks/op_profile.py)."""
-    import torch
 
     from op_profile import category_table, profile_minibert, profile_transformers
 
@@ -239,7 +257,8 @@ def ratio_lines(record: dict) -> list[list[str]]:
             target = next((t for c, p, t in targets if c == case and p == peer), None)
             ratio = times[peer] / mine
             lines.append([record["model"], shape, f"minibert {case} vs {peer.replace('/', ', ')}", f"{ratio:.2f}×",
-                          f"≥ {target}×" if target else "—", ("yes" if ratio >= target else "**no**") if target else "—"])
+                          f"≥ {target}×" if target else "—",
+                          ("yes" if ratio >= target else "**no**") if target else "—"])
     target = next((t for c, p, t in targets if p == "peak"), None)
     fraction = accounting.achieved_fraction(record["B"] * record["T"] / times["minibert/nothing"],
                                             record["flops_per_token"], record["peak_flops"])
@@ -322,5 +341,6 @@ def gpu(settings: Settings) -> tuple[str, dict]:
             rows.append([devices[0].device_kind, f"{B}×{T}", name, f"{t * 1e3:.1f}", fmt(rate, 0),
                          fmt(rate * flops / 1e12, 1), fmt(mfu)])
         out[f"{B}x{T}"] = times
-    header = ["device", "B×T", "path", "ms/batch", "tokens/s", "TFLOP/s", f"MFU (peak {fmt(peak and peak / 1e12, 0)} TFLOP/s bf16)"]
+    header = ["device", "B×T", "path", "ms/batch", "tokens/s", "TFLOP/s",
+              f"MFU (peak {fmt(peak and peak / 1e12, 0)} TFLOP/s bf16)"]
     return markdown_table(header, rows), out

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class Settings:
     warmup: int
 
     @classmethod
-    def make(cls, quick: bool) -> "Settings":
+    def make(cls, quick: bool) -> Settings:
         return cls(quick, repeats=3 if quick else 7, warmup=1 if quick else 2)
 
 
@@ -178,7 +178,8 @@ WORDS = ("the of and to in a is that for it as was with be by on not he i this a
          "model head layer word token attention sentence language reader study paper result figure table").split()
 
 
-def english_like_texts(n: int, seed: int = 0, min_tokens: int = 8, max_tokens: int = 128) -> tuple[list[str], list[str]]:
+def english_like_texts(n: int, seed: int = 0, min_tokens: int = 8,
+                       max_tokens: int = 128) -> tuple[list[str], list[str]]:
     """n deterministic sentence pairs (A, B) of common English words and punctuation whose
     `[CLS] A [SEP] B [SEP]` segments run from about min_tokens to max_tokens word pieces."""
     rng = np.random.default_rng(seed)

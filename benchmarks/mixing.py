@@ -22,11 +22,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import Settings, block, bundled_dir, fmt, hf_model, machine, markdown_table, time_round_robin
 
 import minibert
 from minibert.analysis import mixing
-
-from harness import Settings, block, bundled_dir, fmt, hf_model, machine, markdown_table, time_round_robin
 
 QUESTION = "what do you think of the food and the service at this place ?"
 REVIEW = "the food was great , the pasta especially , but the service was slow and the waiter forgot our drinks ."
@@ -54,7 +53,8 @@ def torch_value_zeroing(hf, ids, types, per_layer: bool) -> np.ndarray:
                         out = layer(hidden[layer_index])
                         out = out[0] if isinstance(out, tuple) else out
                     else:
-                        out = hf(input_ids=ids, token_type_ids=types, output_hidden_states=True).hidden_states[layer_index + 1]
+                        outputs = hf(input_ids=ids, token_type_ids=types, output_hidden_states=True)
+                        out = outputs.hidden_states[layer_index + 1]
                 finally:
                     handle.remove()
                 result[layer_index, :, token] = 1 - torch.nn.functional.cosine_similarity(
@@ -116,8 +116,9 @@ def main():
     print(f"## Context mixing — {info['cpu']}, one core, {info['date']}, "
           f"{'quick' if settings.quick else 'full'} run (`taskset -c 0 python benchmarks/mixing.py"
           f"{' --quick' if settings.quick else ''}`)\n")
-    print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one pair of {T} tokens; median of {settings.repeats} runs, "
-          f"compiled programs warm. Largest |1 − cos| difference, minibert vs the transformers loop: {agreement:.1e}.\n")
+    print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one pair of {T} tokens; median of {settings.repeats} "
+          f"runs, compiled programs warm. Largest |1 − cos| difference, minibert vs the transformers loop: "
+          f"{agreement:.1e}.\n")
     rows = []
     for times, ours_name in ((vz, "minibert value_zeroing"), (attr, "minibert attention_attribution (20 steps)")):
         for name, seconds in times.items():

@@ -77,7 +77,8 @@ def main(argv=None):
     print(harness.markdown_table(["case", "CPU ms per forward"], [[n, f"{t * 1e3:.0f}"] for n, t in times.items()]))
     print()
     print(harness.markdown_table(["comparison", "CPU-time ratio (peer ÷ minibert)"], [
-        ["minibert nothing vs transformers sdpa", f"{times['transformers sdpa, nothing'] / times['minibert, nothing']:.2f}×"],
+        ["minibert nothing vs transformers sdpa",
+         f"{times['transformers sdpa, nothing'] / times['minibert, nothing']:.2f}×"],
         ["minibert patterns vs transformers eager + attentions",
          f"{times['transformers eager, patterns'] / times['minibert, patterns']:.2f}×"],
     ]))

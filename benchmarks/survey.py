@@ -11,12 +11,10 @@ import sys
 import time
 
 import numpy as np
+from harness import Settings, block, bundled_dir, hf_model, markdown_table, random_ids, timed
 
 import minibert
-from minibert.analysis import corpus
-from minibert.analysis import heads
-
-from harness import Settings, block, bundled_dir, hf_model, markdown_table, random_ids, timed
+from minibert.analysis import corpus, heads
 
 SEEDS_BATCH = 16  # Clark et al.'s extract_attention.py: --batch_size default 16
 SEEDS_LENGTH = 128  # and --max_sequence_length 128: every example padded to 128 tokens
@@ -151,7 +149,6 @@ def survey(settings: Settings, texts, pairs) -> tuple[str, dict]:
 def report(numbers: dict, texts, pairs) -> str:
     """The Markdown section for survey()'s numbers (also from a saved --json file's "survey" entry)."""
     numbers, single, rounds = numbers["default_threads"], numbers["one_core"], numbers["rounds"]
-    spent, counts = numbers["seeds_split"], numbers["counts"]
     used, traces = numbers["settings"], numbers["traces_first_call"]
     model = minibert.load()
     lengths = np.asarray(model.tokenize(texts, pairs, max_length=128).attention_mask.sum(1))
@@ -268,9 +265,8 @@ def padded_to_bucket(batch: dict) -> dict:
 
 
 if __name__ == "__main__":  # the one-core worker: survey.py --one-core SEGMENTS ROUNDS → one JSON line
-    import torch
-
     import harness
+    import torch
 
     torch.set_num_threads(1)
     _, _, segments, rounds = sys.argv

@@ -165,7 +165,8 @@ best = {}
 for row in rows:
     if row["relation"] not in best or row["accuracy"] > best[row["relation"]]["accuracy"]:
         best[row["relation"]] = row
-lines = ["| relation | words | best head | direction | accuracy | best offset | baseline |", "|---|---|---|---|---|---|---|"]
+lines = ["| relation | words | best head | direction | accuracy | best offset | baseline |",
+         "|---|---|---|---|---|---|---|"]
 for relation, row in best.items():
     lines.append(f"| {relation} | {row['count']} | {row['label']} | {row['direction']} | {row['accuracy']:.1%} | "
                  f"{row['baseline_offset']:+d} | {row['baseline_accuracy']:.1%} |")
@@ -242,17 +243,17 @@ for layer in range(L):
     to_sink = pairs & is_sink[:, None, :]
     weight_share.append(weights[to_sink].sum() / weights[pairs].sum())
     norm_share.append(moved[to_sink].sum() / moved[pairs].sum())
+gradient_ratio = [by_target[sink_key][layer].mean() / by_target["other"][layer].mean() for layer in range(L)]
 for layer in range(L):
     print(f"layer {layer + 1}: share of attention weight on {sink_name} {weight_share[layer]:.2f}, "
           f"share of ‖Σ α f(x)‖ from {sink_name} {norm_share[layer]:.2f}, "
-          f"|gradient| to {sink_name} ÷ to other tokens {by_target[sink_key][layer].mean() / by_target['other'][layer].mean():.3f}")
+          f"|gradient| to {sink_name} ÷ to other tokens {gradient_ratio[layer]:.3f}")
 
 middle = slice(1, L)
 finding("Attention to the sink token does little (small gradient, small transported norm).",
         f"in layers 2–{L}, {sink_name} takes {np.mean(weight_share[middle]):.2f} of the attention weight but only "
-        f"{np.mean(norm_share[middle]):.2f} of the norm moved, and the gradient with respect to attention to {sink_name} is "
-        f"{np.mean([by_target['other'][l].mean() / by_target[sink_key][l].mean() for l in range(1, L)]):.0f}× smaller "
-        f"than to other tokens.",
+        f"{np.mean(norm_share[middle]):.2f} of the norm moved, and the gradient with respect to attention to "
+        f"{sink_name} is {np.mean(1 / np.asarray(gradient_ratio[middle])):.0f}× smaller than to other tokens.",
         bool(np.mean(norm_share[middle]) < 0.5 * np.mean(weight_share[middle])))
 
 # %% [markdown]
@@ -283,8 +284,8 @@ mixing_share = {name: sink_share(m) for name, m in mixing_maps.items()}
 for layer in range(L):
     print(f"layer {layer + 1}: share to {sink_name}: " + ", ".join(f"{name} {share[layer]:.3f}"
                                                               for name, share in mixing_share.items()))
-finding(f"Context-mixing measures give the sink far less than its attention weight (Mohebbi et al. 2023, "
-        f"Ferrando et al. 2022).",
+finding("Context-mixing measures give the sink far less than its attention weight (Mohebbi et al. 2023, "
+        "Ferrando et al. 2022).",
         f"in layers 2–{L}, {sink_name} takes {mixing_share['raw attention'][middle].mean():.2f} of the attention "
         f"weight but {mixing_share['value zeroing'][middle].mean():.3f} of the value-zeroing mixing and "
         f"{mixing_share['ALTI'][middle].mean():.3f} of ALTI's.",

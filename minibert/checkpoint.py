@@ -18,8 +18,8 @@ import dataclasses
 import json
 import pickle
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -271,7 +271,8 @@ def read_safetensors(directory: Path) -> dict[str, object]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}); it needs a 'weight_map'.") from None
+            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}); "
+                                  f"it needs a 'weight_map'.") from None
         files = sorted(set(weight_map.values()))
     elif (directory / "model.safetensors").exists():
         files = ["model.safetensors"]
@@ -287,7 +288,8 @@ def read_safetensors(directory: Path) -> dict[str, object]:
     for name in files:
         path = directory / name
         if not path.exists():
-            raise CheckpointError(f"{path} is listed in the safetensors index but does not exist; download the missing shard.")
+            raise CheckpointError(f"{path} is listed in the safetensors index but does not exist; "
+                                  f"download the missing shard.")
         try:
             with safe_open(str(path), framework="flax") as f:
                 shard = {key: f.get_tensor(key) for key in f.keys()}
@@ -319,7 +321,8 @@ def read_pytorch_bin(path: Path, *, allow_pickle: bool = False) -> dict[str, np.
     try:
         import torch
     except ImportError:
-        raise CheckpointError(f"reading {path} needs PyTorch (`pip install torch`); safetensors checkpoints do not.") from None
+        raise CheckpointError(f"reading {path} needs PyTorch (`pip install torch`); "
+                              f"safetensors checkpoints do not.") from None
     try:  # weights_only: the unpickler refuses anything but tensors and plain containers, so no code runs
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
@@ -379,7 +382,8 @@ def _read_modules(path: Path) -> list[dict]:
     try:
         modules = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); sentence-transformers writes a list of modules.") from None
+        raise CheckpointError(f"{path} is not valid JSON ({e}); "
+                              f"sentence-transformers writes a list of modules.") from None
     if not isinstance(modules, list) or not all(
             isinstance(m, dict) and isinstance(m.get("type", ""), str) and isinstance(m.get("path", ""), str)
             for m in modules):

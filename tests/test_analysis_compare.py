@@ -6,13 +6,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import make_hf_model
 
 import minibert
 from minibert.analysis import compare
 from minibert.analysis.compare import RelationExample
 from minibert.errors import AnalysisError
-
-from conftest import make_hf_model
 
 EPS32 = float(np.finfo(np.float32).eps)
 JS_SMOOTHING = 1e-3  # Clark et al.'s smoothing of rows before the Jensen–Shannon divergence (ANALYSIS.md)
@@ -143,7 +142,9 @@ def reference_relation(model, example: RelationExample) -> np.ndarray:
             spans[-1].append(t)
             texts[-1] += tokens[t].removeprefix("##")
         else:
-            spans.append([t]); texts.append(tokens[t]); segs.append(seg)
+            spans.append([t])
+            texts.append(tokens[t])
+            segs.append(seg)
     query = [w for w in range(len(spans)) if texts[w] == example.query and segs[w] == example.query_segment][0]
     targets = [w for w in range(len(spans)) if texts[w] in example.targets and w != query
                and (example.target_segment is None or segs[w] == example.target_segment)]

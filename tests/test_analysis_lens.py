@@ -58,7 +58,8 @@ def test_logit_contributions_telescope_to_the_final_logit(tiny_mlm):
     fields = batch()
     targets = np.random.default_rng(3).integers(0, 99, size=fields["input_ids"].shape)
     steps = lens.logit_contributions(model, fields, targets)
-    expected = np.take_along_axis(hf_lens(hf, fields), np.broadcast_to(targets[None, ..., None], (3, 3, 9, 1)), -1)[..., 0]
+    index = np.broadcast_to(targets[None, ..., None], (3, 3, 9, 1))
+    expected = np.take_along_axis(hf_lens(hf, fields), index, -1)[..., 0]
     real = fields["attention_mask"] > 0
     tol = tolerance(model, np.abs(expected).max())
     np.testing.assert_allclose(steps[0][real], expected[0][real], atol=tol, rtol=0)

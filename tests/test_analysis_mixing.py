@@ -6,13 +6,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import make_hf_model, random_batch
 
 import minibert
 from minibert import HookFn
 from minibert.analysis import mixing
 from minibert.errors import AnalysisError
-
-from conftest import make_hf_model, random_batch
 
 EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
 
@@ -98,7 +97,8 @@ def test_value_zeroing_matches_a_loop_of_forward_passes(case, request):
     row_error = (2 * np.sqrt(expected) * eps + eps**2).sum(-1, keepdims=True)  # bound on each row sum's error
     bound = np.divide(2 * row_error, rows, out=np.zeros_like(expected), where=rows > 0) + 4 * EPS32
     np.testing.assert_array_less(np.abs(normalized - reference), bound)
-    np.testing.assert_allclose(normalized.sum(-1), np.broadcast_to(real, normalized.shape[:-1]), atol=real.shape[1] * EPS32)
+    np.testing.assert_allclose(normalized.sum(-1), np.broadcast_to(real, normalized.shape[:-1]),
+                               atol=real.shape[1] * EPS32)
     assert (normalized[:, ~real] == 0).all() and (normalized.transpose(0, 1, 3, 2)[:, ~real] == 0).all()
 
 

@@ -135,7 +135,8 @@ def all_heads(attention_3d: np.ndarray) -> dict:
 def assert_edges(drawn: dict, expected: dict):
     """The same lines, each drawn at its weight within the packing's error (plus float64 rounding of byte/255)."""
     assert drawn.keys() == expected.keys()
-    np.testing.assert_allclose([drawn[e] for e in expected], list(expected.values()), rtol=0, atol=UNIT_BYTE_ERROR + 1e-12)
+    np.testing.assert_allclose([drawn[e] for e in expected], list(expected.values()), rtol=0,
+                               atol=UNIT_BYTE_ERROR + 1e-12)
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +243,8 @@ def test_neuron_view_shows_the_models_numbers(browser, bundled):
 
 def shown_column(page, column: str) -> np.ndarray:
     """The exact numbers (data-value) of one column of the neuron view's table."""
-    return np.array(page.evaluate(f"[...document.querySelectorAll('text[data-col={column}]')].map(t => +t.dataset.value)"))
+    cells = f"document.querySelectorAll('text[data-col={column}]')"
+    return np.array(page.evaluate(f"[...{cells}].map(t => +t.dataset.value)"))
 
 
 def assert_neuron_numbers(view: Loaded, q: np.ndarray, k: np.ndarray, pattern_row: np.ndarray, query: int):
@@ -346,7 +348,8 @@ def test_views_on_one_page_are_independent(browser):
 
 def test_dark_theme_is_applied(browser):
     _, _, attention = hand_arrays()
-    view = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, theme="dark"), viz.head_view(TOKENS, attention)))
+    view = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, theme="dark"),
+                                           viz.head_view(TOKENS, attention)))
     colours = view.page.evaluate("[...document.querySelectorAll('.mbv')].map(e => getComputedStyle(e).backgroundColor)")
     assert colours == ["rgb(13, 17, 23)", "rgb(255, 255, 255)"]
     text = view.page.evaluate("getComputedStyle(document.querySelector('.mbv-tok:not(.mbv-special) text')).fill")

@@ -156,8 +156,9 @@ mean_stats = statistics_under({"embed.hook_pos_embed": mean_position})
 print(f"{'head (0-indexed)':>22s} {'positions':>10s} {'prev':>6s} {'next':>6s}")
 for kind in ("previous token", "next token"):
     layer, head = chosen[kind]
+    row_name = f"{kind} {layer}-{head}"
     for label, s in (("normal", stats), ("reversed", reversed_stats), ("averaged", mean_stats)):
-        print(f"{kind + f' {layer}-{head}':>22s} {label:>10s} {s['prev'][layer, head]:6.2f} {s['next'][layer, head]:6.2f}")
+        print(f"{row_name:>22s} {label:>10s} {s['prev'][layer, head]:6.2f} {s['next'][layer, head]:6.2f}")
 
 # %% [markdown]
 # Reversing the positions swaps the two patterns, and removing them erases both: these heads
@@ -167,7 +168,8 @@ for kind in ("previous token", "next token"):
 prev_head, next_head = chosen["previous token"], chosen["next token"]
 assert reversed_stats["next"][prev_head] > 0.5 and reversed_stats["prev"][next_head] > 0.5
 assert mean_stats["prev"][prev_head] < 0.2 and mean_stats["next"][next_head] < 0.2
-print(f"with averaged positions they are near a uniform row's share, 1/n = {np.mean(1 / batch.attention_mask.sum(1)):.2f}")
+uniform_share = np.mean(1 / batch.attention_mask.sum(1))
+print(f"with averaged positions they are near a uniform row's share, 1/n = {uniform_share:.2f}")
 
 # %% [markdown]
 # ## Which neurons make the score
@@ -224,7 +226,8 @@ overlaps = {
     "next token": mean_overlap(top_neurons(*next_head, key_of=lambda t: t + 1)),
 }
 cls_heads = np.argwhere(stats["to_cls"] > 0.6)  # every head that passes Clark et al.'s [CLS] threshold
-cls_overlap = np.mean([mean_overlap(top_neurons(int(l), int(h), key_of=lambda t: 0)) for l, h in cls_heads])
+cls_overlap = np.mean([mean_overlap(top_neurons(int(layer), int(head), key_of=lambda t: 0))
+                       for layer, head in cls_heads])
 print(f"random sets: {baseline:.2f}")
 for kind, value in overlaps.items():
     print(f"{kind} head: {value:.2f}")
@@ -274,8 +277,8 @@ print(f"‖segment B − segment A embedding‖ = {np.linalg.norm(W_type[1] - W_
 # %% [markdown]
 # Here the explanation does not carry over: all-MiniLM-L6-v2 was trained as a sentence
 # encoder on single sentences, and its segment embeddings barely move any head — whatever
-# keeps attention within a sentence in this model, it is not the segment embedding. A pattern's cause has to be tested in the
-# model at hand; the same hook on a BERT-base checkpoint (`minibert.load("bert-base-uncased")`)
+# keeps attention within a sentence in this model, it is not the segment embedding. A pattern's cause
+# has to be tested in the model at hand; the same hook on a BERT-base checkpoint (`minibert.load("bert-base-uncased")`)
 # runs the experiment Vig described.
 
 # %%

@@ -128,7 +128,8 @@ order = np.argsort(-np.abs(per_head).ravel())[:3]
 for index in order:
     layer, head = divmod(int(index), H)
     t, s = np.unravel_index(np.argmax(attribution[layer, 0, head]), attribution.shape[-2:])
-    print(f"head {layer + 1}-{head + 1}: total {per_head[layer, head]:+.3f}; strongest edge {tokens[t]}@{t} → {tokens[s]}@{s}")
+    print(f"head {layer + 1}-{head + 1}: total {per_head[layer, head]:+.3f}; "
+          f"strongest edge {tokens[t]}@{t} → {tokens[s]}@{s}")
 
 # %% [markdown]
 # Summed over the pattern, the attributions of one layer approximate F(A_l) − F(0) (the integrated
@@ -140,7 +141,8 @@ def zero_pattern(pattern, ctx):
     return jnp.zeros_like(pattern)
 
 
-drop = float(foodness(model(batch))[0] - foodness(model.run_with_hooks(batch, {f"blocks.{L - 1}.attn.hook_pattern": zero_pattern}))[0])
+zeroed = model.run_with_hooks(batch, {f"blocks.{L - 1}.attn.hook_pattern": zero_pattern})
+drop = float(foodness(model(batch))[0] - foodness(zeroed)[0])
 print(f"last layer: Σ attribution {attribution[-1].sum():.4f}, F(A) − F(0) {drop:.4f}")
 assert abs(attribution[-1].sum() - drop) < 0.1 * abs(drop)
 

@@ -12,8 +12,8 @@ Layers and heads are 0-indexed in arrays; "L-H" labels are 1-indexed, as in the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -74,9 +74,10 @@ def _check_comparable(model_a, model_b) -> None:
     ca, cb = model_a.config, model_b.config
     shape_a, shape_b = (ca.num_hidden_layers, ca.num_attention_heads), (cb.num_hidden_layers, cb.num_attention_heads)
     if shape_a != shape_b:
-        raise AnalysisError(f"the models have different shapes: {shape_a[0]} layers × {shape_a[1]} heads ({model_a.source}) "
-                            f"vs {shape_b[0]} layers × {shape_b[1]} heads ({model_b.source}); compare checkpoints of one architecture, "
-                            f"e.g. a pretrained model and its fine-tuned version.")
+        raise AnalysisError(f"the models have different shapes: {shape_a[0]} layers × {shape_a[1]} heads "
+                            f"({model_a.source}) vs {shape_b[0]} layers × {shape_b[1]} heads ({model_b.source}); "
+                            f"compare checkpoints of one architecture, e.g. a pretrained model and its fine-tuned "
+                            f"version.")
     ta, tb = model_a.tokenizer, model_b.tokenizer
     # WordPiece has a do_lower_case switch; the other families' tokenizers keep it in their normalizer (None here).
     if ta is None or tb is None or ta.vocab != tb.vocab or \
@@ -84,8 +85,9 @@ def _check_comparable(model_a, model_b) -> None:
         what = ("a tokenizer is missing" if ta is None or tb is None else
                 f"vocabularies of {len(ta.vocab)} and {len(tb.vocab)} entries differ" if ta.vocab != tb.vocab else
                 f"lower-casing differs ({getattr(ta, 'do_lower_case', None)} vs {getattr(tb, 'do_lower_case', None)})")
-        raise AnalysisError(f"the models do not share a tokenizer ({what}: {model_a.source} vs {model_b.source}); the same "
-                            f"text would become different tokens. Compare checkpoints made from one tokenizer.")
+        raise AnalysisError(f"the models do not share a tokenizer ({what}: {model_a.source} vs {model_b.source}); "
+                            f"the same text would become different tokens. Compare checkpoints made from one "
+                            f"tokenizer.")
 
 
 def compare_models(model_a, model_b, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
@@ -172,9 +174,9 @@ def _relation_words(model, example: RelationExample, index: int, labels: list[st
     found = [w for w, (text, seg) in enumerate(zip(labels, segments)) if text in targets and w != query_word
              and (example.target_segment is None or seg == example.target_segment)]
     if not found:
-        raise AnalysisError(f"examples[{index}]: no target word {sorted(targets)} in "
-                            f"{'the input' if example.target_segment is None else f'sentence {example.target_segment}'} "
-                            f"besides the query; its words are {labels}.")
+        where = "the input" if example.target_segment is None else f"sentence {example.target_segment}"
+        raise AnalysisError(f"examples[{index}]: no target word {sorted(targets)} in {where} besides the query; "
+                            f"its words are {labels}.")
     return query_word, found
 
 

@@ -67,7 +67,8 @@ def logit_lens(model, batch, top_k: int | None = None):
     """
     _require_mlm(model)
     if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= model.config.vocab_size):
-        raise AnalysisError(f"top_k must be an int in [1, {model.config.vocab_size}] (the vocabulary) or None; got {top_k!r}.")
+        raise AnalysisError(f"top_k must be an int in [1, {model.config.vocab_size}] (the vocabulary) or None; "
+                            f"got {top_k!r}.")
     result = _lens(model, model.state, residual_streams(model, batch), top_k)
     if top_k is None:
         return np.asarray(result)
@@ -102,6 +103,7 @@ def logit_contributions(model, batch, targets) -> np.ndarray:
         raise AnalysisError(f"targets must be one token id or int token ids [B, T] = {ids.shape}; got "
                             f"{targets.dtype} {targets.shape}.")
     if targets.min() < 0 or targets.max() >= model.config.vocab_size:
-        raise AnalysisError(f"targets must lie in [0, {model.config.vocab_size}); found {targets.min()}…{targets.max()}.")
+        raise AnalysisError(f"targets must lie in [0, {model.config.vocab_size}); "
+                            f"found {targets.min()}…{targets.max()}.")
     lens = _lens_at(model, model.state, residual_streams(model, batch), jnp.asarray(targets, jnp.int32))
     return np.asarray(jnp.concatenate([lens[:1], jnp.diff(lens, axis=0)]))

@@ -17,8 +17,8 @@ MEMORY_BUDGET bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +79,8 @@ def _value_zeroing_distances(model, state, resid_pre, attention_mask, chunk: int
             return module.block(layer, resid_pre[layer], key_mask, hooks)
 
         clean = output(jnp.int32(-1))  # the same program with nothing zeroed: x̃
-        distances = jax.lax.map(lambda s: cosine_distance(output(s), clean), jnp.arange(resid_pre.shape[2]),
-                                batch_size=chunk)  # [S, B, T]
+        distances = jax.lax.map(lambda s, clean=clean: cosine_distance(output(s), clean),
+                                jnp.arange(resid_pre.shape[2]), batch_size=chunk)  # [S, B, T]
         per_layer.append(distances.transpose(1, 2, 0))
     return jnp.stack(per_layer)
 
