@@ -151,10 +151,10 @@ def test_demo_statistics_are_the_models(demo_run, bundled):
         np.testing.assert_array_equal(arrays["to_cls"], table["to_cls"])
 
 
-def test_demo_summary_names_the_top_heads(demo_run):
+def test_demo_summary_names_the_top_heads(demo_run, bundled):
     out, stdout = demo_run
     table = statistics_table(out / "head_statistics.json")
-    for statistic, meaning in report.RANKINGS.items():
+    for statistic, meaning in report.rankings(bundled.tokenizer).items():
         line = next(line for line in stdout.splitlines() if line.strip().startswith(meaning))
         layer, head = np.unravel_index(table[statistic].argmax(), table[statistic].shape)
         assert line.split()[len(meaning.split())] == f"{layer + 1}-{head + 1}", line

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import csv
 import html.parser
+import types
 
 import numpy as np
 
 from minibert.analysis import heads
+from minibert.config import FAMILIES
 from minibert.viz import report
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -79,8 +81,8 @@ def test_head_summary_ranks_heads_by_each_statistic():
     assert lines[0].startswith("head statistics over 7 documents")
     prev = next(line for line in lines if line.strip().startswith("previous token"))
     assert prev.split()[2:] == ["1-2", "0.90", "2-3", "0.70", "2-1", "0.30"]
-    cls = next(line for line in lines if line.strip().startswith("[CLS]"))
-    assert cls.split()[1:3] == ["2-2", "0.80"]
+    cls = next(line for line in lines if line.strip().startswith("[CLS] / <s>"))  # no tokenizer: both spellings
+    assert cls.split()[3:5] == ["2-2", "0.80"]
     labels = heads.behaviour_labels(hand_statistics())
     # "prev" above 0.5: heads 1-2 and 2-3; "cls" above 0.6: head 2-2 (BEHAVIOURS order: prev before cls)
     assert labels[0, 1] == labels[1, 2] == "prev" and labels[1, 1] == "cls"
@@ -100,3 +102,13 @@ def test_write_table_round_trips_every_row(tmp_path):
     assert len(read) == 6 and list(read[0]) == list(rows[0])
     assert [row["label"] for row in read] == ["1-1", "1-2", "1-3", "2-1", "2-2", "2-3"]
     assert [float(row["prev"]) for row in read] == [0.1, 0.9, 0.2, 0.3, 0.0, 0.7]
+
+
+def test_head_summary_names_the_tokenizers_special_tokens():
+    """With a tokenizer, the [CLS] and [SEP] rows carry its own cls_token and sep_token (RoBERTa's here)."""
+    roberta = dict(FAMILIES["roberta"].special_tokens)
+    tokenizer = types.SimpleNamespace(cls_token=roberta["cls_token"], sep_token=roberta["sep_token"])
+    lines = report.head_summary(hand_statistics(), documents=7, tokenizer=tokenizer).splitlines()
+    assert next(line for line in lines if "2-2" in line and "0.80" in line).split()[0] == "<s>"
+    assert any(line.split()[0] == "</s>" for line in lines)
+    assert not any("[CLS]" in line or "[SEP]" in line for line in lines)

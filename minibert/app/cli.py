@@ -77,11 +77,12 @@ def _demo(args) -> int:
 
     step = _steps("demo")
     step("loading the model")
-    paths, result = demo.build(_load(args.model, args.download), args.out, step=step)
+    model = _load(args.model, args.download)
+    paths, result = demo.build(model, args.out, step=step)
     step("done")
     for path in paths:
         print(path)
-    print(report.head_summary(result.mean, result.documents))
+    print(report.head_summary(result.mean, result.documents, model.tokenizer))
     print(f"open {args.out / 'index.html'} in a browser to see them all")
     return 0
 
@@ -136,7 +137,8 @@ def _stats(args) -> int:
         corpus.initialize(args.coordinator, args.num_processes, args.process_id,
                           heartbeat_timeout=args.heartbeat_timeout)
     batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    result = corpus.survey(_load(args.model, args.download), args.file, args.pairs, max_length=args.max_length,
+    model = _load(args.model, args.download)
+    result = corpus.survey(model, args.file, args.pairs, max_length=args.max_length,
                            progress=True, checkpoint=args.checkpoint, every=args.every, timeout=args.timeout,
                            **batching)
     if jax.process_index() != 0:
@@ -144,7 +146,7 @@ def _stats(args) -> int:
     npz, json_path = result.save(prefix)
     for path in (npz, json_path, report.write_table(result.table(), json_path.with_suffix(".csv"))):
         print(path)
-    print(report.head_summary(result.mean, result.documents))
+    print(report.head_summary(result.mean, result.documents, model.tokenizer))
     return 0
 
 

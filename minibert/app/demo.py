@@ -1,7 +1,8 @@
 """`minibert demo`: the seed analyses on the bundled sentences, written into one folder.
 
-    paths, result = build(minibert.load(), "out")   # figures/, three views, statistics, index.html
-    print(report.head_summary(result.mean, result.documents))   # minibert.viz.report
+    model = minibert.load()
+    paths, result = build(model, "out")   # figures/, three views, statistics, index.html
+    print(report.head_summary(result.mean, result.documents, model.tokenizer))   # minibert.viz.report
 
 The sentences live in `minibert/data/demo.json`: seed 000's groups of similar sentences (each with
 a label that colours it and the word whose attention is followed) and seed 004's MRPC pair.
@@ -221,6 +222,6 @@ def build(model, out: str | Path, step: Callable[[str], None] = _quiet) -> tuple
     npz, json_path = result.save(out / "head_statistics")
     paths += [report.write_table(result.table(), out / "head_statistics.csv"), json_path, npz]
     index = out / "index.html"
-    summary = report.head_summary(result.mean, result.documents)
+    summary = report.head_summary(result.mean, result.documents, model.tokenizer)
     index.write_text(report.index_page(out, paths, captions, summary, model.source), encoding="utf-8")
     return [*paths, index], result

@@ -6,12 +6,11 @@ K head dim. One document at a time, real tokens only (no padding).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
+
 from minibert.errors import VizError
-
-
 
 
 def token_list(tokens: Sequence[str]) -> list[str]:
@@ -19,7 +18,8 @@ def token_list(tokens: Sequence[str]) -> list[str]:
         raise VizError("tokens must be a list of strings, one per position (e.g. batch.tokens[0]); got one string.")
     tokens = [str(t) for t in tokens]
     if not tokens:
-        raise VizError("tokens is empty; pass the document's tokens, e.g. ['[CLS]', 'hello', '[SEP]'].")
+        raise VizError("tokens is empty; pass the document's tokens, e.g. batch.tokens[0] "
+                       "(['[CLS]', 'hello', '[SEP]'] for BERT, ['<s>', 'hello', '</s>'] for RoBERTa).")
     return tokens
 
 

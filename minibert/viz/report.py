@@ -1,7 +1,7 @@
 """Reports of a run: standalone HTML pages, a text summary of the head statistics, the per-head CSV table.
 
     report.views_page("minibert: 'The cat sat.'", [doc.head_view(), doc.model_view()])   # one page, two views
-    print(report.head_summary(result.mean, result.documents))                            # the top heads
+    print(report.head_summary(result.mean, result.documents, model.tokenizer))           # the top heads
     report.write_table(result.table(), Path("heads.csv"))                                # one row per head
 
 Every page here (and `View.document`) is made by `page`: one skeleton, user text escaped.
@@ -21,11 +21,19 @@ from minibert.analysis import heads
 from minibert.config import head_label
 
 TOP_HEADS = 3
-# What the summary ranks heads by (highest first): statistic → what a high value means.
-RANKINGS = {
-    "prev": "previous token", "next": "next token", "self": "the token itself", "to_cls": "[CLS]",
-    "to_sep": "[SEP]", "to_punct": '"." or ","', "entropy": "broad (entropy, nats)",
-}
+# The first special token and the separator without a tokenizer to name them: BERT's and RoBERTa's spellings.
+GENERIC_SPECIAL_TOKENS = ("[CLS] / <s>", "[SEP] / </s>")
+
+
+def rankings(tokenizer=None) -> dict[str, str]:
+    """What the summary ranks heads by (highest first): statistic → what a high value means, with the
+    tokenizer's own first special token and separator (cls_token, sep_token), or both families' spellings."""
+    cls, sep = GENERIC_SPECIAL_TOKENS if tokenizer is None else (tokenizer.cls_token, tokenizer.sep_token)
+    return {"prev": "previous token", "next": "next token", "self": "the token itself", "to_cls": cls,
+            "to_sep": sep, "to_punct": '"." or ","', "entropy": "broad (entropy, nats)"}
+
+
+RANKINGS = rankings()
 PAGE_STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;color:#1f2328}"
               "img{max-width:100%;border:1px solid #d0d7de}figure{margin:0 0 28px}"
               "figcaption{color:#57606a;margin-top:4px}pre{background:#f6f8fa;padding:12px;overflow-x:auto}")
@@ -66,12 +74,12 @@ def index_page(out: Path, paths: Sequence[Path], captions: Mapping[str, str], su
     return page("minibert demo", "".join(parts))
 
 
-def head_summary(mean: Mapping[str, np.ndarray], documents: int, top: int = TOP_HEADS) -> str:
-    """A few lines: for each statistic of RANKINGS, the `top` heads with the highest value, and the
-    behaviour labels (heads.behaviour_labels) that the heads earn."""
+def head_summary(mean: Mapping[str, np.ndarray], documents: int, tokenizer=None, top: int = TOP_HEADS) -> str:
+    """A few lines: for each statistic of rankings(tokenizer), the `top` heads with the highest value, and
+    the behaviour labels (heads.behaviour_labels) that the heads earn."""
     lines = [f"head statistics over {documents} documents; heads as L-H, 1-indexed as in the figures "
              "(3-6 is layer 2, head 5 with 0-indexed options)"]
-    for statistic, meaning in RANKINGS.items():
+    for statistic, meaning in rankings(tokenizer).items():
         values = np.asarray(mean[statistic])
         order = np.argsort(values.ravel())[::-1][:top]
         best = "   ".join(f"{head_label(*divmod(int(i), values.shape[1])):>5s} {values.ravel()[i]:.2f}"
