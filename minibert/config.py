@@ -18,6 +18,11 @@ from typing import Any, Mapping
 from minibert.errors import ConfigError
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+# The most applications of a shared block (ALBERT) a config may ask for. The weights hold one block, so they
+# cannot confirm num_hidden_layers, and a typo (1200 for 12) would build and compile for a very long time;
+# released ALBERT models apply their block 12 (base, xxlarge) or 24 (large, xlarge) times; 4× the most any of
+# them uses leaves room for experiments.
+MAX_SHARED_LAYERS = 96
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +223,11 @@ class Config:
                 f"{where}architecture {self.architecture!r} is not supported; minibert loads "
                 f"{', '.join(ARCHITECTURES)}."
             )
+        if self.family.shared_layers and self.num_hidden_layers > MAX_SHARED_LAYERS:
+            raise ConfigError(f"{where}num_hidden_layers {self.num_hidden_layers} is above {MAX_SHARED_LAYERS}, the "
+                              f"most applications of {self.family.name}'s one shared block minibert builds (its "
+                              f"weights cannot confirm the count; released models use 12 to 24). Fix "
+                              f"num_hidden_layers in config.json.")
         if self.embedding_size is not None:
             if isinstance(self.embedding_size, bool) or not isinstance(self.embedding_size, int) \
                     or self.embedding_size < 1:

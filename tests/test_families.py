@@ -251,6 +251,7 @@ def test_distilbert_names_and_no_segments():
     ({"model_type": "bert", "embedding_size": 128}, "'embedding_size'"),  # BERT has no projection
     ({"model_type": "electra", "sinusoidal_pos_embds": True}, "'sinusoidal_pos_embds'"),  # another family's key
     ({"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 2}, "leaves no row"),
+    ({"model_type": "albert", "num_hidden_layers": 1_000_000}, "num_hidden_layers 1000000 is above 96"),
 ])
 def test_family_config_errors_name_the_key(config, message):
     with pytest.raises(minibert.ConfigError, match=message):
@@ -264,6 +265,9 @@ def test_family_layouts():
     assert electra.has_projection and electra.embed_dim == 128
     assert not Config(architecture="ElectraModel", hidden_size=256, num_attention_heads=4).has_projection
     assert Config(architecture="AlbertModel", embedding_size=768).has_projection  # ALBERT always projects
+    # The shared-layer bound (config.MAX_SHARED_LAYERS) holds for shared blocks only; the bound itself is accepted.
+    assert Config(architecture="AlbertModel", num_hidden_layers=96).num_hidden_layers == 96
+    assert Config(architecture="BertModel", num_hidden_layers=1000).num_hidden_layers == 1000
 
 
 # ---- tokenizers and the model together ----------------------------------------------------------------------
@@ -344,6 +348,24 @@ def test_albert_applies_one_block_in_every_layer(tmp_path):
     # another order): TINY, as above.
     assert_close(clean["blocks.0.hook_resid_post"], patched["blocks.0.hook_resid_post"], TINY, "layer 0")
     assert np.abs(np.asarray(clean["blocks.1.hook_resid_post"]) - patched["blocks.1.hook_resid_post"]).max() > 0.1
+
+
+def test_albert_with_too_many_applications_is_refused_before_building(tmp_path, monkeypatch):
+    """One shared block cannot confirm num_hidden_layers: 10⁸ is refused by the config (config.MAX_SHARED_LAYERS)
+    before any key table or parameter exists; both are made to fail here if reached."""
+    from minibert import checkpoint
+
+    make_family_model(tmp_path, "albert")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 100_000_000}))
+
+    def unreachable(*args, **kwargs):
+        raise AssertionError("a key table was built for a config the bound refuses")
+
+    monkeypatch.setattr(checkpoint, "key_table", unreachable)
+    monkeypatch.setattr(checkpoint, "convert", unreachable)
+    with pytest.raises(minibert.ConfigError, match="num_hidden_layers 100000000 is above 96"):
+        minibert.load(tmp_path)
 
 
 def test_hook_names_per_family(tmp_path):
