@@ -31,8 +31,9 @@ def measure(directory: Path, B: int, T: int, offload: bool) -> dict:
 
 
 def memory(settings: Settings) -> tuple[str, dict]:
-    import minibert
     from dense import available_memory, capture_bytes
+
+    import minibert
 
     directory = make_bert_base(scratch_dir() / "bert-base-random")
     model = minibert.load(directory)
@@ -78,8 +79,9 @@ def worker(directory: str, B: int, T: int, offload: bool) -> None:
     import time
 
     import jax
-    import minibert
     from harness import random_ids
+
+    import minibert
 
     model = minibert.load(directory)
     after_load = _resident_kb()

@@ -23,9 +23,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import numpy as np  # noqa: E402
-
 import harness  # noqa: E402
+import numpy as np  # noqa: E402
 
 SKIP = ("ThreadpoolListener", "ThunkExecutor", "end: ", "PjitFunction", "$", "SlinkyThreadPool")
 CATEGORIES = ("dense matmuls (q/k/v/o, FFN, pooler)", "attention matmuls + softmax", "GELU",

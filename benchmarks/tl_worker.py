@@ -24,8 +24,7 @@ warnings.filterwarnings("ignore")
 
 def load(directory: str):
     import transformers
-    from transformer_lens import HookedEncoder
-    from transformer_lens import HookedTransformerConfig
+    from transformer_lens import HookedEncoder, HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
 
     transformers.logging.set_verbosity_error()

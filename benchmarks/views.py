@@ -95,9 +95,10 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 1 if args.quick else 3
 
+    from playwright.sync_api import sync_playwright
+
     import minibert
     from minibert import viz
-    from playwright.sync_api import sync_playwright
 
     scratch = Path(tempfile.mkdtemp(prefix="minibert-views-"))
     versions = {"before": old_views(args.before, scratch), "after": viz.views}

@@ -12,15 +12,38 @@ Layers: app (cli, demo) → analysis, viz → api → model, hooks → config, e
 from minibert.api import Model, load
 from minibert.checkpoint import convert_bin_to_safetensors
 from minibert.config import BertConfig, Config
-from minibert.errors import (CheckpointError, ConfigError, HookError, InputError, MinibertError, SourceError,
-                             TokenizerError)
+from minibert.errors import (
+    CheckpointError,
+    ConfigError,
+    HookError,
+    InputError,
+    MinibertError,
+    SourceError,
+    TokenizerError,
+)
 from minibert.hooks import Cache, HookContext, HookFn, get_act_name
 from minibert.model import Output
 from minibert.tokenizer import Batch, Tokenizer
 
 __all__ = [
-    "Batch", "BertConfig", "Cache", "Config", "CheckpointError", "ConfigError", "HookContext", "HookError", "HookFn",
-    "InputError", "MinibertError", "Model", "Output", "SourceError", "Tokenizer", "TokenizerError",
-    "convert_bin_to_safetensors", "get_act_name", "load",
+    "Batch",
+    "BertConfig",
+    "Cache",
+    "Config",
+    "CheckpointError",
+    "ConfigError",
+    "HookContext",
+    "HookError",
+    "HookFn",
+    "InputError",
+    "MinibertError",
+    "Model",
+    "Output",
+    "SourceError",
+    "Tokenizer",
+    "TokenizerError",
+    "convert_bin_to_safetensors",
+    "get_act_name",
+    "load",
 ]
 __version__ = "0.2.0"

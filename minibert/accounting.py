@@ -20,7 +20,6 @@ so 8·D² + 4·D·F + 4·S·D per layer (the 2·N_matmul + attention term of Kap
 from __future__ import annotations
 
 import time
-from typing import Mapping
 
 import jax
 import jax.numpy as jnp

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +12,11 @@ from flax import nnx
 
 from minibert import checkpoint, sources
 from minibert.config import BertConfig
+from minibert.errors import InputError
 from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, site_axes, writers_for
 from minibert.model import Bert, Output
-from minibert.tokenizer import Batch, BaseTokenizer
+from minibert.tokenizer import BaseTokenizer, Batch
 from minibert.tokenizers_hf import tokenizer_for
-from minibert.errors import InputError
 
 Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, attention_mask, each int32 [B, T]
 
@@ -24,7 +24,7 @@ Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, at
 
 
 def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = False,
-         allow_pickle: bool = False, architecture: str | None = None) -> "Model":
+         allow_pickle: bool = False, architecture: str | None = None) -> Model:
     """Load a BERT checkpoint: a directory, a `weights/` name, the bundled default, or a Hub id.
 
     `dtype`: parameter and compute dtype (float32, or bfloat16 for speed on accelerators).

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
 from minibert.errors import ConfigError
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
@@ -286,7 +288,7 @@ class Config:
         return ARCHITECTURES[self.architecture]
 
     @classmethod
-    def from_hf(cls, config: str | Path | Mapping[str, Any], architecture: str | None = None) -> "Config":
+    def from_hf(cls, config: str | Path | Mapping[str, Any], architecture: str | None = None) -> Config:
         """From a Hugging Face `config.json` (path, directory containing it, or parsed dict).
 
         `architecture` overrides the config's `architectures` (e.g. "BertModel" to drop a head).
@@ -322,7 +324,7 @@ class Config:
         return cls(**values, architecture=architecture, id2label=_labels(config, source), source=source)
 
     @classmethod
-    def from_params(cls, shapes: Mapping[str, tuple[int, ...]], **overrides) -> "Config":
+    def from_params(cls, shapes: Mapping[str, tuple[int, ...]], **overrides) -> Config:
         """Infer the sizes from Hugging Face weight names and shapes (no config.json needed).
 
         `shapes` maps checkpoint keys (bare or `bert.`-prefixed) to shapes. The activation,

@@ -8,6 +8,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import make_hf_model
 from flax import nnx
 
 import minibert
@@ -15,8 +16,6 @@ from minibert import accounting
 from minibert.api import Model
 from minibert.config import BertConfig
 from minibert.model import Bert
-
-from conftest import make_hf_model
 
 TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=64)

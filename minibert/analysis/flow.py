@@ -16,6 +16,7 @@ nodes. Tokens, positions and layers are 0-indexed.
 from __future__ import annotations
 
 import numpy as np
+
 from minibert.errors import AnalysisError
 
 _TOLERANCE = 1e-12  # residual capacities at or below this count as saturated

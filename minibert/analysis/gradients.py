@@ -11,7 +11,7 @@ from layer 5 on: attending to [SEP] acts as a no-op. Layers and heads are 0-inde
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp

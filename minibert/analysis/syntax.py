@@ -19,9 +19,9 @@ further), so every word owns a contiguous run of wordpieces between [CLS] and [S
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

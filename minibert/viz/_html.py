@@ -20,16 +20,16 @@ import html
 import json
 import uuid
 import zlib
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
-from minibert.viz.report import page
-
 from minibert.errors import VizError
+from minibert.viz.report import page
 
 
 @cache

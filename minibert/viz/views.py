@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
