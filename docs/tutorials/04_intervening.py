@@ -23,8 +23,9 @@
 # 3. **Gradients with respect to attention** — $\partial\,\text{metric} / \partial A$ for every
 #    layer's pattern, checked against a finite difference.
 #
-# All three are hooks that rewrite a value inside the jitted forward pass; their array
-# arguments are traced, so a sweep over every head or every (layer, position) compiles once.
+# All three are hooks that rewrite a value inside the jitted forward pass. The sweeps over them —
+# `ablation_sweep` (every head), `patch_activations` (every layer × position) and its gradient
+# estimate `attribution_patching` — are each one compiled program, batched over what they sweep.
 # Layers and heads are 0-indexed.
 
 # %%
@@ -34,7 +35,7 @@ import numpy as np
 
 import minibert
 from minibert import HookFn
-from minibert.analysis.interventions import ablate_heads, head_mask, mean_z, patch_activations
+from minibert.analysis import ablate_heads, ablation_sweep, attribution_patching, head_mask, mean_z, patch_activations
 
 model = minibert.load()
 L, H = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -76,8 +77,8 @@ print(f"cosine similarity of the pair: {baseline:.4f}")
 #
 # `ablate_heads(mask)` rewrites `attn.hook_z` (each head's mix of values, before $W_O$) in
 # every layer: where `mask[layer, head] = 1` the head's $z$ becomes zero, so it adds nothing to
-# the residual stream. *Mean ablation* replaces it instead by its average over a reference
-# set of sentences — it removes what the head says about *this* input while keeping its
+# the residual stream. *Mean ablation* replaces it instead by its average over the real tokens
+# of the batch (`mean_z`) — it removes what the head says about each token while keeping its
 # typical contribution, which is often a fairer test (zero may be far from anything the
 # next layers have seen).
 #
@@ -97,33 +98,31 @@ np.testing.assert_allclose(float(similarity(untouched)), baseline, atol=1e-6)
 print(f"head 3-7 zeroed: similarity {float(similarity(by_hand)):.4f} (baseline {baseline:.4f})")
 
 # %% [markdown]
-# Now every head in turn, zero and mean. The mean comes from a few unrelated sentences.
-# `model.traces` counts compilations: the 72-run sweep compiles once per kind of ablation.
+# Now every head in turn. A Python loop over `head_mask(layer, head)` would run the whole
+# model L·H = 72 times; `ablation_sweep(model, batch, metric, mode=)` does the same ablations in one
+# compiled program: it runs the unablated model once, keeps the residual stream entering each
+# block, and for the heads of layer l runs only blocks l…L−1, batched over the heads. The metric
+# runs inside that program, so it is written with `jax.numpy` and returns one value per batch
+# row, or one scalar as `similarity` does; the grid holds its mean over rows. `model.traces`
+# counts compilations.
+#
+# The sweep must agree with the hand-written ablation above: its cell (3, 7) is the same
+# intervention, and in mean mode the same as `ablate_heads(..., mean=mean_z(model, pair))`.
 
 # %%
-reference_set = model.tokenize([
-    "The weather was cold and windy all week.", "She plays the violin in an orchestra.",
-    "Prices of oil fell after the announcement.", "My brother fixed the old bicycle.",
-    "The museum opens at nine in the morning.", "They argued about the rules of the game.",
-])
-means = mean_z(model, reference_set)  # [L, H, K]
-
-
-def ablation_sweep(mean=None):
-    grid = np.zeros((L, H))
-    for layer in range(L):
-        for head in range(H):
-            hooks = ablate_heads(head_mask(layer, head, L, H), mean=mean)
-            grid[layer, head] = float(similarity(model.run_with_hooks(pair, hooks)))
-    return grid
-
-
 before = model.traces
-zero_grid = ablation_sweep()
-mean_grid = ablation_sweep(means)
+zero_grid = ablation_sweep(model, pair, similarity)  # [L, H]
+mean_grid = ablation_sweep(model, pair, similarity, mode="mean")
 print(f"compilations for {2 * L * H} ablated runs: {model.traces - before}")
-assert model.traces - before <= 2
+# Per mode: one capture of the inputs it reuses (the residual streams, shared; mean_z's capture of z)
+# and one program for all the heads — never one per head.
+assert model.traces - before <= 4
+# Two fp32 programs that sum in different orders. The similarity (≤ 1) ends in a dot product over
+# D = 384: pairwise summation, depth log2(384) ≈ 9 roundings of ≤ 6e-8 each, ≤ 5.4e-7; 1e-6 leaves the
+# rest for the hidden states' own rounding differences (measured: 1.2e-7, one ulp at 1).
 np.testing.assert_allclose(zero_grid[3, 7], float(similarity(by_hand)), atol=1e-6)
+mean_by_hand = model.run_with_hooks(pair, ablate_heads(head_mask(3, 7, L, H), mean=mean_z(model, pair)))
+np.testing.assert_allclose(mean_grid[3, 7], float(similarity(mean_by_hand)), atol=1e-6)
 
 for name, grid in (("zero", zero_grid), ("mean", mean_grid)):
     layer, head = np.unravel_index(np.abs(grid - baseline).argmax(), grid.shape)
@@ -214,6 +213,46 @@ fig.colorbar(image, ax=ax)
 plt.show()
 for layer in range(L):
     print(f"layer {layer}:", "  ".join(f"{t} {f:+.2f}" for t, f in zip(tokens, restored[layer])))
+
+# %% [markdown]
+# ### Attribution patching: the whole grid from one backward pass
+#
+# Patching runs the suffix of the model once per cell. `attribution_patching` estimates every
+# cell at once, to first order: $(a_\text{clean} - a_\text{corrupted}) \cdot
+# \partial\,\text{metric} / \partial a$, the gradient taken on the corrupted run — one forward
+# and one backward, however large the grid. It estimates the *change* a patch makes,
+# `patch_activations(...) − metric(corrupted)`. A linearisation is good where the patched
+# change is small: compare the swapped word's residual stream, which changes a lot, with the
+# attention outputs, which change little.
+
+# %%
+effects = {"hook_resid_pre": resid - corrupted_value,  # [L, T], the patching grid above
+           "hook_attn_out": patch_activations(model, clean, corrupted, probe_similarity, site="hook_attn_out")
+           - corrupted_value}
+estimates = {site: attribution_patching(model, clean, corrupted, probe_similarity, site=site) for site in effects}
+correlation = {site: np.corrcoef(effects[site].ravel(), estimates[site].ravel())[0, 1] for site in effects}
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+for ax, site in zip(axes, effects):
+    print(f"{site}: correlation {correlation[site]:.3f}; largest patching effect {np.abs(effects[site]).max():.3f}, "
+          f"largest estimate error {np.abs(estimates[site] - effects[site]).max():.3f}")
+    ax.scatter(effects[site].ravel(), estimates[site].ravel(), s=12)
+    ax.axline((0, 0), slope=1, color="grey", lw=0.8)
+    ax.set(title=site, xlabel="patching: change in similarity", ylabel="attribution patching estimate")
+plt.show()
+swapped, estimated = effects["hook_resid_pre"][0, changed], estimates["hook_resid_pre"][0, changed]
+print(f"the swapped word at layer 0: patching {swapped:+.3f}, estimate {estimated:+.3f}")
+
+# %% [markdown]
+# The attention outputs, each a small change, lie close to the diagonal. The residual stream at
+# the swapped word carries the whole difference between *wonderful* and *terrible*, far from the
+# point where the gradient was taken, and there the estimate misses much of the effect. A
+# common workflow follows: rank the cells with attribution patching (one backward pass), then
+# confirm the few that matter with real patching.
+
+# %%
+assert correlation["hook_attn_out"] > 0.95, correlation
+assert abs(estimated - swapped) > 0.3 * abs(swapped), (estimated, swapped)  # first order misses ≥ 30% here
 
 # %% [markdown]
 # ## Gradients with respect to attention
