@@ -157,26 +157,16 @@ def of_head(head, shape):
 # ---- ablation sweep ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["zero", "mean"])
-def test_ablation_sweep_matches_a_loop_of_ablated_runs_tiny(tiny, tiny_pair, mode):
-    batch = tiny_pair[0]
-    metric = pooled_metric(tiny, tiny_pair[1])
-    means = numpy_mean_z(tiny, batch) if mode == "mean" else None
-    grid = interventions.ablation_sweep(tiny, batch, metric, mode=mode)
-    assert grid.shape == sizes(tiny)
-    reference = ablation_loop(tiny, batch, metric, means)
-    np.testing.assert_allclose(grid, reference, atol=metric_atol(tiny, batch))
-    assert np.ptp(reference) > 10 * metric_atol(tiny, batch)  # the heads matter: the comparison is not of constants
-
-
-@pytest.mark.parametrize("mode", ["zero", "mean"])
-def test_ablation_sweep_matches_a_loop_of_ablated_runs_bundled(bundled, bundled_pair, mode):
-    batch = bundled_pair[0]
-    metric = pooled_metric(bundled, bundled_pair[1])
-    means = numpy_mean_z(bundled, batch) if mode == "mean" else None
-    grid = interventions.ablation_sweep(bundled, batch, metric, mode=mode)
-    reference = ablation_loop(bundled, batch, metric, means)
-    np.testing.assert_allclose(grid, reference, atol=metric_atol(bundled, batch))
-    assert np.ptp(reference) > 10 * metric_atol(bundled, batch)
+@pytest.mark.parametrize("which", ["tiny", "bundled"])
+def test_ablation_sweep_matches_a_loop_of_ablated_runs(request, which, mode):
+    model, (batch, target) = request.getfixturevalue(which), request.getfixturevalue(f"{which}_pair")
+    metric = pooled_metric(model, target)
+    means = numpy_mean_z(model, batch) if mode == "mean" else None
+    grid = interventions.ablation_sweep(model, batch, metric, mode=mode)
+    assert grid.shape == sizes(model)
+    reference = ablation_loop(model, batch, metric, means)
+    np.testing.assert_allclose(grid, reference, atol=metric_atol(model, batch))
+    assert np.ptp(reference) > 10 * metric_atol(model, batch)  # the heads matter: the comparison is not of constants
 
 
 def test_ablation_sweep_compiles_once_for_every_layer_and_chunks_agree(bundled, bundled_pair):
