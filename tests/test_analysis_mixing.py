@@ -236,6 +236,17 @@ def test_attention_attribution_matches_a_loop_of_gradients(case, request):
     assert (got.transpose(0, 1, 3, 4, 2)[:, ~real] == 0).all()  # padding keys carry no attention, so no attribution
 
 
+def test_attention_attribution_compiles_one_program_for_every_layer(tiny):
+    batch = tiny_batch()
+    mixing.attention_attribution(tiny, batch, readout(tiny), steps=2)  # compiles the capture of patterns and streams
+    target_fn = readout(tiny)  # a new function, so its gradient program is traced afresh
+    before = tiny.traces
+    mixing.attention_attribution(tiny, batch, target_fn, steps=2)
+    assert tiny.traces == before + 1, "one compiled program must serve every layer"
+    mixing.attention_attribution(tiny, batch, target_fn, steps=2)
+    assert tiny.traces == before + 1, "a repeated attribution recompiled"
+
+
 def test_attention_attribution_rejects_a_scalar_target(tiny):
     with pytest.raises(AnalysisError, match="one value per batch row"):
         mixing.attention_attribution(tiny, tiny_batch(), lambda out: out.last_hidden_state.sum(), steps=2)

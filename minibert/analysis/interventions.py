@@ -28,6 +28,7 @@ from flax import nnx
 from minibert.api import is_text
 from minibert.errors import AnalysisError
 from minibert.hooks import HookError, HookFn, HookPoints, fingerprint, site_axes, writers_for
+from minibert.model import Output
 from minibert.tokenizer import Batch
 
 # Device memory the activations of one sweep call may take (the default `chunk` is derived from it).
@@ -100,7 +101,7 @@ class _Keyed:
         return hash(self.key)
 
 
-def _traced(fn: Callable, output, what: str = "metric"):
+def traced_call(fn: Callable, output, what: str = "metric"):
     """fn(output), which runs inside a compiled program: a NumPy-only metric gets a message, not a traceback."""
     try:
         return fn(output)
@@ -125,12 +126,20 @@ def _suffix_metrics(state, inputs, start, resid, items, shared, *, model, interv
     def one(item):
         writers = writers_for(intervention(start, item, shared), model.hook_names, cfg.architecture)
         hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
-        x = resid
-        for i in range(cfg.num_hidden_layers):
-            x = jax.lax.cond(i >= start, lambda x, i=i: module.block(i, x, key_mask, hooks), lambda x: x, x)
-        return _row_mean(_traced(metric.fn, module.head(x, hooks)), resid.shape[0])
+        return _row_mean(traced_call(metric.fn, suffix_output(module, start, resid, key_mask, hooks)), resid.shape[0])
 
     return jax.vmap(one)(items)
+
+
+def suffix_output(module, start, resid, key_mask, hooks) -> Output:
+    """The forward's Output from the residual stream resid [B, T, D] entering block `start`: blocks start..L−1
+    and the head. `start` may be traced: each block sits behind a `lax.cond(i >= start)`, so one compiled
+    program serves every start, and the blocks before it are skipped at run time (also under grad and vmap,
+    as long as `start` itself is not vmapped)."""
+    x = resid
+    for i in range(len(module.blocks)):
+        x = jax.lax.cond(i >= start, lambda x, i=i: module.block(i, x, key_mask, hooks), lambda x: x, x)
+    return module.head(x, hooks)
 
 
 def item_bytes(config, batch_shape: tuple[int, int], itemsize: int = 4) -> int:
@@ -169,7 +178,7 @@ def _sweep(model, inputs, resids, n_items: int, intervention, shared, metric, ch
     return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
 
 
-def _residual_streams(model, batch) -> jax.Array:
+def residual_streams(model, batch) -> jax.Array:
     """The residual stream entering every block, from one forward: [L, B, T, D]."""
     return model.run_with_cache(batch, names="blocks.*.hook_resid_pre")[1].stack("hook_resid_pre")
 
@@ -199,7 +208,7 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
     else:
         raise AnalysisError(f"mode must be 'zero' or 'mean'; got {mode!r}.")
     inputs = model.inputs(batch)
-    return _sweep(model, inputs, _residual_streams(model, batch), cfg.num_attention_heads, _ablating, replacement,
+    return _sweep(model, inputs, residual_streams(model, batch), cfg.num_attention_heads, _ablating, replacement,
                   metric, chunk)
 
 
@@ -249,7 +258,7 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     _positional_site(model, site)
     _, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     clean_values = _site_values(model, clean, site)  # [L, B, T, ...]
-    return _sweep(model, corrupt_inputs, _residual_streams(model, corrupted), clean_values.shape[2],
+    return _sweep(model, corrupt_inputs, residual_streams(model, corrupted), clean_values.shape[2],
                   _patching(site), clean_values, metric, chunk)
 
 
@@ -269,7 +278,7 @@ def _metric_and_site_gradient(state, inputs, zeros, *, model, site, metric):
         out, captured = model.forward_fn(f"blocks.*.{site}", {f"blocks.*.{site}": HookFn(_shift, delta=delta)})(
             state, inputs)
         values = jnp.stack([captured[f"blocks.{i}.{site}"] for i in range(len(zeros))])
-        return _row_mean(_traced(metric.fn, out), inputs[0].shape[0]), values
+        return _row_mean(traced_call(metric.fn, out), inputs[0].shape[0]), values
 
     grads, values = jax.grad(objective, has_aux=True)(zeros)
     return values, grads
@@ -313,7 +322,7 @@ def _gate_gradients(state, inputs, *, model, loss_fn) -> jax.Array:
 
     def total_loss(gates):
         out, _ = model.forward_fn((), {"blocks.*.attn.hook_z": HookFn(_gate_z, gates=gates)})(state, inputs)
-        losses = jnp.asarray(_traced(loss_fn.fn, out, "loss_fn"))
+        losses = jnp.asarray(traced_call(loss_fn.fn, out, "loss_fn"))
         if losses.shape != (n_rows,):
             raise AnalysisError(f"loss_fn must return one loss per batch row, shape ({n_rows},); it returned "
                                 f"shape {losses.shape}.")

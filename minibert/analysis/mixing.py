@@ -12,7 +12,9 @@ The two maps C have rows over real query tokens summing to 1 and zeros at paddin
 Each is one compiled program over everything it sweeps: value zeroing maps one block over every zeroed
 token, ALTI maps its decomposition over layers and documents, attribution maps the gradient over the
 integration steps — chunked (`jax.lax.map(batch_size=...)`) so a sweep's live memory stays near
-MEMORY_BUDGET bytes.
+MEMORY_BUDGET bytes. Attribution runs each step from the residual stream entering block l, captured once,
+through blocks l..L−1 and the head only (interventions.suffix_output, the sweeps' mechanism: the layer is
+traced, so every layer shares the program).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from minibert.analysis.interventions import residual_streams, suffix_output, traced_call
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn, HookPoints
+from minibert.hooks import HookFn, HookPoints, writers_for
 from minibert.model import Output
 
 MEMORY_BUDGET = 1 << 29  # bytes of activations one chunk of a sweep may hold (512 MiB)
@@ -96,8 +99,7 @@ def value_zeroing(model, batch, *, normalize: bool = True) -> np.ndarray:
     compiled program runs every block over every zeroed token (chunked to MEMORY_BUDGET).
     """
     inputs = model.inputs(batch)
-    _, cache = model.run_with_cache(batch, names="blocks.*.hook_resid_pre")
-    resid_pre = cache.stack("hook_resid_pre")  # [L, B, T, D]
+    resid_pre = residual_streams(model, batch)  # [L, B, T, D]
     cfg = model.config
     _, B, T, D = resid_pre.shape
     # One zeroed token holds a block's activations: the FFN's [B, T, F] twice, a dozen [B, T, D], the scores.
@@ -176,21 +178,29 @@ def _replace_pattern(pattern, ctx, layer, replacement):
     return jnp.where(ctx.layer == layer, replacement, pattern).astype(pattern.dtype)
 
 
-def _target_total(model, state, inputs, target_fn, layer, pattern) -> jax.Array:
-    """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern`."""
-    hook = HookFn(_replace_pattern, layer=layer, replacement=pattern)
-    out, _ = model.forward_fn(hooks={PATTERNS: hook})(state, inputs)
-    values = target_fn(out)
-    if jnp.shape(values) != (inputs[0].shape[0],):
-        raise AnalysisError(f"target_fn must return one value per batch row, shape ({inputs[0].shape[0]},); it "
+def _suffix_target(model, state, attention_mask, resid, layer, target_fn, pattern) -> jax.Array:
+    """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern` [B, H, T, S],
+    run from resid [B, T, D], the residual stream entering block `layer` (traced): blocks before it are skipped."""
+    cfg = model.config
+    module = nnx.merge(model.graphdef, state)
+    writers = writers_for({PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)}, model.hook_names,
+                          cfg.architecture)
+    hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
+    out = suffix_output(module, layer, resid, module.key_mask(attention_mask), hooks)
+    values = traced_call(target_fn, out, "target_fn")
+    if jnp.shape(values) != (resid.shape[0],):
+        raise AnalysisError(f"target_fn must return one value per batch row, shape ({resid.shape[0]},); it "
                             f"returned shape {jnp.shape(values)}. E.g. lambda out: out.logits[:, 0, token_id].")
     return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient
 
 
 @partial(jax.jit, static_argnames=("model", "target_fn", "steps", "chunk"))
-def _integrated_gradient(model, state, inputs, pattern, layer, target_fn: Callable, steps: int, chunk: int):
-    """A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S] (layer traced)."""
-    gradient = jax.grad(partial(_target_total, model, state, inputs, target_fn, layer))
+def _integrated_gradient(model, state, attention_mask, resid, pattern, layer, target_fn: Callable, steps: int,
+                         chunk: int):
+    """A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], each step run and
+    differentiated from resid [B, T, D], the residual stream entering block l (layer traced: one program)."""
+    model.traces += 1
+    gradient = jax.grad(partial(_suffix_target, model, state, attention_mask, resid, layer, target_fn))
     alphas = jnp.arange(1, steps + 1, dtype=pattern.dtype) / steps
     grads = jax.lax.map(lambda alpha: gradient(alpha * pattern), alphas, batch_size=chunk)  # [m, B, H, T, S]
     return pattern * grads.mean(0)
@@ -203,19 +213,22 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     along the path from a zero pattern to A_l with m = `steps`. All heads of block l are scaled
     together; the other blocks compute their patterns as usual (from the changed residual stream).
     target_fn(output) returns one value F per batch row (e.g. `lambda out: out.logits[:, 0, c]`); rows
-    are attributed separately. One compiled program serves every layer: the layer is a traced
+    are attributed separately. The steps only change blocks l and after, so the residual stream entering
+    each block is captured once and every step runs and differentiates blocks l..L−1 and the head alone
+    (interventions.suffix_output). One compiled program serves every layer: the layer is a traced
     argument, and the m steps run as one batched gradient (chunked to MEMORY_BUDGET).
     """
     if not isinstance(steps, int) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (the m of the Riemann sum; 20 in the paper); got {steps!r}.")
-    inputs = model.inputs(batch)
-    _, cache = model.run_with_cache(batch, names=PATTERNS)
+    attention_mask = model.inputs(batch)[2]
+    _, cache = model.run_with_cache(batch, names=[PATTERNS, "blocks.*.hook_resid_pre"])
     patterns = cache.stack("attn.hook_pattern")  # [L, B, H, T, S]
+    resids = cache.stack("hook_resid_pre")  # [L, B, T, D]
     cfg = model.config
     _, B, H, T, _ = patterns.shape
     # One step holds a forward and backward pass: per block the pattern and its gradient, the FFN, a dozen [T, D].
     per_step = 4 * B * T * cfg.num_hidden_layers * (4 * H * T + 3 * cfg.intermediate_size + 12 * cfg.hidden_size)
     chunk = chunk_size(per_step, steps)
-    return np.stack([np.asarray(_integrated_gradient(model, model.state, inputs, patterns[layer], jnp.int32(layer),
-                                                     target_fn, steps, chunk))
+    return np.stack([np.asarray(_integrated_gradient(model, model.state, attention_mask, resids[layer], patterns[layer],
+                                                     jnp.int32(layer), target_fn, steps, chunk))
                      for layer in range(cfg.num_hidden_layers)])
