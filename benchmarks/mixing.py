@@ -4,8 +4,10 @@
   reference's loop over tokens in transformers — Mohebbi et al.'s code runs one BertLayer per (layer, token)
   on the stored hidden states, with the value vector zeroed (here by a forward hook on the value Linear);
   also against a loop of whole transformers forward passes per (layer, token), as the tests' reference does;
-- attention attribution, m = 20 steps: minibert's batched integrated gradient against a per-step loop
-  (one call of the same compiled gradient per layer and step, as Hao et al.'s loop over the scaled patterns).
+- attention attribution, m = 20 steps: minibert's batched integrated gradient (each layer run from the residual
+  stream entering it) against a per-step loop of the same compiled gradient, and against Hao et al.'s way in
+  transformers: per layer and step a whole eager forward with that layer's probabilities replaced by (k/m)·A_l
+  (a registered AttentionInterface function) and a backward; the two results are compared first.
 
     taskset -c 0 python benchmarks/mixing.py [--quick]   # one core: prints a Markdown table for RESULTS.md
 
@@ -64,23 +66,70 @@ def torch_value_zeroing(hf, ids, types, per_layer: bool) -> np.ndarray:
 
 def attribution_loop(model, batch, target_fn, steps: int) -> np.ndarray:
     """Attr per layer by a Python loop over (layer, step), each step one call of a compiled gradient
-    program (the same program as minibert's, not batched over the steps): the fastest per-step loop."""
-    inputs = model.inputs(batch)
-    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    program (the same suffix program as minibert's, not batched over the steps): the fastest per-step loop."""
+    attention_mask = model.inputs(batch)[2]
+    _, cache = model.run_with_cache(batch, names=[mixing.PATTERNS, "blocks.*.hook_resid_pre"])
     result = []
     for layer in range(model.config.num_hidden_layers):
-        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        pattern, resid = cache[f"blocks.{layer}.attn.hook_pattern"], cache[f"blocks.{layer}.hook_resid_pre"]
         total = 0
         for k in range(1, steps + 1):
-            total = total + _step_gradient(model, model.state, inputs, target_fn, jnp.int32(layer), k / steps * pattern)
+            total = total + _step_gradient(model, model.state, attention_mask, resid, target_fn, jnp.int32(layer),
+                                           k / steps * pattern)
         result.append(np.asarray(pattern * total / steps))
     return np.stack(result)
 
 
 @partial(jax.jit, static_argnames=("model", "target_fn"))
-def _step_gradient(model, state, inputs, target_fn, layer, pattern):
-    """∂ Σ_rows F / ∂ pattern of block `layer`, at `pattern`."""
-    return jax.grad(partial(mixing._target_total, model, state, inputs, target_fn, layer))(pattern)
+def _step_gradient(model, state, attention_mask, resid, target_fn, layer, pattern):
+    """∂ Σ_rows F / ∂ pattern of block `layer`, at `pattern`, run from the stream entering block `layer`."""
+    return jax.grad(partial(mixing._suffix_target, model, state, attention_mask, resid, layer, target_fn))(pattern)
+
+
+SWAPPED = "swapped_eager"  # the attention implementation torch_attribution registers with transformers
+_swaps: dict = {}  # layer index → the probabilities [B, H, T, S] that layer uses instead of its own
+
+
+def _swapped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' eager attention, except in a layer listed in _swaps: there the given probabilities mix the
+    values (the scores are not computed)."""
+    import torch
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    if module.layer_idx not in _swaps:
+        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    weights = _swaps[module.layer_idx]
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def swapped_model():
+    """The bundled checkpoint in transformers, with _swapped_attention as its attention implementation."""
+    import transformers
+
+    transformers.AttentionInterface.register(SWAPPED, _swapped_attention)
+    return hf_model(bundled_dir(), SWAPPED)
+
+
+def torch_attribution(hf, ids, types, steps: int) -> np.ndarray:
+    """Attr [L, 1, H, T, S] for F = last_hidden_state[0, 0, 0], as Hao et al.'s code does it: for every layer
+    and step a whole forward with that layer's probabilities replaced by (k/m)·A_l, a leaf tensor, and a
+    backward of F to it."""
+    import torch
+
+    _swaps.clear()
+    with torch.no_grad():
+        patterns = hf(input_ids=ids, token_type_ids=types, output_attentions=True).attentions  # L × [1, H, T, S]
+    result = []
+    for layer, pattern in enumerate(patterns):
+        total = torch.zeros_like(pattern)
+        for k in range(1, steps + 1):
+            scaled = (k / steps * pattern).requires_grad_()
+            _swaps[layer] = scaled
+            target = hf(input_ids=ids, token_type_ids=types).last_hidden_state[0, 0, 0]
+            total += torch.autograd.grad(target, scaled)[0]
+        _swaps.clear()
+        result.append((pattern * total / steps).numpy())
+    return np.stack(result)
 
 
 def main():
@@ -102,6 +151,12 @@ def main():
     theirs = torch_value_zeroing(hf, ids, types, per_layer=True)
     agreement = np.abs(ours - theirs).max()
     target = lambda out: out.last_hidden_state[:, 0, 0]
+    swapped = swapped_model()
+    ours_attr = mixing.attention_attribution(model, batch, target, 20)
+    attr_agreement = np.abs(ours_attr - torch_attribution(swapped, ids, types, 20)).max()
+    attr_scale = np.abs(ours_attr).max()
+    print(f"attribution: largest |difference| minibert vs transformers {attr_agreement:.1e} "
+          f"(largest |Attr| {attr_scale:.1e})", flush=True)
     vz = time_round_robin({
         "minibert value_zeroing": lambda: mixing.value_zeroing(model, batch),
         "transformers, one BertLayer per (layer, token)": lambda: torch_value_zeroing(hf, ids, types, True),
@@ -110,7 +165,10 @@ def main():
     print("value zeroing:", {name: round(t, 3) for name, t in vz.items()}, flush=True)
     attr = time_round_robin({
         "minibert attention_attribution (20 steps)": lambda: mixing.attention_attribution(model, batch, target, 20),
-        "per-step loop of one compiled gradient (20 steps)": lambda: block(attribution_loop(model, batch, target, 20)),
+        "per-step loop of the same compiled gradient (20 steps)":
+            lambda: block(attribution_loop(model, batch, target, 20)),
+        "transformers, whole forward + backward per (layer, step) — Hao et al.'s loop":
+            lambda: torch_attribution(swapped, ids, types, 20),
     }, settings)
     info = machine()
     print(f"## Context mixing — {info['cpu']}, one core, {info['date']}, "
@@ -118,7 +176,8 @@ def main():
           f"{' --quick' if settings.quick else ''}`)\n")
     print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one pair of {T} tokens; median of {settings.repeats} "
           f"runs, compiled programs warm. Largest |1 − cos| difference, minibert vs the transformers loop: "
-          f"{agreement:.1e}.\n")
+          f"{agreement:.1e}. Attention attribution, largest |difference| minibert vs the transformers loop: "
+          f"{attr_agreement:.1e} (largest |Attr| {attr_scale:.1e}).\n")
     rows = []
     for times, ours_name in ((vz, "minibert value_zeroing"), (attr, "minibert attention_attribution (20 steps)")):
         for name, seconds in times.items():
