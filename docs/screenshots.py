@@ -48,6 +48,8 @@ def photograph_views(out: Path, images: Path) -> list[Path]:
                            else route.abort())
                 page.goto((out / f"{name}.html").as_uri())
                 page.wait_for_selector(".mbv-body")
+                # Views unpack their layers and draw after load; aria-busy is cleared when the drawing is done.
+                page.wait_for_function("!document.querySelector('.mbv[aria-busy=true]')")
                 path = images / f"{name}.png"
                 page.locator("div.mbv").first.screenshot(path=path)
                 written.append(path)
