@@ -17,7 +17,6 @@ import argparse
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -39,15 +38,8 @@ DTYPES = {"fp32": (jnp.float32, "float32"), "bf16": (jnp.bfloat16, "bfloat16")}
 
 def median_seconds(fn, repeats: int) -> tuple[float, float]:
     """(first call in seconds, including compilation; median of `repeats` later calls)."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+    first = harness.timed(fn)[1]
+    return first, statistics.median(harness.timed(fn)[1] for _ in range(repeats))
 
 
 def jax_peak_memory() -> float | None:
