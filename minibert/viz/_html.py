@@ -29,7 +29,6 @@ from typing import Literal
 import numpy as np
 
 from minibert.errors import VizError
-from minibert.viz.report import page
 
 
 @cache
@@ -62,6 +61,20 @@ def _safe_json(value) -> str:
     """JSON that cannot end its <script> element or open a comment: <, > and & become \\u escapes."""
     text = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+PAGE_STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;color:#1f2328}"
+              "img{max-width:100%;border:1px solid #d0d7de}figure{margin:0 0 28px}"
+              "figcaption{color:#57606a;margin-top:4px}pre{background:#f6f8fa;padding:12px;overflow-x:auto}")
+
+
+def page(title: str, body: str, style: str = PAGE_STYLE) -> str:
+    """A standalone HTML page that loads nothing from the network; `title` is escaped here, `body` and
+    `style` must already be HTML and CSS."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{style}</style></head>"
+            f"<body>{body}</body></html>\n")
 
 
 class View:

@@ -4,7 +4,7 @@
     print(report.head_summary(result.mean, result.documents, model.tokenizer))           # the top heads
     report.write_table(result.table(), Path("heads.csv"))                                # one row per head
 
-Every page here (and `View.document`) is made by `page`: one skeleton, user text escaped.
+Every page here (and `View.document`) is made by `_html.page`: one skeleton, user text escaped.
 Layers and heads are labelled "L-H", 1-indexed (Clark et al.): layer 2, head 5 is "3-6".
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from minibert.analysis import heads
 from minibert.config import head_label
+from minibert.viz._html import page
 
 TOP_HEADS = 3
 # The first special token and the separator without a tokenizer to name them: BERT's and RoBERTa's spellings.
@@ -34,18 +35,6 @@ def rankings(tokenizer=None) -> dict[str, str]:
 
 
 RANKINGS = rankings()
-PAGE_STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;color:#1f2328}"
-              "img{max-width:100%;border:1px solid #d0d7de}figure{margin:0 0 28px}"
-              "figcaption{color:#57606a;margin-top:4px}pre{background:#f6f8fa;padding:12px;overflow-x:auto}")
-
-
-def page(title: str, body: str, style: str = PAGE_STYLE) -> str:
-    """A standalone HTML page that loads nothing from the network; `title` is escaped here, `body` and
-    `style` must already be HTML and CSS."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{style}</style></head>"
-            f"<body>{body}</body></html>\n")
 
 
 def views_page(title: str, views: Sequence) -> str:
