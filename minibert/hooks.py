@@ -426,7 +426,7 @@ SITE_DOCS: dict[str, tuple[str, str]] = {
     "classifier.hook_logits": ("[B, C] or [B, T, C]", "pooled W + b (sequence) or h W + b (token classification)"),
 }
 _LAYERNORMS = re.compile(r"(^|\.)(ln1|ln2|ln)\.(hook_\w+)$")
-_HEAD_AND_EMBED = ("embed", "pooler", "mlm", "nsp", "classifier", "discriminator")
+_HEAD_AND_EMBED = ("embed", *HEAD_PARTS)
 _TOP_LEVEL = frozenset(n for n in SITE_DOCS if n.split(".")[0] in _HEAD_AND_EMBED or n == "hook_full_embed")
 
 
