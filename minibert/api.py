@@ -119,7 +119,7 @@ def _cut(name: str, value, length: int):
 
 def _cut_output(out: Output, length: int, heads) -> Output:
     """The Output fields with a token axis (hidden states; logits of per-token heads) cut back to the real length."""
-    per_token = heads.mlm or heads.classifier == "token" or getattr(heads, "discriminator", False)
+    per_token = heads.mlm or heads.classifier == "token" or heads.discriminator
     cut = {"last_hidden_state": out.last_hidden_state[:, :length]}
     if per_token and out.logits is not None:
         cut["logits"] = out.logits[:, :length]
