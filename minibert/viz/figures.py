@@ -29,7 +29,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
 
-from minibert.config import head_label  # figures.head_label: tutorials and the demo read it here too
+from minibert.config import head_label  # figures.head_label: the tutorials and docs/findings.py read it here too
 from minibert.viz import _check
 from minibert.viz._check import VizError
 

@@ -64,7 +64,7 @@ def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = N
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
                 layers=rows, layer=first, heads=list(range(n_heads)), n_heads=n_heads,
                 active=[h in shown for h in range(n_heads)])
-    return View("head", meta, {"attention": ([a[layer] for layer in rows], "unit_byte")},
+    return View("head", meta, {"attention": ([a[row] for row in rows], "unit_byte")},
                 title=title or "Head view", theme=_check.theme(theme))
 
 
