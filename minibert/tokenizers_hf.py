@@ -29,12 +29,12 @@ def tokenizer_for(directory: str | Path, config: Config) -> BaseTokenizer:
     segments = config.family.token_types and config.type_vocab_size > 1
     if (directory / "vocab.txt").exists():
         return Tokenizer.from_dir(directory, segments=segments)
-    backend = _backend(directory, config.family)
+    settings = _read_json(directory / "tokenizer_config.json")
+    special = dict(config.family.special_tokens) | configured_special_tokens(directory, settings)
+    backend = _backend(directory, config.family, settings, special)
     if type(backend.model).__name__ == "WordPiece":
         return Tokenizer.from_dir(directory, segments=segments)
-    settings = _read_json(directory / "tokenizer_config.json")
     max_length = settings.get("model_max_length", config.max_tokens)
-    special = dict(config.family.special_tokens) | configured_special_tokens(directory, settings)
     return SubwordTokenizer(backend, special_tokens=special, segments=segments,
                             model_max_length=min(max_length, config.max_tokens))
 
@@ -86,9 +86,10 @@ class SubwordTokenizer(BaseTokenizer):
                     sequence_ids=encoding.sequence_ids, offsets=encoding.offsets)
 
 
-def _backend(directory: Path, family: Family):
+def _backend(directory: Path, family: Family, settings: dict, special: dict[str, str]):
     """The `tokenizers.Tokenizer` of a directory: tokenizer.json, else a byte-level BPE from vocab.json and
-    merges.txt (built as transformers' RoBERTa converter builds it)."""
+    merges.txt (built as transformers' RoBERTa converter builds it, with tokenizer_config.json's `settings`
+    and the `special` tokens)."""
     import tokenizers
 
     if (directory / "tokenizer.json").exists():
@@ -98,7 +99,7 @@ def _backend(directory: Path, family: Family):
             raise TokenizerError(f"{directory / 'tokenizer.json'} is not a tokenizer `tokenizers` can read "
                                  f"({error}); re-download it.") from None
     if (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
-        return _byte_level_bpe(directory, family)
+        return _byte_level_bpe(directory, settings, special)
     sentencepiece = [name for name in SENTENCEPIECE_FILES if (directory / name).exists()]
     if sentencepiece:
         raise TokenizerError(
@@ -108,12 +109,10 @@ def _backend(directory: Path, family: Family):
                          f"(or vocab.json and merges.txt, or a WordPiece vocab.txt) next to config.json.")
 
 
-def _byte_level_bpe(directory: Path, family: Family):
+def _byte_level_bpe(directory: Path, settings: dict, special: dict[str, str]):
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers, processors
 
-    settings = _read_json(directory / "tokenizer_config.json")
-    special = dict(family.special_tokens) | configured_special_tokens(directory, settings)
     prefix_space = bool(settings.get("add_prefix_space", False))
     backend = Backend(models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt")))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
