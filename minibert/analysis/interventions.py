@@ -86,16 +86,17 @@ def _row_mean(values, n_rows: int, what: str = "metric") -> jax.Array:
     return values.mean()
 
 
-class _Keyed:
-    """A metric as a static argument of a compiled sweep: equal when it is the same function reading the same
-    values (hooks.fingerprint), so changing a global or closed-over value the metric reads recompiles."""
+class Keyed:
+    """A metric (loss, target) function as a static argument of a compiled program: equal when it is the same
+    function reading the same values (hooks.fingerprint), so changing a global or closed-over value it reads
+    recompiles."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.key = (fn, fingerprint(fn))
 
     def __eq__(self, other):
-        return isinstance(other, _Keyed) and other.key == self.key
+        return isinstance(other, Keyed) and other.key == self.key
 
     def __hash__(self):
         return hash(self.key)
@@ -173,7 +174,7 @@ def _sweep(model, inputs, resids, n_items: int, intervention, shared, metric, ch
     rows = []
     for layer in range(resids.shape[0]):
         rows.append([_suffix_metrics(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,
-                                     model=model, intervention=intervention, metric=_Keyed(metric))
+                                     model=model, intervention=intervention, metric=Keyed(metric))
                      for part in jnp.asarray(items.reshape(n_chunks, size))])
     return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
 
@@ -302,7 +303,7 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     clean_values = _site_values(model, clean, site)
     corrupt_values, grads = _metric_and_site_gradient(model.state, corrupt_inputs, jnp.zeros_like(clean_values),
-                                                      model=model, site=site, metric=_Keyed(metric))
+                                                      model=model, site=site, metric=Keyed(metric))
     effect = (clean_values - corrupt_values) * grads  # [L, B, T, ...]
     kept = (0, 3) if site == "attn.hook_z" else (0, 2)  # layer and head, or layer and position
     return np.asarray(effect.sum(axis=tuple(a for a in range(effect.ndim) if a not in kept)))
@@ -346,7 +347,7 @@ def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
     total, rows = 0.0, 0
     for batch in ([batches] if _one_batch(batches) else batches):
         inputs = model.inputs(batch)
-        gradients = _gate_gradients(model.state, inputs, model=model, loss_fn=_Keyed(loss_fn))  # [B, L, H]
+        gradients = _gate_gradients(model.state, inputs, model=model, loss_fn=Keyed(loss_fn))  # [B, L, H]
         total = total + np.abs(np.asarray(gradients)).sum(0)
         rows += inputs[0].shape[0]
     if rows == 0:

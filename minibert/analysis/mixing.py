@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from minibert.analysis.interventions import residual_streams, suffix_output, traced_call
+from minibert.analysis.interventions import Keyed, residual_streams, suffix_output, traced_call
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, HookPoints, writers_for
 from minibert.model import Output
@@ -178,7 +178,7 @@ def _replace_pattern(pattern, ctx, layer, replacement):
     return jnp.where(ctx.layer == layer, replacement, pattern).astype(pattern.dtype)
 
 
-def _suffix_target(model, state, attention_mask, resid, layer, target_fn, pattern) -> jax.Array:
+def _suffix_target(model, state, attention_mask, resid, layer, target_fn: Keyed, pattern) -> jax.Array:
     """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern` [B, H, T, S],
     run from resid [B, T, D], the residual stream entering block `layer` (traced): blocks before it are skipped."""
     cfg = model.config
@@ -187,7 +187,7 @@ def _suffix_target(model, state, attention_mask, resid, layer, target_fn, patter
                           cfg.architecture)
     hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
     out = suffix_output(module, layer, resid, module.key_mask(attention_mask), hooks)
-    values = traced_call(target_fn, out, "target_fn")
+    values = traced_call(target_fn.fn, out, "target_fn")
     if jnp.shape(values) != (resid.shape[0],):
         raise AnalysisError(f"target_fn must return one value per batch row, shape ({resid.shape[0]},); it "
                             f"returned shape {jnp.shape(values)}. E.g. lambda out: out.logits[:, 0, token_id].")
@@ -195,7 +195,7 @@ def _suffix_target(model, state, attention_mask, resid, layer, target_fn, patter
 
 
 @partial(jax.jit, static_argnames=("model", "target_fn", "steps", "chunk"))
-def _integrated_gradient(model, state, attention_mask, resid, pattern, layer, target_fn: Callable, steps: int,
+def _integrated_gradient(model, state, attention_mask, resid, pattern, layer, target_fn: Keyed, steps: int,
                          chunk: int):
     """A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], each step run and
     differentiated from resid [B, T, D], the residual stream entering block l (layer traced: one program)."""
@@ -229,6 +229,7 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     # One step holds a forward and backward pass: per block the pattern and its gradient, the FFN, a dozen [T, D].
     per_step = 4 * B * T * cfg.num_hidden_layers * (4 * H * T + 3 * cfg.intermediate_size + 12 * cfg.hidden_size)
     chunk = chunk_size(per_step, steps)
+    keyed = Keyed(target_fn)  # a changed global or closed-over value target_fn reads recompiles, as in the sweeps
     return np.stack([np.asarray(_integrated_gradient(model, model.state, attention_mask, resids[layer], patterns[layer],
-                                                     jnp.int32(layer), target_fn, steps, chunk))
+                                                     jnp.int32(layer), keyed, steps, chunk))
                      for layer in range(cfg.num_hidden_layers)])
