@@ -231,18 +231,20 @@ class Model:
 
     # ---- forward passes -------------------------------------------------------------------------------
 
-    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def):
+    def _hook_points(self, writer_leaves, writer_def, capture: frozenset) -> HookPoints:
+        """The hooks of one traced forward (each trace is counted: a trace is a compile)."""
         self.traces += 1
         writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
-        hooks = HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
+        return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
+
+    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def):
+        hooks = self._hook_points(writer_leaves, writer_def, capture)
         out = nnx.merge(self.graphdef, state)(*inputs, hooks)
         return out, hooks.captured
 
     def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
         """One stage of the forward (embedding, block `stage`, or the head), for streaming captures to host."""
-        self.traces += 1
-        writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
-        hooks = HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
+        hooks = self._hook_points(writer_leaves, writer_def, capture)
         module = nnx.merge(self.graphdef, state)
         ids, types, mask = inputs
         if stage == "embed":
