@@ -133,7 +133,7 @@ ARCHITECTURES, ARCHITECTURE_FAMILY = _architectures()
 
 
 def architectures_with(part: str) -> list[str]:
-    """The architectures that have a head part ("pooler", "mlm", "nsp" or "classifier")."""
+    """The architectures that have a head part ("pooler", "mlm", "nsp", "classifier" or "discriminator")."""
     return [name for name, heads in ARCHITECTURES.items() if getattr(heads, part)]
 
 
