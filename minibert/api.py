@@ -21,8 +21,6 @@ from minibert.tokenizers_hf import tokenizer_for
 Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, attention_mask, each int32 [B, T]
 
 
-
-
 def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = False,
          allow_pickle: bool = False, architecture: str | None = None) -> Model:
     """Load a BERT checkpoint: a directory, a `weights/` name, the bundled default, or a Hub id.

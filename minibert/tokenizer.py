@@ -39,8 +39,6 @@ _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700,
                (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
-
-
 def _is_whitespace(char: str) -> bool:
     return char in _WHITESPACE
 
@@ -353,6 +351,7 @@ class Tokenizer(BaseTokenizer):
             row["sequence_ids"] += [sequence] * len(flat) + [None]
             row["token_type_ids"] += [sequence if self.segments else 0] * (len(flat) + 1)
         return row
+
 
 def _truncated_counts(counts: list[int], budget: int) -> list[int]:
     """Longest-first truncation of one or two sequences to `budget` tokens in all (Hugging Face's rule:
