@@ -120,16 +120,22 @@ def _suffix_metrics(state, inputs, start, resid, items, shared, *, model, interv
     items [N]: what is swept (a head, a position), vmapped; shared: arrays every item reads (clean values).
     """
     model.traces += 1
-    cfg = model.config
     module = nnx.merge(model.graphdef, state)
     key_mask = module.key_mask(inputs[2])
 
     def one(item):
-        writers = writers_for(intervention(start, item, shared), model.hook_names, cfg.architecture)
-        hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
+        hooks = writing_hooks(model, intervention(start, item, shared))
         return _row_mean(traced_call(metric.fn, suffix_output(module, start, resid, key_mask, hooks)), resid.shape[0])
 
     return jax.vmap(one)(items)
+
+
+def writing_hooks(model, hooks: dict) -> HookPoints:
+    """The HookPoints that apply a `hooks` dict (as run_with_hooks takes it) inside a traced stage; they
+    capture nothing."""
+    cfg = model.config
+    writers = writers_for(hooks, model.hook_names, cfg.architecture)
+    return HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
 
 
 def suffix_output(module, start, resid, key_mask, hooks) -> Output:

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from minibert.analysis.interventions import Keyed, residual_streams, suffix_output, traced_call
+from minibert.analysis.interventions import Keyed, residual_streams, suffix_output, traced_call, writing_hooks
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn, HookPoints, writers_for
+from minibert.hooks import HookFn, HookPoints
 from minibert.model import Output
 
 MEMORY_BUDGET = 1 << 29  # bytes of activations one chunk of a sweep may hold (512 MiB)
@@ -181,11 +181,8 @@ def _replace_pattern(pattern, ctx, layer, replacement):
 def _suffix_target(model, state, attention_mask, resid, layer, target_fn: Keyed, pattern) -> jax.Array:
     """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern` [B, H, T, S],
     run from resid [B, T, D], the residual stream entering block `layer` (traced): blocks before it are skipped."""
-    cfg = model.config
     module = nnx.merge(model.graphdef, state)
-    writers = writers_for({PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)}, model.hook_names,
-                          cfg.architecture)
-    hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
+    hooks = writing_hooks(model, {PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)})
     out = suffix_output(module, layer, resid, module.key_mask(attention_mask), hooks)
     values = traced_call(target_fn.fn, out, "target_fn")
     if jnp.shape(values) != (resid.shape[0],):
