@@ -31,8 +31,9 @@ def _require_mlm(model) -> None:
                             f"({' or '.join(architectures_with('mlm'))}), e.g. minibert.load('bert-base-uncased').")
 
 
-def residual_streams(model, batch) -> jax.Array:
-    """[L + 1, B, T, D]: the embedding output, then every block's output."""
+def _streams(model, batch) -> jax.Array:
+    """[L + 1, B, T, D]: the embedding output, then every block's output (the streams the lens reads; not
+    interventions.residual_streams, which holds each block's input, [L, B, T, D])."""
     _, cache = model.run_with_cache(batch, names=STREAMS)
     return jnp.concatenate([cache["hook_full_embed"][None], cache.stack("hook_normalized_resid_post")])
 
@@ -69,7 +70,7 @@ def logit_lens(model, batch, top_k: int | None = None):
     if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= model.config.vocab_size):
         raise AnalysisError(f"top_k must be an int in [1, {model.config.vocab_size}] (the vocabulary) or None; "
                             f"got {top_k!r}.")
-    result = _lens(model, model.state, residual_streams(model, batch), top_k)
+    result = _lens(model, model.state, _streams(model, batch), top_k)
     if top_k is None:
         return np.asarray(result)
     values, ids = result
@@ -105,5 +106,5 @@ def logit_contributions(model, batch, targets) -> np.ndarray:
     if targets.min() < 0 or targets.max() >= model.config.vocab_size:
         raise AnalysisError(f"targets must lie in [0, {model.config.vocab_size}); "
                             f"found {targets.min()}…{targets.max()}.")
-    lens = _lens_at(model, model.state, residual_streams(model, batch), jnp.asarray(targets, jnp.int32))
+    lens = _lens_at(model, model.state, _streams(model, batch), jnp.asarray(targets, jnp.int32))
     return np.asarray(jnp.concatenate([lens[:1], jnp.diff(lens, axis=0)]))
