@@ -247,6 +247,24 @@ def test_attention_attribution_compiles_one_program_for_every_layer(tiny):
     assert tiny.traces == before + 1, "a repeated attribution recompiled"
 
 
+FEATURE = 0  # read by target_from_global: changing it must give a new program, not the old answer
+
+
+def target_from_global(out):
+    return out.last_hidden_state[:, 0, FEATURE]
+
+
+def test_attention_attribution_follows_a_changed_global(tiny, monkeypatch):
+    batch = tiny_batch()
+    first = mixing.attention_attribution(tiny, batch, target_from_global, steps=2)
+    monkeypatch.setitem(globals(), "FEATURE", 1)
+    second = mixing.attention_attribution(tiny, batch, target_from_global, steps=2)
+    monkeypatch.setitem(globals(), "FEATURE", 0)
+    again = mixing.attention_attribution(tiny, batch, target_from_global, steps=2)
+    assert np.abs(first - second).max() > 1e-3 * np.abs(first).max()  # another feature, another attribution
+    np.testing.assert_array_equal(first, again)  # the same program for the same global value
+
+
 def test_attention_attribution_rejects_a_scalar_target(tiny):
     with pytest.raises(AnalysisError, match="one value per batch row"):
         mixing.attention_attribution(tiny, tiny_batch(), lambda out: out.last_hidden_state.sum(), steps=2)
