@@ -120,7 +120,7 @@ def test_cosine_distance_is_accurate_where_the_naive_formula_cancels():
 
 def reference_alti(model, batch) -> tuple[np.ndarray, np.ndarray, float]:
     """ALTI in float64 NumPy from the raw weights, one layer's input x taken from the captured forward pass.
-    Also returns ‖ỹ_t‖₁ / Σ_s c_ts per row [L, B, T] (how much the cancellation in c amplifies rounding)
+    Also returns ‖y_t‖₁ / Σ_s c_ts per row [L, B, T] (how much the cancellation in c amplifies rounding)
     and the largest |score| (softmax turns a score's absolute rounding into α's relative rounding)."""
     params = model.params
     cfg = model.config
@@ -146,15 +146,16 @@ def reference_alti(model, batch) -> tuple[np.ndarray, np.ndarray, float]:
             f = np.einsum("HSK,HKD->HSD", v, attn["W_O"])  # f^h(x_s), b_O excluded
             resid_mid = x + np.einsum("HTS,HSD->TD", alpha, f) + attn["b_O"]
             sigma = np.sqrt(resid_mid.var(-1) + cfg.layer_norm_eps)
+            y = ln1["scale"] * (resid_mid - resid_mid.mean(-1, keepdims=True)) / sigma[:, None] + ln1["bias"]
             for t in range(n):
                 terms = []
                 for s in range(n):
                     z = sum(alpha[h, t, s] * f[h, s] for h in range(H)) + (x[s] if s == t else 0.0)
                     terms.append(ln1["scale"] * (z - z.mean()) / sigma[t])
-                total = np.sum(terms, axis=0)
-                c = [max(0.0, np.abs(total).sum() - np.abs(total - term).sum()) for term in terms]
+                # The whole is LN1's real output y_t (β and the b_O term included), as the authors' code has it.
+                c = [max(0.0, np.abs(y[t]).sum() - np.abs(y[t] - term).sum()) for term in terms]
                 result[layer, b, t, :n] = np.array(c) / np.sum(c)
-                amplification[layer, b, t] = np.abs(total).sum() / np.sum(c)
+                amplification[layer, b, t] = np.abs(y[t]).sum() / np.sum(c)
     return result, amplification, largest_score
 
 
@@ -164,8 +165,8 @@ def test_alti_matches_a_float64_rederivation(case):
     got = mixing.alti(model, batch)
     assert got.shape == expected.shape
     # The float32 captures carry 16 eps of relative rounding (as block_noise), α also eps·|score| per score
-    # (×4: q, k, the product, the softmax); c = ‖ỹ‖₁ − ‖ỹ − T‖₁ cancels, so relative to ‖ỹ‖₁ that error
-    # becomes, after dividing by the row sum, × ‖ỹ‖₁/Σ_s c_s.
+    # (×4: q, k, the product, the softmax); c = ‖y‖₁ − ‖y − T‖₁ cancels, so relative to ‖y‖₁ that error
+    # becomes, after dividing by the row sum, × ‖y‖₁/Σ_s c_s.
     real = real_mask(model, batch)
     bound = np.broadcast_to((block_noise(model) + 4 * EPS32 * largest_score) * amplification[..., None] + EPS32,
                             got.shape)

@@ -124,24 +124,26 @@ def alti_terms(x, v, pattern, scale, gamma, W_O) -> jax.Array:
     return gamma * (z - z.mean(-1, keepdims=True)) / scale[:, :, None]
 
 
-def _alti_contributions(x, v, pattern, scale, gamma, W_O) -> jax.Array:
-    """c_ts = max(0, ‖ỹ_t‖₁ − ‖ỹ_t − T_t(x_s)‖₁) with ỹ_t = Σ_s T_t(x_s): [T, S], before normalising."""
+def _alti_contributions(x, v, pattern, scale, y, gamma, W_O) -> jax.Array:
+    """c_ts = max(0, ‖y_t‖₁ − ‖y_t − T_t(x_s)‖₁) with y [T, D] LN1's real output: [T, S], before normalising.
+
+    y, not Σ_s T_t(x_s): the whole each term is measured against also holds β and the b_O term, as in the
+    authors' released code (which asserts that y equals the post-LayerNorm states)."""
     terms = alti_terms(x, v, pattern, scale, gamma, W_O)
-    total = terms.sum(1)  # ỹ [T, D]
     l1 = lambda a: jnp.abs(a).sum(-1)
-    return jnp.maximum(0.0, l1(total)[:, None] - l1(total[:, None] - terms))
+    return jnp.maximum(0.0, l1(y)[:, None] - l1(y[:, None] - terms))
 
 
 @partial(jax.jit, static_argnames=("chunk",))
-def _alti(resid_pre, v, pattern, scale, gamma, W_O, attention_mask, chunk: int) -> jax.Array:
+def _alti(resid_pre, v, pattern, scale, y, gamma, W_O, attention_mask, chunk: int) -> jax.Array:
     """Stacked per-layer captures ([L, B, ...]) and weights ([L, ...]) → unnormalised c [L, B, T, S]."""
     def layer(args):
-        x, v, pattern, scale, gamma, W_O = args
+        x, v, pattern, scale, y, gamma, W_O = args
         one = lambda doc: _alti_contributions(*doc, gamma, W_O)
-        return jax.lax.map(one, (x, v, pattern, scale), batch_size=chunk)
+        return jax.lax.map(one, (x, v, pattern, scale, y), batch_size=chunk)
 
     f32 = lambda a: jnp.asarray(a, jnp.float32)
-    contributions = jax.lax.map(layer, tuple(map(f32, (resid_pre, v, pattern, scale, gamma, W_O))))
+    contributions = jax.lax.map(layer, tuple(map(f32, (resid_pre, v, pattern, scale, y, gamma, W_O))))
     return contributions * _real_pairs(attention_mask)
 
 
@@ -150,13 +152,14 @@ def alti(model, batch) -> np.ndarray:
 
     The attention block's output after its residual and LN1 is split into one term per input token,
     T_t(x_s) = γ ⊙ (z_ts − mean z_ts)/σ_t with z_ts = Σ_h α^h_ts f^h(x_s) + [t = s] x_s (alti_terms), so
-    that Σ_s T_t(x_s) = LN1 output − β − γ ⊙ (b_O − mean b_O)/σ_t. Token s's contribution to t is how
-    much closer (in L1) the whole is to the sum than the sum without s: c_ts = max(0, ‖ỹ_t‖₁ − ‖ỹ_t −
-    T_t(x_s)‖₁), rows normalised. Computed from one captured forward pass (resid_pre, v, pattern, LN1's
-    σ) in one compiled program over layers and documents. Padding rows and columns are 0.
+    that Σ_s T_t(x_s) = y_t − β − γ ⊙ (b_O − mean b_O)/σ_t, y_t being LN1's real output. Token s's
+    contribution to t is how close its term comes to y_t in L1, against y_t's own norm: c_ts = max(0, ‖y_t‖₁ −
+    ‖y_t − T_t(x_s)‖₁), rows normalised — measured against y_t itself, as the authors' released code does.
+    Computed from one captured forward pass (resid_pre, v, pattern, LN1's σ and output) in one compiled
+    program over layers and documents. Padding rows and columns are 0.
     """
     inputs = model.inputs(batch)
-    sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale"]
+    sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
     _, cache = model.run_with_cache(batch, names=[f"blocks.*.{site}" for site in sites])
     captured = [cache.stack(site) for site in sites]
     blocks = [model.block_params(layer) for layer in range(model.config.num_hidden_layers)]
