@@ -206,8 +206,9 @@ def replace_with(pattern, ctx, new):
     return new
 
 
-def reference_attribution(model, batch, target_fn, steps) -> np.ndarray:
-    """A_l ⊙ mean over k of ∂F/∂A_l at (k/m)·A_l, one model.grad call per layer and step."""
+def reference_attribution(model, batch, target_fn, steps, first_step=1) -> np.ndarray:
+    """A_l ⊙ mean over k of ∂F/∂A_l at (k/m)·A_l, k = first_step..first_step + m − 1 (1: the paper's sum; 0: Hao
+    et al.'s released code, whose loop runs α = 0, 1/m, …, (m−1)/m), one model.grad call per layer and step."""
     _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
     loss = lambda out: target_fn(out).sum()
     result = []
@@ -215,7 +216,7 @@ def reference_attribution(model, batch, target_fn, steps) -> np.ndarray:
         name = f"blocks.{layer}.attn.hook_pattern"
         pattern = np.asarray(cache[name], np.float64)
         total = np.zeros_like(pattern)
-        for k in range(1, steps + 1):
+        for k in range(first_step, first_step + steps):
             scaled = jnp.asarray(k / steps * pattern, jnp.float32)
             _, grads = model.grad(batch, loss, [name], hooks={name: HookFn(replace_with, new=scaled)})
             total += np.asarray(grads[name], np.float64)
@@ -235,6 +236,20 @@ def test_attention_attribution_matches_a_loop_of_gradients(case, request):
     np.testing.assert_allclose(got, expected, atol=model.config.num_hidden_layers * block_noise(model) * scale, rtol=0)
     real = real_mask(model, batch)
     assert (got.transpose(0, 1, 3, 4, 2)[:, ~real] == 0).all()  # padding keys carry no attention, so no attribution
+
+
+def test_left_riemann_sum_reproduces_the_authors_code(tiny):
+    """riemann="left" sums the gradients at α = 0, 1/m, …, (m−1)/m, as Hao et al.'s released code does; it
+    differs from the paper's sum by A ⊙ (∂F(A) − ∂F(0))/m, so the two must not agree."""
+    batch, target_fn, steps = tiny_batch(), readout(tiny), 5
+    expected = reference_attribution(tiny, batch, target_fn, steps, first_step=0)
+    got = mixing.attention_attribution(tiny, batch, target_fn, steps=steps, riemann="left")
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, atol=tiny.config.num_hidden_layers * block_noise(tiny) * scale, rtol=0)
+    right = mixing.attention_attribution(tiny, batch, target_fn, steps=steps)
+    assert np.abs(right - got).max() > 100 * tiny.config.num_hidden_layers * block_noise(tiny) * scale
+    with pytest.raises(AnalysisError, match="riemann must be 'right'"):
+        mixing.attention_attribution(tiny, batch, target_fn, steps=steps, riemann="middle")
 
 
 def test_attention_attribution_compiles_one_program_for_every_layer(tiny):
@@ -269,5 +284,6 @@ def test_attention_attribution_follows_a_changed_global(tiny, monkeypatch):
 def test_attention_attribution_rejects_a_scalar_target(tiny):
     with pytest.raises(AnalysisError, match="one value per batch row"):
         mixing.attention_attribution(tiny, tiny_batch(), lambda out: out.last_hidden_state.sum(), steps=2)
-    with pytest.raises(AnalysisError, match="steps"):
-        mixing.attention_attribution(tiny, tiny_batch(), readout(tiny), steps=0)
+    for steps in (0, True, 2.0):  # True is an int to Python, not a number of steps
+        with pytest.raises(AnalysisError, match="steps must be a positive int"):
+            mixing.attention_attribution(tiny, tiny_batch(), readout(tiny), steps=steps)

@@ -348,7 +348,8 @@ def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
     multiplies head h's z (its output before W_O) → [L, H] NumPy.
 
     `batches`: one batch or an iterable of batches; `loss_fn(output)` → per-row losses [B]. Every row is an
-    example with its own gates, so one backward per batch gives every row's gradient.
+    example with its own gates, so one backward per batch gives every row's gradient. This is the paper's
+    I_h; the authors' released script takes |·| per token before summing over tokens (docs/context_mixing.md).
     """
     total, rows = 0.0, 0
     for batch in ([batches] if _one_batch(batches) else batches):

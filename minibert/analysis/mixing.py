@@ -194,23 +194,31 @@ def _suffix_target(model, state, attention_mask, resid, layer, target_fn: Keyed,
     return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient
 
 
-@partial(jax.jit, static_argnames=("model", "target_fn", "steps", "chunk"))
+RIEMANN_FIRST_STEP = {"right": 1, "left": 0}  # k of the first step α = k/m: the paper's sum, Hao et al.'s code
+
+
+@partial(jax.jit, static_argnames=("model", "target_fn", "steps", "riemann", "chunk"))
 def _integrated_gradient(model, state, attention_mask, resid, pattern, layer, target_fn: Keyed, steps: int,
-                         chunk: int):
-    """A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], each step run and
-    differentiated from resid [B, T, D], the residual stream entering block l (layer traced: one program)."""
+                         riemann: str, chunk: int):
+    """A_l ⊙ (1/m) Σ_k ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], k = 1..m ("right") or
+    0..m−1 ("left"), each step run and differentiated from resid [B, T, D], the residual stream entering
+    block l (layer traced: one program)."""
     model.traces += 1
     gradient = jax.grad(partial(_suffix_target, model, state, attention_mask, resid, layer, target_fn))
-    alphas = jnp.arange(1, steps + 1, dtype=pattern.dtype) / steps
+    first = RIEMANN_FIRST_STEP[riemann]
+    alphas = jnp.arange(first, first + steps, dtype=pattern.dtype) / steps
     grads = jax.lax.map(lambda alpha: gradient(alpha * pattern), alphas, batch_size=chunk)  # [m, B, H, T, S]
     return pattern * grads.mean(0)
 
 
-def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array], steps: int = 20) -> np.ndarray:
+def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array], steps: int = 20,
+                          riemann: str = "right") -> np.ndarray:
     """Self-attention attribution (Hao et al. 2021): Attr [L, B, H, T, S], NumPy float32.
 
     Attr(A_l) = A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l, a Riemann sum of the integrated gradient
-    along the path from a zero pattern to A_l with m = `steps`. All heads of block l are scaled
+    along the path from a zero pattern to A_l with m = `steps` — the paper's sum (riemann="right").
+    riemann="left" sums k = 0..m−1 instead, as the authors' released code does (α = 0, 1/m, …, (m−1)/m),
+    and reproduces its numbers. All heads of block l are scaled
     together; the other blocks compute their patterns as usual (from the changed residual stream).
     target_fn(output) returns one value F per batch row (e.g. `lambda out: out.logits[:, 0, c]`); rows
     are attributed separately. The steps only change blocks l and after, so the residual stream entering
@@ -218,8 +226,11 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     (interventions.suffix_output). One compiled program serves every layer: the layer is a traced
     argument, and the m steps run as one batched gradient (chunked to MEMORY_BUDGET).
     """
-    if not isinstance(steps, int) or steps < 1:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (the m of the Riemann sum; 20 in the paper); got {steps!r}.")
+    if riemann not in RIEMANN_FIRST_STEP:
+        raise AnalysisError(f"riemann must be 'right' (the paper's sum over k/m, k = 1..m) or 'left' (Hao et al.'s "
+                            f"released code, k = 0..m−1); got {riemann!r}.")
     attention_mask = model.inputs(batch)[2]
     _, cache = model.run_with_cache(batch, names=[PATTERNS, "blocks.*.hook_resid_pre"])
     patterns = cache.stack("attn.hook_pattern")  # [L, B, H, T, S]
@@ -231,5 +242,5 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     chunk = chunk_size(per_step, steps)
     keyed = Keyed(target_fn)  # a changed global or closed-over value target_fn reads recompiles, as in the sweeps
     return np.stack([np.asarray(_integrated_gradient(model, model.state, attention_mask, resids[layer], patterns[layer],
-                                                     jnp.int32(layer), keyed, steps, chunk))
+                                                     jnp.int32(layer), keyed, steps, riemann, chunk))
                      for layer in range(cfg.num_hidden_layers)])
