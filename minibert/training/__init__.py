@@ -1,0 +1,1 @@
+"""Training inside minibert: the shared optimiser (optim) and, built on it, fine-tuning."""

@@ -1,0 +1,155 @@
+"""The optimiser every minibert trainer shares: AdamW as transformers' Trainer runs it, its learning-rate
+schedules, gradient clipping and accumulation, and a progress bar.
+
+Parameters are a dict {dotted name: array} ("blocks.0.attn.W_Q", "classifier.b"; `parameter_names` gives
+a model's); any pytree works where no names are needed.
+
+What transformers' Trainer + torch.optim.AdamW do, and `adamw` does the same:
+    g      ← Σ grads over `accumulate` micro-batches / accumulate
+    g      ← g · min(1, max_grad_norm / (‖g‖₂ + 1e-6))          (torch.nn.utils.clip_grad_norm_)
+    m, v   ← β₁m + (1−β₁)g, β₂v + (1−β₂)g²
+    p      ← p − lr_t·(m̂ / (√v̂ + ε) + λ·p)                       (decoupled weight decay, λ only where decays)
+with lr_t the schedule at the number of updates made so far (the first update uses lr_0, as the
+Trainer's LambdaLR does). Biases and LayerNorm gains and biases do not decay.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from tqdm.auto import tqdm
+
+from minibert.errors import InputError
+
+SCHEDULES = ("linear", "constant")
+# Leaf names of the parameters that do not decay: biases (b, b_Q, …, the decoder's bias, the discriminator's c)
+# and LayerNorm's gain `scale` with its `bias` (transformers' Trainer: names with "bias", LayerNorm modules).
+_NO_DECAY_LEAVES = ("b", "b_*", "bias", "decoder_bias", "c", "scale")
+
+
+def decays(name: str) -> bool:
+    """Whether weight decay applies to the parameter `name` (dotted): not to biases nor LayerNorm parameters."""
+    leaf = name.rsplit(".", 1)[-1]
+    return not any(fnmatch.fnmatchcase(leaf, pattern) for pattern in _NO_DECAY_LEAVES)
+
+
+def decay_mask(params: Mapping[str, jax.Array]) -> dict[str, bool]:
+    """{name: decays(name)} for a dict of named parameters: the mask `adamw` takes."""
+    return {name: decays(name) for name in params}
+
+
+def parameter_names(state) -> list[str]:
+    """The dotted names of a model's parameters (`model.state`), in the state's leaf order."""
+    paths = jax.tree_util.tree_flatten_with_path(state)[0]
+    return [jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value") for path, _ in paths]
+
+
+def selected(names: Iterable[str], patterns: str | Iterable[str] | None) -> set[str]:
+    """The names matching any of the glob `patterns` ("classifier.*", "blocks.[45].*"); None selects all.
+    A pattern that matches nothing is an error listing a few names (a typo would otherwise train nothing)."""
+    names = list(names)
+    if patterns is None:
+        return set(names)
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    chosen = set()
+    for pattern in patterns:
+        matches = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
+        if not matches:
+            raise InputError(f"trainable pattern {pattern!r} matches no parameter; names look like "
+                             f"{', '.join(names[:3])}, …, {names[-1]} (globs over dotted names).")
+        chosen |= matches
+    return chosen
+
+
+def warmup_steps(warmup: float | int, total_steps: int) -> int:
+    """Warm-up as a number of updates: a float in [0, 1) is a fraction of total_steps (ceil, as the
+    Trainer's warmup_ratio), an int ≥ 1 a count."""
+    if isinstance(warmup, float) and 0.0 <= warmup < 1.0:
+        return math.ceil(warmup * total_steps)
+    if int(warmup) != warmup or warmup < 0:
+        raise InputError(f"warmup={warmup!r}: pass a fraction of the steps in [0, 1) or a whole number of steps.")
+    return int(warmup)
+
+
+def learning_rate_schedule(peak: float, total_steps: int, *, warmup: float | int = 0.0,
+                           schedule: str = "linear") -> optax.Schedule:
+    """lr(step) as transformers' get_linear_schedule_with_warmup / get_constant_schedule_with_warmup:
+    peak·step/W during the W warm-up steps, then peak·(N − step)/(N − W) ("linear", down to 0 at N)
+    or peak ("constant")."""
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule={schedule!r} is not one of {', '.join(map(repr, SCHEDULES))}.")
+    W, N = warmup_steps(warmup, total_steps), total_steps
+
+    def lr(step):
+        step = jnp.asarray(step, jnp.float32)
+        rising = step / max(1, W)
+        after = jnp.maximum(0.0, (N - step) / max(1, N - W)) if schedule == "linear" else 1.0
+        return peak * jnp.where(step < W, rising, after)
+
+    return lr
+
+
+def clip_like_torch(max_norm: float) -> optax.GradientTransformation:
+    """g · min(1, max_norm / (‖g‖₂ + 1e-6)): torch.nn.utils.clip_grad_norm_'s formula (optax's
+    clip_by_global_norm has no 1e-6 and leaves g alone below the norm; they differ by ~1e-6 relative)."""
+
+    def update(grads, state, params=None):
+        norm = optax.tree.norm(grads)
+        factor = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+        return jax.tree.map(lambda g: g * factor.astype(g.dtype), grads), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def adamw(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.0, mask=None,
+          max_grad_norm: float | None = 1.0, accumulate: int = 1, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8) -> optax.GradientTransformation:
+    """AdamW with decoupled weight decay (only where `mask` is True; None: everywhere), preceded by
+    torch-style global-norm clipping (None: no clipping), optionally averaging gradients over
+    `accumulate` calls before each update (optax.MultiSteps). Defaults are transformers' Trainer's."""
+    if accumulate < 1 or int(accumulate) != accumulate:
+        raise InputError(f"accumulate={accumulate!r}: pass a whole number of micro-batches per update, ≥ 1.")
+    steps = [clip_like_torch(max_grad_norm)] if max_grad_norm is not None else []
+    steps.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask))
+    chain = optax.chain(*steps)
+    return optax.MultiSteps(chain, every_k_schedule=accumulate) if accumulate > 1 else chain
+
+
+def frozen_except(optimizer: optax.GradientTransformation, trainable: Mapping[str, bool]):
+    """`optimizer` on the parameters marked True in {name: bool}; the others get zero updates and no state."""
+    labels = {name: "train" if moves else "freeze" for name, moves in trainable.items()}
+    return optax.multi_transform({"train": optimizer, "freeze": optax.set_to_zero()}, labels)
+
+
+class Progress:
+    """A tqdm bar over optimisation steps showing the loss and tokens per second (since the bar opened).
+
+        with Progress(total_steps, "fine-tuning") as bar:
+            bar.update(loss, tokens)   # after each step; loss a scalar, tokens the real tokens it saw
+    """
+
+    def __init__(self, total: int, description: str = "training", *, enabled: bool = True,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.bar = tqdm(total=total, desc=description, disable=not enabled, unit="step")
+        self.clock, self.start, self.tokens = clock, clock(), 0
+
+    def update(self, loss, tokens: int) -> None:
+        self.tokens += int(tokens)
+        elapsed = max(self.clock() - self.start, 1e-9)
+        self.bar.set_postfix(loss=f"{float(loss):.4f}", tokens_per_s=f"{self.tokens / elapsed:,.0f}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
