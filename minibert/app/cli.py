@@ -1,9 +1,10 @@
-"""The `minibert` command: demo, view, stats, hooks, convert.
+"""The `minibert` command: demo, view, stats, hooks, serve, convert.
 
     minibert demo                          # figures, views and head statistics, into out/
     minibert view "The cat sat." --pair "It slept." --layer 2 --head 5
     minibert stats corpus.txt              # Clark et al. head statistics over a corpus
     minibert hooks                         # the table of hook points
+    minibert serve                         # the live workbench in a browser (docs/serve.md)
     minibert convert path/pytorch_model.bin
 
 Options take layers and heads 0-indexed, as the Python API does; figures, pages and summaries label
@@ -210,6 +211,27 @@ def _hooks_header() -> str:
     return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped)
 
 
+def _serve(args) -> int:
+    try:
+        from minibert.app import serve
+    except ImportError as error:  # starlette and uvicorn are the serve extra
+        raise InputError(f"minibert serve needs {error.name}: pip install 'minibert[serve]'.") from None
+    from minibert.viz.explore import Workbench
+
+    if args.host not in serve.LOCAL_HOSTS:
+        print(f"minibert serve: warning: listening on {args.host}: anyone who can reach it and has the URL's token "
+              f"can use the workbench.", file=sys.stderr)
+    step = _steps("serve")
+    names = [args.model] + ([args.compare] if args.compare else [])
+    workbenches = []
+    for name in names:
+        step(f"loading {name or 'the bundled model'}")
+        workbenches.append(Workbench(_load(name, args.download), max_tokens=args.max_tokens))
+    serve.serve(workbenches, host=args.host, port=args.port, open_browser=not args.no_browser, tour=args.tour,
+                step=step)
+    return 0
+
+
 def _convert(args) -> int:
     from minibert.checkpoint import convert_bin_to_safetensors
 
@@ -303,6 +325,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "Print every hook point with its axes and equation, as Markdown (docs/hooks.md is this output).")
     model_option(hooks, help="list one checkpoint's hooks (default: every architecture's)")
     hooks.add_argument("--output", metavar="FILE", help="write Markdown to this file instead of printing")
+
+    serve = command("serve", _serve, "the live workbench: a local page to type, step through and ablate",
+                    "Serve the live workbench on this machine: type a text (and sentence B), see its tokens, the "
+                    "head, model and neuron views, the model's outputs and a step-through of one head with the real "
+                    "numbers; click heads to ablate them. Prints the URL to open (with its access token) as the "
+                    "first line and opens it; the JSON API is in docs/serve.md. Ctrl-C stops it.")
+    model_option(serve)
+    serve.add_argument("--compare", metavar="NAME", help="a second checkpoint shown side by side (e.g. fine-tuned)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; another warns)")
+    serve.add_argument("--port", type=int, default=8765, metavar="N", help="port (default 8765; 0: a free one)")
+    serve.add_argument("--no-browser", action="store_true", help="print the URL without opening a browser")
+    serve.add_argument("--max-tokens", type=int, default=128, metavar="N",
+                       help="longest input accepted, in tokens (default 128)")
+    serve.add_argument("--tour", action="store_true", help="start with the guided tour of tutorial 1's story")
 
     convert = command("convert", _convert, "convert a trusted pytorch_model.bin to model.safetensors",
                       "Read a pytorch_model.bin (a pickle: only for files you trust) and write its tensors as "

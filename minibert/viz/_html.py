@@ -92,9 +92,11 @@ class View:
         self.kind = kind
         self.title = title
         self.theme = theme
-        # Encoded once; each rendering only adds a fresh id.
+        # Encoded once; each rendering only adds a fresh id. `data` is what views.js draws from: the workbench
+        # (minibert serve, viz.explore) sends it as JSON to a page that renders it with the same code.
         packed = {name: _packed(array, packing) for name, (array, packing) in arrays.items()}
-        self._data = _safe_json({"kind": kind, "meta": dict(meta), "arrays": packed})
+        self.data = {"kind": kind, "meta": dict(meta), "arrays": packed}
+        self._data = _safe_json(self.data)
 
     @property
     def html(self) -> str:
@@ -114,6 +116,15 @@ class View:
 
     def _repr_html_(self) -> str:
         return self.html
+
+    @staticmethod
+    def library() -> str:
+        """views.js and views.css for a page that draws views from data it fetches (the workbench): a
+        `<style>` and a script defining `window.minibertViews.render(root, data)`, root an element of class
+        "mbv", data a View's `.data`."""
+        return (f"<style>{_static('views.css')}</style>"
+                f"<script>(function () {{\n{_static('views.js')}\nwindow.minibertViews = {{render: render}};\n}})();"
+                "</script>")
 
     def document(self) -> str:
         """A standalone HTML page holding this view; it loads nothing from the network."""

@@ -31,6 +31,11 @@ function boot(script, id) {
   }
   var data = JSON.parse(root.querySelector("script.mbv-data").textContent);
   fallback.remove();
+  render(root, data);
+}
+
+/** Draw a view from its data ({kind, meta, arrays}) into root; the workbench calls this for data it fetched. */
+function render(root, data) {
   var body = el("div", {"class": "mbv-body"});
   root.appendChild(body);
   var arrays = {};

@@ -1,0 +1,202 @@
+"""`minibert serve`: the live workbench, a local web page driving a loaded model (docs/serve.md).
+
+    minibert serve                          # the bundled model; prints the URL (with its token) and opens it
+    minibert serve --model A --compare B    # two models side by side
+    app = create_app([Workbench(model)], token="…")   # the Starlette app, for tests and other ASGI servers
+
+The computations are minibert.viz.explore.Workbench's (the notebook widget answers with the same code);
+this module adds HTTP and what keeps a local server safe:
+  - every request carries the access token (the page's URL has it as ?token=, the page sends it back in
+    the X-Minibert-Token header); without it: 403;
+  - the Host header must name this machine (127.0.0.1, localhost, ::1, or the --host asked for) and an
+    Origin header, when sent, this server: a page elsewhere that rebinds its DNS name to 127.0.0.1
+    (DNS rebinding) or posts cross-site gets 403;
+  - the models are fixed at start: no request names a path; request bodies, texts and tokens are capped
+    (413, 400) and each client may send RATE requests a second (bursts of BURST), beyond which 429;
+  - the page is one document with everything inlined, under a Content-Security-Policy that lets it load
+    nothing from the network and run only its own scripts; user text reaches it as JSON set with
+    textContent.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import cache
+from importlib import resources
+
+from minibert.errors import InputError, MinibertError
+from minibert.viz._html import View
+from minibert.viz.explore import Workbench
+
+TOKEN_HEADER = "X-Minibert-Token"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+MAX_BODY_BYTES = 64 * 1024  # two texts of MAX_CHARS and the controls fit many times over
+RATE = 20.0  # requests a second per client, sustained: a person typing and clicking never reaches it
+BURST = 40  # requests a client may send at once (the page sends a handful per edit)
+
+
+@cache
+def _static(name: str) -> str:
+    return (resources.files("minibert.viz") / "static" / name).read_text(encoding="utf-8")
+
+
+class RateLimiter:
+    """A token bucket per client: `rate` requests a second, `burst` at once."""
+
+    def __init__(self, rate: float = RATE, burst: int = BURST, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, client: str) -> bool:
+        with self._lock:
+            now = self.clock()
+            tokens, last = self._buckets.get(client, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+            allowed = tokens >= 1.0
+            self._buckets[client] = (tokens - 1.0 if allowed else tokens, now)
+            return allowed
+
+
+def _hostname(authority: str) -> str:
+    """"127.0.0.1:8765" → "127.0.0.1"; "[::1]:8765" → "::1"."""
+    if authority.startswith("["):
+        return authority[1:].split("]", 1)[0]
+    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+
+
+def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127.0.0.1", port: int = 8765,
+               tour: bool = False, limiter: RateLimiter | None = None):
+    """The ASGI app serving the page and the JSON API for these workbenches (the first is the main model,
+    a second is --compare's). `token`: the access token every request must carry; `host`, `port`: where
+    it is served, for the Host and Origin checks."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+
+    hosts = {*LOCAL_HOSTS, host}
+    origins = {f"http://{name}:{port}" for name in hosts} | {f"http://[{name}]:{port}" for name in hosts}
+    limiter = limiter or RateLimiter()
+
+    def refused(request) -> JSONResponse | None:
+        """403 or 429 for a request that must not be answered, with the reason; None when it may be."""
+        if _hostname(request.headers.get("host", "")) not in hosts:
+            return JSONResponse({"error": "this server answers only requests addressed to it by a local name "
+                                          "(127.0.0.1 or localhost); the Host header names another."}, 403)
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in origins:
+            return JSONResponse({"error": f"requests from pages of {origin} are refused; open the workbench's own "
+                                          f"URL."}, 403)
+        given = request.headers.get(TOKEN_HEADER) or request.query_params.get("token") or ""
+        if not secrets.compare_digest(given.encode(), token.encode()):
+            return JSONResponse({"error": "the access token is missing or wrong; open the URL minibert serve "
+                                          "printed (it ends with ?token=…)."}, 403)
+        if not limiter.allow(request.client.host if request.client else "?"):
+            return JSONResponse({"error": f"too many requests: at most {limiter.rate:g} a second (bursts of "
+                                          f"{limiter.burst}); wait a moment."}, 429, headers={"Retry-After": "1"})
+        return None
+
+    def page(request):
+        refusal = refused(request)
+        if refusal is not None:
+            return refusal
+        nonce = secrets.token_urlsafe(16)
+        return HTMLResponse(workbench_page(nonce, [wb.info() for wb in workbenches], tour), headers={
+            "Content-Security-Policy": _policy(nonce), **_PRIVATE})
+
+    async def api(request):
+        refusal = refused(request)
+        if refusal is not None:
+            return refusal
+        body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            return JSONResponse({"error": f"the request has {len(body)} bytes; at most {MAX_BODY_BYTES}."}, 413)
+        try:
+            payload = json.loads(body or b"{}")
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return JSONResponse({"error": "the request body must be JSON, e.g. {\"text\": \"The cat sat.\"}."}, 400)
+        try:
+            chosen = _workbench(workbenches, payload)
+            answer = await run_in_threadpool(chosen.answer, request.path_params["action"], payload)
+        except MinibertError as error:
+            return JSONResponse({"error": " ".join(str(error).split())}, 400, headers=_PRIVATE)
+        return JSONResponse(answer, headers=_PRIVATE)
+
+    return Starlette(routes=[Route("/", page), Route("/api/{action}", api, methods=["POST"])])
+
+
+_PRIVATE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff",
+            "X-Frame-Options": "DENY"}
+
+
+def _policy(nonce: str) -> str:
+    """The page runs its own inlined scripts only and connects only to this server: nothing from the network."""
+    return (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src data: blob:; "
+            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def _workbench(workbenches: Sequence[Workbench], payload) -> Workbench:
+    index = payload.get("model", 0) if isinstance(payload, dict) else 0
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workbenches):
+        raise InputError(f"'model' must be 0 (the main model){' or 1 (--compare)' if len(workbenches) > 1 else ''}; "
+                         f"got {index!r}.")
+    return workbenches[index]
+
+
+def workbench_page(nonce: str, infos: list[dict], tour: bool = False) -> str:
+    """The workbench page: views.js (the views' own code), workbench.js and .css, the models' info as JSON.
+    Every script carries `nonce`, the only scripts the page's Content-Security-Policy runs."""
+    library = View.library().replace("<script>", f'<script nonce="{nonce}">')
+    config = json.dumps({"models": infos, "tour": tour}).replace("<", "\\u003c").replace(">", "\\u003e")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape('minibert workbench')}</title><style>{_static('workbench.css')}</style>"
+            f"{library}</head><body>"
+            f'<script type="application/json" id="wb-config">{config}</script>'
+            f'<div id="workbench" aria-busy="true"></div>'
+            f'<script nonce="{nonce}">{_static("workbench.js")}</script></body></html>\n')
+
+
+def warm_up(workbenches: Sequence[Workbench], step: Callable[[str], None]) -> None:
+    """Compile every length bucket's program before the first request needs it, saying how far it got."""
+    for n, wb in enumerate(workbenches):
+        for length in wb.buckets:
+            wb.warm_up(length)
+            step(f"model {n}: compiled for {length} tokens ({wb.buckets.index(length) + 1}/{len(wb.buckets)})")
+    step("ready")
+
+
+def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True,
+          tour: bool = False, step: Callable[[str], None] = lambda what: print(what, file=sys.stderr)) -> None:
+    """Serve until Ctrl-C: bind, print the URL as the first line on stdout, warm up in the background."""
+    import socket
+    import webbrowser
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        raise InputError(f"cannot listen on {host}:{port} ({error.strerror or error}); choose another --port "
+                         f"(0 picks a free one).") from None
+    port = sock.getsockname()[1]
+    token = secrets.token_urlsafe(24)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/?token={token}" + ("&tour=1" if tour else "")
+    print(url, flush=True)
+    app = create_app(workbenches, token, host=host, port=port, tour=tour)
+    threading.Thread(target=warm_up, args=(workbenches, step), daemon=True).start()
+    if open_browser:
+        webbrowser.open(url)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,407 @@
+"""The live workbench's computations, and `explore(model)`: the workbench as a notebook widget.
+
+    wb = Workbench(model)                               # what `minibert serve` answers with
+    wb.run({"text": "The cat [MASK] on the mat."})      # tokens, views, outputs (before / after an ablation)
+    wb.step({"text": "…", "layer": 2, "head": 5, "query": 3})   # one head's computation, with its numbers
+    viz.explore(model)                                  # the same page, driven by the kernel (anywidget)
+
+Every request is a JSON object and every answer a JSON-ready dict (docs/serve.md lists the fields), so the
+HTTP server (minibert.app.serve) and the widget answer with the same function, `Workbench.answer`.
+
+How it stays fast: the text is tokenized, padded to a length bucket (api.length_buckets) and run by one
+program per bucket, which captures every value the views and the step-through show and ablates heads
+through a traced HookFn mask (interventions.ablate_heads): an ablation, a new head or a new sentence of
+the same bucket reuse the compiled program. Runs are kept in a small LRU cache, so the step-through of
+another head or query reads the run it belongs to instead of running again. Layers, heads and token
+positions are 0-indexed in requests and answers; the page labels heads "L-H", 1-indexed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+
+from minibert.analysis import flow, mixing
+from minibert.analysis.interventions import ablate_heads
+from minibert.api import bucket_length, length_buckets
+from minibert.errors import InputError
+from minibert.hooks import site_axes
+from minibert.viz import views
+
+MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
+MAX_TOKENS = 128  # per request (text and pair together): the views stay readable and the answers fast
+TOP_K = 5  # masked-LM predictions shown per [MASK]
+CACHED_RUNS = 8  # runs kept for the step-through and the "before" of an ablation; bounds memory
+MIXING_METHODS = ("attention", "rollout", "value_zeroing", "alti")
+ABLATION_MODES = ("zero", "mean")
+
+# What one run captures, per block: everything the step-through shows (the views read pattern, q and k).
+BLOCK_SITES = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_qk", "attn.hook_attn_scores",
+               "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid",
+               "ln1.hook_scale", "ln1.hook_out", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+               "ln2.hook_scale", "ln2.hook_out")
+EMBED_SITES = ("embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed", "hook_full_embed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request's input, checked: the text (and sentence B), heads to ablate [[layer, head], …] and how."""
+
+    text: str
+    pair: str | None
+    ablate: tuple[tuple[int, int], ...]
+    mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One forward on real tokens: captures {hook name: array without the batch axis}, the output fields."""
+
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    ids: np.ndarray  # [T]
+    sentence_b_start: int | None
+    captures: dict[str, np.ndarray]
+    logits: np.ndarray | None
+    similarity: float | None
+
+    def stack(self, site: str) -> np.ndarray:
+        """One block site over every layer, [L, …]."""
+        n_layers = sum(1 for name in self.captures if name.endswith("." + site) and name.startswith("blocks."))
+        return np.stack([self.captures[f"blocks.{layer}.{site}"] for layer in range(n_layers)])
+
+
+def _text(body: Mapping, key: str, required: bool) -> str | None:
+    value = body.get(key)
+    if value is None or (value == "" and not required):
+        if required:
+            raise InputError(f"the request needs {key!r}: the text to run.")
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{key!r} must be a string; got {type(value).__name__}.")
+    if not value.strip():
+        raise InputError(f"{key!r} is empty; type a sentence.")
+    if len(value) > MAX_CHARS:
+        raise InputError(f"{key!r} has {len(value)} characters; the workbench takes at most {MAX_CHARS} per text. "
+                         f"Shorten it.")
+    return value
+
+
+def _index(body: Mapping, key: str, count: int, what: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise InputError(f"{key!r} must be a whole number from 0 to {count - 1} (the model has {count} {what}); "
+                         f"got {value!r}.")
+    return value
+
+
+class Workbench:
+    """Answers the workbench's requests for one model (fixed at construction; no request names a path)."""
+
+    def __init__(self, model, *, max_tokens: int = MAX_TOKENS):
+        cfg = model.config
+        if model.tokenizer is None:
+            raise InputError("the workbench needs a model with a tokenizer (minibert.load gives one).")
+        self.model, self.max_tokens = model, min(max_tokens, cfg.max_tokens)
+        self.buckets = length_buckets(self.max_tokens)
+        names = set(model.hook_names)
+        self._capture = [name for name in EMBED_SITES if name in names] + [
+            f"blocks.{layer}.{site}" for layer in range(cfg.num_hidden_layers) for site in BLOCK_SITES]
+        self._runs: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()  # one forward at a time: memory stays flat under concurrent clients
+
+    # ---- requests -------------------------------------------------------------------------------------
+
+    def answer(self, action: str, body: Mapping) -> dict:
+        """The answer to one API request: action in ACTIONS, body its JSON object."""
+        if action not in ACTIONS:
+            raise InputError(f"unknown action {action!r}; the workbench answers {', '.join(ACTIONS)}.")
+        if not isinstance(body, Mapping):
+            raise InputError("the request body must be a JSON object, e.g. {\"text\": \"The cat sat.\"}.")
+        return ACTIONS[action](self, body)
+
+    def info(self, body: Mapping | None = None) -> dict:
+        """What the page needs to draw its controls: the model, its sizes, its head, the limits."""
+        cfg, tokenizer = self.model.config, self.model.tokenizer
+        return {"model": self.model.source, "family": cfg.family.name, "architecture": cfg.architecture,
+                "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads, "d_model": cfg.hidden_size,
+                "d_head": cfg.head_dim, "d_ffn": cfg.intermediate_size, "outputs": self._output_kinds(),
+                "mask_token": tokenizer.mask_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
+                "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES)}
+
+    def tokenize(self, body: Mapping) -> dict:
+        request = self._request(body)
+        batch = self._batch(request)
+        return {"tokens": batch.tokens[0], "offsets": [list(span) for span in batch.offsets[0]],
+                "sequence_ids": batch.sequence_ids[0], "sentence_b_start": _b_start(batch)}
+
+    def run(self, body: Mapping) -> dict:
+        """Tokens, the head / model / neuron views, and the outputs; with heads to ablate, outputs before and
+        after and the views of the ablated run."""
+        request = self._request(body)
+        before = self._run(dataclasses.replace(request, ablate=()))
+        after = self._run(request) if request.ablate else before
+        answer = {"tokens": after.tokens, "offsets": [list(span) for span in after.offsets],
+                  "sentence_b_start": after.sentence_b_start, "ablated": [list(pair) for pair in request.ablate],
+                  "mode": request.mode, "views": self._views(after),
+                  "outputs": {"before": self._outputs(before)}}
+        if request.ablate:
+            answer["outputs"]["after"] = self._outputs(after)
+        return answer
+
+    def step(self, body: Mapping) -> dict:
+        """One head's computation for one query token, every value from the hooks (see `_steps`)."""
+        request = self._request(body)
+        cfg = self.model.config
+        layer = _index(body, "layer", cfg.num_hidden_layers, "layers", 0)
+        head = _index(body, "head", cfg.num_attention_heads, "heads", 0)
+        run = self._run(request)
+        query = _index(body, "query", len(run.tokens), "tokens here", min(1, len(run.tokens) - 1))
+        return {"layer": layer, "head": head, "query": query, "tokens": run.tokens,
+                "steps": _steps(run, layer, head, query, cfg.head_dim)}
+
+    def mixing(self, body: Mapping) -> dict:
+        """The head and model views of a context-mixing map instead of raw attention (one map per layer:
+        shown as a single head). Of the model as loaded: ablations do not apply here."""
+        request = self._request(body)
+        method = body.get("method", "attention")
+        if method not in MIXING_METHODS:
+            raise InputError(f"method {method!r} is not one of {', '.join(MIXING_METHODS)}.")
+        run = self._run(dataclasses.replace(request, ablate=()))
+        if method == "attention":
+            return {"method": method, "views": self._views(run)}
+        maps = self._mixing_maps(run, request, method)[:, None]  # [L, 1, T, T]
+        tokens, b_start = run.tokens, run.sentence_b_start
+        return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start).data,
+                                            "model": views.model_view(tokens, maps, b_start).data}}
+
+    def warm_up(self, length: int) -> None:
+        """Compile the programs a text of `length` tokens (a bucket) runs, before a request waits for them."""
+        ids = np.full((1, length), self.model.tokenizer.cls_token_id)
+        hooks = self._hooks((), self._replacement(Request("", None, (), "zero")))
+        with self._lock:
+            self.model.run(self._padded(ids, np.zeros_like(ids)), names=self._capture, hooks=hooks)
+            if self.model.pooling is not None:
+                pair = np.full((2, length), self.model.tokenizer.cls_token_id)
+                self.model.run(self._padded(pair, np.zeros_like(pair)), hooks=hooks)
+
+    # ---- checking and running ---------------------------------------------------------------------------
+
+    def _request(self, body: Mapping) -> Request:
+        cfg = self.model.config
+        ablate = body.get("ablate") or []
+        if not isinstance(ablate, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in ablate):
+            raise InputError("'ablate' must be a list of [layer, head] pairs, e.g. [[2, 5]].")
+        heads = tuple(sorted({(_index({"layer": layer}, "layer", cfg.num_hidden_layers, "layers"),
+                                _index({"head": head}, "head", cfg.num_attention_heads, "heads"))
+                               for layer, head in ablate}))
+        mode = body.get("mode", "zero")
+        if mode not in ABLATION_MODES:
+            raise InputError(f"'mode' must be one of {', '.join(ABLATION_MODES)}; got {mode!r}.")
+        return Request(_text(body, "text", True), _text(body, "pair", False), heads, mode)
+
+    def _batch(self, request: Request):
+        batch = self.model.tokenize([request.text], None if request.pair is None else [request.pair])
+        if batch.input_ids.shape[1] > self.max_tokens:
+            raise InputError(f"the text has {batch.input_ids.shape[1]} tokens; the workbench takes at most "
+                             f"{self.max_tokens} (minibert serve --max-tokens). Shorten it.")
+        return batch
+
+    def _padded(self, ids, types) -> dict:
+        """[B, T] ids and token types padded with masked padding to the bucket length: one program per bucket."""
+        n_rows, length = ids.shape
+        extra = ((0, 0), (0, bucket_length(length, self.buckets) - length))
+        mask = np.pad(np.ones_like(ids), extra)
+        return {"input_ids": np.pad(ids, extra, constant_values=self.model.config.pad_token_id),
+                "token_type_ids": np.pad(types, extra), "attention_mask": mask}
+
+    def _hooks(self, heads: tuple, replacement: np.ndarray) -> dict:
+        """Ablation hooks with the same shapes whatever is ablated (an empty mask changes nothing): one program."""
+        cfg = self.model.config
+        mask = np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads), np.float32)
+        for layer, head in heads:
+            mask[layer, head] = 1
+        return ablate_heads(mask, mean=replacement)
+
+    def _run(self, request: Request) -> Run:
+        key = (request.text, request.pair, request.ablate, request.mode if request.ablate else "zero")
+        with self._lock:
+            if key in self._runs:
+                self._runs.move_to_end(key)
+                return self._runs[key]
+        replacement = self._replacement(request)
+        batch = self._batch(request)
+        length = batch.input_ids.shape[1]
+        hooks = self._hooks(request.ablate, replacement)
+        with self._lock:
+            out, cache = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), names=self._capture,
+                                        hooks=hooks)
+            captures = {name: _cut(name, np.asarray(value)[0], length) for name, value in cache.items()}
+            logits = None if out.logits is None else np.asarray(out.logits)[0]
+            if logits is not None and logits.ndim >= 2:
+                logits = logits[:length]
+            similarity = self._similarity(request, hooks)
+            run = Run(batch.tokens[0], list(batch.offsets[0]), np.asarray(batch.input_ids[0]), _b_start(batch),
+                      captures, logits, similarity)
+            self._runs[key] = run
+            while len(self._runs) > CACHED_RUNS:
+                self._runs.popitem(last=False)
+        return run
+
+    def _replacement(self, request: Request) -> np.ndarray:
+        """What an ablated head outputs, [L, H, K]: zeros, or its mean z over this text's tokens (mean mode)."""
+        cfg = self.model.config
+        if request.ablate and request.mode == "mean":
+            return self._run(dataclasses.replace(request, ablate=())).stack("attn.hook_z").mean(axis=1)
+        return np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim), np.float32)
+
+    def _similarity(self, request: Request, hooks: dict) -> float | None:
+        """Cosine similarity of sentence A's and B's embeddings (sentence-transformers checkpoints with a pair),
+        each encoded on its own, with the model's pooling, under the same hooks."""
+        if self.model.pooling is None or request.pair is None:
+            return None
+        batch = self.model.tokenize([request.text, request.pair])
+        out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), hooks=hooks)[0]
+        hidden = np.asarray(out.last_hidden_state, np.float64)[:, :batch.input_ids.shape[1]]
+        a, b = _pooled(hidden, np.asarray(batch.attention_mask), self.model.pooling["mode"])
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+    def _mixing_maps(self, run: Run, request: Request, method: str) -> np.ndarray:
+        """[L, T, T] context-mixing maps of one document (minibert.analysis; docs/context_mixing.md)."""
+        if method == "rollout":
+            return flow.attention_rollout(run.stack("attn.hook_pattern"))
+        batch = self._batch(request)
+        padded = self._padded(batch.input_ids, batch.token_type_ids)
+        measure = {"value_zeroing": mixing.value_zeroing, "alti": mixing.alti}[method]
+        length = len(run.tokens)
+        with self._lock:
+            return measure(self.model, padded)[:, 0, :length, :length]
+
+    # ---- answers ----------------------------------------------------------------------------------------
+
+    def _views(self, run: Run) -> dict:
+        """The head, model and neuron views' data (View.data, drawn in the page by views.js)."""
+        attention = run.stack("attn.hook_pattern")
+        q, k = run.stack("attn.hook_q"), run.stack("attn.hook_k")
+        tokens, b_start = run.tokens, run.sentence_b_start
+        return {"head": views.head_view(tokens, attention, b_start).data,
+                "model": views.model_view(tokens, attention, b_start).data,
+                "neuron": views.neuron_view(tokens, q, k, attention, b_start,
+                                            query_index=min(1, len(tokens) - 1)).data}
+
+    def _output_kinds(self) -> list[str]:
+        heads = self.model.config.heads
+        kinds = ["mlm"] if heads.mlm else []
+        kinds += [f"{heads.classifier}_classes"] if heads.classifier else []
+        kinds += ["similarity"] if self.model.pooling is not None else []
+        return kinds
+
+    def _outputs(self, run: Run) -> dict:
+        """What the model's head produces: masked-LM top-k at each [MASK], class probabilities, A–B similarity."""
+        cfg, tokenizer = self.model.config, self.model.tokenizer
+        outputs: dict = {}
+        if cfg.heads.mlm:
+            positions = np.flatnonzero(run.ids == tokenizer.mask_token_id)
+            outputs["mlm"] = [_top_k(run.logits[position], position, tokenizer) for position in positions]
+        if cfg.heads.classifier == "sequence":
+            outputs["classes"] = _labelled(_softmax(run.logits), cfg.id2label)
+        elif cfg.heads.classifier == "token":
+            outputs["token_classes"] = [_labelled(p, cfg.id2label) for p in _softmax(run.logits)]
+        if run.similarity is not None:
+            outputs["similarity"] = run.similarity
+        return outputs
+
+
+ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": Workbench.run, "step": Workbench.step,
+           "mixing": Workbench.mixing}
+
+
+def _b_start(batch) -> int | None:
+    """Index of sentence B's first token in row 0, or None (as viz.document sets it)."""
+    segment_b = [i for i, sequence in enumerate(batch.sequence_ids[0]) if sequence == 1]
+    return segment_b[0] if segment_b else None
+
+
+def _cut(name: str, value: np.ndarray, length: int) -> np.ndarray:
+    """A captured value (batch axis dropped) cut back to the real tokens on its T and S axes."""
+    axes = site_axes(name, value.ndim + 1)[1:]
+    return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
+
+
+def _pooled(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
+    """[B, D] sentence vectors as Model.sentence_embeddings pools them (normalising does not change a cosine)."""
+    real = mask[..., None].astype(hidden.dtype)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return np.where(real > 0, hidden, -np.inf).max(1)
+    return (hidden * real).sum(1) / np.maximum(real.sum(1), 1e-9)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(np.asarray(logits, np.float64) - np.max(logits, axis=-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+def _labelled(probabilities: np.ndarray, labels) -> list[dict]:
+    return [{"label": label, "p": float(p)} for label, p in zip(labels, probabilities)]
+
+
+def _top_k(logits: np.ndarray, position: int, tokenizer) -> dict:
+    probabilities = _softmax(logits)
+    best = np.argsort(-probabilities, kind="stable")[:TOP_K]
+    return {"position": int(position), "top": [{"token": tokenizer.ids_to_tokens.get(int(i), "?"),
+                                                "p": float(probabilities[i])} for i in best]}
+
+
+def _vector(value: np.ndarray) -> list[float]:
+    return np.asarray(value, np.float64).ravel().tolist()
+
+
+def _steps(run: Run, layer: int, head: int, query: int, d_head: int) -> list[dict]:
+    """The walk through block `layer` for head `head` and query token `query`, each step
+    {id, label, equation, values (the hooks' numbers), shape, from (the ids of its operands)}."""
+    c, t, block = run.captures, query, f"blocks.{layer}."
+    at = lambda site: c[block + site]  # noqa: E731
+    steps = []
+
+    def add(step_id, label, equation, values, operands=()):
+        values = np.asarray(values)
+        steps.append({"id": step_id, "label": label, "equation": equation, "shape": list(values.shape),
+                      "values": _vector(values), "from": list(operands)})
+
+    add("word", "token embedding", "e_word = W_E[id_t]", c["embed.hook_embed"][t])
+    add("position", "position embedding", "e_pos = W_pos[t]", c["embed.hook_pos_embed"][t])
+    embedded = ["word", "position"]
+    if "embed.hook_token_type_embed" in c:
+        add("segment", "segment embedding", "e_seg = W_type[type_t]", c["embed.hook_token_type_embed"][t])
+        embedded.append("segment")
+    add("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word + e_pos + e_seg)", c["hook_full_embed"][t], embedded)
+    add("x", f"block {layer} input", f"x = h^{layer} (the residual stream entering block {layer})",
+        at("hook_resid_pre")[t], ["embed_ln"])
+    add("q", "query", "q = x W_Q[h] + b_Q[h]", at("attn.hook_q")[t, head], ["x"])
+    add("k", "keys (every token s)", "k_s = x_s W_K[h] + b_K[h]", at("attn.hook_k")[:, head], ["x"])
+    add("v", "values (every token s)", "v_s = x_s W_V[h] + b_V[h]", at("attn.hook_v")[:, head], ["x"])
+    add("qk", "dot products", "q·k_s", at("attn.hook_qk")[head, t], ["q", "k"])
+    add("scaled", "scaled and masked", f"(q·k_s)/√{d_head} + mask_s (mask: 0 on real keys, −∞ on padding)",
+        at("attn.hook_attn_scores")[head, t], ["qk"])
+    add("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", at("attn.hook_pattern")[head, t],
+        ["scaled"])
+    add("z", "weighted values", "z = Σ_s α_s v_s", at("attn.hook_z")[t, head], ["pattern", "v"])
+    add("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)",
+        at("attn.hook_z")[t].reshape(-1), ["z"])
+    add("head_out", "this head through W_O", "z W_O[h]", at("attn.hook_result")[t, head], ["z"])
+    add("attn_out", "attention output", "a = Σ_h z_h W_O[h] + b_O", at("hook_attn_out")[t], ["concat", "head_out"])
+    add("resid_mid", "residual", "x + a", at("hook_resid_mid")[t], ["x", "attn_out"])
+    add("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁", at("ln1.hook_out")[t], ["resid_mid"])
+    add("ffn_pre", "FFN in", "y W_in + b_in", at("mlp.hook_pre")[t], ["ln1"])
+    add("ffn_post", "activation", "act(y W_in + b_in)", at("mlp.hook_post")[t], ["ffn_pre"])
+    add("ffn_out", "FFN out", "m = act(…) W_out + b_out", at("hook_mlp_out")[t], ["ffn_post"])
+    add("resid_post", "residual", "y + m", at("hook_resid_post")[t], ["ln1", "ffn_out"])
+    add("ln2", "LayerNorm 2 (the block's output)", f"h^{layer + 1} = LN(y + m)", at("ln2.hook_out")[t],
+        ["resid_post"])
+    return steps

@@ -1,0 +1,241 @@
+"""minibert serve: the workbench's JSON API through Starlette's TestClient, on tiny random models.
+
+Security (token, Host, Origin, limits) is checked by its refusals; the numbers by what they must equal: the
+outputs under an ablation equal `run_with_hooks` with `interventions.ablate_heads`, the step-through's
+values equal `run_with_cache`'s hook values. Tolerances: tests/tolerances.py's forward bound, two programs
+(the workbench pads to a length bucket and ablates through a traced mask; the reference runs at the real
+length), one stage more for the model's head.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minibert
+from minibert.analysis import interventions
+from minibert.app import serve
+from minibert.viz import explore
+from tests.conftest import make_hf_model
+from tests.tolerances import assert_close_to_scale, forward_rtol
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+PORT = 8765
+BASE = f"http://127.0.0.1:{PORT}"
+TOKEN = "test-token"
+MASKED = "a b [MASK] d e f."
+
+
+def client_for(*models, limiter=None, max_tokens: int = 64) -> TestClient:
+    workbenches = [explore.Workbench(model, max_tokens=max_tokens) for model in models]
+    app = serve.create_app(workbenches, TOKEN, port=PORT, limiter=limiter or serve.RateLimiter(1e6, 10**6))
+    return TestClient(app, base_url=BASE)
+
+
+def post(client, action, body, **headers):
+    return client.post(f"/api/{action}", json=body, headers={serve.TOKEN_HEADER: TOKEN, **headers})
+
+
+@pytest.fixture(scope="module")
+def mlm(tiny_mlm):
+    return tiny_mlm[0]
+
+
+@pytest.fixture(scope="module")
+def client(mlm):
+    return client_for(mlm)
+
+
+def head_rtol(config, length: int) -> float:
+    """forward_rtol with the head's stage added (its transform, LayerNorm and unembedding are one more block's
+    worth of reductions or fewer): √((L + 2) / (L + 1)) times the encoder's bound."""
+    layers = config.num_hidden_layers
+    return forward_rtol(config, length) * math.sqrt((layers + 2) / (layers + 1))
+
+
+# ---- security ---------------------------------------------------------------------------------------------
+
+def test_the_token_is_required(client):
+    assert client.get("/").status_code == 403
+    assert client.get("/?token=wrong").status_code == 403
+    page = client.get(f"/?token={TOKEN}")
+    assert page.status_code == 200
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    refused = client.post("/api/info", json={})
+    assert refused.status_code == 403 and "token" in refused.json()["error"]
+    assert post(client, "info", {}).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{"host": "evil.example"}, {"host": "evil.example:8765"},
+                                     {"origin": "http://evil.example"}, {"origin": f"http://127.0.0.1:{PORT + 1}"}])
+def test_foreign_host_or_origin_is_refused(client, headers):
+    """DNS rebinding sends the attacker's name as Host; a cross-site page sends its Origin: both get 403."""
+    answer = post(client, "info", {}, **headers)
+    assert answer.status_code == 403, answer.text
+    assert post(client, "info", {}, origin=BASE).status_code == 200
+    assert post(client, "info", {}, host=f"localhost:{PORT}").status_code == 200
+
+
+def test_limits_have_clear_messages(mlm):
+    client = client_for(mlm, max_tokens=16)
+    too_long = post(client, "run", {"text": "a" * (explore.MAX_CHARS + 1)})
+    assert too_long.status_code == 400 and f"at most {explore.MAX_CHARS}" in too_long.json()["error"]
+    many_tokens = post(client, "run", {"text": " ".join("abcdefghijklmnopqrst")})
+    assert many_tokens.status_code == 400 and "--max-tokens" in many_tokens.json()["error"]
+    huge = client.post("/api/run", content=b"{" + b" " * serve.MAX_BODY_BYTES + b"}",
+                       headers={serve.TOKEN_HEADER: TOKEN})
+    assert huge.status_code == 413
+    assert "not one of" in post(client, "mixing", {"text": "a b", "method": "x"}).json()["error"]
+    assert "[layer, head]" in post(client, "run", {"text": "a b", "ablate": [3]}).json()["error"]
+    assert "0 to 1" in post(client, "run", {"text": "a b", "ablate": [[2, 0]]}).json()["error"]
+    assert "'model' must be 0" in post(client, "run", {"text": "a b", "model": 1}).json()["error"]
+
+
+def test_request_rate_is_limited():
+    now = [0.0]
+    limiter = serve.RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])
+    assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]
+    assert limiter.allow("b")  # per client
+    now[0] = 0.5  # one request's worth refilled at 2 a second
+    assert limiter.allow("a") and not limiter.allow("a")
+
+
+def test_too_many_requests_get_429(mlm):
+    client = client_for(mlm, limiter=serve.RateLimiter(rate=1e-9, burst=1))
+    assert post(client, "info", {}).status_code == 200
+    refused = post(client, "info", {})
+    assert refused.status_code == 429 and "too many requests" in refused.json()["error"]
+
+
+# ---- numbers ----------------------------------------------------------------------------------------------
+
+def softmax(logits):
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablation_outputs_equal_run_with_hooks(mlm, client, mode):
+    cfg = mlm.config
+    heads = [[0, 1], [1, 2]]
+    answer = post(client, "run", {"text": MASKED, "ablate": heads, "mode": mode}).json()
+    batch = mlm.tokenize([MASKED])
+    mask = np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads))
+    for layer, head in heads:
+        mask[layer, head] = 1
+    mean = interventions.mean_z(mlm, batch) if mode == "mean" else None
+    position = answer["tokens"].index("[MASK]")
+    rtol = head_rtol(cfg, len(answer["tokens"]))
+    for side, hooks in (("before", {}), ("after", interventions.ablate_heads(mask, mean))):
+        logits = np.asarray(mlm.run_with_hooks(batch, hooks=hooks).logits[0, position], np.float64)
+        top = answer["outputs"][side]["mlm"][0]
+        assert top["position"] == position
+        ids = [mlm.tokenizer.vocab[guess["token"]] for guess in top["top"]]
+        expected = softmax(logits)
+        # |Δp_i| ≤ p_i (|Δlogit_i| + Σ_j p_j |Δlogit_j|) ≤ 2 p_i max|Δlogit|, max|Δlogit| ≤ rtol · max|logit|
+        delta = rtol * np.abs(logits).max()
+        got = np.array([guess["p"] for guess in top["top"]])
+        assert np.all(np.abs(got - expected[ids]) <= 2 * expected[ids] * delta + 1e-12), (side, got, expected[ids])
+        assert np.all(expected[ids] >= np.sort(expected)[-len(ids)] - 2 * delta)  # they are the top k
+    before = np.array([g["p"] for g in answer["outputs"]["before"]["mlm"][0]["top"]])
+    after = np.array([g["p"] for g in answer["outputs"]["after"]["mlm"][0]["top"]])
+    assert not np.allclose(before, after)  # the ablation changed something: the test can fail
+
+
+def test_class_probabilities_equal_the_models(tmp_path):
+    make_hf_model(tmp_path, "BertForSequenceClassification", num_labels=3)
+    model = minibert.load(tmp_path)
+    client = client_for(model)
+    answer = post(client, "run", {"text": "a b c", "pair": "d e", "ablate": [[1, 3]]}).json()
+    batch = model.tokenize(["a b c"], ["d e"])
+    mask = interventions.head_mask(1, 3, model.config.num_hidden_layers, model.config.num_attention_heads)
+    rtol = head_rtol(model.config, batch.input_ids.shape[1])
+    for side, hooks in (("before", {}), ("after", interventions.ablate_heads(mask))):
+        logits = np.asarray(model.run_with_hooks(batch, hooks=hooks).logits[0], np.float64)
+        classes = answer["outputs"][side]["classes"]
+        assert [c["label"] for c in classes] == list(model.config.id2label)
+        got = np.array([c["p"] for c in classes])
+        assert np.all(np.abs(got - softmax(logits)) <= 2 * softmax(logits) * rtol * np.abs(logits).max() + 1e-12)
+
+
+def test_step_through_values_are_the_hooks(mlm, client):
+    layer, head, query = 1, 2, 3
+    answer = post(client, "step", {"text": MASKED, "pair": "g h", "layer": layer, "head": head,
+                                   "query": query}).json()
+    batch = mlm.tokenize([MASKED], ["g h"])
+    _, cache = mlm.run_with_cache(batch)
+    at = lambda name: np.asarray(cache[name])[0]  # noqa: E731
+    block = f"blocks.{layer}."
+    expected = {
+        "word": at("embed.hook_embed")[query], "position": at("embed.hook_pos_embed")[query],
+        "segment": at("embed.hook_token_type_embed")[query], "embed_ln": at("hook_full_embed")[query],
+        "x": at(block + "hook_resid_pre")[query], "q": at(block + "attn.hook_q")[query, head],
+        "k": at(block + "attn.hook_k")[:, head], "v": at(block + "attn.hook_v")[:, head],
+        "qk": at(block + "attn.hook_qk")[head, query], "scaled": at(block + "attn.hook_attn_scores")[head, query],
+        "pattern": at(block + "attn.hook_pattern")[head, query], "z": at(block + "attn.hook_z")[query, head],
+        "concat": at(block + "attn.hook_z")[query].reshape(-1), "head_out": at(block + "attn.hook_result")[query, head],
+        "attn_out": at(block + "hook_attn_out")[query], "resid_mid": at(block + "hook_resid_mid")[query],
+        "ln1": at(block + "ln1.hook_out")[query], "ffn_pre": at(block + "mlp.hook_pre")[query],
+        "ffn_post": at(block + "mlp.hook_post")[query], "ffn_out": at(block + "hook_mlp_out")[query],
+        "resid_post": at(block + "hook_resid_post")[query], "ln2": at(block + "ln2.hook_out")[query],
+    }
+    steps = {step["id"]: step for step in answer["steps"]}
+    assert list(steps) == list(expected)
+    rtol = forward_rtol(mlm.config, batch.input_ids.shape[1])
+    for name, value in expected.items():
+        assert steps[name]["shape"] == list(value.shape), name
+        assert_close_to_scale(np.reshape(steps[name]["values"], value.shape), value, rtol, name)
+    assert answer["tokens"][query] == batch.tokens[0][query]
+
+
+def test_one_program_per_length_bucket(mlm, client):
+    """New texts of the same bucket, other heads, another ablation mode: the compiled program is reused."""
+    post(client, "run", {"text": "a b c", "ablate": [[0, 0]]})
+    traces = mlm.traces
+    for body in ({"text": "c d e f", "ablate": [[1, 3]]}, {"text": "e f", "ablate": [[0, 2], [1, 1]], "mode": "mean"},
+                 {"text": "f g h"}):
+        assert post(client, "run", body).status_code == 200
+    assert mlm.traces == traces
+
+
+def test_tokenize_and_views(client):
+    answer = post(client, "tokenize", {"text": "a b", "pair": "c"}).json()
+    assert answer["tokens"] == ["[CLS]", "a", "b", "[SEP]", "c", "[SEP]"] and answer["sentence_b_start"] == 4
+    run = post(client, "run", {"text": "a <b>&"}).json()
+    assert set(run["views"]) == {"head", "model", "neuron"}
+    assert run["views"]["head"]["meta"]["tokens"] == run["tokens"]
+    mixed = post(client, "mixing", {"text": "a b c", "method": "rollout"}).json()
+    assert mixed["views"]["head"]["meta"]["n_heads"] == 1
+
+
+def test_compare_serves_two_models(mlm, tmp_path):
+    make_hf_model(tmp_path, "BertForMaskedLM", seed=1)
+    other = minibert.load(tmp_path)
+    client = client_for(mlm, other)
+    first = post(client, "run", {"text": MASKED, "model": 0}).json()["outputs"]["before"]["mlm"][0]["top"]
+    second = post(client, "run", {"text": MASKED, "model": 1}).json()["outputs"]["before"]["mlm"][0]["top"]
+    assert first != second
+
+
+def test_serve_command_prints_the_url_first(tmp_path):
+    make_hf_model(tmp_path, "BertForMaskedLM")
+    command = [sys.executable, "-m", "minibert.app.cli", "serve", "--model", str(tmp_path), "--no-browser",
+               "--port", "0", "--max-tokens", "16"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
+        import httpx
+
+        assert httpx.get(url, timeout=30).status_code == 200
+        assert httpx.get(url.split("?")[0], timeout=30).status_code == 403
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
