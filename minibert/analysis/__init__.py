@@ -21,6 +21,7 @@ from minibert.analysis import (
     lens,
     mixing,
     norms,
+    probes,
     syntax,
     words,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "gradients",
     "heads",
     "norms",
+    "probes",
     "syntax",
     "words",
 ]

@@ -1,0 +1,369 @@
+"""Probes: small models trained on a frozen encoder's activations, every layer at once (docs/probes.md).
+
+Linear probes (Alain & Bengio 2016; Hewitt & Liang 2019) are multinomial logistic regressions, one per layer,
+on the activations of one hook site ("hook_resid_post", "mlp.hook_post", "attn.hook_z" flattened over
+heads, …). Token-level probes label words: a word's feature is its first wordpiece's activation or the
+mean of its wordpieces' ("first" | "mean", as word-level attention pools rows). Sentence-level probes
+label texts: the [CLS] position or the mean over real tokens.
+
+Every layer's probe trains in one compiled program (`jax.vmap` over layers) on the objective
+
+    mean_i CE(x_i W + b, y_i) + (l2 / 2)·‖W‖²            (b is not penalised)
+
+which is scikit-learn's LogisticRegression with C = 1 / (l2 · n_train). The solver is full-batch L-BFGS
+(optax), so the probe reaches the convex optimum; with a dev split it stops early, keeping the parameters
+of the step with the lowest dev cross-entropy once `patience` steps bring no improvement.
+
+Control tasks (Hewitt & Liang 2019): each word type gets a random label drawn from the task's label
+distribution; a probe that scores well on the control task memorises types rather than reading the
+property. Selectivity = task accuracy − control accuracy, per layer.
+
+    result = token_probe(model, words, labels, site="hook_resid_post", pool="first", control=True)
+    result.accuracy, result.interval, result.selectivity    # [L], [L, 2] (bootstrap 95%), [L]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax.tree_utils as otu
+
+from minibert.analysis.syntax import encode_words
+from minibert.errors import AnalysisError
+from minibert.hooks import site_axes
+
+WORD_POOLS = ("first", "mean")
+SENTENCE_POOLS = ("cls", "mean")
+
+
+# ---- features ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """Activations of one hook site for every layer: values [L, N, F] (N items: words or sentences),
+    and the sentence each item comes from ([N], for splits and the bootstrap that resample sentences)."""
+
+    values: np.ndarray
+    sentence: np.ndarray
+    site: str
+
+    def __len__(self) -> int:
+        return self.values.shape[1]
+
+    def take(self, items: np.ndarray) -> Features:
+        return Features(self.values[:, items], self.sentence[items], self.site)
+
+
+def _checked_site(model, site: str) -> str:
+    """`site` without a block prefix, checked to be a per-layer hook with a token axis (not a [T, S] map)."""
+    name = f"blocks.0.{site}"
+    if name not in model.hook_names:
+        examples = sorted({n.split(".", 2)[2] for n in model.hook_names if n.startswith("blocks.0.")})
+        raise AnalysisError(f"{site!r} is not a per-layer hook site of this model; pick one of {', '.join(examples)}.")
+    axes = site_axes(name)
+    if axes[:2] != ["B", "T"] or "S" in axes:
+        raise AnalysisError(f"{site!r} has axes {axes}: a probe needs one vector per token ([B, T, ...]); "
+                            f"try 'hook_resid_post', 'mlp.hook_post' or 'attn.hook_z'.")
+    return site
+
+
+def _site_values(model, ids: np.ndarray, mask: np.ndarray, site: str) -> np.ndarray:
+    """[L, B, T, F] activations of `site` in every block for padded rows (trailing axes flattened into F)."""
+    _, cache = model.run_with_cache(dict(input_ids=ids, token_type_ids=np.zeros_like(ids), attention_mask=mask),
+                                    names=f"blocks.*.{site}")
+    stack = np.asarray(cache.stack(site), np.float32)
+    return stack.reshape(*stack.shape[:3], -1)
+
+
+def _padded(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows padded on the right: (ids [B, T], attention mask [B, T])."""
+    ids = np.zeros((len(rows), max(map(len, rows))), np.int32)
+    mask = np.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, :len(row)], mask[b, :len(row)] = row, 1
+    return ids, mask
+
+
+def _pool_words(values: np.ndarray, groups: Sequence[Sequence[int]], pool: str) -> np.ndarray:
+    """[L, T, F] of one sentence → [L, W, F]: each word's first wordpiece, or the mean of its wordpieces."""
+    if pool == "first":
+        return values[:, [group[0] for group in groups]]
+    return np.stack([values[:, group].mean(1) for group in groups], axis=1)
+
+
+def word_features(model, sentences: Sequence[Sequence[str]], site: str = "hook_resid_post", pool: str = "first",
+                  batch_size: int = 32) -> Features:
+    """Per-word features [L, N, F] of pre-split sentences (lists of words, e.g. a CoNLL-U treebank's).
+
+    Each word is tokenized on its own (syntax.encode_words), between [CLS] and [SEP]; a word's feature is its
+    first wordpiece's activation ("first") or the mean over its wordpieces ("mean").
+    """
+    site = _checked_site(model, site)
+    if pool not in WORD_POOLS:
+        raise AnalysisError(f"pool={pool!r}: a word's feature is its 'first' wordpiece's or the 'mean' of its pieces.")
+    if not sentences or any(len(words) == 0 for words in sentences):
+        raise AnalysisError("pass at least one sentence, each a non-empty list of words.")
+    encoded = [encode_words(model.tokenizer, words) for words in sentences]
+    too_long = [i for i, (ids, _) in enumerate(encoded) if len(ids) > model.config.max_tokens]
+    if too_long:
+        raise AnalysisError(f"sentence {too_long[0]} has {len(encoded[too_long[0]][0])} tokens, more than the model's "
+                            f"{model.config.max_tokens} positions; split it or leave it out.")
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # similar lengths share a batch
+    pooled: list[np.ndarray | None] = [None] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        chosen = order[start:start + batch_size]
+        values = _site_values(model, *_padded([encoded[i][0] for i in chosen]), site)
+        for b, i in enumerate(chosen):
+            pooled[i] = _pool_words(values[:, b], encoded[i][1][1:-1], pool)  # [CLS] and [SEP] are no words
+    sentence = np.concatenate([np.full(len(words), i) for i, words in enumerate(sentences)])
+    return Features(np.concatenate(pooled, axis=1), sentence, site)
+
+
+def sentence_features(model, texts, pairs=None, site: str = "hook_resid_post", pool: str = "cls",
+                      batch_size: int = 32, max_length: int | None = None) -> Features:
+    """Per-text features [L, N, F]: the [CLS] position's activation ("cls") or the mean over real tokens."""
+    site = _checked_site(model, site)
+    if pool not in SENTENCE_POOLS:
+        raise AnalysisError(f"pool={pool!r}: a sentence's feature is its 'cls' position's or the 'mean' of its tokens.")
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts or (pairs is not None and len(pairs) != len(texts)):
+        raise AnalysisError(f"pass at least one text (and one pair per text): {len(texts)} texts, "
+                            f"{'no' if pairs is None else len(pairs)} pairs.")
+    chunks = []
+    for start in range(0, len(texts), batch_size):
+        batch = model.tokenize(texts[start:start + batch_size],
+                               None if pairs is None else list(pairs[start:start + batch_size]), max_length=max_length)
+        _, cache = model.run_with_cache(batch, names=f"blocks.*.{site}")
+        values = np.asarray(cache.stack(site), np.float32)
+        values = values.reshape(*values.shape[:3], -1)
+        if pool == "cls":
+            chunks.append(values[:, :, 0])
+        else:
+            mask = np.asarray(batch.attention_mask, np.float32)[None, :, :, None]
+            chunks.append((values * mask).sum(2) / mask.sum(2))
+    return Features(np.concatenate(chunks, axis=1), np.arange(len(texts)), site)
+
+
+# ---- labels, splits, control tasks ---------------------------------------------------------------------
+
+
+def encode_labels(labels: Sequence[Hashable], classes: Sequence[Hashable] | None = None) -> tuple[np.ndarray, tuple]:
+    """(integer labels [N], the classes in order): classes sorted by their text unless given."""
+    classes = tuple(sorted(set(labels), key=str)) if classes is None else tuple(classes)
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = [label for label in labels if label not in index]
+    if unknown:
+        raise AnalysisError(f"label {unknown[0]!r} is not one of the classes {classes[:10]}; pass classes=None.")
+    return np.array([index[label] for label in labels], np.int32), classes
+
+
+def control_labels(words: Sequence[str], labels: Sequence[Hashable], seed: int = 0) -> list:
+    """Hewitt & Liang's control task: every word type (its text, lowercased) gets one label drawn at random
+    from the task's empirical label distribution; each word occurrence takes its type's label."""
+    if len(words) != len(labels):
+        raise AnalysisError(f"{len(words)} words but {len(labels)} labels; pass one label per word.")
+    rng = np.random.default_rng(seed)
+    types = sorted({w.lower() for w in words})
+    drawn = rng.choice(len(labels), size=len(types))  # a uniformly drawn occurrence: the label distribution
+    by_type = {t: labels[i] for t, i in zip(types, drawn)}
+    return [by_type[w.lower()] for w in words]
+
+
+def split_sentences(n_sentences: int, dev: float = 0.1, test: float = 0.2, seed: int = 0) -> dict[str, np.ndarray]:
+    """{"train", "dev", "test"}: sentence indices shuffled and cut by the fractions (dev may be 0)."""
+    if not (0 <= dev < 1 and 0 < test < 1 and dev + test < 1):
+        raise AnalysisError(f"dev={dev}, test={test}: fractions in [0, 1) with dev + test < 1 and a test split.")
+    order = np.random.default_rng(seed).permutation(n_sentences)
+    n_test, n_dev = max(1, round(test * n_sentences)), round(dev * n_sentences)
+    if n_test + n_dev >= n_sentences:
+        raise AnalysisError(f"{n_sentences} sentences leave nothing to train on with dev={dev}, test={test}.")
+    return {"test": np.sort(order[:n_test]), "dev": np.sort(order[n_test:n_test + n_dev]),
+            "train": np.sort(order[n_test + n_dev:])}
+
+
+# ---- training every layer's probe at once --------------------------------------------------------------
+
+
+def _cross_entropy(params, x, y):
+    logits = x @ params["W"] + params.get("b", 0.0)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+def _objective(params, x, y, l2):
+    return _cross_entropy(params, x, y) + 0.5 * l2 * jnp.sum(params["W"] ** 2)
+
+
+def _fit_one_layer(x, y, x_dev, y_dev, init, l2, max_steps, patience, tol):
+    """L-BFGS on one layer's probe; returns (parameters with the best dev loss, the step they come from)."""
+    objective = functools.partial(_objective, x=x, y=y, l2=l2)
+    # Without a dev split the "dev loss" is the objective itself, which L-BFGS's line search never increases: it
+    # stops improving (patience runs out) once float32 can no longer lower it.
+    monitor = (lambda p: _cross_entropy(p, x_dev, y_dev)) if x_dev is not None else objective
+    solver = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(objective)
+
+    def running(carry):
+        _, state, _, _, step, since_best = carry
+        gradient_norm = otu.tree_norm(otu.tree_get(state, "grad"))
+        return (step < max_steps) & (since_best <= patience) & ((step == 0) | (gradient_norm > tol))
+
+    def step_once(carry):
+        params, state, best, best_loss, step, since_best = carry
+        value, grad = value_and_grad(params, state=state)
+        updates, state = solver.update(grad, state, params, value=value, grad=grad, value_fn=objective)
+        params = optax.apply_updates(params, updates)
+        loss = monitor(params)
+        better = loss < best_loss
+        best = jax.tree.map(lambda new, old: jnp.where(better, new, old), params, best)
+        return (params, state, best, jnp.where(better, loss, best_loss), step + 1,
+                jnp.where(better, 0, since_best + 1))
+
+    carry = (init, solver.init(init), init, monitor(init), jnp.array(0), jnp.array(0))
+    _, _, best, _, steps, since_best = jax.lax.while_loop(running, step_once, carry)
+    return best, steps - since_best
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "bias"))
+def _fit_layers(x, y, x_dev, y_dev, l2, tol, max_steps, patience, *, num_classes, bias):
+    """Every layer's probe in one program: x [L, N, F], y [N] → ({"W": [L, F, C], "b": [L, C]}, steps [L])."""
+    init = {"W": jnp.zeros((x.shape[-1], num_classes), x.dtype)}
+    if bias:
+        init["b"] = jnp.zeros((num_classes,), x.dtype)
+    fit = functools.partial(_fit_one_layer, y=y, y_dev=y_dev, init=init, l2=l2, max_steps=max_steps,
+                            patience=patience, tol=tol)
+    return jax.vmap(fit)(x, x_dev=x_dev)
+
+
+def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: float = 1e-3, dev=None,
+                      max_steps: int = 500, patience: int | None = 20, tol: float = 1e-6, bias: bool = True):
+    """Train one multinomial logistic probe per layer, all in one compiled program.
+
+    features [L, N, F] (a Features or an array), labels [N] integers in [0, C). dev: (features [L, M, F],
+    labels [M]) for early stopping: keep the step with the lowest dev cross-entropy, stop after `patience`
+    steps without a better one (None: run to ‖∇‖ ≤ tol or max_steps). Without dev, `patience` steps that do
+    not lower the objective end the run. bias=False fits no b (scikit-learn's fit_intercept=False). Returns
+    ({"W": [L, F, C], "b": [L, C]} as NumPy, steps [L]: the step of the kept parameters).
+    """
+    x = np.asarray(getattr(features, "values", features), np.float32)
+    y = np.asarray(labels)
+    if x.ndim != 3 or y.shape != (x.shape[1],):
+        raise AnalysisError(f"features must be [L, N, F] with one label per item; got {x.shape} and {y.shape}.")
+    num_classes = int(y.max()) + 1 if num_classes is None else num_classes
+    if y.min() < 0 or y.max() >= num_classes:
+        raise AnalysisError(f"labels must be integers in [0, {num_classes}); found {y.min()}…{y.max()}.")
+    x_dev = y_dev = None
+    if dev is not None:
+        x_dev = np.asarray(getattr(dev[0], "values", dev[0]), np.float32)
+        y_dev = np.asarray(dev[1])
+        if x_dev.shape[0] != x.shape[0] or x_dev.shape[2] != x.shape[2] or y_dev.shape != (x_dev.shape[1],):
+            raise AnalysisError(f"dev features {x_dev.shape} / labels {y_dev.shape} do not match the training "
+                                f"features {x.shape}; pass the same layers and feature size.")
+    params, steps = _fit_layers(jnp.asarray(x), jnp.asarray(y), x_dev, y_dev, jnp.float32(l2), jnp.float32(tol),
+                                jnp.int32(max_steps), jnp.int32(max_steps if patience is None else patience),
+                                num_classes=num_classes, bias=bias)
+    return jax.tree.map(np.asarray, params), np.asarray(steps)
+
+
+def predict(params, features) -> np.ndarray:
+    """Predicted class per layer and item: [L, N] from features [L, N, F]."""
+    x = np.asarray(getattr(features, "values", features), np.float32)
+    logits = np.einsum("LNF,LFC->LNC", x, params["W"])
+    return np.argmax(logits + params["b"][:, None] if "b" in params else logits, axis=-1)
+
+
+# ---- accuracy with a bootstrap interval ----------------------------------------------------------------
+
+
+def bootstrap_accuracy(correct, clusters=None, samples: int = 1000, level: float = 0.95,
+                       seed: int = 0) -> np.ndarray:
+    """[L, 2] percentile bootstrap interval of the accuracy of each row of correct [L, N] (booleans).
+
+    clusters [N]: resample whole clusters (the sentences words come from, whose errors are correlated)
+    instead of single items. Each resample draws as many clusters as there are, with replacement.
+    """
+    correct = np.asarray(correct, np.float64)
+    clusters = np.arange(correct.shape[1]) if clusters is None else np.asarray(clusters)
+    ids, cluster_of = np.unique(clusters, return_inverse=True)
+    hits = np.zeros((correct.shape[0], len(ids)))
+    np.add.at(hits.T, cluster_of, correct.T)  # [L, K] correct items per cluster
+    sizes = np.bincount(cluster_of, minlength=len(ids)).astype(np.float64)
+    draws = np.random.default_rng(seed).multinomial(len(ids), np.full(len(ids), 1 / len(ids)), size=samples)
+    accuracy = (draws @ hits.T) / (draws @ sizes)[:, None]  # [R, L]
+    tail = 100 * (1 - level) / 2
+    return np.percentile(accuracy, [tail, 100 - tail], axis=0).T
+
+
+@dataclasses.dataclass
+class ProbeResult:
+    """Test accuracy of each layer's probe with its bootstrap interval; the control task's, when run."""
+
+    accuracy: np.ndarray  # [L] on the test split
+    interval: np.ndarray  # [L, 2] bootstrap interval (sentences resampled)
+    params: dict  # {"W": [L, F, C], "b": [L, C]}
+    steps: np.ndarray  # [L] L-BFGS step of the kept parameters
+    classes: tuple
+    site: str
+    control: ProbeResult | None = None
+
+    @property
+    def selectivity(self) -> np.ndarray:
+        """Task accuracy − control-task accuracy per layer (Hewitt & Liang 2019)."""
+        if self.control is None:
+            raise AnalysisError("no control task was run; pass control=True.")
+        return self.accuracy - self.control.accuracy
+
+    def table(self) -> list[dict]:
+        """One row per layer (0-indexed): accuracy, interval, and control accuracy and selectivity when run."""
+        rows = []
+        for layer, (accuracy, (low, high)) in enumerate(zip(self.accuracy, self.interval)):
+            row = {"layer": layer, "accuracy": float(accuracy), "low": float(low), "high": float(high)}
+            if self.control is not None:
+                row |= {"control": float(self.control.accuracy[layer]), "selectivity": float(self.selectivity[layer])}
+            rows.append(row)
+        return rows
+
+
+def probe(features: Features, labels: Sequence[Hashable], *, dev: float = 0.1, test: float = 0.2, l2: float = 1e-3,
+          max_steps: int = 500, patience: int = 20, seed: int = 0, samples: int = 1000,
+          classes: Sequence[Hashable] | None = None) -> ProbeResult:
+    """Split by sentence, train every layer's probe (early stopping on dev), score on test with a bootstrap."""
+    if len(labels) != len(features):
+        raise AnalysisError(f"{len(features)} items but {len(labels)} labels; pass one label per word or sentence.")
+    y, classes = encode_labels(labels, classes)
+    splits = split_sentences(int(features.sentence.max()) + 1, dev, test, seed)
+    part = {name: np.isin(features.sentence, chosen) for name, chosen in splits.items()}
+    dev_set = (features.take(part["dev"]), y[part["dev"]]) if part["dev"].any() else None
+    params, steps = fit_linear_probes(features.take(part["train"]), y[part["train"]], num_classes=len(classes), l2=l2,
+                                      dev=dev_set, max_steps=max_steps, patience=patience)
+    tested = features.take(part["test"])
+    correct = predict(params, tested) == y[part["test"]]
+    return ProbeResult(correct.mean(1), bootstrap_accuracy(correct, tested.sentence, samples, seed=seed), params,
+                       steps, classes, features.site)
+
+
+def token_probe(model, sentences: Sequence[Sequence[str]], labels: Sequence[Sequence[Hashable]], *,
+                site: str = "hook_resid_post", pool: str = "first", control: bool = True, **options) -> ProbeResult:
+    """A probe of word labels on every layer (labels: one list per sentence, one label per word), with
+    Hewitt & Liang's control task when `control`. options: probe()'s (dev, test, l2, seed, …)."""
+    if len(labels) != len(sentences) or any(len(w) != len(t) for w, t in zip(sentences, labels)):
+        raise AnalysisError("labels must hold one list per sentence with one label per word.")
+    features = word_features(model, sentences, site, pool)
+    flat = [label for sentence_labels in labels for label in sentence_labels]
+    result = probe(features, flat, **options)
+    if control:
+        words = [word for words in sentences for word in words]
+        result.control = probe(features, control_labels(words, flat, options.get("seed", 0)), **options)
+    return result
+
+
+def sentence_probe(model, texts, labels: Sequence[Hashable], *, pairs=None, site: str = "hook_resid_post",
+                   pool: str = "cls", **options) -> ProbeResult:
+    """A probe of text labels on every layer ([CLS] or mean-pooled features). options: probe()'s."""
+    return probe(sentence_features(model, texts, pairs, site, pool), labels, **options)

@@ -1,0 +1,187 @@
+"""Probes: linear probes against scikit-learn, early stopping against its own trajectory, the bootstrap
+against a loop, control tasks against Hewitt & Liang's definition, features against run_with_cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tolerances import assert_close_to_scale, forward_rtol
+
+import minibert
+from minibert.analysis import probes
+from minibert.analysis.syntax import encode_words
+from minibert.errors import AnalysisError
+
+L2 = 1e-2
+
+
+def _planted_task(seed=0, layers=3, n=240, features=8, classes=4):
+    """Features [L, N, F] (generated) whose labels are a noisy linear function of layer 1's features."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(layers, n, features)).astype(np.float32)
+    y = np.argmax(x[1] @ rng.normal(size=(features, classes)) + rng.normal(size=(n, classes)), -1)
+    return x, y
+
+
+def _softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(-1, keepdims=True)
+
+
+def _gradient(W, x, y, l2):
+    """∇ of mean CE + (l2/2)‖W‖² in float64 (no bias)."""
+    p = _softmax(x @ W)
+    p[np.arange(len(y)), y] -= 1
+    return x.T @ p / len(y) + l2 * W
+
+
+@pytest.mark.slow
+def test_linear_probes_reach_scikit_learns_optimum():
+    """Each layer's W matches LogisticRegression(C = 1/(l2·n), no intercept) on the same features.
+
+    The objective is l2-strongly convex, so any W lies within ‖∇f(W)‖/l2 of the optimum W*: the two
+    solutions differ by at most (‖∇f(ours)‖ + ‖∇f(sklearn)‖)/l2, both gradients taken in float64 here.
+    Predictions must then agree on every item whose sklearn logit margin exceeds 2·bound·‖x‖.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = _planted_task()
+    params, _ = probes.fit_linear_probes(x, y, l2=L2, num_classes=4, bias=False, max_steps=1000)
+    ours_predicted = probes.predict(params, x)
+    for layer in range(x.shape[0]):
+        features = x[layer].astype(np.float64)
+        reference = LogisticRegression(C=1 / (L2 * len(y)), tol=1e-12, max_iter=10_000, fit_intercept=False)
+        theirs = reference.fit(features, y).coef_.T
+        ours = params["W"][layer].astype(np.float64)
+        bound = (np.linalg.norm(_gradient(ours, features, y, L2)) + np.linalg.norm(_gradient(theirs, features, y, L2)))
+        bound /= L2
+        assert bound < 0.05 * np.linalg.norm(theirs), f"layer {layer}: the optimality bound {bound:.1e} says nothing"
+        assert np.linalg.norm(ours - theirs) <= bound, f"layer {layer}"
+        logits = np.sort(features @ theirs, axis=-1)
+        clear = logits[:, -1] - logits[:, -2] > 2 * bound * np.linalg.norm(features, axis=-1)
+        assert clear.mean() > 0.5
+        np.testing.assert_array_equal(ours_predicted[layer, clear], np.argmax(features @ theirs, -1)[clear])
+
+
+@pytest.mark.slow
+def test_early_stopping_keeps_the_step_with_the_lowest_dev_loss():
+    """The kept parameters are those of the run's step with the lowest dev cross-entropy, found by rerunning
+    L-BFGS for k = 0 (the zero initialisation), 1, 2, … steps (deterministic) and scoring each in float64 here."""
+    x, y = _planted_task(seed=1)
+    train, dev = slice(0, 60), slice(60, None)  # few training items: the dev loss turns up as W overfits
+    kept, steps = probes.fit_linear_probes(x[:, train], y[train], num_classes=4, l2=1e-5, dev=(x[:, dev], y[dev]),
+                                           max_steps=40, patience=5)
+    runs = [probes.fit_linear_probes(x[:, train], y[train], num_classes=4, l2=1e-5, max_steps=k, patience=None)[0]
+            for k in range(int(steps.max()) + 6)]
+    for layer in range(x.shape[0]):
+        losses = []
+        for params in runs:
+            p = _softmax(x[layer, dev].astype(np.float64) @ params["W"][layer] + params["b"][layer])
+            losses.append(-np.log(p[np.arange(len(p)), y[dev]]).mean())
+        best = int(np.argmin(losses[:int(steps[layer]) + 6]))
+        assert best == steps[layer], f"layer {layer}: dev losses {np.round(losses, 4)}"
+        np.testing.assert_array_equal(kept["W"][layer], runs[best]["W"][layer])
+
+
+def test_bootstrap_resamples_whole_sentences():
+    """Against a loop that, for each resample, concatenates the drawn sentences' items and takes the mean."""
+    rng = np.random.default_rng(2)
+    clusters = np.repeat(np.arange(12), rng.integers(1, 6, size=12))
+    correct = rng.random((2, len(clusters))) < [[0.3], [0.8]]
+    interval = probes.bootstrap_accuracy(correct, clusters, samples=200, seed=5)
+    draws = np.random.default_rng(5).multinomial(12, np.full(12, 1 / 12), size=200)
+    accuracies = []
+    for draw in draws:
+        items = np.concatenate([np.flatnonzero(clusters == c) for c in range(12) for _ in range(draw[c])])
+        accuracies.append(correct[:, items].mean(1))
+    expected = np.percentile(np.array(accuracies), [2.5, 97.5], axis=0).T
+    np.testing.assert_allclose(interval, expected, rtol=0, atol=1e-12)
+
+
+def test_control_labels_give_each_word_type_one_label_from_the_task_distribution():
+    """Hewitt & Liang: one label per word type (case-folded), drawn from the task's empirical distribution.
+    With 4,000 types, each label's share of types is within 5 binomial standard deviations of its share."""
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in rng.integers(0, 4000, size=20_000)]
+    words[:2] = ["Word", "word"]
+    labels = list(rng.choice(["NOUN", "VERB", "DET"], p=[0.6, 0.3, 0.1], size=len(words)))
+    control = probes.control_labels(words, labels, seed=0)
+    by_type = {}
+    for word, label in zip(words, control):
+        assert by_type.setdefault(word.lower(), label) == label
+    shares = {label: labels.count(label) / len(labels) for label in set(labels)}
+    types = list(by_type.values())
+    for label, share in shares.items():
+        sd = np.sqrt(share * (1 - share) / len(types))
+        assert abs(types.count(label) / len(types) - share) <= 5 * sd, label
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_mlm):
+    return tiny_mlm[0]
+
+
+SENTENCES = [["ab", "c", "de"], ["fgh", "a"], ["b", "cd", "e", "f"]]
+
+
+@pytest.mark.parametrize("pool", ["first", "mean"])
+def test_word_features_pool_the_words_pieces(tiny, pool):
+    """Against a run of each sentence alone (its own padding): the first piece's row or the pieces' mean."""
+    features = probes.word_features(tiny, SENTENCES, site="mlp.hook_post", pool=pool)
+    column = 0
+    for words in SENTENCES:
+        ids, groups = encode_words(tiny.tokenizer, words)
+        _, cache = tiny.run_with_cache({"input_ids": np.array([ids])}, names="blocks.*.mlp.hook_post")
+        values = np.asarray(cache.stack("mlp.hook_post"))[:, 0]
+        for group in groups[1:-1]:
+            expected = values[:, group[0]] if pool == "first" else values[:, group].mean(1)
+            assert_close_to_scale(features.values[:, column], expected, forward_rtol(tiny.config, S=len(ids)))
+            column += 1
+    assert column == features.values.shape[1]
+    np.testing.assert_array_equal(features.sentence, [0, 0, 0, 1, 1, 2, 2, 2, 2])
+
+
+def test_sentence_features_take_cls_or_the_mean_of_real_tokens(tiny):
+    texts = ["ab cd", "e f g h"]
+    cls = probes.sentence_features(tiny, texts, site="hook_resid_post", pool="cls")
+    mean = probes.sentence_features(tiny, texts, site="hook_resid_post", pool="mean")
+    for b, text in enumerate(texts):
+        _, cache = tiny.run_with_cache([text], names="blocks.*.hook_resid_post")
+        values = np.asarray(cache.stack("hook_resid_post"))[:, 0]
+        rtol = forward_rtol(tiny.config, S=values.shape[1])
+        assert_close_to_scale(cls.values[:, b], values[:, 0], rtol)
+        assert_close_to_scale(mean.values[:, b], values.mean(1), rtol)
+
+
+@pytest.mark.slow
+def test_token_probe_scores_the_test_split_and_its_control(tiny):
+    """Accuracy is the kept probe's on the held-out sentences; selectivity is task − control accuracy."""
+    rng = np.random.default_rng(4)
+    letters = list("abcdefghij")
+    sentences = [[str(rng.choice(letters)) for _ in range(rng.integers(3, 8))] for _ in range(40)]
+    labels = [[int(w in "abcde") for w in words] for words in sentences]  # a property of the word (generated)
+    result = probes.token_probe(tiny, sentences, labels, site="hook_resid_post", samples=100)
+    features = probes.word_features(tiny, sentences)
+    test = np.isin(features.sentence, probes.split_sentences(40)["test"])
+    y = np.concatenate(labels)
+    expected = (probes.predict(result.params, features.values[:, test]) == y[test]).mean(1)
+    np.testing.assert_array_equal(result.accuracy, expected)
+    assert np.all((result.interval[:, 0] <= result.accuracy) & (result.accuracy <= result.interval[:, 1]))
+    np.testing.assert_array_equal(result.selectivity, result.accuracy - result.control.accuracy)
+    assert [row["layer"] for row in result.table()] == list(range(tiny.config.num_hidden_layers))
+
+
+def test_probe_errors_name_the_problem(tiny):
+    with pytest.raises(AnalysisError, match="not a per-layer hook site"):
+        probes.word_features(tiny, SENTENCES, site="hook_resid_postt")
+    with pytest.raises(AnalysisError, match="one vector per token"):
+        probes.word_features(tiny, SENTENCES, site="attn.hook_pattern")
+    with pytest.raises(AnalysisError, match="one label per word"):
+        probes.token_probe(tiny, SENTENCES, [[0, 1], [0, 1], [0]])
+    with pytest.raises(AnalysisError, match="labels must be integers"):
+        probes.fit_linear_probes(np.zeros((1, 3, 2)), np.array([0, 1, 5]), num_classes=2)
+
+
+def test_probes_are_exported():
+    assert minibert.analysis.probes is probes
