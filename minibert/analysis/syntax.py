@@ -45,6 +45,7 @@ class Sentence:
     heads: tuple[int, ...]
     relations: tuple[str, ...]
     sent_id: str | None = None
+    upos: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # UPOS tags (probes: labels, punctuation)
 
 
 def sample_treebank() -> Path:
@@ -67,7 +68,7 @@ def read_conllu(path_or_text) -> list[Sentence]:
     nodes ("1.1") are skipped; anything else malformed raises ConllError naming the file and line."""
     name, text = _source_text(path_or_text)
     sentences: list[Sentence] = []
-    rows: list[tuple[int, str, int, str]] = []  # (line number, form, head, relation)
+    rows: list[tuple[int, str, int, str, str]] = []  # (line number, form, head, relation, UPOS)
     sent_id = None
 
     def fail(lineno, message):
@@ -76,11 +77,11 @@ def read_conllu(path_or_text) -> list[Sentence]:
     def close():
         nonlocal rows, sent_id
         if rows:
-            for lineno, _, head, _ in rows:
+            for lineno, _, head, *_ in rows:
                 if head > len(rows):
                     fail(lineno, f"HEAD {head} points past the sentence's {len(rows)} words.")
             sentences.append(Sentence(tuple(r[1] for r in rows), tuple(r[2] for r in rows),
-                                      tuple(r[3] for r in rows), sent_id))
+                                      tuple(r[3] for r in rows), sent_id, tuple(r[4] for r in rows)))
         rows, sent_id = [], None
 
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -108,7 +109,7 @@ def read_conllu(path_or_text) -> list[Sentence]:
             fail(lineno, f"HEAD {head!r} is not a word number (0 for the root).")
         if relation in ("", "_"):
             fail(lineno, "DEPREL is empty; every word needs a relation to its head.")
-        rows.append((lineno, form, int(head), relation))
+        rows.append((lineno, form, int(head), relation, columns[3]))
     close()
     return sentences
 
