@@ -2,23 +2,69 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from minibert import checkpoint, sources
-from minibert.config import BertConfig
+from minibert.config import Config
 from minibert.errors import InputError
-from minibert.hooks import Cache, HookError, HookFn, HookPoints, Recorder, resolve_names, site_axes, writers_for
-from minibert.model import Bert, Output
+from minibert.hooks import (
+    Cache,
+    HookError,
+    HookFn,
+    HookPoints,
+    Recorder,
+    add_delta,
+    resolve_names,
+    site_axes,
+    writers_for,
+)
+from minibert.model import Bert, Output, position_rows
 from minibert.tokenizer import BaseTokenizer, Batch
 from minibert.tokenizers_hf import tokenizer_for
 
-Inputs = tuple[jax.Array, jax.Array, jax.Array]  # input_ids, token_type_ids, attention_mask, each int32 [B, T]
+
+@struct.dataclass
+class Inputs:
+    """A batch checked and placed on the device (`Model.inputs`): int32 arrays [B, T], a pytree.
+
+    Every Model method and analysis takes an Inputs where it takes a batch, and does not check it again.
+    Build one yourself only from arrays you know are valid (ids in the vocabulary, a 0/1 mask).
+    """
+
+    input_ids: jax.Array
+    token_type_ids: jax.Array
+    attention_mask: jax.Array  # 1 = a real token, 0 = padding
+    position_ids: jax.Array | None = None  # position-table rows [B, T] or [1, T]; None: the family's numbering
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(B, T): rows and tokens per row."""
+        return tuple(self.input_ids.shape)
+
+    def _as_tuple(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        warnings.warn("Inputs is no longer a tuple: read inputs.input_ids, inputs.token_type_ids and "
+                      "inputs.attention_mask (indexing and unpacking go in the next release).", DeprecationWarning,
+                      stacklevel=3)
+        return self.input_ids, self.token_type_ids, self.attention_mask
+
+    def __getitem__(self, index):
+        return self._as_tuple()[index]
+
+    def __iter__(self):
+        return iter(self._as_tuple())
+
+
+def as_inputs(inputs) -> Inputs:
+    """An Inputs, or the (input_ids, token_type_ids, attention_mask) tuple Model.inputs returned before."""
+    return inputs if isinstance(inputs, Inputs) else Inputs(*inputs)
 
 
 def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = False,
@@ -33,7 +79,7 @@ def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = 
     dtype = _checked_dtype(dtype)
     directory = sources.resolve(name, download=download)
     model_dir, pooling = checkpoint.sentence_transformers_layout(directory)
-    cfg = BertConfig.from_hf(model_dir, architecture=architecture)
+    cfg = Config.from_hf(model_dir, architecture=architecture)
     bin_path = model_dir / "pytorch_model.bin"
     if allow_pickle and bin_path.exists() and not (model_dir / "model.safetensors").exists():
         tensors = checkpoint.read_pytorch_bin(bin_path, allow_pickle=True)
@@ -78,10 +124,6 @@ def _check_whole_numbers(name: str, value: np.ndarray) -> None:
                          f"Pass an int array, as model.tokenize makes.")
 
 
-def _add(value, ctx, delta):
-    return value + delta
-
-
 def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> tuple[int, ...]:
     """The row lengths programs are compiled for, up to max_length: `smallest`, then per_octave steps per
     doubling (2: 16, 24, 32, 48, 64, 96, …; 1: 128, 256, 512, …), then max_length itself.
@@ -103,10 +145,11 @@ def bucket_length(length: int, buckets: Sequence[int]) -> int:
 
 
 def _padded_to(inputs: Inputs, length: int, pad_id: int) -> Inputs:
-    """input_ids, token_type_ids, attention_mask [B, T] padded on the right to [B, length] (masked padding)."""
-    ids, types, mask = inputs
-    extra = ((0, 0), (0, length - ids.shape[1]))
-    return jnp.pad(ids, extra, constant_values=pad_id), jnp.pad(types, extra), jnp.pad(mask, extra)
+    """Every array of `inputs` padded on the right to [B, length] (masked padding reading position row 0)."""
+    extra = ((0, 0), (0, length - inputs.shape[1]))
+    pad = lambda array: None if array is None else jnp.pad(array, extra)  # noqa: E731
+    return Inputs(jnp.pad(inputs.input_ids, extra, constant_values=pad_id), pad(inputs.token_type_ids),
+                  pad(inputs.attention_mask), pad(inputs.position_ids))
 
 
 def _cut(name: str, value, length: int):
@@ -127,7 +170,7 @@ def _cut_output(out: Output, length: int, heads) -> Output:
 class Model:
     """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit."""
 
-    def __init__(self, config: BertConfig, params: Mapping | None = None, tokenizer: BaseTokenizer | None = None, *,
+    def __init__(self, config: Config, params: Mapping | None = None, tokenizer: BaseTokenizer | None = None, *,
                  dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None):
         """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed)."""
         self.config, self.tokenizer, self.dtype, self.pooling, self.source = config, tokenizer, dtype, pooling, source
@@ -137,9 +180,11 @@ class Model:
         else:
             self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
             nnx.replace_by_pure_dict(self.state, params)
-        self.traces = 0  # how many times a forward was traced (compiled); tests and benchmarks read it
-        self._forward_jit = jax.jit(self._forward, static_argnames=("capture", "writer_def"))
-        self._stage_jit = jax.jit(self._stage, static_argnames=("stage", "capture", "writer_def"))
+        self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
+        self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
+        self._programs: dict = {}  # Model.jit's compiled functions, by (fn, static_argnames)
+        self._forward_jit = self.jit(Model._forward, static_argnames=("capture", "writer_def"))
+        self._stage_jit = self.jit(Model._stage, static_argnames=("stage", "capture", "writer_def"))
         self._hook_sites: dict | None = None
 
     def __repr__(self):
@@ -160,19 +205,79 @@ class Model:
         """The parameters block `layer` applies: its own, or for ALBERT the one block every layer shares."""
         return self.params["blocks"][0 if self.config.family.shared_layers else layer]
 
+    def layer_weights(self, name: str) -> jax.Array:
+        """One weight of every block stacked over the layers, [L, ...], by its name inside a block: "attn.W_O"
+        [L, H, K, D], "ln1.scale" [L, D], "mlp.W_in" [L, D, F], … (ALBERT: its one shared block's, L times)."""
+        def weight(layer):
+            value = self.block_params(layer)
+            for part in name.split("."):
+                if not isinstance(value, Mapping) or part not in value:
+                    raise InputError(f"{name!r} is not a weight of a block; blocks hold "
+                                     f"{_weight_names(self.block_params(0))}.")
+                value = value[part]
+            return value
+        return jnp.stack([weight(layer) for layer in range(self.config.num_hidden_layers)])
+
     def param_count(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
 
+    # ---- positions ------------------------------------------------------------------------------------
+
+    def position_ids(self, input_ids):
+        """The position-table row of every token by this family's rule: [1, T] rows 0…T−1, or RoBERTa's [B, T]
+        counting real tokens from pad_token_id + 1. NumPy in, NumPy out; JAX in, JAX out."""
+        return position_rows(input_ids, self.config.pad_token_id, self.config.family.position_offset)
+
+    def position_embeddings(self, position_ids, state=None) -> jax.Array:
+        """The position table's rows [..., E] for `position_ids` (inside a jit, pass the traced `state`)."""
+        return self._module(state).embed.position[...][position_ids]
+
     # ---- inputs ---------------------------------------------------------------------------------------
 
-    def tokenize(self, texts, pairs=None, *, max_length: int | None = None) -> Batch:
+    def padded(self, batch, length: int) -> Inputs:
+        """The batch's Inputs padded on the right to `length` tokens per row: masked padding, which no real token
+        reads, so real tokens keep their values (up to rounding)."""
+        inputs = self.inputs(batch)
+        if not inputs.shape[1] <= length <= self.config.max_tokens:
+            raise InputError(f"cannot pad rows of {inputs.shape[1]} tokens to {length}: the length must lie between "
+                             f"them and the model's {self.config.max_tokens} positions.")
+        return inputs if length == inputs.shape[1] else _padded_to(inputs, length, self.config.pad_token_id)
+
+    def tokenize(self, texts, pairs=None, *, max_length: int | None = None, padding: str = "longest") -> Batch:
+        """Texts (and second texts; a None pair leaves its row single) → a Batch. max_length truncates (longest
+        first); padding="max_length" also pads every row to max_length, "longest" to the longest row."""
         if self.tokenizer is None:
             raise InputError("this model was built without a tokenizer; pass token ids (a dict with input_ids) "
                              "instead.")
-        return self.tokenizer(texts, pairs, max_length=max_length)
+        return self.tokenizer(texts, pairs, max_length=max_length, padding=padding)
 
-    def inputs(self, batch) -> Inputs:
-        """A Batch, a dict of id arrays, or text(s) → checked int32 arrays on the device."""
+    def to_str_tokens(self, text) -> list:
+        """TransformerLens' to_str_tokens: a text → its tokens, special ones included (['[CLS]', 'hi', '[SEP]']);
+        a list of texts → one such list per text (no padding); token ids [T] or [B, T] → their tokens."""
+        if is_text(text):
+            batch = self.tokenize(text)
+            rows = [batch.real_tokens(row) for row in range(len(batch))]
+            return rows[0] if isinstance(text, str) else rows
+        ids = np.asarray(text)
+        if ids.ndim not in (1, 2) or not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"to_str_tokens takes a text, a list of texts or int token ids [T] or [B, T]; got "
+                             f"{type(text).__name__} of shape {ids.shape}.")
+        if self.tokenizer is None:
+            raise InputError("this model was built without a tokenizer; it has no token strings for ids.")
+        if ids.ndim == 1:
+            return self.tokenizer.convert_ids_to_tokens(ids)
+        return [self.tokenizer.convert_ids_to_tokens(row) for row in ids]
+
+    def inputs(self, batch, *, position_ids=None) -> Inputs:
+        """A Batch, a dict of id arrays, or text(s) → checked int32 arrays on the device (an Inputs, which every
+        method takes in place of a batch without checking it again; an Inputs passed here comes back as is).
+
+        `position_ids` [B, T] or [1, T] (or a dict's "position_ids"): the position-table row each token reads,
+        instead of the family's numbering (e.g. positions restarting at each document packed in a row).
+        """
+        if isinstance(batch, Inputs):
+            return batch if position_ids is None else batch.replace(position_ids=self._checked_positions(
+                position_ids, batch.shape))
         if is_text(batch):
             batch = self.tokenize(batch)
         if not isinstance(batch, (Batch, Mapping)):
@@ -205,7 +310,21 @@ class Model:
                              f"Were they made with another model's tokenizer?")
         if types.min() < 0 or types.max() >= cfg.type_vocab_size:
             raise InputError(f"token_type_ids must lie in [0, {cfg.type_vocab_size}); found {types.max()}.")
-        return tuple(jnp.asarray(a, jnp.int32) for a in (ids, types, mask))
+        positions = fields.get("position_ids") if position_ids is None else position_ids
+        positions = None if positions is None else self._checked_positions(positions, ids.shape)
+        return Inputs(*(jnp.asarray(a, jnp.int32) for a in (ids, types, mask)), position_ids=positions)
+
+    def _checked_positions(self, position_ids, shape: tuple[int, int]) -> jax.Array:
+        positions = np.asarray(position_ids)
+        if positions.ndim != 2 or positions.shape[0] not in (1, shape[0]) or positions.shape[1] != shape[1]:
+            raise InputError(f"position_ids must have shape {tuple(shape)} or (1, {shape[1]}), one row per token; "
+                             f"got {positions.shape}.")
+        _check_whole_numbers("position_ids", positions)
+        rows = self.config.max_position_embeddings
+        if positions.min() < 0 or positions.max() >= rows:
+            raise InputError(f"position_ids must lie in [0, {rows}) (the rows of the position table); found "
+                             f"{positions.min()}…{positions.max()}.")
+        return jnp.asarray(positions, jnp.int32)
 
     # ---- hook points ----------------------------------------------------------------------------------
 
@@ -227,30 +346,67 @@ class Model:
     def _names(self, spec) -> list[str]:
         return resolve_names(spec, self.hook_names, self.config.architecture)
 
+    def hook_points(self, hooks=None, names=()) -> HookPoints:
+        """The hooks object of one traced stage: applies `hooks` ({name or glob: fn} or [(name, fn)], as
+        run_with_hooks takes them) and captures `names` into its `.captured` dict."""
+        capture = self._names(names) if names != () else ()
+        cfg = self.config
+        return HookPoints(capture, writers_for(hooks, self.hook_names, cfg.architecture), cfg.num_attention_heads,
+                          cfg.head_dim)
+
+    def _stage_hooks(self, hooks) -> HookPoints:
+        return hooks if isinstance(hooks, HookPoints) else self.hook_points(hooks)
+
+    # ---- compiled programs ----------------------------------------------------------------------------
+
+    def jit(self, fn: Callable, *, static_argnames: Sequence[str] = ()) -> Callable:
+        """`fn(model, *args, **kwargs)` compiled with jax.jit for this model, each trace counted in `traces`.
+
+        Made once per (fn, static_argnames) and kept on the model, so repeated calls reuse the compiled
+        programs; pass `model.state` as an argument (weights traced, not baked into the program).
+        """
+        key = (fn, tuple(static_argnames))
+        if key not in self._programs:
+            self._programs[key] = jax.jit(self._counted(functools.partial(fn, self)), static_argnames=static_argnames)
+        return self._programs[key]
+
+    def _counted(self, fn: Callable) -> Callable:
+        """fn, with each trace of it counted in `traces`; traced inside another counted function, it counts once."""
+        @functools.wraps(fn)
+        def counted(*args, **kwargs):
+            self.traces += self._tracing == 0
+            self._tracing += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._tracing -= 1
+        return counted
+
+    def _module(self, state=None) -> Bert:
+        return nnx.merge(self.graphdef, self.state if state is None else state)
+
     # ---- forward passes -------------------------------------------------------------------------------
 
     def _hook_points(self, writer_leaves, writer_def, capture: frozenset) -> HookPoints:
-        """The hooks of one traced forward (each trace is counted: a trace is a compile)."""
-        self.traces += 1
+        """The hooks of one traced forward, from its writers flattened to traced leaves."""
         writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
         return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
 
     def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def):
         hooks = self._hook_points(writer_leaves, writer_def, capture)
-        out = nnx.merge(self.graphdef, state)(*inputs, hooks)
+        out = self._module(state)(inputs.input_ids, inputs.token_type_ids, inputs.attention_mask, hooks,
+                                  inputs.position_ids)
         return out, hooks.captured
 
     def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
         """One stage of the forward (embedding, block `stage`, or the head), for streaming captures to host."""
         hooks = self._hook_points(writer_leaves, writer_def, capture)
-        module = nnx.merge(self.graphdef, state)
-        ids, types, mask = inputs
         if stage == "embed":
-            out = module.embedding(ids, types, hooks)
+            out = self.embed(state, inputs, hooks)
         elif stage == "head":
-            out = module.head(x, hooks)
+            out = self.head(state, x, hooks)
         else:
-            out = module.block(stage, x, module.key_mask(mask), hooks)
+            out = self.block(state, stage, x, inputs, hooks)
         return out, hooks.captured
 
     def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None) -> Callable:
@@ -258,7 +414,39 @@ class Model:
         jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state."""
         capture = frozenset(self._names(names)) if names != () else frozenset()
         leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
-        return lambda state, inputs: self._forward(state, inputs, leaves, capture, writer_def)
+        return self._counted(lambda state, inputs: self._forward(state, as_inputs(inputs), leaves, capture, writer_def))
+
+    # ---- stages: pure functions of (state, ...) to compose inside a jit, vmap or grad -----------------------
+
+    def embed(self, state, inputs: Inputs, hooks=None) -> jax.Array:
+        """The residual stream entering block 0, [B, T, D]. `hooks`: as run_with_hooks takes them, or HookPoints."""
+        inputs = as_inputs(inputs)
+        return self._module(state).embedding(inputs.input_ids, inputs.token_type_ids, self._stage_hooks(hooks),
+                                             inputs.position_ids)
+
+    def block(self, state, layer: int, resid, inputs: Inputs, hooks=None) -> jax.Array:
+        """Block `layer` (a Python int) on the residual stream resid [B, T, D] entering it → its output [B, T, D]."""
+        module = self._module(state)
+        return module.block(layer, resid, module.key_mask(as_inputs(inputs).attention_mask), self._stage_hooks(hooks))
+
+    def suffix(self, state, layer, resid, inputs: Inputs, hooks=None) -> Output:
+        """The forward's Output from resid [B, T, D], the residual stream entering block `layer`: blocks
+        layer…L−1, then the head. `layer` may be traced (an int32 array): each block then sits behind a
+        `lax.cond(i >= layer)`, so one compiled program serves every layer and the blocks before it are
+        skipped at run time (under grad and vmap too, as long as `layer` itself is not vmapped)."""
+        module, hooks = self._module(state), self._stage_hooks(hooks)
+        key_mask = module.key_mask(as_inputs(inputs).attention_mask)
+        x = resid
+        for i in range(self.config.num_hidden_layers):
+            if isinstance(layer, int):
+                x = module.block(i, x, key_mask, hooks) if i >= layer else x
+            else:
+                x = jax.lax.cond(i >= layer, lambda x, i=i: module.block(i, x, key_mask, hooks), lambda x: x, x)
+        return module.head(x, hooks)
+
+    def head(self, state, hidden, hooks=None) -> Output:
+        """The pooler and task head on the last hidden state [B, T, D] (any stream, for the logit lens)."""
+        return self._module(state).head(hidden, self._stage_hooks(hooks))
 
     def run(self, batch, *, names=(), hooks: Mapping[str, Callable] | None = None,
             offload: bool = False) -> tuple[Output, Cache]:
@@ -273,7 +461,7 @@ class Model:
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
         # Without writer hooks (whose arrays may be shaped by T), rows are padded to a bucket length so that a
         # new sentence length rarely compiles a new program; outputs and captures are cut back to T.
-        length = inputs[0].shape[1]
+        length = inputs.shape[1]
         if not writers:
             inputs = _padded_to(inputs, bucket_length(length, self.length_buckets), self.config.pad_token_id)
         if not offload:
@@ -284,7 +472,7 @@ class Model:
                 out, values = self._stage_jit(self.state, out, inputs, leaves, stage=stage, capture=capture,
                                               writer_def=writer_def)
                 captured |= {name: np.asarray(value) for name, value in values.items()}
-        if inputs[0].shape[1] != length:
+        if inputs.shape[1] != length:
             out = _cut_output(out, length, self.config.heads)
             captured = {n: _cut(n, v, length) for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
@@ -326,7 +514,7 @@ class Model:
         def objective(deltas):
             writers = dict(user_writers)
             for name, delta in deltas.items():
-                writers[name] = writers.get(name, ()) + (HookFn(_add, delta=delta),)
+                writers[name] = writers.get(name, ()) + (HookFn(add_delta, delta=delta),)
             leaves, writer_def = jax.tree_util.tree_flatten(writers)
             out, _ = self._forward_jit(self.state, inputs, leaves, capture=frozenset(), writer_def=writer_def)
             loss = loss_fn(out)
@@ -347,10 +535,9 @@ class Model:
         if mode not in POOLINGS:  # before the run: a typo costs no forward pass
             raise InputError(f"pooling mode {mode!r} is not one of {', '.join(map(repr, POOLINGS))}.")
         normalize = settings["normalize"] if normalize is None else normalize
-        batch = self.tokenize(batch) if is_text(batch) else batch  # tokenized once, for the mask and the run
-        inputs = self.inputs(batch)
-        hidden = self.run(batch)[0].last_hidden_state
-        mask = inputs[2][..., None].astype(hidden.dtype)
+        inputs = self.inputs(batch)  # checked once, for the mask and the run
+        hidden = self.run(inputs)[0].last_hidden_state
+        mask = inputs.attention_mask[..., None].astype(hidden.dtype)
         if mode == "mean":
             pooled = (hidden * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
         elif mode == "cls":
@@ -360,3 +547,9 @@ class Model:
         if normalize:
             pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         return pooled
+
+
+def _weight_names(tree: Mapping, prefix: str = "") -> str:
+    """The dotted names of a nested params dict's leaves, e.g. "attn.W_Q, attn.b_Q, …"."""
+    return ", ".join(_weight_names(value, f"{prefix}{key}.") if isinstance(value, Mapping) else f"{prefix}{key}"
+                     for key, value in tree.items())

@@ -133,6 +133,12 @@ class HookFn:
         return f"HookFn({getattr(self.fn, '__name__', self.fn)}, {', '.join(self.arrays)})"
 
 
+def add_delta(value, ctx: HookContext, delta):
+    """value + delta: at delta = 0 it changes nothing, and its gradient is ∂loss/∂value (Model.grad,
+    attribution patching)."""
+    return value + delta
+
+
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 
 

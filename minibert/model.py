@@ -146,10 +146,11 @@ class Embeddings(nnx.Module):
         """The position-table row of every token (position_rows)."""
         return position_rows(input_ids, self.pad_token_id, self.offset_positions)
 
-    def __call__(self, input_ids, token_type_ids, hooks: Hooks):
+    def __call__(self, input_ids, token_type_ids, hooks: Hooks, position_ids=None):
+        """position_ids [B, T] or [1, T]: the position-table rows to read; None numbers them by the family's rule."""
         embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, E]
-        summed = embed + hooks("embed.hook_pos_embed",
-                               jnp.broadcast_to(self.position[...][self.positions(input_ids)], embed.shape))
+        rows = self.positions(input_ids) if position_ids is None else position_ids
+        summed = embed + hooks("embed.hook_pos_embed", jnp.broadcast_to(self.position[...][rows], embed.shape))
         if self.token_type is not None:
             summed = summed + hooks("embed.hook_token_type_embed", self.token_type[...][token_type_ids])
         normalized = self.ln(summed, hooks, "embed.ln")
@@ -336,10 +337,11 @@ class Bert(nnx.Module):
     # The stages below are the only code that runs the model: the plain forward, the offloaded forward
     # (api.Model.run(offload=True)) and the sweeps of analysis/ compose them.
 
-    def __call__(self, input_ids, token_type_ids, attention_mask, hooks: Hooks = NO_HOOKS) -> Output:
-        """input_ids, token_type_ids, attention_mask: int [B, T] → Output."""
+    def __call__(self, input_ids, token_type_ids, attention_mask, hooks: Hooks = NO_HOOKS,
+                 position_ids=None) -> Output:
+        """input_ids, token_type_ids, attention_mask: int [B, T] (position_ids: Embeddings) → Output."""
         key_mask = self.key_mask(attention_mask)
-        resid = self.embedding(input_ids, token_type_ids, hooks)
+        resid = self.embedding(input_ids, token_type_ids, hooks, position_ids)
         for i in range(len(self.blocks)):
             resid = self.block(i, resid, key_mask, hooks)
         return self.head(resid, hooks)
@@ -349,9 +351,9 @@ class Bert(nnx.Module):
         """attention_mask int [B, S] (1 = real token) → bool [B, 1, 1, S], broadcast over heads and queries."""
         return attention_mask.astype(bool)[:, None, None, :]
 
-    def embedding(self, input_ids, token_type_ids, hooks: Hooks = NO_HOOKS) -> jax.Array:
+    def embedding(self, input_ids, token_type_ids, hooks: Hooks = NO_HOOKS, position_ids=None) -> jax.Array:
         """Stage 0: the residual stream entering block 0, [B, T, D]."""
-        return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks))
+        return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks, position_ids))
 
     def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS) -> jax.Array:
         """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D]."""

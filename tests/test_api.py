@@ -1,19 +1,26 @@
-"""minibert/api.py: what `Model` takes as a batch, its defaults, and sentence embeddings against NumPy
-pooling of the model's own last hidden state. Hooks, caches and gradients: test_hooks.py; bad input:
-test_errors.py; parity with transformers: test_parity.py."""
+"""minibert/api.py: what `Model` takes as a batch, its defaults, sentence embeddings against NumPy
+pooling of the model's own last hidden state, and the boundary analyses stand on (prepared Inputs,
+explicit positions, the stages, Model.jit's trace count). Hooks, caches and gradients: test_hooks.py; bad
+input: test_errors.py; parity with transformers: test_parity.py."""
 
 from __future__ import annotations
 
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings, forward_rtol
 
-from minibert import Batch, BertConfig, InputError, Model
-from minibert.api import POOLINGS, is_text
+from minibert import Batch, Config, InputError, Model
+from minibert.api import POOLINGS, Inputs, is_text
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
+    cfg = Config(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
                      max_position_embeddings=16)
     return Model(cfg, seed=1)
 
@@ -31,7 +38,8 @@ def test_is_text_tells_texts_from_id_batches(value, text):
 
 
 def test_inputs_fill_in_types_and_mask_as_int32(tiny):
-    ids, types, mask = (np.asarray(a) for a in tiny.inputs({"input_ids": IDS}))
+    inputs = tiny.inputs({"input_ids": IDS})
+    ids, types, mask = (np.asarray(a) for a in (inputs.input_ids, inputs.token_type_ids, inputs.attention_mask))
     np.testing.assert_array_equal(ids, IDS)
     np.testing.assert_array_equal(types, np.zeros_like(IDS))
     np.testing.assert_array_equal(mask, np.ones_like(IDS))
@@ -83,3 +91,125 @@ def test_unknown_pooling_mode_fails_before_running(tiny):
     with pytest.raises(InputError, match="pooling mode 'first' is not one of 'mean', 'cls', 'max'"):
         tiny.sentence_embeddings({"input_ids": IDS[:, :3]}, mode="first")  # a new shape: a run would trace
     assert tiny.traces == traces
+
+
+# ---- the boundary: prepared inputs, positions, stages, compiled programs ------------------------------------
+
+def test_prepared_inputs_are_named_and_pass_through_unchecked(tiny):
+    inputs = tiny.inputs({"input_ids": IDS, "attention_mask": MASK})
+    assert isinstance(inputs, Inputs) and inputs.shape == IDS.shape and inputs.position_ids is None
+    np.testing.assert_array_equal(inputs.attention_mask, MASK)
+    assert tiny.inputs(inputs) is inputs
+    np.testing.assert_array_equal(tiny(inputs).last_hidden_state, tiny({"input_ids": IDS, "attention_mask": MASK})
+                                  .last_hidden_state)
+
+
+def test_indexing_inputs_as_the_old_tuple_warns(tiny):
+    inputs = tiny.inputs({"input_ids": IDS})
+    with pytest.warns(DeprecationWarning, match="inputs.attention_mask"):
+        ids, types, mask = inputs
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(inputs[2], mask)
+    np.testing.assert_array_equal(ids, IDS)
+
+
+def test_explicit_positions_read_those_rows_of_the_position_table(tiny):
+    positions = np.array([[5, 6, 7, 0, 1, 2], [3, 3, 9, 8, 1, 0]])
+    inputs = tiny.inputs({"input_ids": IDS}, position_ids=positions)
+    _, cache = tiny.run_with_cache(inputs, names="embed.hook_pos_embed")
+    table = np.asarray(tiny.params["embed"]["position"])
+    np.testing.assert_array_equal(cache["embed.hook_pos_embed"], table[positions])  # a gather: no rounding
+    np.testing.assert_array_equal(tiny.position_embeddings(positions), table[positions])
+
+
+def test_the_familys_own_positions_given_explicitly_change_nothing(tiny):
+    batch = {"input_ids": IDS, "attention_mask": MASK}
+    assert tiny.position_ids(IDS).tolist() == [list(range(IDS.shape[1]))]  # BERT: rows 0…T−1 for every row
+    explicit = tiny(tiny.inputs(batch, position_ids=tiny.position_ids(IDS))).last_hidden_state
+    # Same arithmetic, another program: two programs' roundings of a whole forward.
+    assert_close_to_scale(explicit, tiny(batch).last_hidden_state, forward_rtol(tiny.config, S=IDS.shape[1]))
+
+
+def test_roberta_numbers_positions_from_the_pad_row():
+    roberta = Model(Config(architecture="RobertaModel", vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=12, pad_token_id=1, max_position_embeddings=16))
+    ids = np.array([[0, 7, 9, 2, 1, 1]])  # fairseq's numbering: real tokens from pad + 1, padding on the pad row
+    np.testing.assert_array_equal(roberta.position_ids(ids), [[2, 3, 4, 5, 1, 1]])
+
+
+@pytest.mark.parametrize("positions, problem", [
+    (np.zeros((2, 5), int), "must have shape"), (np.full((1, 6), 16), r"must lie in \[0, 16\)"),
+    (np.full((1, 6), 0.5), "whole numbers"),
+])
+def test_bad_positions_are_named(tiny, positions, problem):
+    with pytest.raises(InputError, match=problem):
+        tiny.inputs({"input_ids": IDS}, position_ids=positions)
+
+
+def test_layer_weights_stack_each_blocks_weight(tiny):
+    expected = np.stack([np.asarray(tiny.block_params(layer)["attn"]["W_O"]) for layer in range(2)])
+    np.testing.assert_array_equal(tiny.layer_weights("attn.W_O"), expected)
+    with pytest.raises(InputError, match="attn.W_K, attn.W_O, attn.W_Q"):
+        tiny.layer_weights("attn.W_X")
+
+
+def two_program_block_rtol(config, S: int) -> float:
+    """One block computed by two programs: twice one block's roundings (tolerances.block_roundings)."""
+    c = config
+    return LAMBDA * math.sqrt(2 * block_roundings(c.hidden_size, c.intermediate_size, c.head_dim, S)) * U32
+
+
+def test_stages_compose_to_the_forward(tiny):
+    batch = {"input_ids": IDS, "attention_mask": MASK}
+    out, cache = tiny.run_with_cache(batch, names=["hook_full_embed", "blocks.*.hook_resid_pre"])
+    inputs, resid = tiny.inputs(batch), cache.stack("hook_resid_pre")  # [L, B, T, D]
+    real = MASK.astype(bool)
+    rtol = two_program_block_rtol(tiny.config, IDS.shape[1])
+    assert_close_to_scale(tiny.embed(tiny.state, inputs), cache["hook_full_embed"], rtol, "embed", real)
+    assert_close_to_scale(tiny.block(tiny.state, 0, resid[0], inputs), resid[1], rtol, "block 0", real)
+    for layer in range(2):
+        assert_close_to_scale(tiny.suffix(tiny.state, layer, resid[layer], inputs).last_hidden_state,
+                              out.last_hidden_state, forward_rtol(tiny.config, S=IDS.shape[1]), f"suffix {layer}",
+                              real)
+
+
+def test_one_traced_suffix_program_serves_every_layer(tiny):
+    batch = {"input_ids": IDS, "attention_mask": MASK}
+    out, cache = tiny.run_with_cache(batch, names="blocks.*.hook_resid_pre")
+    inputs, resid = tiny.inputs(batch), cache.stack("hook_resid_pre")
+    program = tiny.jit(lambda model, state, layer, resid, inputs: model.suffix(state, layer, resid, inputs))
+    before = tiny.traces
+    for layer in range(2):
+        got = program(tiny.state, jnp.int32(layer), resid[layer], inputs).last_hidden_state
+        assert_close_to_scale(got, out.last_hidden_state, forward_rtol(tiny.config, S=IDS.shape[1]), f"layer {layer}",
+                              MASK.astype(bool))
+    assert tiny.traces == before + 1
+
+
+def test_a_forward_fn_traced_inside_a_model_jit_counts_once(tiny):
+    forward = tiny.forward_fn("blocks.0.hook_resid_post")
+
+    def mean_resid(model, state, inputs):
+        return forward(state, inputs)[1]["blocks.0.hook_resid_post"].mean()
+
+    before = tiny.traces
+    inputs = tiny.inputs({"input_ids": IDS[:, :5]})
+    tiny.jit(mean_resid)(tiny.state, inputs)
+    tiny.jit(mean_resid)(tiny.state, inputs)  # the same program, kept on the model
+    assert tiny.traces == before + 1
+    jax.jit(forward)(tiny.state, inputs)  # traced alone, it counts itself
+    assert tiny.traces == before + 2
+
+
+def test_head_reads_any_hidden_state(tiny_mlm):
+    model, _ = tiny_mlm
+    batch = {"input_ids": IDS % model.config.vocab_size, "attention_mask": MASK}
+    out = model(batch)
+    c = model.config
+    # The head alone, two programs: the dense layer (D terms), its LayerNorm (E) and the unembedding (E).
+    rtol = LAMBDA * math.sqrt(2 * (c.hidden_size + 2 * c.embed_dim)) * U32
+    assert_close_to_scale(model.head(model.state, out.last_hidden_state).logits, out.logits, rtol, "logits",
+                          MASK.astype(bool))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the stages take Inputs without the deprecated tuple access
+        model.block(model.state, 0, out.last_hidden_state, model.inputs(batch))
