@@ -185,3 +185,149 @@ def test_probe_errors_name_the_problem(tiny):
 
 def test_probes_are_exported():
     assert minibert.analysis.probes is probes
+
+
+# ---- structural probes -------------------------------------------------------------------------------------
+
+# "the dog chased a cat ." : chased is the root; the → dog → chased ← cat ← a; "." → chased (hand-drawn tree)
+HEADS = (2, 3, 0, 5, 3, 3)
+UPOS = ("DET", "NOUN", "VERB", "DET", "NOUN", "PUNCT")
+
+
+def test_tree_distances_and_depths_by_hand_and_by_shortest_paths():
+    from scipy.sparse.csgraph import shortest_path
+
+    np.testing.assert_array_equal(probes.tree_depths(HEADS), [2, 1, 0, 2, 1, 1])
+    distances = probes.tree_distances(HEADS)
+    assert distances[0, 3] == 4 and distances[1, 4] == 2 and distances[5, 0] == 3  # the→dog→chased←cat←a …
+    rng = np.random.default_rng(6)
+    for n in (1, 7, 30):
+        heads = [0] + [int(rng.integers(1, i + 1)) for i in range(1, n)]  # each word hangs on an earlier one
+        edges = np.zeros((n, n))
+        for word, head in enumerate(heads):
+            if head:
+                edges[word, head - 1] = edges[head - 1, word] = 1
+        np.testing.assert_array_equal(probes.tree_distances(heads), shortest_path(edges, unweighted=True))
+
+
+def _trees(predicted_kind, sentences_heads, upos=None):
+    """Trees of gold targets only (no features) for the metric functions."""
+    W = max(map(len, sentences_heads))
+    S = len(sentences_heads)
+    targets = np.full((S, W, W) if predicted_kind == "distance" else (S, W), -1.0)
+    punctuation = np.zeros((S, W), bool)
+    for s, heads in enumerate(sentences_heads):
+        n = len(heads)
+        gold = probes.tree_distances(heads) if predicted_kind == "distance" else probes.tree_depths(heads)
+        targets[(s, *np.ix_(*[range(n)] * gold.ndim))] = gold
+        if upos is not None:
+            punctuation[s, :n] = [tag == "PUNCT" for tag in upos[s]]
+    roots = np.array([list(h).index(0) for h in sentences_heads])
+    return probes.Trees(None, targets, np.array(list(map(len, sentences_heads))), punctuation, roots, predicted_kind)
+
+
+def test_uuas_by_hand():
+    """Predicted distances whose spanning tree attaches "a" to "dog" instead of "cat": 4 of 5 gold edges (the
+    punctuation's edge left out: 4 gold edges among the words) → 3/4."""
+    trees = _trees("distance", [HEADS], [UPOS])
+    predicted = probes.tree_distances(HEADS).astype(float)
+    predicted[3, 1] = predicted[1, 3] = 0.5  # a–dog is now the shortest pair
+    predicted[3, 4] = predicted[4, 3] = 5.0
+    assert probes.uuas([predicted], trees) == 3 / 4
+    assert probes.uuas([probes.tree_distances(HEADS)], trees) == 1.0
+
+
+def test_uuas_and_spearman_against_scipy():
+    """UUAS against scipy's minimum spanning tree, Spearman against scipy.stats.spearmanr, both averaged the way
+    Hewitt & Manning's reporter does (per-length means of per-row correlations over lengths 5–50)."""
+    from scipy.sparse.csgraph import minimum_spanning_tree
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(7)
+    sentence_heads = [[0] + [int(rng.integers(1, i + 1)) for i in range(1, n)] for n in (3, 5, 5, 8, 12)]
+    upos = [["PUNCT" if rng.random() < 0.2 and i else "X" for i in range(len(h))] for h in sentence_heads]
+    trees = _trees("distance", sentence_heads, upos)
+    predicted = []
+    correct = total = 0
+    by_length = {}
+    for heads, tags in zip(sentence_heads, upos):
+        n = len(heads)
+        points = rng.normal(size=(n, 3))
+        distances = ((points[:, None] - points[None]) ** 2).sum(-1)  # distinct: one spanning tree
+        predicted.append(distances)
+        kept = [i for i in range(n) if tags[i] != "PUNCT"]
+
+        def edges(matrix, kept=kept):
+            tree = minimum_spanning_tree(matrix[np.ix_(kept, kept)] + 1e-9).toarray()  # +ε: scipy drops 0 weights
+            return {tuple(sorted((kept[i], kept[j]))) for i, j in zip(*np.nonzero(tree))}
+
+        gold = edges(probes.tree_distances(heads).astype(float))
+        correct += len(gold & edges(distances))
+        total += len(gold)
+        by_length.setdefault(n, []).extend(spearmanr(p, g).statistic for p, g in zip(distances,
+                                                                                     probes.tree_distances(heads)))
+    assert probes.uuas(predicted, trees) == correct / total
+    expected = np.mean([np.mean(by_length[n]) for n in by_length if 5 <= n <= 50])
+    assert abs(probes.mean_spearman(predicted, trees) - expected) <= 1e-12
+
+
+def test_root_accuracy_skips_punctuation():
+    trees = _trees("depth", [HEADS, HEADS], [UPOS, UPOS])
+    right = np.array([2.0, 1, 0.5, 2, 1, 0.1])  # "." is least deep, but punctuation: the root (chased) wins
+    wrong = np.array([2.0, 0.2, 0.5, 2, 1, 0.1])
+    assert probes.root_accuracy([right, wrong], trees) == 0.5
+
+
+@pytest.mark.parametrize("kind", ["distance", "depth"])
+def test_structural_training_matches_a_pytorch_reference(kind):
+    """Per-step losses of every layer equal a PyTorch (float64) implementation of Hewitt & Manning's probe, L1
+    loss and Adam from the same B and the same batch (all sentences: one step per epoch, so order is moot).
+
+    Tolerance: our float32 loss of one step rounds x·B (dot products of length F), the squares summed over the
+    rank K and |·| summed over S·W² pairs: dot_rtol(F) twice + sum_rtol(K) + sum_rtol(S·W²), relative to
+    the loss. Adam moves each entry by at most lr per step whatever the gradient's rounding, but rounding
+    only perturbs it; we allow the step's bound to accumulate linearly over the steps taken.
+    """
+    import torch
+    from tolerances import dot_rtol, sum_rtol
+
+    rng = np.random.default_rng(8)
+    S, W, F, K, L, steps = 6, 7, 12, 4, 2, 5
+    lengths = rng.integers(3, W + 1, size=S)
+    lengths[0] = W
+    sentence_heads = [[0] + [int(rng.integers(1, i + 1)) for i in range(1, n)] for n in lengths]
+    trees = _trees(kind, sentence_heads)
+    features = rng.normal(size=(L, S, W, F)).astype(np.float32)
+    trees = probes.Trees(features, trees.targets.astype(np.float32), trees.lengths, trees.punctuation, trees.roots,
+                         kind)
+    init = rng.uniform(-0.05, 0.05, size=(L, F, K)).astype(np.float32)
+    _, losses = probes.fit_structural_probes(trees, rank=K, epochs=steps, batch_size=S, init=init)
+    base = 2 * dot_rtol(F) + sum_rtol(K) + sum_rtol(S * W * W)
+    for layer in range(L):
+        B = torch.tensor(init[layer], dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.Adam([B], lr=1e-3)
+        x = torch.tensor(features[layer], dtype=torch.float64)
+        gold = torch.tensor(trees.targets, dtype=torch.float64)
+        n = torch.tensor(lengths, dtype=torch.float64)
+        for step in range(steps):
+            t = x @ B
+            if kind == "distance":  # TwoWordPSDProbe + L1DistanceLoss
+                predicted = ((t.unsqueeze(2) - t.unsqueeze(1)) ** 2).sum(-1)
+                per_sentence = (torch.abs(predicted - gold) * (gold != -1)).sum((1, 2)) / n**2
+            else:  # OneWordPSDProbe + L1DepthLoss
+                predicted = (t**2).sum(-1)
+                per_sentence = (torch.abs(predicted - gold) * (gold != -1)).sum(1) / n
+            loss = per_sentence.mean()
+            assert abs(losses[step, layer] - loss.item()) <= (step + 1) * base * loss.item(), (step, layer)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+@pytest.mark.slow
+def test_structural_probe_on_the_sample_treebank(tiny):
+    sentences = probes.read_conllu(minibert.analysis.sample_treebank())
+    result = probes.structural_probe(tiny, sentences, "distance", epochs=2, rank=4)
+    assert result.uuas.shape == result.spearman.shape == (tiny.config.num_hidden_layers,)
+    assert np.all((0 <= result.uuas) & (result.uuas <= 1))
+    assert result.losses.shape[1] == tiny.config.num_hidden_layers
