@@ -25,6 +25,7 @@ project E-wide embeddings up to D; ALBERT applies one block's weights in every l
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Protocol
 
 import jax
@@ -51,6 +52,40 @@ class NoHooks:
 
 
 NO_HOOKS = NoHooks()
+
+
+class Dropout:
+    """Inverted dropout, as torch.nn.Dropout computes it in training: each value is kept with probability
+    1 − rate and scaled by 1/(1 − rate), so its expectation is unchanged. Three rates, as Hugging Face's configs
+    name them: `hidden` (embeddings and each sublayer's output before it joins the residual stream),
+    `attention` (the attention pattern before it weighs v) and `classifier` (the classifier's input).
+
+    The key is explicit: each site draws its mask from fold_in(key, crc32(site)), so one step is reproducible
+    from its key. A rate of 0 returns the value itself, so NO_DROPOUT's forward is the inference computation.
+    Hooks see values before their dropout (hook_attn_out, hook_pattern keep their meaning in training).
+    """
+
+    def __init__(self, key=None, *, hidden: float = 0.0, attention: float = 0.0, classifier: float = 0.0):
+        self.key, self.hidden_rate, self.attention_rate, self.classifier_rate = key, hidden, attention, classifier
+
+    @staticmethod
+    def _drop(key, site: str, x, rate: float):
+        if rate == 0.0:
+            return x
+        keep = jax.random.bernoulli(jax.random.fold_in(key, zlib.crc32(site.encode())), 1.0 - rate, x.shape)
+        return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+    def hidden(self, site: str, x):
+        return self._drop(self.key, site, x, self.hidden_rate)
+
+    def attention(self, site: str, x):
+        return self._drop(self.key, site, x, self.attention_rate)
+
+    def classifier(self, site: str, x):
+        return self._drop(self.key, site, x, self.classifier_rate)
+
+
+NO_DROPOUT = Dropout()
 
 
 def gelu(x):
@@ -146,20 +181,20 @@ class Embeddings(nnx.Module):
         """The position-table row of every token (position_rows)."""
         return position_rows(input_ids, self.pad_token_id, self.offset_positions)
 
-    def __call__(self, input_ids, token_type_ids, hooks: Hooks, position_ids=None):
+    def __call__(self, input_ids, token_type_ids, hooks: Hooks, position_ids=None, dropout: Dropout = NO_DROPOUT):
         """position_ids [B, T] or [1, T]: the position-table rows to read; None numbers them by the family's rule."""
         embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, E]
         rows = self.positions(input_ids) if position_ids is None else position_ids
         summed = embed + hooks("embed.hook_pos_embed", jnp.broadcast_to(self.position[...][rows], embed.shape))
         if self.token_type is not None:
             summed = summed + hooks("embed.hook_token_type_embed", self.token_type[...][token_type_ids])
-        normalized = self.ln(summed, hooks, "embed.ln")
+        normalized = dropout.hidden("embed", self.ln(summed, hooks, "embed.ln"))
         if self.W_proj is None:
             return normalized
         return hooks("embed.hook_project", normalized @ self.W_proj[...] + self.b_proj[...])  # [B, T, D]
 
 
-def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str):
+def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
     """softmax(q·k/√K + mask) · v, every step a hook site. q, k, v [B, T|S, H, K] → z [B, T, H, K].
 
     Heads become a batch axis first ([B, H, T, K]): the two products are then plain batched matmuls, and
@@ -172,7 +207,8 @@ def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str):
     # so a row whose keys a hook blocks entirely stays finite.
     scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, scaled, jnp.finfo(scaled.dtype).min))
     pattern = hooks(f"{name}.hook_pattern", jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype))
-    return jnp.einsum("BHTS,BHSK->BHTK", pattern, v).transpose(0, 2, 1, 3)
+    weights = dropout.attention(f"{name}.pattern", pattern)  # training only; the hook saw the pattern itself
+    return jnp.einsum("BHTS,BHSK->BHTK", weights, v).transpose(0, 2, 1, 3)
 
 
 def fused_attention(q, k, v, key_mask):
@@ -205,13 +241,14 @@ class Attention(nnx.Module):
         self.W_O = _weight(rngs, (H, K, D), dtype)
         self.b_O = _zeros((D,), dtype)
 
-    def __call__(self, x, key_mask, hooks: Hooks, name: str):
+    def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
         """x [B, T, D], key_mask [B, 1, 1, S] (True = real token) → attention output [B, T, D]."""
         q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
         k = hooks(f"{name}.hook_k", jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
         v = hooks(f"{name}.hook_v", jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
-        if any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern")):
-            z = explicit_attention(q, k, v, key_mask, hooks, name)
+        watched = any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern"))
+        if watched or dropout.attention_rate:  # dropout acts on the pattern, which only this path forms
+            z = explicit_attention(q, k, v, key_mask, hooks, name, dropout)
         else:
             # Nobody looks at the scores: the fused kernel (cuDNN flash attention on GPU) gives the same z.
             # On CPU, unwatched_attention is faster than XLA's dot_product_attention (benchmarks/RESULTS.md).
@@ -244,13 +281,13 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, dtype, rngs)
         self.ln2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
 
-    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str):
+    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
         resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
-        attn_out = hooks(f"{name}.hook_attn_out", self.attn(resid_pre, key_mask, hooks, f"{name}.attn"))
-        resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + attn_out)
+        attn_out = hooks(f"{name}.hook_attn_out", self.attn(resid_pre, key_mask, hooks, f"{name}.attn", dropout))
+        resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
         normalized_mid = self.ln1(resid_mid, hooks, f"{name}.ln1")
         mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(normalized_mid, hooks, f"{name}.mlp"))
-        resid_post = hooks(f"{name}.hook_resid_post", normalized_mid + mlp_out)
+        resid_post = hooks(f"{name}.hook_resid_post", normalized_mid + dropout.hidden(f"{name}.mlp_out", mlp_out))
         return hooks(f"{name}.hook_normalized_resid_post", self.ln2(resid_post, hooks, f"{name}.ln2"))
 
 
@@ -338,28 +375,30 @@ class Bert(nnx.Module):
     # (api.Model.run(offload=True)) and the sweeps of analysis/ compose them.
 
     def __call__(self, input_ids, token_type_ids, attention_mask, hooks: Hooks = NO_HOOKS,
-                 position_ids=None) -> Output:
-        """input_ids, token_type_ids, attention_mask: int [B, T] (position_ids: Embeddings) → Output."""
+                 position_ids=None, dropout: Dropout = NO_DROPOUT) -> Output:
+        """input_ids, token_type_ids, attention_mask: int [B, T] (position_ids: Embeddings; dropout: training)
+        → Output."""
         key_mask = self.key_mask(attention_mask)
-        resid = self.embedding(input_ids, token_type_ids, hooks, position_ids)
+        resid = self.embedding(input_ids, token_type_ids, hooks, position_ids, dropout)
         for i in range(len(self.blocks)):
-            resid = self.block(i, resid, key_mask, hooks)
-        return self.head(resid, hooks)
+            resid = self.block(i, resid, key_mask, hooks, dropout)
+        return self.head(resid, hooks, dropout)
 
     @staticmethod
     def key_mask(attention_mask) -> jax.Array:
         """attention_mask int [B, S] (1 = real token) → bool [B, 1, 1, S], broadcast over heads and queries."""
         return attention_mask.astype(bool)[:, None, None, :]
 
-    def embedding(self, input_ids, token_type_ids, hooks: Hooks = NO_HOOKS, position_ids=None) -> jax.Array:
+    def embedding(self, input_ids, token_type_ids, hooks: Hooks = NO_HOOKS, position_ids=None,
+                  dropout: Dropout = NO_DROPOUT) -> jax.Array:
         """Stage 0: the residual stream entering block 0, [B, T, D]."""
-        return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks, position_ids))
+        return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks, position_ids, dropout))
 
-    def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS) -> jax.Array:
+    def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT) -> jax.Array:
         """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D]."""
-        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}")
+        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout)
 
-    def head(self, hidden, hooks: Hooks = NO_HOOKS) -> Output:
+    def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT) -> Output:
         """Last stage: the pooler and task head on the last hidden state [B, T, D]."""
         pooled = self.pooler(hidden, hooks) if self.pooler is not None else None
         logits = nsp_logits = None
@@ -369,7 +408,7 @@ class Bert(nnx.Module):
             nsp_logits = self.nsp(pooled, hooks)
         if self.classifier is not None:
             per_token = self.config.heads.classifier == "token"
-            logits = self.classifier(hidden if per_token else pooled, hooks)
+            logits = self.classifier(dropout.classifier("classifier", hidden if per_token else pooled), hooks)
         if self.discriminator is not None:
             logits = self.discriminator(hidden, hooks)
         return Output(hidden, pooled, logits, nsp_logits)
