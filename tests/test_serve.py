@@ -15,13 +15,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import make_hf_model
+from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.analysis import interventions
 from minibert.app import serve
 from minibert.viz import explore
-from tests.conftest import make_hf_model
-from tests.tolerances import assert_close_to_scale, forward_rtol
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
