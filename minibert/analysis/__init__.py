@@ -22,6 +22,7 @@ from minibert.analysis import (
     mixing,
     norms,
     probes,
+    sae,
     syntax,
     words,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "heads",
     "norms",
     "probes",
+    "sae",
     "syntax",
     "words",
 ]

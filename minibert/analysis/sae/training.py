@@ -1,0 +1,120 @@
+"""Training an SAE: Adam (minibert.training.optim), learning-rate warm-up, decoder rows renormalised after every
+update, dead-latent tracking, one compiled step; resumable from a checkpoint file.
+
+A latent is dead once it has not fired on any of the last `dead_tokens` tokens seen (Gao et al. count 10M
+tokens; the default here suits small runs). Dead latents feed the TopK SAE's AuxK loss.
+
+    trainer = Trainer(SAEConfig(d_in=384, d_sae=4096, k=32), learning_rate=2e-4, warmup=100)
+    for x in activations(model, texts, "blocks.3.hook_resid_post"):
+        trainer.step(x)                     # {"total", "mse", "aux"}: this step's losses
+    trainer.save("run.npz"); trainer = Trainer.resume("run.npz")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from minibert.analysis.sae.model import SAEConfig, init_params, losses, unit_decoder
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing
+from minibert.training.optim import Progress, adamw, learning_rate_schedule
+
+
+@functools.partial(jax.jit, static_argnames=("config", "optimizer"))
+def _train_step(params, opt_state, since_fired, x, step, dead_tokens, *, config, optimizer):
+    """One update: (params, opt_state, tokens since each latent fired [S], losses)."""
+    dead = since_fired >= dead_tokens
+
+    def objective(params):
+        parts, latents = losses(config, params, x, dead, step)
+        return parts["total"], (parts, latents)
+
+    (_, (parts, latents)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = unit_decoder(optax.apply_updates(params, updates))
+    fired = jnp.any(latents > 0, axis=0)
+    since_fired = jnp.where(fired, 0, since_fired + x.shape[0])
+    return params, opt_state, since_fired, parts
+
+
+@functools.cache
+def _adam(learning_rate: float, warmup: int) -> optax.GradientTransformation:
+    """Adam (no weight decay, no clipping) at a rate constant after a linear warm-up; one object per setting, so
+    trainers with the same settings share the compiled step (the optimiser is a static argument)."""
+    schedule = learning_rate_schedule(learning_rate, max(warmup, 1), warmup=warmup, schedule="constant")
+    return adamw(schedule, max_grad_norm=None)
+
+
+class Trainer:
+    """Holds an SAE's parameters and optimiser state; `step(x)` trains on one batch x [N, d_in]."""
+
+    def __init__(self, config: SAEConfig, *, learning_rate: float = 2e-4, warmup: int = 0,
+                 dead_tokens: int = 1_000_000, seed: int = 0, params=None):
+        self.config, self.learning_rate, self.warmup, self.dead_tokens = config, learning_rate, warmup, dead_tokens
+        self.seed = seed
+        self.optimizer = _adam(learning_rate, warmup)
+        self.params = init_params(config, seed) if params is None else {k: jnp.asarray(v) for k, v in params.items()}
+        self.opt_state = self.optimizer.init(self.params)
+        self.since_fired = jnp.zeros(config.d_sae, jnp.int32)
+        self.steps = 0
+
+    @property
+    def dead(self) -> np.ndarray:
+        """[S] bool: latents that have not fired over the last dead_tokens tokens."""
+        return np.asarray(self.since_fired) >= self.dead_tokens
+
+    def step(self, x) -> dict[str, float]:
+        x = jnp.asarray(x, jnp.float32)
+        if x.ndim != 2 or x.shape[1] != self.config.d_in:
+            raise AnalysisError(f"a training batch is [N, {self.config.d_in}] activations; got shape {x.shape}.")
+        self.params, self.opt_state, self.since_fired, parts = _train_step(
+            self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
+            config=self.config, optimizer=self.optimizer)
+        self.steps += 1
+        return {name: float(value) for name, value in parts.items()}
+
+    def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
+        """Train on an iterable of batches (at most `steps` of them); returns each step's losses."""
+        history = []
+        with Progress(steps, "SAE", enabled=progress) as bar:
+            for x in batches:
+                if steps is not None and len(history) >= steps:
+                    break
+                history.append(self.step(x))
+                bar.update(history[-1]["total"], len(x))
+        return history
+
+    def save(self, path) -> Path:
+        """Everything needed to resume (parameters, Adam's moments, step, dead-latent counters) in one .npz."""
+        path = Path(path)
+        leaves = jax.tree_util.tree_leaves((self.params, self.opt_state, self.since_fired))
+        settings = dict(config=dataclasses.asdict(self.config), learning_rate=self.learning_rate, warmup=self.warmup,
+                        dead_tokens=self.dead_tokens, seed=self.seed, steps=self.steps)
+        np.savez(path, settings=json.dumps(settings), **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+        return path
+
+    @classmethod
+    def resume(cls, path) -> Trainer:
+        """A trainer in the state `save` wrote: the next step is the one the saved run would have taken."""
+        path = Path(path)
+        if not path.is_file():
+            raise DataFileMissing(f"no SAE checkpoint at {path}; pass the file Trainer.save wrote.")
+        with np.load(path) as saved:
+            settings = json.loads(str(saved["settings"]))
+            leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
+        steps = settings.pop("steps")
+        trainer = cls(SAEConfig(**settings.pop("config")), **settings)
+        structure = jax.tree_util.tree_structure((trainer.params, trainer.opt_state, trainer.since_fired))
+        if structure.num_leaves != len(leaves):
+            raise DataFileError(f"{path} holds {len(leaves)} arrays; this SAE's state has {structure.num_leaves}.")
+        trainer.params, trainer.opt_state, trainer.since_fired = jax.tree_util.tree_unflatten(
+            structure, [jnp.asarray(leaf) for leaf in leaves])
+        trainer.steps = steps
+        return trainer

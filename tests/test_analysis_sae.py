@@ -1,0 +1,203 @@
+"""Sparse autoencoders: a planted dictionary recovered, per-step losses against a PyTorch trainer of the same
+algorithm, exact splicing of an identity SAE, SAELens' file layout, resuming, the activation stream."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tolerances import dot_rtol, sum_rtol
+
+from minibert.analysis import sae
+from minibert.errors import AnalysisError, DataFileError
+
+D, S = 16, 32  # the planted-free tests' widths
+
+
+def _planted(rng, atoms, n, k, noise=0.01):
+    """n points, each a k-sparse positive combination of unit atoms [S, D] plus Gaussian noise (generated)."""
+    support = np.argsort(rng.random((n, len(atoms))), axis=1)[:, :k]
+    codes = np.zeros((n, len(atoms)))
+    np.put_along_axis(codes, support, rng.uniform(1, 3, (n, k)), axis=1)
+    return (codes @ atoms + noise * rng.normal(size=(n, atoms.shape[1]))).astype(np.float32)
+
+
+@pytest.mark.slow
+def test_topk_sae_recovers_a_planted_dictionary():
+    """48 random unit atoms in 32 dimensions, 3 active per point: ≥ 90% of atoms have a decoder row with
+    cosine > 0.9 (Gao et al.'s and Sharkey et al.'s synthetic check)."""
+    rng = np.random.default_rng(0)
+    atoms = rng.normal(size=(48, 32))
+    atoms /= np.linalg.norm(atoms, axis=1, keepdims=True)
+    trainer = sae.Trainer(sae.SAEConfig(d_in=32, d_sae=64, k=3, k_aux=16), learning_rate=5e-3, warmup=10,
+                          dead_tokens=256 * 20, seed=1)
+    for _ in range(400):
+        trainer.step(_planted(rng, atoms, 256, 3))
+    cosines = atoms @ np.asarray(trainer.params["W_dec"]).T
+    assert (cosines.max(1) > 0.9).mean() >= 0.9
+
+
+def _torch_losses(config, params, batches, learning_rate, warmup, dead_tokens):
+    """The same algorithm in PyTorch (float64): Adam with linear warm-up, decoder rows renormalised after each
+    step, dead latents = not fired over the last dead_tokens tokens, AuxK or decoder-norm-weighted L1."""
+    import torch
+
+    p = {name: torch.tensor(np.asarray(value), dtype=torch.float64, requires_grad=True)
+         for name, value in params.items()}
+    optimizer = torch.optim.Adam(list(p.values()), lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step / warmup if step < warmup else 1.0)
+    since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
+
+    def top_k(values, k):
+        kept, index = torch.topk(values, k, dim=-1)
+        return torch.zeros_like(values).scatter(-1, index, kept).relu()
+
+    history = []
+    for step, batch in enumerate(batches):
+        x = torch.tensor(batch, dtype=torch.float64)
+        pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
+        latents = top_k(pre, config.k) if config.architecture == "topk" else pre.relu()
+        error = x - (latents @ p["W_dec"] + p["b_dec"])
+        mse = (error**2).sum(-1).mean()
+        dead = since_fired >= dead_tokens
+        if config.architecture == "topk":
+            aux = torch.zeros((), dtype=torch.float64)
+            if dead.any():
+                z = top_k(torch.where(dead, pre, torch.tensor(-torch.inf, dtype=torch.float64)), config.aux_k)
+                aux = ((error.detach() - z @ p["W_dec"]) ** 2).sum(-1).mean()
+            total = mse + config.aux_coefficient * aux
+        else:
+            ramp = min(1.0, (step + 1) / config.l1_warmup) if config.l1_warmup else 1.0
+            total = mse + config.l1_coefficient * ramp * (latents * p["W_dec"].norm(dim=-1)).sum(-1).mean()
+        history.append(total.item())
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+        schedule.step()
+        with torch.no_grad():
+            p["W_dec"] /= p["W_dec"].norm(dim=-1, keepdim=True)
+        fired = (latents > 0).any(0)
+        since_fired = torch.where(fired, 0, since_fired + len(x))
+    return history
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["topk", "relu"])
+def test_per_step_losses_match_a_pytorch_trainer(architecture):
+    """Same initial parameters and batches. Tolerance: one step's loss rounds the encoder's dot products (length
+    D), the decoder's (length S), the squared error's sum over D and the mean over N tokens: dot_rtol(D) +
+    dot_rtol(S) + sum_rtol(D) + sum_rtol(N) relative; parameters that rounding moved move the next loss by at
+    most as much again, so step t allows (t + 1) times it."""
+    rng = np.random.default_rng(1)
+    config = sae.SAEConfig(d_in=D, d_sae=S, architecture=architecture, k=4, k_aux=6, l1_coefficient=0.1,
+                           l1_warmup=3)
+    batches = [rng.normal(size=(64, D)).astype(np.float32) for _ in range(8)]
+    params = sae.init_params(config, seed=2)
+    params["b_enc"] = params["b_enc"].at[:8].set(-1.0)  # 8 latents rarely in the top k: dead after 2 batches
+    trainer = sae.Trainer(config, learning_rate=1e-2, warmup=3, dead_tokens=128, params=params)
+    reference = _torch_losses(config, trainer.params, batches, 1e-2, 3, 128)
+    steps = [trainer.step(x) for x in batches]
+    ours = [step["total"] for step in steps]
+    if architecture == "topk":
+        assert any(step["aux"] > 0 for step in steps)  # AuxK took part
+    base = dot_rtol(D) + dot_rtol(S) + sum_rtol(D) + sum_rtol(64)
+    for step, (a, b) in enumerate(zip(ours, reference)):
+        assert abs(a - b) <= (step + 1) * base * abs(b), (step, a, b)
+
+
+def _identity_sae(d, architecture):
+    """W_enc = [I, −I], W_dec = [I; −I]: ReLU(x) − ReLU(−x) = x exactly (one non-zero term per sum)."""
+    eye = np.eye(d, dtype=np.float32)
+    config = sae.SAEConfig(d_in=d, d_sae=2 * d, architecture=architecture, k=d)
+    params = {"W_enc": np.concatenate([eye, -eye], 1), "b_enc": np.zeros(2 * d, np.float32),
+              "W_dec": np.concatenate([eye, -eye], 0), "b_dec": np.zeros(d, np.float32)}
+    return config, params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["topk", "relu"])
+def test_identity_sae_spliced_in_changes_nothing(tiny_mlm, architecture):
+    model = tiny_mlm[0]
+    config, params = _identity_sae(model.config.hidden_size, architecture)
+    fidelity = sae.spliced_fidelity(model, config, params, ["ab cd ef", "g h i j k"], "blocks.0.hook_resid_post")
+    assert fidelity["ce_increase"] == 0.0 and fidelity["ce_clean"] > 0
+    x = sae.token_activations(model, ["ab cd ef"], "blocks.0.hook_resid_post")
+    metrics = sae.evaluate(config, params, x)
+    assert metrics["fvu"] == 0.0
+
+
+def test_evaluate_by_hand():
+    config = sae.SAEConfig(d_in=2, d_sae=3, architecture="relu")
+    params = {"W_enc": np.array([[1.0, 0, 0], [0, 1, 0]]), "b_enc": np.array([0.0, 0, -1]),
+              "W_dec": np.array([[1.0, 0], [0, 1], [1, 1]]), "b_dec": np.zeros(2)}
+    x = np.array([[1.0, 0], [0, 2], [-1, 0], [0, 0]])
+    metrics = sae.evaluate(config, params, x)  # latents: [1,0,0], [0,2,0], [0,0,0], [0,0,0]
+    assert metrics["l0"] == 0.5
+    np.testing.assert_allclose(metrics["frequency"], [0.25, 0.25, 0.0])
+    assert metrics["dead"] == pytest.approx(1 / 3) and metrics["dense"] == pytest.approx(2 / 3)
+    # errors: only x = [−1, 0] is not reconstructed (1); Σ‖x − mean‖² = 0 + 1.5·… computed from its definition
+    mean = x.mean(0)
+    assert metrics["fvu"] == pytest.approx(1.0 / ((x - mean) ** 2).sum(), rel=1e-6)
+
+
+def test_save_load_round_trip_in_saelens_layout(tmp_path):
+    config = sae.SAEConfig(d_in=D, d_sae=S, k=5, hook_name="blocks.2.attn.hook_z", model_name="tiny")
+    params = {name: np.asarray(value) for name, value in sae.init_params(config, seed=3).items()}
+    params["b_enc"] = np.random.default_rng(3).normal(size=S).astype(np.float32)
+    sae.save(tmp_path / "sae", config, params)
+    cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
+    assert (cfg["architecture"], cfg["d_in"], cfg["d_sae"], cfg["k"], cfg["reshape_activations"]) == (
+        "topk", D, S, 5, "hook_z")
+    assert cfg["metadata"]["hook_name"] == "blocks.2.attn.hook_z"
+    loaded_config, loaded = sae.load(tmp_path / "sae")
+    assert loaded_config == config
+    for name in params:
+        np.testing.assert_array_equal(loaded[name], params[name])
+    assert loaded["W_enc"].shape == (D, S) and loaded["W_dec"].shape == (S, D)
+    params["W_dec"] = params["W_dec"].T.copy()
+    sae.save(tmp_path / "bad", config, params)
+    with pytest.raises(DataFileError, match="W_dec should be"):
+        sae.load(tmp_path / "bad")
+
+
+def test_resumed_training_takes_the_same_steps(tmp_path):
+    rng = np.random.default_rng(4)
+    batches = [rng.normal(size=(32, D)).astype(np.float32) for _ in range(4)]
+    config = sae.SAEConfig(d_in=D, d_sae=S, k=4)
+    straight = sae.Trainer(config, learning_rate=1e-2, warmup=2, dead_tokens=64)
+    for x in batches:
+        straight.step(x)
+    first = sae.Trainer(config, learning_rate=1e-2, warmup=2, dead_tokens=64)
+    for x in batches[:2]:
+        first.step(x)
+    resumed = sae.Trainer.resume(first.save(tmp_path / "run.npz"))
+    for x in batches[2:]:
+        resumed.step(x)
+    assert resumed.steps == 4
+    for name in straight.params:
+        np.testing.assert_array_equal(resumed.params[name], straight.params[name])
+    np.testing.assert_array_equal(resumed.since_fired, straight.since_fired)
+
+
+def test_activation_stream_gives_every_real_token_once(tiny_mlm):
+    """The shuffled batches hold exactly the real, non-special tokens' values (the last partial batch dropped)."""
+    model = tiny_mlm[0]
+    texts = [" ".join("abcdefgh"[(i + j) % 8] for j in range(3 + i % 5)) for i in range(24)]
+    batches = list(sae.activations(model, iter(texts), "blocks.1.mlp.hook_post", batch_size=16,
+                                   texts_per_forward=4, buffer_tokens=48))
+    expected = np.concatenate([sae.token_activations(model, texts[i:i + 4], "blocks.1.mlp.hook_post")
+                               for i in range(0, 24, 4)])
+    got = np.concatenate(batches)
+    assert all(len(b) == 16 for b in batches) and len(got) == len(expected) // 16 * 16
+    rows = {row.tobytes() for row in expected}
+    assert all(row.tobytes() in rows for row in got) and len({row.tobytes() for row in got}) == len(got)
+
+
+def test_sae_errors_name_the_problem(tiny_mlm):
+    with pytest.raises(AnalysisError, match="architecture"):
+        sae.SAEConfig(d_in=4, d_sae=8, architecture="gated")
+    with pytest.raises(AnalysisError, match="one vector per token"):
+        sae.hook_width(tiny_mlm[0], "blocks.0.attn.hook_pattern")
+    with pytest.raises(AnalysisError, match=r"\[N, 16\]"):
+        sae.Trainer(sae.SAEConfig(d_in=D, d_sae=S)).step(np.zeros((3, 5)))
