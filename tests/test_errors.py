@@ -301,3 +301,38 @@ def test_survey_checks_a_list_before_any_batch_runs(bundled, monkeypatch):
     with pytest.raises(minibert.MinibertError, match=r"texts\[600\] is not a string but NoneType; pass text"):
         corpus.survey(bundled, texts, progress=False)
     assert batches == []
+
+
+# ---- checkpoint files that point elsewhere or say the wrong thing ------------------------------------------
+
+def test_a_shard_index_cannot_name_files_outside_its_folder(tiny):
+    """An index mapping every tensor to ../elsewhere/model.safetensors (or an absolute path) used to load them."""
+    elsewhere = tiny.parent / "elsewhere"
+    elsewhere.mkdir()
+    tensors = load_file(tiny / "model.safetensors")
+    (tiny / "model.safetensors").rename(elsewhere / "model.safetensors")
+    for target in ("../elsewhere/model.safetensors", str(elsewhere / "model.safetensors")):
+        (tiny / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(tensors, target)}))
+        with pytest.raises(minibert.CheckpointError, match=re.escape(f"shard {target!r} lies outside the checkpoint "
+                                                                     f"folder {tiny}")):
+            minibert.load(tiny)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"[]", "holds a JSON list; it must hold an object"),
+    (b'{"weight_map": ["model.safetensors"]}', "'weight_map' must be an object {tensor name: shard file name}"),
+    (b'{"weight_map": {"pooler.dense.bias": 1}}', "'weight_map' must be an object"),
+    (b'{"weight_map": {"pooler.dense.bias": "model\xff.safetensors"}}', "is not valid JSON"),
+])
+def test_a_malformed_shard_index_is_named(tiny, content, message):
+    (tiny / "model.safetensors.index.json").write_bytes(content)
+    with pytest.raises(minibert.CheckpointError, match=re.escape(f"{tiny / 'model.safetensors.index.json'}") + ".*"
+                       + re.escape(message)):
+        minibert.load(tiny)
+
+
+@pytest.mark.parametrize("model_type", [["bert"], {"name": "bert"}])  # unhashable: a TypeError before
+def test_model_type_that_is_not_a_string_is_named(tiny, model_type):
+    _edit_config(tiny, model_type=model_type)
+    with pytest.raises(minibert.ConfigError, match=re.escape(f"model_type {model_type!r} is not a family")):
+        minibert.load(tiny)

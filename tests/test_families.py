@@ -10,6 +10,7 @@ transformers' AutoTokenizer on a few hundred fuzzed strings (ids, offsets, word 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import string
 
@@ -20,7 +21,9 @@ from conftest import write_vocab
 from test_parity import TINY, assert_close, assert_parity
 
 import minibert
+from minibert import families
 from minibert.config import ARCHITECTURES, FAMILIES, Config
+from minibert.families import Family, LayerKeys
 from minibert.tokenizers_hf import tokenizer_for
 
 VOCAB = 99
@@ -538,3 +541,95 @@ def test_weight_reading_analyses_run_on_albert(tmp_path):
     real = batch["attention_mask"].astype(bool)
     # Rows of real tokens sum to 1: a division by the row sum, then a sum of ≤ 6 fp32 terms: ≤ 7 · 1.2e-7.
     np.testing.assert_allclose(mixing.sum(-1)[:, real], 1, atol=1e-6)
+
+
+# ---- a new family is one module and one registry line -------------------------------------------------------
+
+# A family defined here only: BERT's computation under other key names, config key names, an own setting and
+# another class prefix. Everything a family module holds; registering it is the registry line.
+TOY = Family("toybert", "ToyBERT", "Toy", "toy", renames=(("width", "hidden_size"),), settings=(("flavour", "plain"),),
+             layer_keys=LayerKeys("stack.{i}", "q", "k", "v", "o", "norm1", "up", "down", "norm2"))
+
+
+@pytest.fixture
+def toy_family():
+    families.register(TOY)
+    yield TOY
+    families.unregister(TOY.model_type)
+
+
+def _as_toy(directory):
+    """The BERT checkpoint in `directory` rewritten as a ToyBERT one: layer keys under TOY's names, config.json
+    with model_type toybert, ToyModel and `width` for hidden_size."""
+    from safetensors.numpy import load_file, save_file
+
+    bert = FAMILIES["bert"].layer_keys
+    renamed = {}
+    for key, value in load_file(directory / "model.safetensors").items():
+        for part in ("query", "key", "value", "out", "ln1", "mlp_in", "mlp_out", "ln2"):
+            for i in range(2):
+                before = f"{bert.prefix.format(i=i)}.{getattr(bert, part)}."
+                if key.startswith(before):
+                    key = f"{TOY.layer_keys.prefix.format(i=i)}.{getattr(TOY.layer_keys, part)}." + key[len(before):]
+        renamed[key] = value
+    save_file(renamed, directory / "model.safetensors")
+    settings = json.loads((directory / "config.json").read_text())
+    settings |= {"model_type": "toybert", "architectures": ["ToyModel"], "width": settings.pop("hidden_size"),
+                 "flavour": "spicy"}
+    (directory / "config.json").write_text(json.dumps(settings))
+
+
+def test_a_family_defined_in_a_test_loads_through_its_module_alone(tmp_path, toy_family):
+    """Registering TOY is all it takes: config (its renames and setting), the strict key table (its layer names),
+    the tokenizer (WordPiece), architectures (ToyModel…) follow. Same weights, same arithmetic as BERT: equal
+    bit for bit to the BERT checkpoint they were renamed from (which test_parity compares with transformers)."""
+    from conftest import make_hf_model, random_batch
+
+    make_hf_model(tmp_path / "bert")
+    reference = minibert.load(tmp_path / "bert")
+    make_hf_model(tmp_path / "toy")
+    _as_toy(tmp_path / "toy")
+    toy = minibert.load(tmp_path / "toy")
+    assert (toy.config.model_type, toy.config.architecture, toy.config.setting("flavour")) == ("toybert", "ToyModel",
+                                                                                              "spicy")
+    assert "ToyForMaskedLM" in ARCHITECTURES
+    batch = random_batch(np.random.default_rng(6), 2, 7, 99)
+    np.testing.assert_array_equal(toy(batch).last_hidden_state, reference(batch).last_hidden_state)
+    (tmp_path / "bert" / "config.json").write_text((tmp_path / "toy" / "config.json").read_text())
+    with pytest.raises(minibert.CheckpointError, match=r"missing 32 key\(s\).*'stack\.0\.q\.weight'"):
+        minibert.load(tmp_path / "bert")  # BERT's key names are not ToyBERT's: its own table is strict
+
+
+def test_the_registry_is_the_modules_families():
+    """FAMILIES is exactly what the modules of families.MODULES declare, and only a registered family loads."""
+    import importlib
+
+    declared = [f for m in families.MODULES for f in importlib.import_module(f"minibert.families.{m}").FAMILIES]
+    assert list(FAMILIES.values()) == declared
+    with pytest.raises(minibert.ConfigError, match="model_type 'toybert' is not a family"):
+        Config.from_hf({"model_type": "toybert"})
+    with pytest.raises(ValueError, match="registered already"):
+        families.register(FAMILIES["bert"])
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(norm="pre"), r"selects norm = 'pre', which model.Block does not compute: name the family's block code"),
+    (dict(positions="rotary", block="m:Block"), "name its block code .* and its embeddings"),
+    (dict(mlp="swiglu"), r"mlp 'swiglu' is not one of \('dense', 'glu'\)"),
+    (dict(tokenizer="bytes"), "tokenizer 'bytes' is not one of"),
+])
+def test_a_family_selecting_a_variation_names_its_code(changes, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TOY, **changes)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "albert"])
+def test_moved_tables_keep_their_old_names_for_a_release(model_type):
+    from minibert import checkpoint, config, sources
+
+    with pytest.deprecated_call():
+        assert checkpoint.HEAD_KEYS[model_type] == FAMILIES[model_type].head_keys
+    with pytest.deprecated_call():
+        assert set(FAMILIES[model_type].tokenizer_files) <= set(sources.HUB_FILES)
+    with pytest.deprecated_call():
+        assert config.FAMILY_VALUES.get(model_type, {}) == dict(FAMILIES[model_type].values)

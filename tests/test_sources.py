@@ -4,6 +4,8 @@ name reports."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from minibert import SourceError, sources
@@ -59,3 +61,16 @@ def test_an_unknown_name_lists_every_place_looked(elsewhere):
     assert looked.startswith("path nobody/no-such-bert; ")  # the path as given
     assert f"{elsewhere / 'weights'}/nobody/no-such-bert" in looked
     assert "the Hugging Face cache" in looked
+
+
+@pytest.mark.parametrize("name", ["../outside", "nothing/..", "/nowhere/bert"])
+def test_a_name_cannot_leave_the_weights_store(elsewhere, monkeypatch, name):
+    """From work/, the store's weights/../outside is work/outside and weights/.. is work: both used to load."""
+    work = elsewhere / "work"
+    (work / "weights").mkdir(parents=True)
+    (work / "outside").mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(SourceError, match=re.escape(f"no checkpoint at {name!r}: it is not an existing path, and a "
+                                                    f"name looked up in the weights store")):
+        sources.resolve(name)
+    assert sources.resolve("outside").resolve() == work / "outside"  # an existing path is used as it is

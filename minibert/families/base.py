@@ -1,0 +1,136 @@
+"""Family: everything that makes one model_type differ from BERT, in one record.
+
+A family module (bert.py, roberta.py, …) builds its Family and lists it in FAMILIES; families/__init__.py
+registers every module named in its one table. Config, checkpoint, model, the tokenizers and sources read
+only this record, so a new family is its module plus one word in that table (docs: families/__init__.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from minibert.families.keys import HeadKeys, LayerKeys, bert_layout
+
+# The files each kind of tokenizer reads (sources.py fetches them from the Hub; tokenizers_hf.py reads them).
+TOKENIZER_FILES = {
+    "wordpiece": ("vocab.txt", "tokenizer.json"),  # minibert's own tokenizer.py
+    "bpe": ("tokenizer.json", "vocab.json", "merges.txt"),  # byte-level BPE, through `tokenizers`
+    "unigram": ("tokenizer.json",),  # SentencePiece's Unigram or BPE, through `tokenizers`
+}
+BERT_TOKENS = (("cls_token", "[CLS]"), ("sep_token", "[SEP]"), ("pad_token", "[PAD]"), ("unk_token", "[UNK]"),
+               ("mask_token", "[MASK]"))
+# The forward variations a family may select, the first of each being what model.py's Block and Embeddings
+# compute. Any other choice needs the family's own code (Family.block / Family.embeddings).
+VARIATIONS = {
+    "norm": ("post", "pre"),  # LayerNorm after each residual add (BERT) or before each sublayer
+    "positions": ("table", "rotary", "relative"),  # learned position rows added to the embeddings, or in attention
+    "mlp": ("dense", "glu"),  # act(x W_in) W_out, or a gated unit (GeGLU)
+    "attention": ("full", "local_global", "disentangled"),  # every key, sliding windows, content × position
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """What sits on top of the encoder for one architecture name of config.json."""
+
+    pooler: bool  # tanh(h_[CLS] W + b), pooler_output
+    mlm: bool = False  # masked-LM logits over the vocabulary
+    nsp: bool = False  # next-sentence logits on the pooled output
+    classifier: str | None = None  # "sequence" (on the pooled output) or "token" (on every position)
+    discriminator: bool = False  # ELECTRA's replaced-token detector: one logit per position
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one model_type differs from BERT: config.json, checkpoint keys, tokenizer and forward pass.
+
+    Every default is BERT's, so a family states only what it changes."""
+
+    model_type: str  # config.json's model_type
+    name: str  # how people write it, for repr and messages
+    prefix: str  # class-name prefix in config.json's architectures ("Roberta" → "RobertaForMaskedLM")
+    key_prefix: str  # the encoder's key prefix in head checkpoints ("roberta.encoder.layer.0...")
+
+    # ---- config.json -------------------------------------------------------------------------------
+    renames: tuple[tuple[str, str], ...] = ()  # config.json key → the Hugging Face name Config uses
+    keys: frozenset = frozenset()  # the family's own config.json keys that change nothing minibert computes
+    values: tuple[tuple[str, tuple], ...] = ()  # keys the family's config.json may hold at these values only
+    # Config fields the family's config.json does not have, and the value each takes.
+    fixed: tuple[tuple[str, Any], ...] = ()
+    # The family's own settings (config.json key → default), read into Config.settings: what its block code
+    # needs beyond BERT's fields (ModernBERT's rotary base, its local window…).
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    # ---- checkpoint keys ---------------------------------------------------------------------------
+    layer_keys: LayerKeys = LayerKeys("encoder.layer.{i}", "attention.self.query", "attention.self.key",
+                                      "attention.self.value", "attention.output.dense", "attention.output.LayerNorm",
+                                      "intermediate.dense", "output.dense", "output.LayerNorm")
+    head_keys: HeadKeys = HeadKeys()
+    # Config → {checkpoint key: (minibert parameter, shape, converter)}: keys.bert_layout reads layer_keys
+    # and head_keys; a family with other parameters gives its own function (keys.py has the pieces).
+    key_table: Callable = bert_layout
+
+    # ---- tokenizer ---------------------------------------------------------------------------------
+    tokenizer: str = "wordpiece"  # a kind of TOKENIZER_FILES
+    special_tokens: tuple[tuple[str, str], ...] = BERT_TOKENS  # defaults; tokenizer_config.json overrides
+
+    # ---- forward pass (model.py reads these) -------------------------------------------------------
+    # RoBERTa (fairseq) numbers positions from pad_token_id + 1 and gives padding the pad row.
+    position_offset: bool = False
+    token_types: bool = True  # has a segment-embedding table (DistilBERT has none)
+    # Embeddings narrower than the blocks, projected up to hidden_size: never, "when_sizes_differ"
+    # (ELECTRA builds the projection only then) or "always" (ALBERT).
+    projection: str | None = None
+    shared_layers: bool = False  # ALBERT: one block's weights applied num_hidden_layers times
+    base_pooler: bool = True  # whether the bare <prefix>Model has a pooler
+    pooler_activation: str = "tanh"  # of the pooler, or of the dense layer a sequence classifier puts on token 0
+    mlm_activation: str | None = None  # of the masked-LM transform; None: the config's hidden_act
+    pretraining: Heads | None = None  # what <prefix>ForPreTraining puts on top, if the family has one
+    # The variations of VARIATIONS this family computes. Any but BERT's needs the family's own code:
+    norm: str = "post"
+    positions: str = "table"
+    mlp: str = "dense"
+    attention: str = "full"
+    # "module:Class" of an nnx.Module built as Class(cfg, dtype, rngs) that replaces model.Block (called as
+    # block(resid, key_mask, hooks, name)) or model.Embeddings (embed(input_ids, token_type_ids, hooks)).
+    # A path, not the class, so a family module need not import model.py (which imports config, which
+    # imports the families).
+    block: str | None = None
+    embeddings: str | None = None
+
+    def __post_init__(self):
+        if self.tokenizer not in TOKENIZER_FILES:
+            raise ValueError(f"family {self.model_type!r}: tokenizer {self.tokenizer!r} is not one of "
+                             f"{', '.join(TOKENIZER_FILES)}.")
+        for variation, choices in VARIATIONS.items():
+            choice = getattr(self, variation)
+            if choice not in choices:
+                raise ValueError(f"family {self.model_type!r}: {variation} {choice!r} is not one of {choices}.")
+        own_block = {"norm": self.norm != "post", "mlp": self.mlp != "dense", "attention": self.attention != "full",
+                     "positions": self.positions == "relative"}
+        if any(own_block.values()) and self.block is None:
+            raise ValueError(f"family {self.model_type!r} selects {_choices(self, own_block)}, which model.Block "
+                             f"does not compute: name the family's block code in Family.block.")
+        if self.positions == "rotary" and (self.block is None or self.embeddings is None):
+            raise ValueError(f"family {self.model_type!r} selects rotary positions: name its block code (which "
+                             f"rotates q and k) in Family.block and its embeddings (no position table) in "
+                             f"Family.embeddings.")
+
+    @property
+    def tokenizer_files(self) -> tuple[str, ...]:
+        return TOKENIZER_FILES[self.tokenizer]
+
+    def code(self, part: str, default: type) -> type:
+        """The class the family names for `part` ("block" or "embeddings"), else model.py's `default`."""
+        path = getattr(self, part)
+        if path is None:
+            return default
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def _choices(family: Family, selected: dict[str, bool]) -> str:
+    return ", ".join(f"{variation} = {getattr(family, variation)!r}" for variation, on in selected.items() if on)
