@@ -221,6 +221,13 @@ class Model:
     def param_count(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
 
+    def save(self, directory: str | Path) -> Path:
+        """Write this model as a Hugging Face directory — config.json with `architectures`, model.safetensors
+        with transformers' key names, the tokenizer files — that AutoModelFor… and minibert.load read."""
+        from minibert.training.save import save  # training builds on this module, so it is imported here
+
+        return save(self, directory)
+
     # ---- positions ------------------------------------------------------------------------------------
 
     def position_ids(self, input_ids):

@@ -1,0 +1,262 @@
+"""Training data: examples from files or tuples, their labels, and the batches a training step sees.
+
+An example is a text, an optional second text (a pair) and a label: a class for sequence classification
+(an int or a name), one label per word for token classification (words are the text split on spaces), none
+for masked-LM. Files are TSV or CSV with a header row naming the columns `text`, `pair`, `label`, or JSONL
+with those keys; a token-classification label cell holds the word labels separated by spaces (JSONL: a list).
+
+Batches have a fixed number of rows (the last one padded with rows of weight 0) and a length from the
+model's length buckets, so the step compiles once per bucket.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from minibert.api import bucket_length
+from minibert.errors import DataFileError, DataFileMissing, InputError
+
+TASKS = ("sequence-classification", "token-classification", "masked-lm")
+IGNORE = -100  # the label of positions no loss reads (transformers' ignore_index)
+# Masked-LM as BERT (Devlin et al. 2019, §3.1) and transformers' DataCollatorForLanguageModeling choose:
+MLM_PROBABILITY = 0.15  # of the real, non-special tokens are predicted; of those
+MLM_MASKED, MLM_RANDOM = 0.8, 0.5  # 80% become [MASK], half of the rest (10%) a random token, the rest stay
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    text: str
+    pair: str | None = None
+    label: object = None  # a class (int or name), a list of word labels, or None (masked-LM)
+
+
+def checked_task(task: str) -> str:
+    if task not in TASKS:
+        raise InputError(f"task {task!r} is not one of {', '.join(map(repr, TASKS))}.")
+    return task
+
+
+def examples(source, *, task: str = "sequence-classification") -> list[Example]:
+    """Examples from a TSV/CSV/JSONL file or a list of (text, label) / (text, pair, label) tuples (masked-LM:
+    texts or (text,) / (text, pair) tuples). Every row must have a pair, or none must."""
+    checked_task(task)
+    if isinstance(source, (str, Path)):
+        rows, where = _read_file(Path(source)), str(source)
+    else:
+        rows, where = [_tuple_row(item, task, i) for i, item in enumerate(source)], "the data"
+    if not rows:
+        raise DataFileError(f"{where} holds no examples; pass at least one row.")
+    found = [i for i, row in enumerate(rows) if row.pair is not None]
+    if found and len(found) != len(rows):
+        missing = next(i for i, row in enumerate(rows) if row.pair is None)
+        raise DataFileError(f"{where}: row {found[0] + 1} has a pair but row {missing + 1} has none; give every "
+                            f"row a second text, or none.")
+    for i, row in enumerate(rows):
+        if not row.text.strip():
+            raise DataFileError(f"{where}: row {i + 1} has an empty text.")
+        if (row.label is None) != (task == "masked-lm"):
+            need = "has a label, which masked-LM does not use" if row.label is not None else "has no label"
+            raise DataFileError(f"{where}: row {i + 1} {need} (task {task!r}).")
+    return rows
+
+
+def _tuple_row(item, task: str, i: int) -> Example:
+    if isinstance(item, Example):
+        return item
+    if isinstance(item, str):
+        item = (item,)
+    labelled = task != "masked-lm"
+    if not isinstance(item, (tuple, list)) or not 1 + labelled <= len(item) <= 2 + labelled:
+        shape = "(text, label) or (text, pair, label)" if labelled else "a text, (text,) or (text, pair)"
+        raise InputError(f"example {i + 1} is {item!r}; each example is {shape}.")
+    text, *rest = item
+    label = rest.pop() if labelled else None
+    return Example(str(text), rest[0] if rest else None, label)
+
+
+def _read_file(path: Path) -> list[Example]:
+    if not path.exists():
+        raise DataFileMissing(f"{path} does not exist; pass a TSV, CSV or JSONL file of examples.")
+    suffix = path.suffix.lower()
+    if suffix not in (".tsv", ".csv", ".jsonl", ".json"):
+        raise DataFileError(f"{path}: the extension says neither TSV, CSV nor JSONL; rename it .tsv, .csv or .jsonl.")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise DataFileError(f"{path} is empty; it needs a header row (text[, pair], label) and examples.")
+    if suffix in (".jsonl", ".json"):
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append((n, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise DataFileError(f"{path}:{n}: not a JSON object ({e.msg}); one object per line.") from None
+    else:
+        reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
+        if "text" not in (reader.fieldnames or []):
+            raise DataFileError(f"{path}: the header row {reader.fieldnames} has no 'text' column; name the columns "
+                                f"text[, pair], label.")
+        records = [(n, row) for n, row in enumerate(reader, 2)]
+    return [_record(path, n, record) for n, record in records]
+
+
+def _record(path: Path, line: int, record) -> Example:
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise DataFileError(f"{path}:{line}: each row needs a text (a string under 'text').")
+    pair = record.get("pair") or None
+    label = record.get("label")
+    if label == "":
+        label = None
+    if isinstance(label, str) and label.lstrip("-").isdigit():
+        label = int(label)
+    return Example(record["text"], pair, label)
+
+
+# ---- labels -----------------------------------------------------------------------------------------------
+
+
+def label_names(rows: Sequence[Example], task: str, num_labels: int | None) -> tuple[str, ...]:
+    """The classes, in id order: 0 … num_labels − 1 for integer labels (named LABEL_i), else the sorted names."""
+    if task == "masked-lm":
+        return ()
+    flat = [x for row in rows for x in (row.label if task == "token-classification" else [row.label])]
+    if all(isinstance(x, int) for x in flat):
+        n = num_labels if num_labels is not None else max(flat) + 1
+        bad = [x for x in flat if not 0 <= x < n]
+        if bad:
+            raise InputError(f"label {bad[0]} is out of range for num_labels={n}; labels are 0 … {n - 1}.")
+        names = tuple(f"LABEL_{i}" for i in range(n))
+    else:
+        names = tuple(sorted({str(x) for x in flat}))
+        if num_labels is not None and len(names) != num_labels:
+            raise InputError(f"the data has {len(names)} label names {list(names)[:6]} but num_labels={num_labels}.")
+    if len(names) < 2:
+        raise InputError(f"classification needs at least 2 labels; got {list(names)}. Pass num_labels=2 or more.")
+    return names
+
+
+def _label_id(label, names: tuple[str, ...]) -> int:
+    return label if isinstance(label, int) else names.index(str(label))
+
+
+# ---- encoding ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Encoded:
+    """Tokenized examples, one unpadded row each (lists of int arrays)."""
+
+    ids: list[np.ndarray]
+    types: list[np.ndarray]
+    labels: list[np.ndarray]  # per row: [1] class, [T] token labels (IGNORE where none), or [T] maskable (0/1)
+
+    def __len__(self):
+        return len(self.ids)
+
+
+def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...]) -> Encoded:
+    """Tokenize every example once (truncated to the model's positions). Token labels go to each word's first
+    word piece (transformers' run_ner convention); masked-LM rows mark the tokens it may mask (not specials)."""
+    texts = [row.text for row in rows]
+    pairs = [row.pair for row in rows] if rows[0].pair is not None else None
+    batch = model.tokenize(texts, pairs, max_length=model.config.max_tokens)
+    encoded = Encoded([], [], [])
+    for i, row in enumerate(rows):
+        n = int(batch.attention_mask[i].sum())
+        encoded.ids.append(np.asarray(batch.input_ids[i, :n], np.int32))
+        encoded.types.append(np.asarray(batch.token_type_ids[i, :n], np.int32))
+        if task == "sequence-classification":
+            encoded.labels.append(np.array([_label_id(row.label, names)], np.int32))
+        elif task == "token-classification":
+            encoded.labels.append(_word_labels(row, batch.offsets[i][:n], batch.sequence_ids[i][:n], names, i))
+        else:
+            encoded.labels.append(np.array([s is not None for s in batch.sequence_ids[i][:n]], np.int32))
+    return encoded
+
+
+def _word_labels(row: Example, offsets, sequence_ids, names, i: int) -> np.ndarray:
+    """Each word's label on its first word piece; words are the text split on spaces (found by offsets)."""
+    words = row.text.split()
+    if not isinstance(row.label, (list, tuple)) or len(row.label) != len(words):
+        count = len(row.label) if isinstance(row.label, (list, tuple)) else "no list of"
+        raise InputError(f"example {i + 1} has {len(words)} words but {count} labels; token classification needs "
+                         f"one label per space-separated word.")
+    starts, position = [], 0
+    for word in words:
+        position = row.text.index(word, position)
+        starts.append(position)
+        position += len(word)
+    word_at = np.searchsorted(starts, [start for start, _ in offsets], side="right") - 1
+    labels, seen = np.full(len(offsets), IGNORE, np.int32), set()
+    for t, (seq, w) in enumerate(zip(sequence_ids, word_at)):
+        if seq == 0 and w not in seen:
+            seen.add(w)
+            labels[t] = _label_id(row.label[w], names)
+    return labels
+
+
+# ---- batches ----------------------------------------------------------------------------------------------
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+    """The order of the examples in `epoch`: a permutation drawn from (seed, epoch), so a resumed run
+    sees the same order, or 0 … n − 1."""
+    return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+
+
+def batches(encoded: Encoded, order: np.ndarray, batch_size: int, task: str, buckets: Sequence[int], *,
+            pad_id: int, mask_id: int | None = None, vocab_size: int | None = None,
+            mask_seed: Sequence[int] = (0,), first: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """The batches of one epoch, in `order`: dicts of input_ids, token_type_ids, attention_mask [B, T], labels
+    ([B] classes or [B, T] token labels, IGNORE where no loss) and weight [B] (0 for padding rows).
+    Masked-LM batches are masked here (mask_tokens), batch b with the generator seeded (*mask_seed, b), so any
+    batch can be rebuilt alone (a resumed run starts at batch `first`)."""
+    for b, start in enumerate(range(0, len(order), batch_size)):
+        if b < first:
+            continue
+        chosen = order[start:start + batch_size]
+        length = bucket_length(max(len(encoded.ids[i]) for i in chosen), buckets)
+        shape = (batch_size, length)
+        batch = {"input_ids": np.full(shape, pad_id, np.int32), "token_type_ids": np.zeros(shape, np.int32),
+                 "attention_mask": np.zeros(shape, np.int32), "weight": np.zeros(batch_size, np.float32)}
+        per_token = task != "sequence-classification"
+        labels = np.full(shape if per_token else (batch_size,), IGNORE if per_token else 0, np.int32)
+        for row, i in enumerate(chosen):
+            n = len(encoded.ids[i])
+            batch["input_ids"][row, :n] = encoded.ids[i]
+            batch["token_type_ids"][row, :n] = encoded.types[i]
+            batch["attention_mask"][row, :n] = 1
+            batch["weight"][row] = 1.0
+            if per_token:
+                labels[row, :n] = encoded.labels[i]
+            else:
+                labels[row] = encoded.labels[i][0]
+        if task == "masked-lm":
+            rng = np.random.default_rng([*mask_seed, b])
+            batch["input_ids"], labels = mask_tokens(batch["input_ids"], labels == 1, rng, mask_id, vocab_size)
+        batch["labels"] = labels
+        yield batch
+
+
+def mask_tokens(ids: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, mask_id: int,
+                vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) for masked-LM: each maskable token is chosen with probability 0.15; a chosen token
+    becomes [MASK] with probability 0.8, else a uniformly random id with probability 0.5, else stays; labels
+    hold the original id at chosen positions and IGNORE elsewhere (DataCollatorForLanguageModeling's recipe)."""
+    chosen = maskable & (rng.random(ids.shape) < MLM_PROBABILITY)
+    labels = np.where(chosen, ids, IGNORE).astype(np.int32)
+    masked = chosen & (rng.random(ids.shape) < MLM_MASKED)
+    randomised = chosen & ~masked & (rng.random(ids.shape) < MLM_RANDOM)
+    inputs = np.where(masked, mask_id, ids)
+    inputs = np.where(randomised, rng.integers(0, vocab_size, ids.shape), inputs).astype(np.int32)
+    return inputs, labels

@@ -1,0 +1,308 @@
+"""`finetune`: train a minibert Model on a task in JAX, with the hooks of run_with_hooks active throughout.
+
+    from minibert import training
+    result = training.finetune(model, training.examples("train.tsv"), task="sequence-classification")
+    result.model              # a Model with the trained weights and the task's head
+    result.history.loss       # per optimisation step
+
+What one optimisation step computes is transformers' Trainer's (tests/test_training_parity.py holds the two
+side by side): the task's mean cross-entropy over the batch (classes, labelled tokens or masked tokens), its
+gradient with respect to the trainable parameters, then optim.adamw. The step is one compiled program
+(forward, backward and AdamW), compiled once per length bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from minibert import checkpoint
+from minibert.api import Model
+from minibert.config import ARCHITECTURES, Config
+from minibert.errors import InputError
+from minibert.hooks import HookPoints, writers_for
+from minibert.model import Bert, Dropout
+from minibert.training import data as data_
+from minibert.training import optim
+
+HEAD_CLASS = {"sequence-classification": "ForSequenceClassification",
+              "token-classification": "ForTokenClassification", "masked-lm": "ForMaskedLM"}
+# What a config.json without these keys means (transformers' BertConfig defaults).
+TRAINING_DEFAULTS = {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "classifier_dropout": None,
+                     "initializer_range": 0.02}
+
+
+@dataclasses.dataclass
+class History:
+    loss: list[float] = dataclasses.field(default_factory=list)  # per optimisation step
+    learning_rate: list[float] = dataclasses.field(default_factory=list)  # the rate each step used
+    eval: list[dict] = dataclasses.field(default_factory=list)  # per epoch: epoch, loss, accuracy, f1
+
+
+@dataclasses.dataclass
+class Result:
+    model: Model
+    history: History
+    new_parameters: list[str]  # parameters the base model lacked, initialised as transformers does
+
+
+# ---- the model for a task ---------------------------------------------------------------------------------
+
+
+def task_config(cfg: Config, task: str, labels: tuple[str, ...]) -> Config:
+    """The model's config with the task's head (<Family>ForSequenceClassification, …) and labels."""
+    architecture = cfg.family.prefix + HEAD_CLASS[data_.checked_task(task)]
+    if architecture not in ARCHITECTURES:
+        raise InputError(f"{cfg.family.name} has no {architecture}, so minibert cannot fine-tune it for {task}.")
+    return dataclasses.replace(cfg, architecture=architecture, id2label=labels or cfg.id2label)
+
+
+def source_settings(model: Model) -> dict:
+    """Dropout rates and initializer_range from the model's config.json (transformers' defaults if absent)."""
+    settings = dict(TRAINING_DEFAULTS)
+    directory = Path(model.source)
+    if directory.is_dir():
+        model_dir, _ = checkpoint.sentence_transformers_layout(directory)
+        if (model_dir / "config.json").exists():
+            config = json.loads((model_dir / "config.json").read_text())
+            settings |= {k: config[k] for k in TRAINING_DEFAULTS if k in config}
+    return settings
+
+
+class Parameters:
+    """A Bert's parameters as {dotted name: array} (what optax and trainable= see) and back into its state."""
+
+    def __init__(self, cfg: Config, dtype):
+        shapes = nnx.eval_shape(lambda: Bert(cfg, dtype=dtype))
+        self.graphdef, state = nnx.split(shapes)
+        self.names = optim.parameter_names(state)
+        leaves, self.treedef = jax.tree_util.tree_flatten(state)
+        self.shapes = dict(zip(self.names, leaves))
+
+    def state(self, flat: Mapping[str, jax.Array]):
+        return jax.tree_util.tree_unflatten(self.treedef, [flat[n] for n in self.names])
+
+    def module(self, flat: Mapping[str, jax.Array]) -> Bert:
+        return nnx.merge(self.graphdef, self.state(flat))
+
+    def nested(self, flat: Mapping[str, jax.Array]) -> dict:
+        return nnx.to_pure_dict(self.state(flat))
+
+
+def initial_parameters(model: Model, layout: Parameters, seed: int, initializer_range: float):
+    """The base model's parameters where the task model has the same name and shape; the rest initialised as
+    transformers' _init_weights does: weights N(0, initializer_range), LayerNorm gains 1, biases 0."""
+    have = dict(zip(optim.parameter_names(model.state), jax.tree_util.tree_leaves(model.state)))
+    flat, new = {}, []
+    keys = iter(jax.random.split(jax.random.key(seed), len(layout.names)))
+    for name in layout.names:
+        shape, key = layout.shapes[name], next(keys)
+        if name in have and have[name].shape == shape.shape:
+            flat[name] = jnp.asarray(have[name], jnp.float32)
+            continue
+        new.append(name)
+        if optim.decays(name):
+            flat[name] = initializer_range * jax.random.normal(key, shape.shape, jnp.float32)
+        else:
+            flat[name] = (jnp.ones if name.endswith(".scale") else jnp.zeros)(shape.shape, jnp.float32)
+    return flat, new
+
+
+# ---- loss and step ----------------------------------------------------------------------------------------
+
+
+def task_loss(logits, batch, task: str):
+    """Mean cross-entropy: over the batch's real rows (sequence), or over its labelled / masked tokens."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    labels = batch["labels"]
+    if task == "sequence-classification":
+        picked = jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+        return -(picked * batch["weight"]).sum() / jnp.maximum(batch["weight"].sum(), 1.0)
+    counted = labels != data_.IGNORE
+    picked = jnp.take_along_axis(log_probs, jnp.where(counted, labels, 0)[..., None], axis=-1)[..., 0]
+    return -(picked * counted).sum() / jnp.maximum(counted.sum(), 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """Everything one compiled training step closes over (static: a new Step is a new program)."""
+
+    layout: Parameters
+    task: str
+    rates: Mapping[str, float]
+    n_heads: int
+    d_head: int
+    writer_def: object
+    compute_dtype: object
+
+    def logits(self, flat, batch, key, writer_leaves):
+        if self.compute_dtype != jnp.float32:  # bf16 compute, fp32 master weights: the cast is differentiated
+            flat = {n: p.astype(self.compute_dtype) for n, p in flat.items()}
+        hooks = HookPoints(frozenset(), jax.tree_util.tree_unflatten(self.writer_def, writer_leaves),
+                           self.n_heads, self.d_head)
+        dropout = Dropout(key, **self.rates)
+        out = self.layout.module(flat)(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], hooks,
+                                       dropout=dropout)
+        return out.logits
+
+    def loss(self, trainable, frozen, batch, key, writer_leaves):
+        return task_loss(self.logits(trainable | frozen, batch, key, writer_leaves), batch, self.task)
+
+
+def compiled_step(step: Step, optimizer: optax.GradientTransformation) -> Callable:
+    """(trainable, frozen, opt_state, batch, key, writer_leaves) → (trainable, opt_state, loss), one program."""
+
+    def train(trainable, frozen, opt_state, batch, key, writer_leaves):
+        loss, grads = jax.value_and_grad(step.loss)(trainable, frozen, batch, key, writer_leaves)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, loss
+
+    return jax.jit(train, donate_argnums=(0, 2))
+
+
+def compiled_eval(step: Step) -> Callable:
+    """(flat, batch, writer_leaves) → (loss, predictions) without dropout."""
+    no_dropout = dataclasses.replace(step, rates={})
+
+    def evaluate(flat, batch, writer_leaves):
+        logits = no_dropout.logits(flat, batch, jax.random.key(0), writer_leaves)
+        return task_loss(logits, batch, step.task), logits.argmax(-1)
+
+    return jax.jit(evaluate)
+
+
+def dropout_rates(settings: Mapping, dropout: float | None) -> dict[str, float]:
+    """Dropout(hidden=…, attention=…, classifier=…): the config's rates, or `dropout` for all three."""
+    if dropout is not None:
+        if not 0.0 <= dropout < 1.0:
+            raise InputError(f"dropout={dropout!r}: pass a rate in [0, 1) or None for the config's rates.")
+        return {"hidden": dropout, "attention": dropout, "classifier": dropout}
+    hidden = settings["hidden_dropout_prob"]
+    classifier = settings["classifier_dropout"]
+    return {"hidden": hidden, "attention": settings["attention_probs_dropout_prob"],
+            "classifier": hidden if classifier is None else classifier}
+
+
+# ---- evaluation -------------------------------------------------------------------------------------------
+
+
+def macro_f1(predicted: np.ndarray, gold: np.ndarray, classes: int) -> float:
+    """Mean over classes of 2·TP / (2·TP + FP + FN) (a class absent from both counts 0; scikit-learn's macro)."""
+    scores = []
+    for c in range(classes):
+        tp = np.sum((predicted == c) & (gold == c))
+        wrong = np.sum((predicted == c) != (gold == c))
+        scores.append(2 * tp / (2 * tp + wrong) if tp + wrong else 0.0)
+    return float(np.mean(scores))
+
+
+def evaluate(evaluator, flat, encoded, settings, writer_leaves, classes: int) -> dict:
+    """Loss (mean over batches, weighted by what each batch counts), accuracy and macro-F1 on `encoded`."""
+    order = np.arange(len(encoded))
+    total, weight, predicted, gold = 0.0, 0.0, [], []
+    for batch in data_.batches(encoded, order, **settings):
+        loss, prediction = evaluator(flat, batch, writer_leaves)
+        if batch["labels"].ndim == 1:
+            counted = batch["weight"] > 0
+        else:
+            counted = batch["labels"] != data_.IGNORE
+        total += float(loss) * counted.sum()
+        weight += counted.sum()
+        predicted.append(np.asarray(prediction)[counted])
+        gold.append(batch["labels"][counted])
+    predicted, gold = np.concatenate(predicted), np.concatenate(gold)
+    return {"loss": float(total / max(weight, 1)), "accuracy": float(np.mean(predicted == gold)),
+            "f1": macro_f1(predicted, gold, classes)}
+
+
+# ---- the loop ---------------------------------------------------------------------------------------------
+
+
+def finetune(model: Model, data, task: str = "sequence-classification", *, num_labels: int | None = None,
+             epochs: int = 3, batch_size: int = 16, learning_rate: float = 2e-5, weight_decay: float = 0.01,
+             warmup: float | int = 0.1, schedule: str = "linear", max_grad_norm: float | None = 1.0,
+             dropout: float | None = None, shuffle: bool = True, seed: int = 0, eval_data=None,
+             resume: str | Path | None = None, hooks=None, trainable=None, accumulate: int = 1,
+             compute_dtype=jnp.float32, progress: bool = True) -> Result:
+    """Fine-tune `model` on `data` (training.examples, or what it takes) for `task`; see the module docstring.
+
+    A model that has the task's head continues from its weights; a base model gets a new head initialised as
+    transformers does. `hooks`: {name: fn} as run_with_hooks takes them, applied in every step (interventional
+    training). `trainable`: globs over parameter names (optim.parameter_names) that move; None moves all.
+    `resume`: a directory where the run saves its state and from which it continues (resume.py).
+    `compute_dtype`: jnp.bfloat16 computes in bf16 with fp32 master weights and optimiser state.
+    """
+    task = data_.checked_task(task)
+    rows = data if isinstance(data, list) and all(isinstance(r, data_.Example) for r in data) \
+        else data_.examples(data, task=task)
+    if epochs < 1 or batch_size < 1:
+        raise InputError(f"epochs={epochs}, batch_size={batch_size}: both must be at least 1.")
+    names = data_.label_names(rows, task, num_labels)
+    cfg = task_config(model.config, task, names)
+    settings = source_settings(model)
+    layout = Parameters(cfg, jnp.float32)
+    flat, new = initial_parameters(model, layout, seed, settings["initializer_range"])
+    moving = optim.selected(layout.names, trainable)
+    trainable_params = {n: p for n, p in flat.items() if n in moving}
+    frozen = {n: p for n, p in flat.items() if n not in moving}
+
+    encoded = data_.encode(model, rows, task, names)
+    per_epoch = data_.steps_per_epoch(len(encoded), batch_size)
+    total_steps = -(-epochs * per_epoch // accumulate)
+    lr = optim.learning_rate_schedule(learning_rate, total_steps, warmup=warmup, schedule=schedule)
+    optimizer = optim.adamw(lr, weight_decay=weight_decay, mask=optim.decay_mask(trainable_params),
+                            max_grad_norm=max_grad_norm, accumulate=accumulate)
+    opt_state = optimizer.init(trainable_params)
+
+    writers = writers_for(hooks, model.hook_names, model.config.architecture)
+    writer_leaves, writer_def = jax.tree_util.tree_flatten(writers)
+    step = Step(layout, task, dropout_rates(settings, dropout), cfg.num_attention_heads, cfg.head_dim, writer_def,
+                jnp.dtype(compute_dtype))
+    train = compiled_step(step, optimizer)
+    batch_settings = dict(batch_size=batch_size, task=task, buckets=model.length_buckets,
+                          pad_id=cfg.pad_token_id, mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size)
+    evaluator = compiled_eval(step) if eval_data is not None else None
+    eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names) if evaluator else None
+
+    history, micro = History(), 0
+    dropout_key = jax.random.key(seed)
+    with optim.Progress(total_steps, f"fine-tuning ({task})", enabled=progress) as bar:
+        for epoch in range(epochs):
+            order = data_.epoch_order(len(encoded), epoch, seed, shuffle)
+            losses, tokens = [], 0
+            for batch in data_.batches(encoded, order, mask_seed=(seed, epoch), **batch_settings):
+                key = jax.random.fold_in(dropout_key, micro)
+                trainable_params, opt_state, loss = train(trainable_params, frozen, opt_state, batch, key,
+                                                          writer_leaves)
+                micro += 1
+                losses.append(loss)
+                tokens += int(batch["attention_mask"].sum())
+                if micro % accumulate == 0:
+                    update = micro // accumulate - 1
+                    history.loss.append(float(np.mean([float(x) for x in losses])))
+                    history.learning_rate.append(float(lr(update)))
+                    bar.update(history.loss[-1], tokens)
+                    losses, tokens = [], 0
+            if evaluator is not None:
+                eval_settings = dict(batch_settings, mask_seed=(seed, epochs))  # the same masks every epoch
+                scores = evaluate(evaluator, trainable_params | frozen, eval_encoded, eval_settings, writer_leaves,
+                                  len(names) or cfg.vocab_size)
+                history.eval.append({"epoch": epoch + 1, **scores})
+
+    trained = Model(cfg, layout.nested(trainable_params | frozen), model.tokenizer, pooling=model.pooling,
+                    source=f"fine-tuned from {model.source}")
+    return Result(trained, history, new)
+
+
+def _mask_id(model: Model, task: str) -> int | None:
+    if task != "masked-lm":
+        return None
+    return int(model.tokenize([model.tokenizer.mask_token]).input_ids[0, 1])

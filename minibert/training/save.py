@@ -1,0 +1,96 @@
+"""Save a Model as a Hugging Face directory: config.json, model.safetensors with transformers' key names, and
+the tokenizer files, so that transformers' AutoModelFor… (and minibert.load) read it back.
+
+The keys come from the same table that loads checkpoints (checkpoint.key_table): each rule's converter is a
+reshape, transpose or selection, so applying it to the index array 0 … n − 1 of the Hugging Face shape says
+where every Hugging Face entry went; the inverse is that gather run backwards. No second table to keep in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+from safetensors.numpy import save_file
+
+from minibert import checkpoint
+from minibert.config import ARCHITECTURES, Config
+from minibert.errors import DataFileError
+from minibert.training.optim import parameter_names
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                   "special_tokens_map.json")
+# Config fields that are not config.json keys of the same name
+_NOT_KEYS = ("architecture", "id2label", "settings", "source", "embedding_size")
+
+
+def to_hf(value: np.ndarray, hf_shape: tuple[int, ...], converter, cfg: Config, key: str) -> np.ndarray:
+    """The Hugging Face tensor that `converter` (a key-table rule) turns into minibert's `value`."""
+    index = np.arange(int(np.prod(hf_shape)), dtype=np.int64).reshape(hf_shape)
+    placed = np.asarray(converter(index, cfg)).ravel()
+    if placed.size != index.size or not np.array_equal(np.sort(placed), index.ravel()):
+        raise DataFileError(f"the key table's converter for {key!r} does not move each entry once; it cannot be "
+                            f"inverted to save the model.")
+    tensor = np.empty(index.size, np.float32)
+    tensor[placed] = np.asarray(value, np.float32).ravel()
+    return tensor.reshape(hf_shape)
+
+
+def hf_tensors(cfg: Config, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{Hugging Face key: tensor}; encoder keys carry the family's prefix (`bert.`) in head models, as
+    save_pretrained writes them. Tied keys (the MLM decoder) are left out: transformers ties them on load."""
+    table = checkpoint.key_table(cfg)
+    bare = cfg.family.prefix + "Model"
+    encoder = set(checkpoint.key_table(dataclasses.replace(cfg, architecture=bare))) if bare in ARCHITECTURES else set()
+    prefix = "" if cfg.architecture == bare else cfg.family.key_prefix + "."
+    return {(prefix + key if key in encoder else key): to_hf(params[path], shape, converter, cfg, key)
+            for key, (path, shape, converter) in table.items()}
+
+
+def hf_config(cfg: Config, original: dict) -> dict:
+    """config.json: the original's keys (dropout, initializer_range, …) updated with the model's own values."""
+    renamed = {ours: theirs for theirs, ours in cfg.family.renames}
+    fixed = {name for name, _ in cfg.family.fixed}
+    values = {renamed.get(f.name, f.name): getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+              if f.name not in _NOT_KEYS and f.name not in fixed}
+    if cfg.embedding_size is not None:
+        values["embedding_size"] = cfg.embedding_size
+    labels = {str(i): name for i, name in enumerate(cfg.id2label)}
+    return {**original, **values, **dict(cfg.settings), "model_type": cfg.model_type,
+            "architectures": [cfg.architecture], "id2label": labels,
+            "label2id": {name: int(i) for i, name in labels.items()}}
+
+
+def save(model, directory: str | Path) -> Path:
+    """Write `model` to `directory` (created; files of the same names replaced) as a Hugging Face checkpoint."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise DataFileError(f"{directory} is a file; pass a directory to save the model in.")
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    params = dict(zip(parameter_names(model.state), (np.asarray(x) for x in jax.tree_util.tree_leaves(model.state))))
+    save_file(hf_tensors(cfg, params), directory / "model.safetensors", metadata={"format": "pt"})
+    source = _source_dir(model)
+    original = json.loads((source / "config.json").read_text()) if source and (source / "config.json").exists() \
+        else {}
+    (directory / "config.json").write_text(json.dumps(hf_config(cfg, original), indent=2) + "\n")
+    copied = [name for name in TOKENIZER_FILES if source and (source / name).exists()]
+    for name in copied:
+        if (source / name).resolve() != (directory / name).resolve():
+            shutil.copyfile(source / name, directory / name)
+    if not copied and hasattr(model.tokenizer, "ids_to_tokens"):  # a WordPiece tokenizer built in memory
+        vocab = model.tokenizer.ids_to_tokens
+        (directory / "vocab.txt").write_text("".join(vocab[i] + "\n" for i in range(len(vocab))))
+    return directory
+
+
+def _source_dir(model) -> Path | None:
+    """The directory the model's config and tokenizer came from (through fine-tuning: the base model's)."""
+    source = Path(model.source.removeprefix("fine-tuned from "))
+    if not source.is_dir():
+        return None
+    return checkpoint.sentence_transformers_layout(source)[0]
