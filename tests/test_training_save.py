@@ -1,0 +1,95 @@
+"""Model.save writes what save_pretrained wrote: every family and head, key for key, bit for bit; transformers
+reads it back; and the data reader's errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+import minibert
+from minibert.errors import DataFileError, DataFileMissing, InputError
+from minibert.training import data as data_
+from minibert.training import examples
+from tests.conftest import make_hf_model
+from tests.test_families import HF_CLASSES, make_family_model
+
+CASES = [("bert", suffix) for suffix in ("Model", "ForMaskedLM", "ForSequenceClassification",
+                                         "ForTokenClassification")]
+# XLM-R and CamemBERT keep RoBERTa's keys (one table): RoBERTa stands for the three.
+CASES += [(family, "ForSequenceClassification") for family in ("roberta", "distilbert", "electra", "albert")]
+CASES += [("electra", "ForMaskedLM"), ("albert", "ForMaskedLM"), ("distilbert", "ForMaskedLM")]
+
+
+def _saved_by_transformers(tmp_path, family, suffix):
+    if family == "bert":
+        return make_hf_model(tmp_path, "Bert" + suffix)
+    return make_family_model(tmp_path, family, suffix)
+
+
+@pytest.mark.parametrize(("family", "suffix"), CASES)
+def test_save_writes_what_save_pretrained_wrote(tmp_path, family, suffix):
+    hf = _saved_by_transformers(tmp_path / "hf", family, suffix)
+    model = minibert.load(tmp_path / "hf")
+    model.save(tmp_path / "ours")
+    original = load_file(tmp_path / "hf" / "model.safetensors")
+    ours = load_file(tmp_path / "ours" / "model.safetensors")
+    tied = {key for key, _ in model.config.family.head_keys.tied}
+    assert set(ours) == {k for k in original if k.removeprefix(model.config.family.key_prefix + ".") not in tied}
+    for key, value in ours.items():
+        np.testing.assert_array_equal(value, original[key], err_msg=key)
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["architectures"] == [model.config.architecture]
+    reloaded = getattr(transformers, HF_CLASSES.get(family, "Bert") + suffix).from_pretrained(tmp_path / "ours").eval()
+    ids = torch.tensor([[2, 7, 9, 11, 3]])
+    with torch.no_grad():
+        want, got = hf.eval()(input_ids=ids), reloaded(input_ids=ids)
+    field = "last_hidden_state" if suffix == "Model" else "logits"
+    np.testing.assert_array_equal(getattr(got, field).numpy(), getattr(want, field).numpy())
+    again = minibert.load(tmp_path / "ours")  # and minibert reads its own output
+    assert dataclasses.replace(again.config, source=model.config.source) == model.config
+
+
+def test_examples_read_tsv_csv_jsonl_and_tuples(tmp_path):
+    (tmp_path / "a.tsv").write_text("text\tpair\tlabel\nthe food\tgood ?\t1\nthe room\tbad ?\t0\n")
+    (tmp_path / "a.csv").write_text("text,label\n\"food, good\",pos\nroom,neg\n")
+    (tmp_path / "a.jsonl").write_text('{"text": "a b", "label": ["X", "Y"]}\n\n{"text": "c", "label": ["X"]}\n')
+    rows = [data_.Example("the food", "good ?", 1), data_.Example("the room", "bad ?", 0)]
+    assert examples(tmp_path / "a.tsv") == rows
+    assert [e.label for e in examples(tmp_path / "a.csv")] == ["pos", "neg"]
+    assert examples(tmp_path / "a.jsonl", task="token-classification")[0].label == ["X", "Y"]
+    assert examples([("x", 1), ("y", "z", 0)][:1]) == [data_.Example("x", None, 1)]
+    assert examples(["just text"], task="masked-lm") == [data_.Example("just text")]
+    assert data_.label_names(examples(tmp_path / "a.csv"), "sequence-classification", None) == ("neg", "pos")
+
+
+@pytest.mark.parametrize(("content", "suffix", "task", "error", "message"), [
+    ("", ".tsv", "sequence-classification", DataFileError, "is empty"),
+    ("words\tlabel\nx\t1\n", ".tsv", "sequence-classification", DataFileError, "no 'text' column"),
+    ("text\tpair\tlabel\nx\ty\t1\nz\t\t0\n", ".tsv", "sequence-classification", DataFileError,
+     "row 1 has a pair but row 2 has none"),
+    ("text\tlabel\nx\t\n", ".tsv", "sequence-classification", DataFileError, "row 1 has no label"),
+    ('{"text": "x"\n', ".jsonl", "masked-lm", DataFileError, "a.jsonl:1: not a JSON object"),
+    ("text\n x \n", ".txt", "masked-lm", DataFileError, "neither TSV, CSV nor JSONL"),
+])
+def test_bad_data_files_name_the_problem(tmp_path, content, suffix, task, error, message):
+    path = tmp_path / f"a{suffix}"
+    path.write_text(content)
+    with pytest.raises(error, match=message):
+        examples(path, task=task)
+
+
+def test_bad_labels_and_missing_files():
+    with pytest.raises(DataFileMissing, match="does not exist"):
+        examples("/nonexistent/train.tsv")
+    with pytest.raises(InputError, match="label 5 is out of range for num_labels=2"):
+        data_.label_names(examples([("a", 0), ("b", 5)]), "sequence-classification", 2)
+    with pytest.raises(InputError, match="at least 2 labels"):
+        data_.label_names(examples([("a", "x"), ("b", "x")]), "sequence-classification", None)
+    with pytest.raises(InputError, match="task 'summarise'"):
+        examples([("a", 0)], task="summarise")
