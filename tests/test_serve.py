@@ -21,7 +21,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert.analysis import interventions
 from minibert.app import serve
-from minibert.viz import explore
+from minibert.viz.explore import MAX_CHARS, Workbench
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
@@ -33,7 +33,7 @@ MASKED = "a b [MASK] d e f."
 
 
 def client_for(*models, limiter=None, max_tokens: int = 64) -> TestClient:
-    workbenches = [explore.Workbench(model, max_tokens=max_tokens) for model in models]
+    workbenches = [Workbench(model, max_tokens=max_tokens) for model in models]
     app = serve.create_app(workbenches, TOKEN, port=PORT, limiter=limiter or serve.RateLimiter(1e6, 10**6))
     return TestClient(app, base_url=BASE)
 
@@ -85,8 +85,8 @@ def test_foreign_host_or_origin_is_refused(client, headers):
 
 def test_limits_have_clear_messages(mlm):
     client = client_for(mlm, max_tokens=16)
-    too_long = post(client, "run", {"text": "a" * (explore.MAX_CHARS + 1)})
-    assert too_long.status_code == 400 and f"at most {explore.MAX_CHARS}" in too_long.json()["error"]
+    too_long = post(client, "run", {"text": "a" * (MAX_CHARS + 1)})
+    assert too_long.status_code == 400 and f"at most {MAX_CHARS}" in too_long.json()["error"]
     many_tokens = post(client, "run", {"text": " ".join("abcdefghijklmnopqrst")})
     assert many_tokens.status_code == 400 and "--max-tokens" in many_tokens.json()["error"]
     huge = client.post("/api/run", content=b"{" + b" " * serve.MAX_BODY_BYTES + b"}",
@@ -239,3 +239,18 @@ def test_serve_command_prints_the_url_first(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_serve_benchmark_smoke(tmp_path, monkeypatch):
+    """benchmarks/serve.py --smoke: its server, edits, ablations and concurrent clients run without errors."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import serve as serve_benchmark
+
+    out = tmp_path / "serve.md"
+    assert serve_benchmark.main(["--smoke", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| edit → every panel (16 tokens) |" in text and ": 0 errors;" in text
+    sys.modules.pop("serve", None)

@@ -210,6 +210,7 @@ def test_readme_picture(browser, bundled):
     running = Server([bundled])
     try:
         page = Workbench_page(browser, running)
+        page.page.set_default_timeout(300_000)  # the bundled model's programs compile on the first requests
         page.type("The cat sat on the mat because it was tired.", "It slept all afternoon.")
         page.page.click("#wb-heads-0 .wb-head[data-layer='2'][data-head='5']")
         page.page.wait_for_selector("#wb-outputs-0 .wb-output[data-side=after]")

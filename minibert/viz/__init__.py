@@ -5,11 +5,14 @@
     doc.head_view(layer=2)                                        # shows inline in a notebook
     viz.model_view(tokens, attention, sentence_b_start).save("model_view.html")
     viz.figures.attention_heatmap(doc.attention[2, 5], doc.tokens)   # a matplotlib Figure
+    viz.explore(model)                                            # the live workbench, as a notebook widget
 """
 
 from minibert.viz import figures
 from minibert.viz._check import VizError
 from minibert.viz._html import View
+from minibert.viz.explore import explore  # the live workbench as a notebook widget (needs anywidget)
 from minibert.viz.views import Document, document, head_view, model_view, neuron_view
 
-__all__ = ["Document", "View", "VizError", "document", "figures", "head_view", "model_view", "neuron_view"]
+__all__ = ["Document", "View", "VizError", "document", "explore", "figures", "head_view", "model_view",
+           "neuron_view"]

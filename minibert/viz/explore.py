@@ -3,7 +3,7 @@
     wb = Workbench(model)                               # what `minibert serve` answers with
     wb.run({"text": "The cat [MASK] on the mat."})      # tokens, views, outputs (before / after an ablation)
     wb.step({"text": "…", "layer": 2, "head": 5, "query": 3})   # one head's computation, with its numbers
-    viz.explore(model)                                  # the same page, driven by the kernel (anywidget)
+    explore(model)                                      # the same page, driven by the kernel (anywidget)
 
 Every request is a JSON object and every answer a JSON-ready dict (docs/serve.md lists the fields), so the
 HTTP server (minibert.app.serve) and the widget answer with the same function, `Workbench.answer`.
@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import threading
 from collections.abc import Mapping
+from importlib import resources
 
 import numpy as np
 
 from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
 from minibert.api import bucket_length, length_buckets
-from minibert.errors import InputError
+from minibert.errors import InputError, MinibertError
 from minibert.hooks import site_axes
 from minibert.viz import views
 
@@ -405,3 +407,75 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int) -> list[dic
     add("ln2", "LayerNorm 2 (the block's output)", f"h^{layer + 1} = LN(y + m)", at("ln2.hook_out")[t],
         ["resid_post"])
     return steps
+
+
+# ---- the notebook widget ----------------------------------------------------------------------------------
+
+# The widget's front end: the workbench page's own scripts, run inside the widget's element, with the page's
+# requests sent to the kernel as messages {id, action, body} and answered with {id, answer} or {id, error}.
+_WIDGET_ESM = """
+function render({ model, el }) {
+  const waiting = new Map();
+  let next = 0;
+  model.on("msg:custom", (message) => {
+    const pending = waiting.get(message.id);
+    if (!pending) return;
+    waiting.delete(message.id);
+    if (message.error) pending.reject(new Error(message.error)); else pending.resolve(message.answer);
+  });
+  window.minibertTransport = (action, body) => new Promise((resolve, reject) => {
+    const id = next++;
+    waiting.set(id, { resolve, reject });
+    model.send({ id, action, body });
+  });
+  const style = document.createElement("style");
+  style.textContent = model.get("css");
+  const config = document.createElement("script");
+  config.type = "application/json";
+  config.id = "wb-config";
+  config.textContent = model.get("config");
+  const root = document.createElement("div");
+  root.id = "workbench";
+  el.append(style, config, root);
+  new Function(model.get("views_js") + "\\nwindow.minibertViews = {render: render};")();
+  new Function(model.get("workbench_js"))();
+}
+export default { render };
+"""
+
+
+def _static_text(name: str) -> str:
+    return (resources.files("minibert.viz") / "static" / name).read_text(encoding="utf-8")
+
+
+def explore(model, *, max_tokens: int = MAX_TOKENS):
+    """The workbench as a notebook widget (JupyterLab, Notebook 7, VS Code): the page `minibert serve` shows,
+    its requests answered by this kernel with `Workbench.answer`. Needs anywidget (pip install
+    'minibert[notebook]'). One workbench per notebook page: the page's element ids are fixed."""
+    try:
+        import anywidget
+        import traitlets
+    except ImportError:
+        raise InputError("viz.explore needs anywidget: pip install 'minibert[notebook]'.") from None
+    workbench = Workbench(model, max_tokens=max_tokens)
+
+    class Explorer(anywidget.AnyWidget):
+        _esm = traitlets.Unicode(_WIDGET_ESM).tag(sync=True)
+        css = traitlets.Unicode(_static_text("views.css") + _static_text("workbench.css")).tag(sync=True)
+        views_js = traitlets.Unicode(_static_text("views.js")).tag(sync=True)
+        workbench_js = traitlets.Unicode(_static_text("workbench.js")).tag(sync=True)
+        config = traitlets.Unicode().tag(sync=True)
+
+    widget = Explorer(config=json.dumps({"models": [workbench.info()], "tour": False}))
+    widget.workbench = workbench
+    widget.on_msg(lambda _, content, buffers: widget.send(reply(workbench, content)))
+    return widget
+
+
+def reply(workbench: Workbench, message) -> dict:
+    """The widget's answer to one message {id, action, body}: {id, answer}, or {id, error} for bad input."""
+    message = message if isinstance(message, dict) else {}
+    try:
+        return {"id": message.get("id"), "answer": workbench.answer(message.get("action", ""), message.get("body"))}
+    except MinibertError as error:
+        return {"id": message.get("id"), "error": " ".join(str(error).split())}

@@ -1,0 +1,151 @@
+"""The live workbench's latency and load, over HTTP against a real uvicorn server (minibert serve's app).
+
+    .venv/bin/python benchmarks/serve.py            # bundled model, 128-token texts; prints a Markdown table
+    .venv/bin/python benchmarks/serve.py --smoke    # a few requests at 16 tokens: the code paths, for CI
+
+Three measurements, after warm-up (every length bucket compiled, as minibert serve does at start):
+  edit     a new 128-token text: what the page asks for after an edit (POST /api/run, then /api/step)
+  ablate   one more head ablated on the same text: /api/run with the head, then /api/step
+  load     8 clients at once × 50 requests each (texts and ablations varied): errors, and the server's
+           resident memory after each tenth of the requests (flat: no growth beyond the first tenth)
+Latencies are wall-clock per edit as a client sees them (p50, p95). Only the public API is used:
+minibert.load, viz.explore.Workbench, app.serve.create_app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import harness
+import httpx
+import numpy as np
+import uvicorn
+
+import minibert
+from minibert.app import serve
+from minibert.viz.explore import Workbench
+
+TOKEN = "benchmark"
+
+
+def resident_mib() -> float:
+    """This process's resident memory (the server runs in it), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def text_of(model, tokens: int, seed: int) -> str:
+    """A sentence of common words that tokenizes to exactly `tokens` tokens with [CLS] and [SEP]."""
+    rng = np.random.default_rng(seed)
+    words: list[str] = []
+    while True:
+        candidate = words + [harness.WORDS[rng.integers(len(harness.WORDS))]]
+        if model.tokenize([" ".join(candidate)]).input_ids.shape[1] > tokens:
+            break
+        words = candidate
+    while model.tokenize([" ".join(words)]).input_ids.shape[1] < tokens:
+        words.append("a")
+    return " ".join(words)
+
+
+def start(workbench: Workbench) -> tuple[uvicorn.Server, str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    limiter = serve.RateLimiter(rate=1e9, burst=10**9)  # the load test is one client address sending for eight
+    app = serve.create_app([workbench], TOKEN, port=port, limiter=limiter)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def post(client: httpx.Client, action: str, body: dict) -> dict:
+    answer = client.post(f"/api/{action}", json=body, headers={serve.TOKEN_HEADER: TOKEN}, timeout=120)
+    answer.raise_for_status()
+    return answer.json()
+
+
+def edit(client, text: str, ablate: list) -> float:
+    """Seconds until every panel of an edit has its data: the run (tokens, views, outputs), then the step."""
+    begin = time.perf_counter()
+    post(client, "run", {"text": text, "ablate": ablate})
+    post(client, "step", {"text": text, "ablate": ablate, "layer": 2, "head": 5, "query": 3})
+    return time.perf_counter() - begin
+
+
+def percentiles(seconds: list[float]) -> tuple[float, float]:
+    return float(np.percentile(seconds, 50) * 1000), float(np.percentile(seconds, 95) * 1000)
+
+
+def load(url: str, texts: list[str], clients: int, requests: int, n_layers: int, n_heads: int):
+    """Errors and the resident memory after each tenth of `clients` × `requests` concurrent requests."""
+    done, errors, memory, lock = [0], [], [], threading.Lock()
+    total = clients * requests
+
+    def one_client(c: int):
+        with httpx.Client(base_url=url) as client:
+            for r in range(requests):
+                body = {"text": texts[(c + r) % len(texts)], "ablate": [[r % n_layers, (c + r) % n_heads]]}
+                try:
+                    post(client, "run" if r % 2 == 0 else "step", body)
+                except httpx.HTTPError as error:
+                    errors.append(repr(error))
+                with lock:
+                    done[0] += 1
+                    if done[0] % max(1, total // 10) == 0:
+                        memory.append(resident_mib())
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one_client, range(clients)))
+    return errors, memory
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a few requests at 16 tokens (CI)")
+    parser.add_argument("--out", type=Path, help="also write the Markdown here")
+    args = parser.parse_args(argv)
+    tokens, edits, clients, requests = (16, 4, 2, 4) if args.smoke else (128, 40, 8, 50)
+    model = minibert.load()
+    cfg = model.config
+    workbench = Workbench(model, max_tokens=tokens)
+    serve.warm_up([workbench], step=lambda what: print(what, file=sys.stderr))
+    server, url = start(workbench)
+    texts = [text_of(model, tokens, seed) for seed in range(edits)]
+    with httpx.Client(base_url=url) as client:
+        edit(client, texts[0], [])  # the first request of a text pays tokenizer and JSON warm-up too
+        edit_times = [edit(client, text, []) for text in texts[1:]]
+        ablate_times = [edit(client, texts[-1], [[n % cfg.num_hidden_layers, n % cfg.num_attention_heads]])
+                        for n in range(edits)]
+    memory_before = resident_mib()
+    errors, memory = load(url, texts, clients, requests, cfg.num_hidden_layers, cfg.num_attention_heads)
+    server.should_exit = True
+    rows = [[f"edit → every panel ({tokens} tokens)", str(len(edit_times)), *map(harness.fmt, percentiles(edit_times))],
+            [f"ablate one head ({tokens} tokens)", str(len(ablate_times)),
+             *map(harness.fmt, percentiles(ablate_times))]]
+    machine = harness.machine()
+    text = "\n".join([
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}; {machine['versions']}; "
+        f"load average {harness.load_average()}. Command: `benchmarks/serve.py{' --smoke' if args.smoke else ''}`.",
+        "", harness.markdown_table(["what", "edits", "p50 ms", "p95 ms"], rows), "",
+        f"{clients} concurrent clients × {requests} requests: {len(errors)} errors; resident memory "
+        f"{memory_before:.0f} MiB before, then after each tenth: {', '.join(f'{m:.0f}' for m in memory)} MiB.",
+    ])
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
