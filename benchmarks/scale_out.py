@@ -36,9 +36,10 @@ RESULT_BYTES = 11 * 72 * 8 + 200  # a block's result: 11 statistics × L·H floa
 def worker(argument: dict) -> None:
     """One process of a configuration: survey the file twice (the first compiles), print the second's time."""
     from minibert.analysis import corpus
+    from minibert.app.distributed import initialize
 
     if argument["processes"] > 1:
-        corpus.initialize()
+        initialize()
     import minibert
 
     model = minibert.load()

@@ -20,6 +20,7 @@ from test_analysis_heads import statistic_atol, statistic_rtol
 from tolerances import sum_rtol, survey_js_atol, survey_statistic_tolerances
 
 from minibert.analysis import corpus
+from minibert.errors import AnalysisError
 
 STATISTICS = ("self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
               "entropy", "cls_entropy", "uniform_entropy")
@@ -90,9 +91,9 @@ def reference_js(maps):
     return js
 
 
-def document_maps(model, texts, pairs=None, segment_ids="real"):
+def document_maps(model, texts, pairs=None, segment_ids="real", max_length=None):
     """Each document's attention maps [L, H, n, n] (float64) and tokens, from run_with_cache."""
-    batch = model.tokenize(texts, pairs)
+    batch = model.tokenize(texts, pairs, max_length=max_length)
     fields = batch.to_dict()
     if segment_ids == "zeros":
         fields["token_type_ids"] = np.zeros_like(fields["token_type_ids"])
@@ -116,6 +117,15 @@ def assert_same_statistics(got, want, tolerances) -> None:
 def reference_mean(maps):
     per_document = [reference_document(A, tokens) for A, tokens in maps]
     return {name: np.mean([d[name] for d in per_document], axis=0) for name in STATISTICS}
+
+
+def regrouped_tolerances(model, texts, pairs=None, row_length: int = 64) -> tuple[float, float]:
+    """(rtol, entropy atol) between two surveys of the same documents run in other batches, rows, processes
+    or blocks: two programs (tolerances.survey_statistic_tolerances), and the sums over documents taken in
+    another order and grouping — each within (n − 1)·u of the exact sum of n non-negative terms (Higham), so
+    the two differ by at most twice that, relative."""
+    rtol, entropy_atol = survey_statistic_tolerances(model, texts, pairs, row_length)
+    return rtol + 2 * sum_rtol(len(texts)), entropy_atol
 
 
 # ---- against the reference ----------------------------------------------------------------------------
@@ -155,7 +165,7 @@ def test_second_survey_compiles_nothing_and_streams(bundled, texts_result, monke
     """The compiled step is cached per model, and a generator streamed in small chunks (documents
     waiting across chunks) gives the same numbers as the list."""
     traces = bundled.traces
-    monkeypatch.setattr(corpus, "CHUNK", 7)
+    monkeypatch.setattr(corpus.reading, "CHUNK", 7)
     again = corpus.survey(bundled, (text for text in TEXTS), **SETTINGS)
     assert bundled.traces == traces
     assert again.documents == len(TEXTS)
@@ -166,7 +176,7 @@ def test_second_survey_compiles_nothing_and_streams(bundled, texts_result, monke
 def test_work_counts(texts_result, bundled):
     lengths = bundled.tokenize(TEXTS).attention_mask.sum(1)
     counts = texts_result.counts
-    assert counts["real_tokens"] == int(lengths.sum())
+    assert counts["real_tokens"] == int(lengths.sum()) and counts["truncated"] == 0
     assert counts["real_tokens"] <= counts["tokens_run"] < 1.4 * counts["real_tokens"]  # rows hold several texts
     assert counts["batches"] >= 3
 
@@ -208,65 +218,6 @@ def test_packed_row_statistics_are_sums_over_its_documents():
         # The same maps: only the statistics' own fp32 sums differ from the float64 reference.
         np.testing.assert_allclose(np.asarray(got[name])[0], want[name], rtol=statistic_rtol(T, T),
                                    atol=statistic_atol(T, T), err_msg=name)
-
-
-# ---- batching -----------------------------------------------------------------------------------------
-
-class Chunk:
-    """What _Packer.add reads from a tokenized batch: documents of the given lengths, every token of
-    document k holding the id k."""
-
-    def __init__(self, lengths, start):
-        width = max(lengths)
-        self.attention_mask = (np.arange(width)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
-        self.input_ids = self.attention_mask * (start + np.arange(len(lengths)))[:, None]
-        self.token_type_ids = np.zeros_like(self.input_ids)
-
-
-def plan(lengths, buckets, rows, chunk, pack=True):
-    """Run _Packer over documents of the given lengths, `chunk` at a time; return the batches."""
-    packer, batches = corpus._Packer(buckets, rows, pack), []
-    for start in range(0, len(lengths), chunk):
-        packer.add(Chunk(lengths[start:start + chunk], start))
-        batches += packer.full_batches()
-    return batches + packer.flush()
-
-
-@pytest.mark.parametrize("chunk", [1000, 13])
-@pytest.mark.parametrize("pack, buckets, most", [(True, (128,), 1.12), (False, (32, 64, 96, 128), 1.4)])
-def test_packer_places_every_document_once(chunk, pack, buckets, most):
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(3, 129, size=300)
-    rows = lambda size: corpus.batch_rows(size, 1024, 4)
-    batches = plan(lengths, buckets, rows, chunk, pack)
-    seen, partly_filled = [], []
-    for size, packed in batches:
-        assert size in buckets and 0 < len(packed) <= rows(size)
-        partly_filled += [size] * (len(packed) < rows(size))
-        for documents in packed:
-            assert sum(len(ids) for ids, _ in documents) <= size
-            assert pack or len(documents) == 1
-            seen += [int(ids[0]) for ids, _ in documents]
-            assert all(len(ids) == lengths[ids[0]] for ids, _ in documents)  # whole documents
-    assert sorted(seen) == list(range(300))
-    assert len(partly_filled) == len(set(partly_filled))  # at most one partly filled batch per row length
-    assert sum(rows(size) * size for size, _ in batches) < most * lengths.sum()  # little padding
-
-
-def test_small_corpus_runs_in_one_program():
-    """Row lengths that never filled a batch hand their documents up: one batch, one compiled shape."""
-    batches = plan(np.array([10, 12, 20, 40, 50]), (32, 64, 128), lambda size: corpus.batch_rows(size, 1024, 1), 100)
-    assert [(size, sorted(len(ids) for documents in packed for ids, _ in documents)) for size, packed in batches] \
-        == [(128, [10, 12, 20, 40, 50])]
-
-
-def test_batch_rows_and_default_buckets():
-    assert [corpus.batch_rows(size, 4096, 1) for size in (32, 64, 128)] == [128, 64, 32]
-    assert corpus.batch_rows(128, 1000, 4) == 4  # rounded down to the device count
-    assert corpus.batch_rows(512, 1000, 4) == 4  # at least one row per device
-    assert corpus.default_buckets(128) == (128,)
-    assert corpus.default_buckets(100) == (100,)
-    assert corpus.default_buckets(512) == (128, 256, 512)
 
 
 # ---- several devices ----------------------------------------------------------------------------------
@@ -314,69 +265,6 @@ def test_four_cpu_devices_give_the_numbers_of_one(bundled):
     np.testing.assert_allclose(got["js_four"], parent.js_divergence, rtol=0, atol=js_atol)
 
 
-# ---- files and results --------------------------------------------------------------------------------
-
-def test_read_corpus_formats(tmp_path):
-    (tmp_path / "a.txt").write_text("First text.\n\n  \nSecond text.\n", encoding="utf-8")
-    assert corpus.read_corpus(tmp_path / "a.txt") == (["First text.", "Second text."], None)
-    (tmp_path / "b.tsv").write_text("A one.\tB one.\nA two.\tB two.\n", encoding="utf-8")
-    assert corpus.read_corpus(tmp_path / "b.tsv") == (["A one.", "A two."], ["B one.", "B two."])
-    (tmp_path / "c.jsonl").write_text('{"text": "One."}\n{"text": "Two.", "label": 1}\n', encoding="utf-8")
-    assert corpus.read_corpus(tmp_path / "c.jsonl") == (["One.", "Two."], None)
-    (tmp_path / "d.jsonl").write_text('{"text_a": "A.", "text_b": "B."}\n', encoding="utf-8")
-    assert corpus.read_corpus(tmp_path / "d.jsonl") == (["A."], ["B."])
-
-
-@pytest.mark.parametrize("name, content, message", [
-    ("empty.txt", "\n \n", "holds no text"),
-    ("bad.tsv", "A.\tB.\nno tab here\nA.\tB.\tC.\n", r"lines \[2, 3\] do not hold exactly two tab-separated"),
-    ("bad.jsonl", '{"text": "fine"}\n{"text": oops}\n', "line 2: not valid JSON"),
-    ("keys.jsonl", '{"text": "fine"}\n{"body": "no text key"}\n', r"line 2: expected an object with .*'text'"),
-    ("pairs.jsonl", '{"text_a": "A.", "text_b": "B."}\n{"text_a": "A."}\n', r"line 2: .*'text_a' and 'text_b'"),
-])
-def test_read_corpus_errors(tmp_path, name, content, message):
-    (tmp_path / name).write_text(content, encoding="utf-8")
-    with pytest.raises(ValueError, match=message):
-        corpus.read_corpus(tmp_path / name)
-
-
-def test_read_corpus_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"nope\.txt is not a file; pass a \.txt"):
-        corpus.read_corpus(tmp_path / "nope.txt")
-
-
-def test_save_round_trip(tmp_path):
-    rng = np.random.default_rng(0)
-    mean = {name: rng.random((2, 3)).astype(np.float64) for name in STATISTICS}
-    mean["to_sep"][1, 2] = 0.9  # a "sep" head
-    result = corpus.SurveyResult(mean, 17, rng.random((6, 6)), {"buckets": [32, 64], "model": "x"},
-                                 {"batches": 2, "tokens_run": 100, "real_tokens": 80})
-    npz, js = result.save(tmp_path / "out")
-    assert (npz.name, js.name) == ("out.npz", "out.json")
-    back = corpus.SurveyResult.load(tmp_path / "out")
-    assert back.documents == 17 and back.settings == result.settings and back.counts == result.counts
-    for name in STATISTICS:
-        np.testing.assert_array_equal(back.mean[name], mean[name])
-    np.testing.assert_array_equal(back.js_divergence, result.js_divergence)
-    table = json.loads(js.read_text())["heads"]
-    assert len(table) == 6 and table[5]["label"] == "2-3" and "sep" in table[5]["behaviour"]
-
-
-def test_save_keeps_dots_in_the_prefix_and_drops_output_suffixes(tmp_path):
-    result = corpus.SurveyResult({name: np.zeros((1, 1)) for name in STATISTICS}, 1)
-    assert [p.name for p in result.save(tmp_path / "run1.5")] == ["run1.5.npz", "run1.5.json"]
-    assert [p.name for p in result.save(tmp_path / "run2.json")] == ["run2.npz", "run2.json"]
-    assert corpus.SurveyResult.load(tmp_path / "run1.5").documents == 1
-
-
-def test_read_corpus_pairs_from_a_txt(tmp_path):
-    (tmp_path / "p.txt").write_text("A one.\tB one.\n\nA two.\tB two.\n")
-    assert corpus.read_corpus(tmp_path / "p.txt", pairs=True) == (["A one.", "A two."], ["B one.", "B two."])
-    (tmp_path / "bad.txt").write_text("A one.\tB one.\nno tab here\n")
-    with pytest.raises(ValueError, match=r"lines \[2\] do not hold exactly two tab-separated texts"):
-        corpus.read_corpus(tmp_path / "bad.txt", pairs=True)
-
-
 # ---- bad inputs ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("texts, pairs, settings, message", [
@@ -393,152 +281,40 @@ def test_read_corpus_pairs_from_a_txt(tmp_path):
     (["A."], None, {"max_length": 2}, "max_length must lie between 3"),
     (["A."], None, {"max_length": 1000}, "model's 512 positions; got 1000"),
     (["A."], None, {"buckets": (128, 1024)}, r"buckets must be row lengths from 1 to the model's 512 positions"),
+    # A batch whose patterns alone (rows × 128² × 6 layers × 12 heads × 4 bytes) exceed any machine's memory.
+    (["A."], None, {"batch_tokens": 10**12}, r"batch_tokens=1000000000000 makes batches of 7,812,500,000 rows of "
+                                             r"128 tokens whose attention patterns alone take"),
+    (["A."], None, {"batch_size": 10**9}, r"batch_size=1000000000 makes batches of 1,000,000,000 rows"),
 ])
 def test_bad_inputs(bundled, texts, pairs, settings, message):
     with pytest.raises(ValueError, match=message):
         corpus.survey(bundled, texts, pairs, progress=False, **settings)
 
 
-# ---- merging, corpus files, checkpoints ---------------------------------------------------------------
-
-def regrouped_tolerances(model, texts, pairs=None, row_length: int = 64) -> tuple[float, float]:
-    """(rtol, entropy atol) between two surveys of the same documents run in other batches, rows, processes
-    or blocks: two programs (tolerances.survey_statistic_tolerances), and the sums over documents taken in
-    another order and grouping — each within (n − 1)·u of the exact sum of n non-negative terms (Higham), so
-    the two differ by at most twice that, relative."""
-    rtol, entropy_atol = survey_statistic_tolerances(model, texts, pairs, row_length)
-    return rtol + 2 * sum_rtol(len(texts)), entropy_atol
-
-
-def test_merge_weights_means_by_documents_and_adds_sums():
-    one = corpus.SurveyResult({"entropy": np.array([[1.0, 2.0]])}, 1, np.full((2, 2), 0.5),
-                              {"model": "m", "max_length": 128, "devices": 1, "processes": 1, "batch_size": 4},
-                              {"batches": 1, "tokens_run": 16, "real_tokens": 10})
-    three = corpus.SurveyResult({"entropy": np.array([[5.0, 2.0]])}, 3, np.full((2, 2), 1.5),
-                                {"model": "m", "max_length": 128, "devices": 2, "processes": 1, "batch_size": 8},
-                                {"batches": 2, "tokens_run": 64, "real_tokens": 30})
-    merged = corpus.SurveyResult.merge([one, three])
-    assert merged.documents == 4
-    np.testing.assert_allclose(merged.mean["entropy"], [[(1 + 3 * 5) / 4, 2.0]], rtol=1e-15)
-    np.testing.assert_array_equal(merged.js_divergence, np.full((2, 2), 2.0))
-    assert merged.counts == {"batches": 3, "tokens_run": 80, "real_tokens": 40}
-    assert merged.settings == {"model": "m", "max_length": 128, "devices": 3, "processes": 2, "batch_size": None,
-                               "reduce": "merged"}
-
-
-@pytest.mark.parametrize("change, message", [
-    (dict(settings={"model": "m", "max_length": 64}), r"result 1 was surveyed with max_length=64 but result 0 with "
-                                                      r"max_length=128"),
-    (dict(js_divergence=None), "differ in js_divergence"),
-    (dict(mean={"entropy": np.zeros((2, 2))}), "another head grid"),
-])
-def test_merge_refuses_results_that_measure_other_things(change, message):
-    base = dict(mean={"entropy": np.zeros((1, 2))}, documents=2, js_divergence=np.zeros((2, 2)),
-                settings={"model": "m", "max_length": 128})
-    with pytest.raises(ValueError, match=message):
-        corpus.SurveyResult.merge([corpus.SurveyResult(**base), corpus.SurveyResult(**dict(base, **change))])
-    with pytest.raises(ValueError, match="non-empty list of SurveyResult"):
-        corpus.SurveyResult.merge([])
-
-
-def test_merged_parts_equal_one_survey_of_the_union(bundled, tmp_path):
-    """Two surveys of two halves (one reduce="local", saved and loaded) merge to the survey of all texts."""
-    whole = corpus.survey(bundled, TEXTS, js_divergence=True, **SETTINGS)
-    first = corpus.survey(bundled, TEXTS[:7], js_divergence=True, **SETTINGS)
-    second = corpus.survey(bundled, TEXTS[7:], js_divergence=True, reduce="local", **SETTINGS)
-    second.save(tmp_path / "second")
-    merged = corpus.SurveyResult.merge([first, corpus.SurveyResult.load(tmp_path / "second")])
-    assert merged.documents == whole.documents == len(TEXTS)
-    assert merged.counts["real_tokens"] == whole.counts["real_tokens"]
-    assert_same_statistics(merged.mean, whole.mean, regrouped_tolerances(bundled, TEXTS))
-    # each Jensen–Shannon entry is a sum of non-negative terms over every query row of every document
-    rtol, atol = 2 * sum_rtol(whole.counts["real_tokens"]), survey_js_atol(bundled, TEXTS, row_length=64)
-    np.testing.assert_allclose(merged.js_divergence, whole.js_divergence, rtol=rtol, atol=atol)
-
-
 def test_survey_of_a_corpus_file_streams_it(bundled, texts_result, tmp_path):
-    """A pathlib.Path is read line by line (blank lines skipped); the same documents in the same order give
-    exactly the numbers of the list."""
+    """A pathlib.Path is read line by line (blank lines skipped and counted); the same documents in the same
+    order give exactly the numbers of the list."""
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(TEXTS) + "\n", encoding="utf-8")
     result = corpus.survey(bundled, path, **SETTINGS)
-    assert result.documents == len(TEXTS) and result.counts == texts_result.counts
+    assert result.documents == len(TEXTS)
+    assert result.counts == dict(texts_result.counts, blank_lines=len(TEXTS) - 1)  # one between each two texts
     for name in STATISTICS:
         np.testing.assert_array_equal(result.mean[name], texts_result.mean[name], err_msg=name)
 
 
-def test_read_corpus_shards_are_strided_and_cover_the_file(tmp_path):
-    (tmp_path / "a.txt").write_text("".join(f"text {i}\n" + "\n" * (i % 2) for i in range(10)), encoding="utf-8")
-    shares = [corpus.read_corpus(tmp_path / "a.txt", shard=(i, 3))[0] for i in range(3)]
-    assert shares == [[f"text {i}" for i in range(k, 10, 3)] for k in range(3)]  # 4, 3 and 3 texts
-    (tmp_path / "p.tsv").write_text("A0\tB0\nA1\tB1\nA2\tB2\n", encoding="utf-8")
-    assert corpus.read_corpus(tmp_path / "p.tsv", shard=(1, 2)) == (["A1"], ["B1"])
-    assert corpus.read_corpus(tmp_path / "p.tsv", shard=(4, 5)) == ([], [])  # more processes than lines
-    (tmp_path / "j.jsonl").write_text('{"text_a": "A0", "text_b": "B0"}\n{"text_a": "A1", "text_b": "B1"}\n')
-    assert corpus.read_corpus(tmp_path / "j.jsonl", shard=(1, 2)) == (["A1"], ["B1"])  # keys of line 1
-    for shard in [(3, 3), (-1, 2), (0, 0), "ab"]:
-        with pytest.raises(ValueError, match=r"shard must be \(index, count\) with 0 <= index < count"):
-            corpus.read_corpus(tmp_path / "a.txt", shard=shard)
-
-
-class Crash(Exception):
-    """The stand-in for a process that dies in the middle of a survey."""
-
-
-def crashing(texts, after: int):
-    yield from texts[:after]
-    raise Crash
-
-
-def test_checkpoint_resume_gives_identical_totals(bundled, tmp_path, monkeypatch):
-    """A survey that dies after 13 documents, started again with the same checkpoint, resumes from the last
-    saved position (8 documents: every 8, chunks of 4) and ends with exactly the totals and counts of a
-    run that was never interrupted; a finished checkpoint returns its result without running anything."""
-    monkeypatch.setattr(corpus, "CHUNK", 4)
-    settings = dict(SETTINGS, every=8, js_divergence=True)
-    whole = corpus.survey(bundled, TEXTS, checkpoint=tmp_path / "whole.ckpt", **settings)
-    with pytest.raises(Crash):
-        corpus.survey(bundled, crashing(TEXTS, 13), checkpoint=tmp_path / "resumed.ckpt", **settings)
-    resumed = corpus.survey(bundled, TEXTS, checkpoint=tmp_path / "resumed.ckpt", **settings)
-    traces = bundled.traces
-    again = corpus.survey(bundled, TEXTS, checkpoint=tmp_path / "resumed.ckpt", **settings)
-    assert bundled.traces == traces and again.counts == resumed.counts
-    for result in (resumed, again):
-        assert result.documents == whole.documents == len(TEXTS) and result.counts == whole.counts
-        for name in STATISTICS:
-            np.testing.assert_array_equal(result.mean[name], whole.mean[name], err_msg=name)
-        np.testing.assert_array_equal(result.js_divergence, whole.js_divergence)
-
-
-def test_checkpoint_of_another_survey_is_refused(bundled, tmp_path):
-    path = tmp_path / "run.ckpt"
-    corpus.survey(bundled, TEXTS[:3], checkpoint=path, **SETTINGS)
-    with pytest.raises(ValueError, match=r"run.ckpt belongs to another survey: its max_length is 128, this run's "
-                                         r"is 64; .* or delete the file"):
-        corpus.survey(bundled, TEXTS[:3], checkpoint=path, **dict(SETTINGS, max_length=64, buckets=(16, 32, 64)))
-    path.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match=r"run.ckpt cannot be read .* delete it to start the survey afresh"):
-        corpus.survey(bundled, TEXTS[:3], checkpoint=path, **SETTINGS)
-
-
-@pytest.mark.parametrize("texts, pairs, settings, message", [
-    (["A."], None, {"reduce": "both"}, "reduce must be 'global'"),
-    (["A."], None, {"every": 0}, "every .* must be at least 1"),
-    (["A."], None, {"timeout": 0}, "timeout .* positive"),
-    (["A."], True, {}, "pairs=True reads a corpus file's lines"),
-])
-def test_bad_scale_out_inputs(bundled, texts, pairs, settings, message):
-    with pytest.raises(ValueError, match=message):
-        corpus.survey(bundled, texts, pairs, progress=False, **settings)
-
-
-def test_initialize_names_missing_settings(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-        monkeypatch.delenv(name, raising=False)
-    with pytest.raises(RuntimeError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID not set"):
-        corpus.initialize("localhost:1234")
-    with pytest.raises(RuntimeError, match=r"process id 2 must lie in 0 … 1"):
-        corpus.initialize("localhost:1234", 2, 2)
+def test_truncated_documents_are_counted_or_refused(bundled):
+    """Documents longer than max_length are truncated and counted (and truncated exactly as the tokenizer's
+    max_length does); strict=True refuses the first one by its number instead."""
+    texts = ["Short one.", "word " * 30, "Also short.", "another " * 20 + "end"]  # 32 and 23 tokens with [CLS], [SEP]
+    max_length = 16
+    result = corpus.survey(bundled, texts, max_length=max_length, buckets=(16,), batch_tokens=64, progress=False)
+    assert result.counts["truncated"] == 2
+    assert result.counts["real_tokens"] == int(bundled.tokenize(texts, max_length=max_length).attention_mask.sum())
+    want = reference_mean(document_maps(bundled, texts, max_length=max_length))
+    assert_same_statistics(result.mean, want, survey_statistic_tolerances(bundled, texts, row_length=16))
+    with pytest.raises(AnalysisError, match=r"document 1 has more than max_length=16 tokens \(2 in this chunk of 4\)"):
+        corpus.survey(bundled, texts, max_length=max_length, buckets=(16,), strict=True, progress=False)
 
 
 # ---- families -----------------------------------------------------------------------------------------
@@ -550,7 +326,6 @@ def test_packed_roberta_survey_matches_brute_force(tmp_path):
     from test_families import make_family_model, write_tokenizer
 
     import minibert
-    from minibert.errors import AnalysisError
 
     vocab = write_tokenizer(tmp_path, "roberta")
     make_family_model(tmp_path / "model", "roberta", vocab_size=vocab, max_position_embeddings=130)

@@ -23,7 +23,7 @@ from test_corpus import STATISTICS, TEXTS, assert_same_statistics, regrouped_tol
 from minibert.analysis import corpus
 
 SETTINGS = dict(batch_tokens=256, buckets=(32, 64))  # several row lengths and batches per process
-CHUNK = 16  # documents per chunk in the workers: several chunks, so several checkpoints, per process
+CHUNK = 16  # documents per chunk in the workers: several chunks, so several resume saves, per process
 TEXT_COUNT = 205
 
 pytestmark = pytest.mark.slow
@@ -71,14 +71,15 @@ def last_json(done: subprocess.CompletedProcess) -> dict:
 SURVEYS = textwrap.dedent("""
     import json, sys
     from pathlib import Path
+    from minibert.app.distributed import initialize
     from minibert.analysis import corpus
     from minibert.errors import DistributedError
 
-    corpus.initialize()
+    initialize()
     import jax, minibert
 
     argument = json.loads(sys.argv[1])
-    corpus.CHUNK = argument["chunk"]
+    corpus.reading.CHUNK = argument["chunk"]
     path, settings = Path(argument["path"]), argument["settings"]
     model = minibert.load()
     from jax.experimental import multihost_utils
@@ -138,40 +139,40 @@ STATS = textwrap.dedent("""
     from minibert.app import cli
 
     argument = json.loads(sys.argv[1])
-    corpus.CHUNK = argument["chunk"]
+    corpus.reading.CHUNK = argument["chunk"]
     index = int(os.environ["JAX_PROCESS_ID"])
     if argument.get("die_at") is not None and index == 1:  # killed (no exception, no cleanup) at a chunk
-        wait = corpus._await_peers
+        wait = corpus.distributed.await_peers
         def dying(tag, chunk, timeout):
             if chunk == argument["die_at"]:
                 os.kill(os.getpid(), signal.SIGKILL)
             return wait(tag, chunk, timeout)
-        corpus._await_peers = dying
+        corpus.distributed.await_peers = dying
     sys.exit(cli.main(["stats", argument["path"], "--distributed", "--out", argument["out"] + str(index),
-                       "--checkpoint", argument["checkpoint"], "--every", "32",
+                       "--resume", argument["resume"], "--every", "32",
                        "--timeout", str(argument.get("timeout", 15)),
                        "--batch-size", "4", "--max-length", "64"]))
 """)
 
 
 def test_killed_process_is_named_and_resume_gives_identical_totals(corpus_file, tmp_path):
-    """`minibert stats --distributed`: process 1 is killed at its 6th chunk (after two checkpoints);
-    process 0 stops within the timeout with an error naming it. Run again with the same checkpoint, the
+    """`minibert stats --distributed`: process 1 is killed at its 6th chunk (after two resume saves);
+    process 0 stops within the timeout with an error naming it. Run again with the same resume file, the
     survey resumes and gives exactly the totals of an uninterrupted run; only process 0 writes."""
-    argument = dict(path=str(corpus_file), chunk=CHUNK, checkpoint=str(tmp_path / "resumed.ckpt"),
+    argument = dict(path=str(corpus_file), chunk=CHUNK, resume=str(tmp_path / "resumed.resume"),
                     out=str(tmp_path / "resumed"))
     killed = launch(STATS, dict(argument, die_at=5))
     assert killed[1].returncode == -9
     assert killed[0].returncode == 2, killed[0].stderr[-3000:]
     assert ("minibert stats: error: process 0: processes [1] did not reach the same point of the survey within "
             "timeout=15 s") in killed[0].stderr
-    assert (tmp_path / "resumed.ckpt").exists() and not (tmp_path / "resumed0.npz").exists()
+    assert (tmp_path / "resumed.resume").exists() and not (tmp_path / "resumed0.npz").exists()
 
     # The runs that must finish wait longer for a slow peer (a loaded machine), still below the runtime's
     # 100 s heartbeat, so that a late process is not mistaken for a dead one.
     argument["timeout"] = 60
     resumed = launch(STATS, argument)
-    whole = launch(STATS, dict(argument, checkpoint=str(tmp_path / "whole.ckpt"), out=str(tmp_path / "whole")))
+    whole = launch(STATS, dict(argument, resume=str(tmp_path / "whole.resume"), out=str(tmp_path / "whole")))
     for done in resumed + whole:
         assert done.returncode == 0, done.stderr[-3000:]
     assert not (tmp_path / "resumed1.npz").exists() and not (tmp_path / "whole1.npz").exists()

@@ -25,6 +25,7 @@ masks [B, T]; layers and heads 0-indexed, labels in the paper's 1-indexed "L-H" 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -46,7 +47,8 @@ ENTROPY_SMOOTHING = 1e-4  # p = (1 − ε)·A + ε/n, as Clark et al., so ln p i
 JS_SMOOTHING = 1e-3
 SEP_NORMALIZATIONS = ("clark", "count")  # sep_to_sep / rest_to_sep divided by 2 and n − 2, or by the counts
 
-# Behaviour label → (statistic, threshold): a head gets the label when the statistic exceeds it.
+# Behaviour label → (statistic, threshold): a head gets the label when the statistic exceeds it. "broad"
+# here is Clark et al.'s absolute threshold (behaviour_labels(broad="absolute")); by default it is BROAD_FRACTION.
 BEHAVIOURS: dict[str, tuple[str, float]] = {
     "broad": ("entropy", 3.8),
     "next": ("next", 0.5),
@@ -55,6 +57,11 @@ BEHAVIOURS: dict[str, tuple[str, float]] = {
     "sep": ("to_sep", 0.6),
     "punct": ("to_punct", 0.6),
 }
+# "broad" by default: mean entropy above this share of the mean uniform entropy (ln n). Clark et al.'s 3.8 nats
+# over ln 128, the uniform entropy of their 128-token segments: the same bar for their documents, one that a
+# document of 44 tokens or fewer (ln 44 < 3.8) can also pass.
+BROAD_FRACTION = 3.8 / math.log(128)
+BROAD_RULES = ("relative", "absolute")
 
 
 def same_document(documents) -> jax.Array:
@@ -194,28 +201,36 @@ def js_divergence_batch(pattern, attention_mask, doc_mask) -> jax.Array:
     return js * (1.0 - jnp.eye(L * H, dtype=js.dtype))
 
 
-def behaviour_labels(mean: Mapping[str, np.ndarray]) -> np.ndarray:
+def behaviour_labels(mean: Mapping[str, np.ndarray], broad: str = "relative") -> np.ndarray:
     """[L, H] strings naming what each head does, from document-averaged statistics (docs/definitions.md).
 
-    Labels (BEHAVIOURS): "broad" (entropy > 3.8 nats), "next" / "prev" (> 0.5 of the attention on the
-    next / previous token), "cls" / "sep" / "punct" (> 0.6 on [CLS] / [SEP] / "." and ","). A head that
-    passes several thresholds gets them joined with "+" in that order (e.g. "prev+sep"); a head that
-    passes none gets "". Statistics missing from `mean` are not tested.
+    Labels (BEHAVIOURS): "broad", "next" / "prev" (> 0.5 of the attention on the next / previous token),
+    "cls" / "sep" / "punct" (> 0.6 on [CLS] / [SEP] / "." and ","). A head that passes several thresholds
+    gets them joined with "+" in that order (e.g. "prev+sep"); a head that passes none gets "". Statistics
+    missing from `mean` are not tested.
+    broad: "relative" (default) — entropy > BROAD_FRACTION × uniform_entropy (the documents' mean ln n), so
+    short documents can be broad; without uniform_entropy in `mean`, the absolute rule. "absolute" —
+    entropy > 3.8 nats, Clark et al.'s threshold for 128-token segments.
     """
+    if broad not in BROAD_RULES:
+        raise AnalysisError(f"broad must be 'relative' (entropy against the uniform entropy ln n) or 'absolute' "
+                            f"(Clark et al.'s 3.8 nats), not {broad!r}.")
     shape = np.shape(next(iter(mean.values())))
     labels = np.full(shape, "", dtype=object)
     for name, (statistic, threshold) in BEHAVIOURS.items():
         if statistic not in mean:
             continue
+        if name == "broad" and broad == "relative" and "uniform_entropy" in mean:
+            threshold = BROAD_FRACTION * np.asarray(mean["uniform_entropy"])
         hit = np.asarray(mean[statistic]) > threshold
         labels[hit] = np.where(labels[hit] == "", name, labels[hit] + "+" + name)
     return labels.astype(str)
 
 
-def head_table(mean: Mapping[str, np.ndarray]) -> list[dict]:
+def head_table(mean: Mapping[str, np.ndarray], broad: str = "relative") -> list[dict]:
     """One tidy row per head: layer, head (0-indexed), label ("L-H", 1-indexed as in the paper),
-    every statistic of `mean` as a float, and its behaviour label."""
-    behaviour = behaviour_labels(mean)
+    every statistic of `mean` as a float, and its behaviour label (behaviour_labels(mean, broad))."""
+    behaviour = behaviour_labels(mean, broad)
     n_layers, n_heads = behaviour.shape
     return [
         {"layer": layer, "head": head, "label": head_label(layer, head),

@@ -135,20 +135,29 @@ def _stats(args) -> int:
     npz, json_path = corpus.output_paths(prefix)
     _checked_outputs([npz, json_path, json_path.with_suffix(".csv")], [args.file])  # before hours of survey
     if args.distributed:  # before anything touches JAX; each process then reads its share of FILE
-        corpus.initialize(args.coordinator, args.num_processes, args.process_id,
-                          heartbeat_timeout=args.heartbeat_timeout)
+        from minibert.app.distributed import initialize
+
+        initialize(args.coordinator, args.num_processes, args.process_id, heartbeat_timeout=args.heartbeat_timeout)
     batching = {} if args.batch_size is None else {"batch_size": args.batch_size}
     model = _load(args.model, args.download)
-    result = corpus.survey(model, args.file, args.pairs, max_length=args.max_length,
-                           progress=True, checkpoint=args.checkpoint, every=args.every, timeout=args.timeout,
-                           **batching)
+    result = corpus.survey(model, args.file, args.pairs, max_length=args.max_length, progress=True,
+                           resume=args.resume, every=args.every, timeout=args.timeout, strict=args.strict, **batching)
     if jax.process_index() != 0:
         return 0  # every process holds the whole result; process 0 writes and prints it
+    _report_skipped(result.counts, args.max_length)
     npz, json_path = result.save(prefix)
     for path in (npz, json_path, report.write_table(result.table(), json_path.with_suffix(".csv"))):
         print(path)
     print(report.head_summary(result.mean, result.documents, model.tokenizer))
     return 0
+
+
+def _report_skipped(counts: dict, max_length: int) -> None:
+    """Say on stderr what the survey left out or cut (--strict refuses these instead)."""
+    blank, truncated = counts.get("blank_lines", 0), counts.get("truncated", 0)
+    if blank or truncated:
+        print(f"minibert stats: skipped {blank} blank line(s); truncated {truncated} document(s) to "
+              f"--max-length {max_length} tokens (--strict refuses both)", file=sys.stderr)
 
 
 def _hooks(args) -> int:
@@ -303,10 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
                             " fewer rows for longer documents)")
     stats.add_argument("--max-length", type=int, default=128, metavar="N",
                        help="truncate documents to N tokens (default 128)")
-    stats.add_argument("--checkpoint", type=Path, metavar="FILE",
-                       help="keep the running totals and position in FILE; run the same command again to resume")
+    stats.add_argument("--resume", "--checkpoint", type=Path, metavar="FILE", dest="resume",
+                       help="keep the running totals and position in FILE; run the same command again to resume "
+                            "(--checkpoint: the old name)")
+    stats.add_argument("--strict", action="store_true",
+                       help="refuse a blank line or a document longer than --max-length (default: skip blank "
+                            "lines and truncate long documents, and say how many)")
     stats.add_argument("--every", type=int, default=100_000, metavar="N",
-                       help="rewrite the checkpoint every N documents (per process; default 100000)")
+                       help="rewrite the resume file every N documents (per process; default 100000)")
     stats.add_argument("--distributed", action="store_true",
                        help="one of several processes (jax.distributed): each reads its share of FILE, process 0 "
                             "writes; the coordinator, process count and id come from the flags below or from "
