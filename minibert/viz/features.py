@@ -1,0 +1,183 @@
+"""A feature browser for a sparse autoencoder: one offline HTML page, one latent shown at a time.
+
+For each latent: its top-activating contexts (a window of tokens around the peak, each token shaded by its
+activation relative to the latent's maximum), a histogram of its non-zero activations (log10 bins), how
+often it fires, and the tokens whose input embeddings are closest (cosine) to its decoder direction (when the
+SAE reads a stream as wide as the embeddings). The page holds all latents as one zlib-compressed JSON blob
+(token strings once, activations as bytes), which the browser inflates; text reaches the page only as data
+set with textContent, never as markup.
+
+    browser = feature_browser(model, config, params, texts)      # texts: a list of strings
+    browser.save("features.html")
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import zlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minibert.analysis.sae.model import SAEConfig, encode
+from minibert.errors import VizError
+from minibert.viz._html import _safe_json, page
+
+HISTOGRAM_EDGES = np.linspace(-3.0, 2.0, 17)  # log10 of the activation: 16 bins from 0.001 to 100
+
+
+@functools.partial(jax.jit, static_argnames=("config", "top", "window"))
+def _chunk_summary(params, x, *, config, top, window):
+    """Latents of x [N, D] (a chunk's real tokens, text after text): the top values [S, top], their token
+    indices [S, top], the latent's activations on the window around each [S, top, 2·window + 1], and the
+    histogram counts [S, bins]."""
+    latents = encode(config, params, x)
+    values, index = jax.lax.top_k(latents.T, top)
+    around = jnp.clip(index[..., None] + jnp.arange(-window, window + 1), 0, x.shape[0] - 1)
+    windows = latents[around, jnp.arange(config.d_sae)[:, None, None]]
+    bins = jnp.digitize(jnp.log10(jnp.maximum(latents, 1e-30)), jnp.asarray(HISTOGRAM_EDGES[1:-1]))
+    counts = jnp.stack([jnp.sum((bins == b) & (latents > 0), axis=0) for b in range(len(HISTOGRAM_EDGES) - 1)], -1)
+    return values, index, windows, counts
+
+
+def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
+    """[S, count] ids of the tokens whose input embeddings have the highest cosine with each decoder row."""
+    embeddings = np.asarray(model.params["embed"]["word"], np.float32)  # the word-embedding table [V, E]
+    if embeddings.shape[1] != W_dec.shape[1]:
+        return None
+    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    rows = W_dec / np.maximum(np.linalg.norm(W_dec, axis=1, keepdims=True), 1e-12)
+    return np.asarray(jax.lax.top_k(jnp.asarray(rows) @ jnp.asarray(unit).T, count)[1])
+
+
+class FeatureBrowser:
+    """The browser's data ({"tokens": [...], "latents": [...]}) and its page (`.document()`, `.save(path)`)."""
+
+    def __init__(self, data: dict, title: str):
+        self.data, self.title = data, title
+
+    def document(self) -> str:
+        blob = base64.b64encode(zlib.compress(json.dumps(self.data, separators=(",", ":")).encode(), 9)).decode()
+        body = (f'<div id="fb-meta"></div><label>latent <input id="fb-pick" type="number" min="0" value="0"></label> '
+                f'<select id="fb-order"></select><div id="fb-view"></div>'
+                f'<script type="application/json" id="fb-data">{_safe_json(blob)}</script><script>{_SCRIPT}</script>')
+        return page(self.title, body, style=_STYLE)
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.write_text(self.document(), encoding="utf-8")
+        return path
+
+    def _repr_html_(self) -> str:
+        return self.document()
+
+
+def feature_browser(model, config: SAEConfig, params, texts, *, hook_name: str | None = None, top: int = 5,
+                    window: int = 4, nearest: int = 5, max_length: int = 128, batch_size: int = 32,
+                    title: str = "SAE features") -> FeatureBrowser:
+    """Browse every latent of an SAE over `texts` (see the module docstring); window: tokens each side of a peak."""
+    from minibert.analysis.sae.source import hook_width
+
+    hook_name = hook_name or config.hook_name
+    if hook_name is None or hook_width(model, hook_name) != config.d_in:
+        raise VizError(f"hook {hook_name!r} does not give {config.d_in}-wide vectors; pass the hook_name the SAE "
+                       f"was trained on.")
+    texts = list(texts)
+    if not texts:
+        raise VizError("pass at least one text to find the latents' top contexts in.")
+    params = {name: jnp.asarray(value, jnp.float32) for name, value in params.items()}
+    S, span = config.d_sae, np.arange(-window, window + 1)
+    best = {"value": np.zeros((S, 0), np.float32), "acts": np.zeros((S, 0, len(span)), np.float32),
+            "ids": np.zeros((S, 0, len(span)), np.int64)}  # ids −1: outside the peak's text
+    counts, tokens_seen = np.zeros((S, len(HISTOGRAM_EDGES) - 1), np.int64), 0
+    for start in range(0, len(texts), batch_size):
+        batch = model.tokenize(texts[start:start + batch_size], max_length=max_length)
+        _, cache = model.run_with_cache(batch, names=[hook_name])
+        real = np.asarray(batch.attention_mask) > 0
+        x = np.asarray(cache[hook_name], np.float32).reshape(*real.shape, -1)[real]
+        ids, text_of = np.asarray(batch.input_ids)[real], np.nonzero(real)[0]
+        tokens_seen += len(ids)
+        values, index, windows, chunk_counts = (np.asarray(a) for a in _chunk_summary(
+            params, x, config=config, top=min(top, len(ids)), window=window))
+        around = index[..., None] + span
+        inside = (around >= 0) & (around < len(ids))
+        inside[inside] &= text_of[around[inside]] == text_of[np.broadcast_to(index[..., None], around.shape)[inside]]
+        counts += chunk_counts
+        candidates = {"value": values, "acts": np.where(inside, windows, 0.0),
+                      "ids": np.where(inside, ids[np.clip(around, 0, len(ids) - 1)], -1)}
+        merged = {key: np.concatenate([best[key], candidates[key]], axis=1) for key in best}
+        keep = np.argsort(-merged["value"], axis=1, kind="stable")[:, :top]
+        best = {key: np.take_along_axis(value, keep.reshape(keep.shape + (1,) * (value.ndim - 2)), 1)
+                for key, value in merged.items()}
+    neighbours = _nearest_tokens(model, np.asarray(params["W_dec"]), nearest)
+    used: dict[int, int] = {}
+
+    def token(i) -> int:
+        return used.setdefault(int(i), len(used))
+
+    latents = []
+    for j in range(S):
+        peak = float(best["value"][j, 0])
+        contexts = [[[token(i) for i in ids[ids >= 0]], [round(255 * a / peak) for a in acts[ids >= 0]]]
+                    for value, ids, acts in zip(best["value"][j], best["ids"][j], best["acts"][j]) if value > 0]
+        latents.append({"max": float(f"{peak:.6g}"), "fires": int(counts[j].sum()), "contexts": contexts,
+                        "histogram": counts[j].tolist(),
+                        "nearest": [] if neighbours is None else [token(i) for i in neighbours[j]]})
+    return FeatureBrowser({"tokens": model.tokenizer.convert_ids_to_tokens(list(used)), "latents": latents,
+                           "tokens_seen": tokens_seen, "hook": hook_name, "edges": HISTOGRAM_EDGES.tolist()}, title)
+
+
+_STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1100px;color:#1f2328}"
+          ".ctx{font-family:ui-monospace,monospace;margin:4px 0;white-space:pre-wrap}"
+          ".tok{padding:1px 2px;border-radius:3px}.bar{display:inline-block;width:14px;background:#0969da;"
+          "vertical-align:bottom;margin-right:1px}.hist{height:80px;display:flex;align-items:flex-end}"
+          ".near span{border:1px solid #d0d7de;border-radius:4px;padding:1px 4px;margin-right:4px}")
+
+_SCRIPT = r"""
+(async function () {
+  const blob = JSON.parse(document.getElementById("fb-data").textContent);
+  const bytes = Uint8Array.from(atob(blob), (c) => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+  const data = JSON.parse(await new Response(stream).text());
+  const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text;
+    if (cls) e.className = cls; return e; };
+  const view = document.getElementById("fb-view"), pick = document.getElementById("fb-pick");
+  const order = document.getElementById("fb-order");
+  document.getElementById("fb-meta").textContent =
+    data.latents.length + " latents at " + data.hook + ", over " + data.tokens_seen + " tokens";
+  pick.max = data.latents.length - 1;
+  const ranked = data.latents.map((l, i) => i).sort((a, b) => data.latents[b].fires - data.latents[a].fires);
+  order.appendChild(el("option", "most frequent first"));
+  for (const i of ranked.slice(0, 500)) { const o = el("option", "latent " + i + " (" + data.latents[i].fires + ")");
+    o.value = i; order.appendChild(o); }
+  order.onchange = () => { if (order.value !== "") { pick.value = order.value; show(); } };
+  function show() {
+    const i = Math.max(0, Math.min(data.latents.length - 1, Number(pick.value) || 0)), l = data.latents[i];
+    view.replaceChildren(el("h2", "latent " + i), el("p", "fires on " + l.fires + " of " + data.tokens_seen +
+      " tokens; max activation " + l.max));
+    view.appendChild(el("h3", "top contexts"));
+    for (const [ids, acts] of l.contexts) { const line = el("div", undefined, "ctx");
+      ids.forEach((t, k) => { const s = el("span", data.tokens[t] + " ", "tok");
+        s.style.background = "rgba(255,140,0," + (acts[k] / 255).toFixed(3) + ")";
+        s.title = String(acts[k] / 255 * l.max);
+        line.appendChild(s); }); view.appendChild(line); }
+    if (!l.contexts.length) view.appendChild(el("p", "never fires on these texts (dead here)"));
+    const last = data.edges[data.edges.length - 1];
+    view.appendChild(el("h3", "activations (log10 bins " + data.edges[0] + " to " + last + ")"));
+    const hist = el("div", undefined, "hist"), top = Math.max(1, ...l.histogram);
+    l.histogram.forEach((c, b) => { const bar = el("span", undefined, "bar"); bar.style.height = (80 * c / top) + "px";
+      bar.title = c + " tokens in [10^" + data.edges[b].toFixed(2) + ", 10^" + data.edges[b + 1].toFixed(2) + ")";
+      hist.appendChild(bar); });
+    view.appendChild(hist);
+    if (l.nearest.length) { view.appendChild(el("h3", "nearest token embeddings to its decoder direction"));
+      const near = el("div", undefined, "near");
+      for (const t of l.nearest) near.appendChild(el("span", data.tokens[t]));
+      view.appendChild(near); }
+  }
+  pick.oninput = show; show();
+})();
+"""

@@ -1,0 +1,100 @@
+"""The SAE feature browser: its data against a brute-force pass over every token, text escaped, small pages,
+and the page drawn in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+
+import numpy as np
+import pytest
+from tolerances import forward_rtol
+
+from minibert.analysis import sae
+from minibert.errors import VizError
+from minibert.viz.features import HISTOGRAM_EDGES, feature_browser
+
+HOOK = "blocks.1.hook_resid_post"
+TEXTS = ["ab cd ef gh", "a b c <script>", "de fg & hi", "c d e f g h"]  # generated; one holds markup
+
+
+@pytest.fixture(scope="module")
+def browsed(tiny_mlm):
+    model = tiny_mlm[0]
+    config = sae.SAEConfig(d_in=model.config.hidden_size, d_sae=24, architecture="relu", hook_name=HOOK)
+    params = {k: np.asarray(v) for k, v in sae.init_params(config, seed=5).items()}
+    return model, config, params, feature_browser(model, config, params, TEXTS, top=3, window=2, batch_size=2)
+
+
+def _blob(document: str) -> dict:
+    start = document.index('id="fb-data">') + len('id="fb-data">')
+    text = json.loads(document[start:document.index("</script>", start)])
+    return json.loads(zlib.decompress(base64.b64decode(text)))
+
+
+def test_browser_data_matches_a_pass_over_every_token(browsed):
+    """Per latent: the peak over all real tokens, the count of tokens it fires on, the histogram of log10
+    activations in the page's bins, and the top context's tokens around the peak (window 2, same text)."""
+    model, config, params, browser = browsed
+    per_text = [np.asarray(sae.encode(config, params, sae.token_activations(model, [t], HOOK, special=True)))
+                for t in TEXTS]
+    ids = [model.tokenize([t]).input_ids[0] for t in TEXTS]
+    latents = np.concatenate(per_text)
+    data = browser.data
+    assert data["tokens_seen"] == len(latents)
+    for j, latent in enumerate(data["latents"]):
+        assert latent["fires"] == int((latents[:, j] > 0).sum())
+        active = latents[latents[:, j] > 0, j]
+        expected = np.histogram(np.log10(active), bins=HISTOGRAM_EDGES)[0] if len(active) else np.zeros(16)
+        assert latent["histogram"] == expected.tolist()  # no activation here falls outside 10^-3 … 10^2
+        if not len(active):
+            assert latent["contexts"] == []
+            continue
+        # 6 significant digits; the browser's batches of 2 texts round differently from one text alone: by at
+        # most forward_rtol × max|x| per input entry, ‖W_enc[:, j]‖₁ times that in the latent
+        x_scale = max(np.abs(sae.token_activations(model, [t], HOOK, special=True)).max() for t in TEXTS)
+        moved = np.abs(params["W_enc"][:, j]).sum() * forward_rtol(model.config, S=16) * x_scale
+        assert abs(latent["max"] - active.max()) <= 5e-6 * active.max() + moved
+        text = max(range(len(TEXTS)), key=lambda t: per_text[t][:, j].max())
+        peak = int(per_text[text][:, j].argmax())
+        window = ids[text][max(0, peak - 2):peak + 3]
+        top_ids, top_acts = latent["contexts"][0]
+        assert [data["tokens"][t] for t in top_ids] == model.tokenizer.convert_ids_to_tokens(list(window))
+        assert max(top_acts) == 255
+
+
+def test_browser_page_escapes_text_and_stays_small(browsed):
+    """User text reaches the page escaped (the title) or as compressed data set with textContent (tokens)."""
+    *_, browser = browsed
+    browser.title = "<b>features</b> & more"
+    document = browser.document()
+    assert "<b>features" not in document and "&lt;b&gt;features&lt;/b&gt; &amp; more" in document
+    assert document.count("<script") == 2  # the data and the page's script, nothing from the texts
+    assert _blob(document) == browser.data
+    assert len(document) < 40_000 + 400 * len(browser.data["latents"])  # bytes grow ~ a few hundred per latent
+
+
+def test_browser_refuses_a_mismatched_hook(browsed):
+    model, config, params, _ = browsed
+    with pytest.raises(VizError, match="wide vectors"):
+        feature_browser(model, config, params, TEXTS, hook_name="blocks.1.mlp.hook_post")
+
+
+@pytest.mark.browser
+def test_browser_page_draws_a_latent(browsed, tmp_path):
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    *_, browser = browsed
+    path = browser.save(tmp_path / "features.html")
+    busiest = max(range(len(browser.data["latents"])), key=lambda j: browser.data["latents"][j]["fires"])
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
+        page = chromium.new_page()
+        page.goto(path.as_uri())
+        page.fill("#fb-pick", str(busiest))
+        page.wait_for_selector("#fb-view .ctx")
+        assert page.locator("#fb-view h2").inner_text() == f"latent {busiest}"
+        assert page.locator("#fb-view .ctx").count() == len(browser.data["latents"][busiest]["contexts"])
+        assert page.locator(".bar").count() == len(HISTOGRAM_EDGES) - 1
+        chromium.close()
