@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from minibert.config import read_json_object
 from minibert.errors import TokenizerError
 
 SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -215,7 +215,7 @@ class Tokenizer(BaseTokenizer):
         directory = Path(directory)
         settings = _read_json(directory / "tokenizer_config.json")
         special = configured_special_tokens(directory, settings)
-        max_length = settings.get("model_max_length", 512)
+        max_length = configured_max_length(directory, settings, 512)
         return cls(_read_vocab(directory), do_lower_case=settings.get("do_lower_case", True),
                    strip_accents=settings.get("strip_accents"),
                    tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
@@ -386,30 +386,51 @@ def _checked_text(text, name: str) -> str:
 
 def configured_special_tokens(directory: Path, settings: Mapping) -> dict[str, str]:
     """The special tokens a checkpoint names in tokenizer_config.json (`settings`) and special_tokens_map.json."""
-    special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
-    return special | {name: _content(value) for name, value in _read_json(directory / "special_tokens_map.json").items()
+    configured = directory / "tokenizer_config.json"
+    special = {name: _content(settings[name], name, configured) for name in SPECIAL_TOKENS if settings.get(name)}
+    mapped = directory / "special_tokens_map.json"
+    return special | {name: _content(value, name, mapped) for name, value in _read_json(mapped).items()
                       if name in SPECIAL_TOKENS}
 
 
-def _content(token) -> str:
+def configured_max_length(directory: Path, settings: Mapping, default: int) -> int | float:
+    """tokenizer_config.json's model_max_length (`settings`), `default` where it has none. transformers writes
+    a huge number (about 1e30) for "no limit": callers cap it."""
+    value = settings.get("model_max_length", default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise TokenizerError(f"{directory / 'tokenizer_config.json'}: model_max_length must be a positive number "
+                             f"such as 512, got {value!r}. Fix it, or remove it to use the model's limit.")
+    return value
+
+
+def _content(token, name: str, path: Path) -> str:
     """A special token as written in tokenizer configs: "[CLS]" or {"content": "[CLS]", ...}."""
-    return token["content"] if isinstance(token, dict) else token
+    content = token.get("content") if isinstance(token, dict) else token
+    if not isinstance(content, str) or not content:
+        raise TokenizerError(f"{path}: {name} must be a token, \"[CLS]\" or {{\"content\": \"[CLS]\", ...}}, "
+                             f"got {token!r}. Fix the file.")
+    return content
 
 
 def _read_json(path: Path) -> dict:
+    """A tokenizer settings file that holds a JSON object; {} where there is none."""
     if not path.exists():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise TokenizerError(f"{path} is not valid JSON ({error}); re-download or fix the file.") from None
+    return read_json_object(path, "tokenizer settings are a JSON object", TokenizerError)
 
 
 def _read_vocab(directory: Path) -> dict[str, int]:
     """vocab.txt (one token per line, id = line number), else the vocab inside a WordPiece tokenizer.json."""
     vocab_file = directory / "vocab.txt"
     if vocab_file.exists():
-        lines = vocab_file.read_text(encoding="utf-8").split("\n")
+        data = vocab_file.read_bytes()
+        try:
+            lines = data.decode("utf-8").split("\n")
+        except UnicodeDecodeError as error:
+            line = data[:error.start].count(b"\n") + 1
+            raise TokenizerError(f"{vocab_file}, line {line}: not valid UTF-8 (byte "
+                                 f"0x{data[error.start]:02x}); a vocab.txt is UTF-8 text, one token per line. "
+                                 f"Re-download it.") from None
         if lines and lines[-1] == "":
             lines.pop()
         return {token: i for i, token in enumerate(lines)}
