@@ -16,7 +16,7 @@ from pathlib import Path
 
 from minibert.config import Config, Family
 from minibert.errors import TokenizerError
-from minibert.tokenizer import BaseTokenizer, Tokenizer, _read_json, configured_special_tokens
+from minibert.tokenizer import BaseTokenizer, Tokenizer, _read_json, configured_max_length, configured_special_tokens
 
 SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model")
 
@@ -34,9 +34,9 @@ def tokenizer_for(directory: str | Path, config: Config) -> BaseTokenizer:
     backend = _backend(directory, config.family, settings, special)
     if type(backend.model).__name__ == "WordPiece":
         return Tokenizer.from_dir(directory, segments=segments)
-    max_length = settings.get("model_max_length", config.max_tokens)
+    max_length = configured_max_length(directory, settings, config.max_tokens)
     return SubwordTokenizer(backend, special_tokens=special, segments=segments,
-                            model_max_length=min(max_length, config.max_tokens))
+                            model_max_length=int(min(max_length, config.max_tokens)))
 
 
 class SubwordTokenizer(BaseTokenizer):
@@ -114,7 +114,12 @@ def _byte_level_bpe(directory: Path, settings: dict, special: dict[str, str]):
     from tokenizers import decoders, models, pre_tokenizers, processors
 
     prefix_space = bool(settings.get("add_prefix_space", False))
-    backend = Backend(models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt")))
+    try:
+        model = models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt"))
+    except Exception as error:  # the Rust side raises a plain Exception (truncated JSON, a merge of unknown tokens)
+        raise TokenizerError(f"{directory}: vocab.json and merges.txt do not make a BPE tokenizer ({error}); "
+                             f"re-download both files (they must come from the same tokenizer).") from None
+    backend = Backend(model)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(list(dict.fromkeys(special.values())))

@@ -5,7 +5,9 @@ whitespace characters, 200-character words, empty strings, special tokens writte
 singles and pairs, truncated and not, for the bundled uncased vocabulary and a cased one.
 """
 
+import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -190,3 +192,76 @@ def test_texts_must_be_text_or_a_list_of_texts(bundled):
     as_tuple, as_list = tok(("The cat.", "A dog sat.")), tok(["The cat.", "A dog sat."])
     np.testing.assert_array_equal(as_tuple.input_ids, as_list.input_ids)
     assert bundled(("The cat.", "A dog sat.")).last_hidden_state.shape == (2, as_list.input_ids.shape[1], 384)
+
+
+# ---- tokenizer files that would have raised a bare exception ---------------------------------------------
+
+def _wordpiece_dir(directory, settings=None):
+    from conftest import write_vocab
+
+    write_vocab(directory, 99)
+    if settings is not None:
+        (directory / "tokenizer_config.json").write_bytes(settings)
+    return directory
+
+
+@pytest.mark.parametrize("settings, message", [
+    (b'{"model_max_length": "512"}', "model_max_length must be a positive number such as 512, got '512'"),
+    (b'{"model_max_length": null}', "model_max_length must be a positive number such as 512, got None"),
+    (b'["do_lower_case"]', "holds a JSON list; it must hold an object"),
+    (b'{"do_lower_case": true, "unk_token": "\xff"}', "is not valid JSON"),
+    (b'{"cls_token": {"lstrip": false}}', "cls_token must be a token"),
+    (b'{"mask_token": {"content": 7}}', "mask_token must be a token"),
+])
+def test_tokenizer_config_errors_name_file_and_value(tmp_path, settings, message):
+    from minibert.config import Config
+    from minibert.tokenizers_hf import tokenizer_for
+
+    directory = _wordpiece_dir(tmp_path, settings)
+    with pytest.raises(TokenizerError, match=re.escape(str(directory / "tokenizer_config.json")) + ".*"
+                       + re.escape(message)):
+        tokenizer_for(directory, Config())
+
+
+def test_special_tokens_map_without_content_names_the_file(tmp_path):
+    from minibert.config import Config
+    from minibert.tokenizers_hf import tokenizer_for
+
+    directory = _wordpiece_dir(tmp_path)
+    (directory / "special_tokens_map.json").write_text('{"sep_token": {"single_word": false}}')
+    with pytest.raises(TokenizerError, match=re.escape(f"{directory / 'special_tokens_map.json'}: sep_token must be "
+                                                       f"a token")):
+        tokenizer_for(directory, Config())
+
+
+def test_vocab_txt_with_invalid_utf8_names_the_line(tmp_path):
+    directory = _wordpiece_dir(tmp_path)
+    lines = (directory / "vocab.txt").read_bytes().split(b"\n")
+    lines[7] = b"caf\xe9"  # Latin-1, not UTF-8
+    (directory / "vocab.txt").write_bytes(b"\n".join(lines))
+    with pytest.raises(TokenizerError, match=re.escape(f"{directory / 'vocab.txt'}, line 8: not valid UTF-8 (byte "
+                                                       f"0xe9)")):
+        Tokenizer.from_dir(directory)
+
+
+ROBERTA_VOCAB = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": 4, "a": 5, "b": 6, "ab": 7}
+
+
+@pytest.mark.parametrize("vocab, merges, message", [
+    (json.dumps(ROBERTA_VOCAB), "#version: 0.2\na b\n", None),  # the reference: these files load
+    (json.dumps(ROBERTA_VOCAB), "#version: 0.2\na b\nx y\n", "Token `x` out of vocabulary"),
+    (json.dumps(ROBERTA_VOCAB)[:30], "#version: 0.2\na b\n", "EOF while parsing"),
+])
+def test_vocab_json_and_merges_that_do_not_fit_are_named(tmp_path, vocab, merges, message):
+    from minibert.config import Config
+    from minibert.tokenizers_hf import tokenizer_for
+
+    (tmp_path / "vocab.json").write_text(vocab)
+    (tmp_path / "merges.txt").write_text(merges)
+    config = Config(architecture="RobertaModel", type_vocab_size=1, pad_token_id=1)
+    if message is None:
+        assert tokenizer_for(tmp_path, config)("ab").tokens == [["<s>", "ab", "</s>"]]
+        return
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path}: vocab.json and merges.txt do not make a BPE "
+                                                       f"tokenizer") + ".*" + re.escape(message)):
+        tokenizer_for(tmp_path, config)
