@@ -68,13 +68,14 @@ def as_inputs(inputs) -> Inputs:
 
 
 def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = False,
-         allow_pickle: bool = False, architecture: str | None = None) -> Model:
+         allow_pickle: bool = False, architecture: str | None = None, allow_nonfinite: bool = False) -> Model:
     """Load a BERT checkpoint: a directory, a `weights/` name, the bundled default, or a Hub id.
 
     `dtype`: parameter and compute dtype (float32, or bfloat16 for speed on accelerators).
     `download`: fetch from the Hugging Face Hub if not found locally (never done silently).
     `allow_pickle`: read a `pytorch_model.bin` (unpickles; only for files you trust).
     `architecture`: override config.json's head, e.g. "BertModel" to drop a head.
+    `allow_nonfinite`: load weights holding NaN or infinities (refused by default, naming the tensor).
     """
     dtype = _checked_dtype(dtype)
     directory = sources.resolve(name, download=download)
@@ -86,7 +87,7 @@ def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = 
     else:
         tensors = checkpoint.read_safetensors(model_dir)
     checkpoint.check_config(cfg, tensors, source=str(model_dir))
-    params = checkpoint.convert(tensors, cfg, dtype=dtype, source=str(model_dir))
+    params = checkpoint.convert(tensors, cfg, dtype=dtype, source=str(model_dir), allow_nonfinite=allow_nonfinite)
     return Model(cfg, params, tokenizer_for(model_dir, cfg), dtype=dtype, pooling=pooling, source=str(directory))
 
 
