@@ -139,9 +139,8 @@ def test_nonfinite_weights_are_refused_by_name_unless_allowed(tmp_path):
     with pytest.raises(minibert.CheckpointError, match=re.escape(f"'{key}' holds 2 NaN or infinite value(s) of "
                                                                  f"{tensors[key].size}")):
         minibert.load(tmp_path)
-    cfg = minibert.Config.from_hf(tmp_path)
-    params = checkpoint.convert(tensors, cfg, allow_nonfinite=True)
-    assert np.isnan(params["blocks"][1]["mlp"]["W_out"][4, 3])  # stored as [in, out]: PyTorch's [3, 4] transposed
+    model = minibert.load(tmp_path, allow_nonfinite=True)
+    assert np.isnan(model.params["blocks"][1]["mlp"]["W_out"][4, 3])  # stored [in, out]: PyTorch's [3, 4] transposed
 
 
 def _retyped(path, key: str, dtype: str) -> None:
