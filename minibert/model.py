@@ -358,11 +358,13 @@ class Bert(nnx.Module):
 
     def __init__(self, cfg: Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
         self.config = cfg
-        self.embed = Embeddings(cfg, dtype, rngs)
+        # A family whose embeddings or blocks are not BERT's names its own (Family.embeddings, Family.block).
+        block = cfg.family.code("block", Block)
+        self.embed = cfg.family.code("embeddings", Embeddings)(cfg, dtype, rngs)
         if cfg.family.shared_layers:  # ALBERT: every entry is the same Block, so its weights are stored once
-            self.blocks = nnx.List([Block(cfg, dtype, rngs)] * cfg.num_hidden_layers)
+            self.blocks = nnx.List([block(cfg, dtype, rngs)] * cfg.num_hidden_layers)
         else:
-            self.blocks = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
+            self.blocks = nnx.List([block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
         heads = cfg.heads
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
         self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
