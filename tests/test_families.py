@@ -14,14 +14,17 @@ import dataclasses
 import json
 import string
 
+import jax
 import numpy as np
 import pytest
 import torch
 from conftest import write_vocab
 from test_parity import TINY, assert_close, assert_parity
+from tolerances import forward_rtol
 
 import minibert
 from minibert import families
+from minibert import model as model_lib
 from minibert.config import ARCHITECTURES, FAMILIES, Config
 from minibert.families import Family, LayerKeys
 from minibert.tokenizers_hf import tokenizer_for
@@ -633,3 +636,77 @@ def test_moved_tables_keep_their_old_names_for_a_release(model_type):
         assert set(FAMILIES[model_type].tokenizer_files) <= set(sources.HUB_FILES)
     with pytest.deprecated_call():
         assert config.FAMILY_VALUES.get(model_type, {}) == dict(FAMILIES[model_type].values)
+
+
+class PreLNBlock(model_lib.Block):
+    """A test-only forward variation: LayerNorm before each sublayer (pre-LN), on BERT's parameters and hooks."""
+
+    def __call__(self, resid_pre, key_mask, hooks, name, dropout=model_lib.NO_DROPOUT):
+        resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
+        attn_out = self.attn(self.ln1(resid_pre, hooks, f"{name}.ln1"), key_mask, hooks, f"{name}.attn", dropout)
+        resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + hooks(f"{name}.hook_attn_out", attn_out))
+        mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(self.ln2(resid_mid, hooks, f"{name}.ln2"), hooks,
+                                                         f"{name}.mlp"))
+        return hooks(f"{name}.hook_resid_post", resid_mid + mlp_out)
+
+
+TOY_PRE_LN = dataclasses.replace(TOY, model_type="toyprebert", name="ToyPreBERT", prefix="ToyPre", norm="pre",
+                                 block="test_families:PreLNBlock")
+
+
+def pre_ln_reference(params, ids, types, mask, eps: float):
+    """The pre-LN encoder in float64 NumPy, written out from its definition: x ← x + Attn(LN1(x)), then
+    x ← x + MLP(LN2(x)) per block, after BERT's embeddings; gelu is the erf form."""
+    from scipy.special import erf
+
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+
+    def ln(x, norm):
+        centered = x - x.mean(-1, keepdims=True)
+        return centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + eps) * norm["scale"] + norm["bias"]
+
+    embed = p["embed"]
+    x = ln(embed["word"][ids] + embed["position"][np.arange(ids.shape[1])] + embed["token_type"][types], embed["ln"])
+    for block in (p["blocks"][i] for i in sorted(p["blocks"])):
+        attn, mlp = block["attn"], block["mlp"]
+        h = ln(x, block["ln1"])
+        q, k, v = (np.einsum("btd,dhk->bthk", h, attn[f"W_{c}"]) + attn[f"b_{c}"] for c in "QKV")
+        scores = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+        scores = np.where(mask[:, None, None, :] == 1, scores, -np.inf)
+        pattern = np.exp(scores - scores.max(-1, keepdims=True))
+        pattern /= pattern.sum(-1, keepdims=True)
+        z = np.einsum("bhts,bshk->bthk", pattern, v)
+        x = x + np.einsum("bthk,hkd->btd", z, attn["W_O"]) + attn["b_O"]
+        pre = ln(x, block["ln2"]) @ mlp["W_in"] + mlp["b_in"]
+        x = x + (pre * 0.5 * (1 + erf(pre / np.sqrt(2)))) @ mlp["W_out"] + mlp["b_out"]
+    return x
+
+
+def test_a_family_plugs_in_its_own_block(tmp_path):
+    """Family.block swaps model.Block for the family's code: the same weights under TOY_PRE_LN compute the pre-LN
+    encoder (checked against pre_ln_reference), no longer the post-LN one TOY computes."""
+    from conftest import make_hf_model, random_batch
+
+    make_hf_model(tmp_path)
+    _as_toy(tmp_path)
+    batch = random_batch(np.random.default_rng(7), 3, 8, 99)
+    families.register(TOY)
+    try:
+        post_ln = minibert.load(tmp_path)(batch).last_hidden_state
+    finally:
+        families.unregister(TOY.model_type)
+    settings = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(settings | {"model_type": "toyprebert",
+                                                                 "architectures": ["ToyPreModel"]}))
+    families.register(TOY_PRE_LN)
+    try:
+        model = minibert.load(tmp_path)
+        out = model(batch).last_hidden_state
+    finally:
+        families.unregister(TOY_PRE_LN.model_type)
+    assert all(isinstance(block, PreLNBlock) for block in model.module.blocks)
+    reference = pre_ln_reference(model.params, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                                 model.config.layer_norm_eps)
+    # One fp32 program against float64: tolerances.forward_rtol with programs=1 (rounding of each stage's sums).
+    assert_close(out, reference, forward_rtol(model.config, S=8, programs=1), "pre-LN last hidden state")
+    assert not np.allclose(out, post_ln, atol=1e-2)  # the block code changed the computation
