@@ -143,22 +143,30 @@ def test_nonfinite_weights_are_refused_by_name_unless_allowed(tmp_path):
     assert np.isnan(model.params["blocks"][1]["mlp"]["W_out"][4, 3])  # stored [in, out]: PyTorch's [3, 4] transposed
 
 
-def _retyped(path, key: str, dtype: str) -> None:
-    """Rewrite `path`'s safetensors header so that tensor `key` is declared `dtype` (same width: the file stays
-    consistent in size, as a wrong writer would leave it)."""
+def _edit_header(path, key: str, **fields) -> None:
+    """Rewrite `path`'s safetensors header entry of tensor `key` with `fields` (dtype, shape), keeping the header's
+    length so that the data offsets stay where they were."""
     data = path.read_bytes()
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
-    header[key]["dtype"] = dtype
-    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)  # same length: offsets stay valid
+    header[key] |= fields
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
     assert len(text) == size
     path.write_bytes(data[:8] + text + data[8 + size:])
 
 
-def test_float_data_declared_integer_is_refused(tmp_path):
+KEY = "encoder.layer.0.attention.self.key.weight"  # [32, 32] float32: 4096 bytes
+
+
+@pytest.mark.parametrize("fields, message", [
+    # As wide as F32, so the sizes agree: the safetensors reader accepts it; minibert refuses non-float weights.
+    (dict(dtype="I32"), f"'{KEY}' is stored as int32, but weights are floating point"),
+    # dtype × shape × bytes disagrees with the header's offsets: the safetensors reader refuses it.
+    (dict(shape=[32, 16]), "invalid shape, data type, or offset for tensor"),
+    (dict(dtype="F64"), "invalid shape, data type, or offset for tensor"),
+])
+def test_a_header_that_misdescribes_a_tensor_is_refused(tmp_path, fields, message):
     make_hf_model(tmp_path, "BertModel")
-    key = "encoder.layer.0.attention.self.key.weight"
-    _retyped(tmp_path / "model.safetensors", key, "I32")
-    with pytest.raises(minibert.CheckpointError, match=re.escape(f"'{key}' is stored as int32, but weights are "
-                                                                 f"floating point")):
+    _edit_header(tmp_path / "model.safetensors", KEY, **fields)
+    with pytest.raises(minibert.CheckpointError, match=re.escape(message)):
         minibert.load(tmp_path)
