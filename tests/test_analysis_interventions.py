@@ -16,6 +16,7 @@ from tolerances import U32, assert_close_to_scale, block_rtol, dot_rtol, forward
 
 import minibert
 from minibert.analysis import interventions
+from minibert.errors import AnalysisError
 
 
 def metric_atol(model, batch) -> float:
@@ -266,8 +267,54 @@ def test_patching_and_sweep_arguments_are_checked(bundled, bundled_pair):
         interventions.ablation_sweep(bundled, clean, metric, mode="resample")
     with pytest.raises(minibert.MinibertError, match="chunk must be a positive"):
         interventions.ablation_sweep(bundled, clean, metric, chunk=0)
-    with pytest.raises(minibert.MinibertError, match=r"one loss per batch row, shape \(2,\)"):
-        interventions.head_importance(bundled, clean, lambda out: metric(out).sum())
+
+
+# ---- the one metric contract --------------------------------------------------------------------------------
+
+CONTRACT = r"must return floats written with jax.numpy: one value per batch row, shape \(3,\), or one value for"
+BAD_RETURNS = {"None": lambda out: None, "a string": lambda out: "0.5",
+               "a per-token array": lambda out: out.last_hidden_state[:, :, 0],
+               "integers": lambda out: (out.last_hidden_state[:, 0, 0] > 0).astype(jnp.int32)}
+
+
+def metric_takers(model, clean, corrupted):
+    """Every analysis that takes a metric, loss or target function, as a function of that function."""
+    from minibert.analysis import mixing
+    return {"ablation_sweep": lambda f: interventions.ablation_sweep(model, clean, f),
+            "patch_activations": lambda f: interventions.patch_activations(model, clean, corrupted, f),
+            "attribution_patching": lambda f: interventions.attribution_patching(model, clean, corrupted, f),
+            "head_importance": lambda f: interventions.head_importance(model, clean, f),
+            "attention_attribution": lambda f: mixing.attention_attribution(model, clean, f, steps=1)}
+
+
+TAKERS = ["ablation_sweep", "patch_activations", "attribution_patching", "head_importance", "attention_attribution"]
+
+
+@pytest.mark.parametrize("taker", TAKERS)
+def test_every_metric_taker_refuses_a_bad_return_with_one_message(tiny, tiny_pair, taker):
+    """A metric returning None or a string used to end in a raw TypeError inside the sweep, and head_importance
+    and attention_attribution each had their own wording; now one check and one message serve all five."""
+    run = metric_takers(tiny, *tiny_pair)[taker]
+    for metric in BAD_RETURNS.values():
+        with pytest.raises(AnalysisError, match=CONTRACT):
+            run(metric)
+
+
+def test_head_importance_of_one_loss_for_the_batch_gates_the_batch_as_one_example(tiny, tiny_pair):
+    """With a () loss the rows share each head's gate ξ_h: I_h = |∂L/∂ξ_h| = |Σ over rows, positions, features of
+    z ⊙ ∂L/∂z| of that head (the chain rule through z·ξ at ξ = 1), here from model.grad on attn.hook_z."""
+    clean, corrupted = tiny_pair
+    metric = pooled_metric(tiny, clean)  # near the corrupted run, not at the clean run's optimum (gradient 0)
+    loss_fn = lambda out: 1 - metric(out).sum()  # noqa: E731
+    importance = interventions.head_importance(tiny, corrupted, loss_fn)
+    names = "blocks.*.attn.hook_z"
+    _, grads = tiny.grad(corrupted, loss_fn, names)
+    _, cache = tiny.run_with_cache(corrupted, names=names)
+    reference = np.stack([np.abs((np.asarray(cache[f"blocks.{layer}.attn.hook_z"], np.float64)
+                                  * np.asarray(grads[f"blocks.{layer}.attn.hook_z"])).sum((0, 1, 3)))
+                          for layer in range(tiny.config.num_hidden_layers)])
+    np.testing.assert_allclose(importance, reference, atol=gradient_atol(tiny, clean, reference))
+    assert reference.max() > 100 * gradient_atol(tiny, clean, reference)  # real gradients, not rounding noise
 
 
 # ---- attribution patching ----------------------------------------------------------------------------------

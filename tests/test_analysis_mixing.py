@@ -281,9 +281,16 @@ def test_attention_attribution_follows_a_changed_global(tiny, monkeypatch):
     np.testing.assert_array_equal(first, again)  # the same program for the same global value
 
 
-def test_attention_attribution_rejects_a_scalar_target(tiny):
-    with pytest.raises(AnalysisError, match="one value per batch row"):
-        mixing.attention_attribution(tiny, tiny_batch(), lambda out: out.last_hidden_state.sum(), steps=2)
+def test_attention_attribution_of_one_target_for_the_whole_batch(tiny):
+    """The metric contract: a () target is the batch's one F (it used to be refused). Rows do not interact,
+    so F = mean over rows of the per-row targets attributes to each row 1/B of that row's own attribution."""
+    batch, per_row = tiny_batch(), readout(tiny)
+    expected = mixing.attention_attribution(tiny, batch, per_row, steps=2) / 3
+    got = mixing.attention_attribution(tiny, batch, lambda out: per_row(out).mean(), steps=2)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, atol=tiny.config.num_hidden_layers * block_noise(tiny) * scale, rtol=0)
+    with pytest.raises(AnalysisError, match=r"one value per batch row, shape \(3,\), or one value for the whole"):
+        mixing.attention_attribution(tiny, batch, lambda out: out.last_hidden_state[:, 0], steps=2)
     for steps in (0, True, 2.0):  # True is an int to Python, not a number of steps
         with pytest.raises(AnalysisError, match="steps must be a positive int"):
             mixing.attention_attribution(tiny, tiny_batch(), readout(tiny), steps=steps)

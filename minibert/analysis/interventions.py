@@ -11,8 +11,11 @@ the items and chunked to a memory budget. The layer is a traced argument: the su
 block behind a `lax.cond(i >= l)`, so all layers share one compilation instead of one per suffix length
 (blocks before l are skipped at run time, not computed and discarded).
 
-A `metric(output) -> [B]` (or a scalar) is written with jax.numpy: it runs inside the compiled, vmapped
-suffix. Sweeps report its mean over the batch rows.
+One contract for every function here and in `mixing` that takes a metric, loss or target function
+(`metric_values` checks it, with one message): it is written with jax.numpy (it runs inside a compiled
+program) and returns floats, either one value per batch row, shape [B] — each row an example of its own —
+or one value for the whole batch, shape () — the batch one example. Sweeps report the mean over rows of a
+[B] value and a () value as it is; gradient analyses differentiate each row's own value, or the batch's one.
 """
 
 from __future__ import annotations
@@ -77,13 +80,24 @@ def _patch(value, ctx, layer, position, clean):
 
 # ---- the sweep engine: prefix once, suffix vmapped over the items ---------------------------------------------
 
+def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
+    """A metric's, loss's or target's return value checked against the one contract (module docstring): float
+    [B] or (). Integers and booleans are refused everywhere, not only where a gradient of them would silently be
+    zero: one rule, and a cast (.astype(float)) is all it asks."""
+    dtype, shape = getattr(values, "dtype", None), getattr(values, "shape", None)
+    if isinstance(values, float):
+        dtype, shape = jnp.dtype(jnp.float32), ()
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or tuple(shape) not in ((), (n_rows,)):
+        got = f"shape {tuple(shape)}, dtype {dtype}" if dtype is not None else f"a {type(values).__name__}"
+        raise AnalysisError(f"the {what} must return floats written with jax.numpy: one value per batch row, shape "
+                            f"({n_rows},), or one value for the whole batch, shape (); it returned {got}. Reduce "
+                            f"the other axes inside the {what} (e.g. .mean(-1)) and cast counts with .astype(float).")
+    return jnp.asarray(values, jnp.float32)
+
+
 def _row_mean(values, n_rows: int, what: str = "metric") -> jax.Array:
-    """A metric's value per batch row [B] (or one scalar) → its mean over rows."""
-    values = jnp.asarray(values)
-    if values.shape not in ((), (n_rows,)):
-        raise AnalysisError(f"{what} must return one value per batch row, shape ({n_rows},), or a scalar; "
-                            f"it returned shape {values.shape}. Reduce the other axes inside the {what}.")
-    return values.mean()
+    """A metric's value per batch row [B] → its mean over rows; one value for the batch () → itself."""
+    return metric_values(values, n_rows, what).mean()
 
 
 class Keyed:
@@ -322,20 +336,20 @@ def _gate_z(z, ctx, gates):
 
 @functools.partial(jax.jit, static_argnames=("model", "loss_fn"))
 def _gate_gradients(state, inputs, *, model, loss_fn) -> jax.Array:
-    """∂loss_b/∂ξ[b, l, h] at ξ = 1 for every row b: [B, L, H], one backward (row b's loss reads only its gates).
-    (forward_fn's trace counts in model.traces.)"""
+    """∂loss_b/∂ξ[b, l, h] at ξ = 1 for every row b: [B, L, H], one backward (row b's loss reads only its gates);
+    [1, L, H] for one loss of the whole batch. (forward_fn's trace counts in model.traces.)"""
     cfg = model.config
     n_rows = inputs[0].shape[0]
 
     def total_loss(gates):
         out, _ = model.forward_fn((), {"blocks.*.attn.hook_z": HookFn(_gate_z, gates=gates)})(state, inputs)
-        losses = jnp.asarray(traced_call(loss_fn.fn, out, "loss_fn"))
-        if losses.shape != (n_rows,):
-            raise AnalysisError(f"loss_fn must return one loss per batch row, shape ({n_rows},); it returned "
-                                f"shape {losses.shape}.")
-        return losses.sum()
+        losses = metric_values(traced_call(loss_fn.fn, out, "loss_fn"), n_rows, "loss_fn")
+        return losses.sum(), losses
 
-    return jax.grad(total_loss)(jnp.ones((n_rows, cfg.num_hidden_layers, cfg.num_attention_heads), jnp.float32))
+    gates = jnp.ones((n_rows, cfg.num_hidden_layers, cfg.num_attention_heads), jnp.float32)
+    gradients, losses = jax.grad(total_loss, has_aux=True)(gates)
+    # One loss for the whole batch: the batch is one example, its rows share each head's gate.
+    return gradients if losses.ndim else gradients.sum(0, keepdims=True)
 
 
 def _one_batch(batches) -> bool:
@@ -347,19 +361,20 @@ def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
     """Head importance (Michel, Levy & Neubig 2019): I_h = mean over examples of |∂L/∂ξ_h| at ξ = 1, where ξ_h
     multiplies head h's z (its output before W_O) → [L, H] NumPy.
 
-    `batches`: one batch or an iterable of batches; `loss_fn(output)` → per-row losses [B]. Every row is an
-    example with its own gates, so one backward per batch gives every row's gradient. This is the paper's
-    I_h; the authors' released script takes |·| per token before summing over tokens (docs/context_mixing.md).
+    `batches`: one batch or an iterable of batches; `loss_fn(output)` → per-row losses [B], every row an example
+    with its own gates (one backward per batch gives every row's gradient), or one loss for the batch (), the
+    batch one example whose rows share the gates. This is the paper's I_h; the authors' released script takes
+    |·| per token before summing over tokens (docs/context_mixing.md).
     """
-    total, rows = 0.0, 0
+    total, examples = 0.0, 0
     for batch in ([batches] if _one_batch(batches) else batches):
         inputs = model.inputs(batch)
-        gradients = _gate_gradients(model.state, inputs, model=model, loss_fn=Keyed(loss_fn))  # [B, L, H]
+        gradients = _gate_gradients(model.state, inputs, model=model, loss_fn=Keyed(loss_fn))  # [examples, L, H]
         total = total + np.abs(np.asarray(gradients)).sum(0)
-        rows += inputs[0].shape[0]
-    if rows == 0:
+        examples += gradients.shape[0]
+    if examples == 0:
         raise AnalysisError("head_importance got no batches; pass a batch or an iterable of batches.")
-    return total / rows
+    return total / examples
 
 
 # ---- attention scaling ----------------------------------------------------------------------------------------

@@ -27,7 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from minibert.analysis.interventions import Keyed, residual_streams, suffix_output, traced_call, writing_hooks
+from minibert.analysis.interventions import (
+    Keyed,
+    metric_values,
+    residual_streams,
+    suffix_output,
+    traced_call,
+    writing_hooks,
+)
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, HookPoints
 from minibert.model import Output
@@ -187,11 +194,8 @@ def _suffix_target(model, state, attention_mask, resid, layer, target_fn: Keyed,
     module = nnx.merge(model.graphdef, state)
     hooks = writing_hooks(model, {PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)})
     out = suffix_output(module, layer, resid, module.key_mask(attention_mask), hooks)
-    values = traced_call(target_fn.fn, out, "target_fn")
-    if jnp.shape(values) != (resid.shape[0],):
-        raise AnalysisError(f"target_fn must return one value per batch row, shape ({resid.shape[0]},); it "
-                            f"returned shape {jnp.shape(values)}. E.g. lambda out: out.logits[:, 0, token_id].")
-    return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient
+    values = metric_values(traced_call(target_fn.fn, out, "target_fn"), resid.shape[0], "target_fn")
+    return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient (or the batch's F)
 
 
 RIEMANN_FIRST_STEP = {"right": 1, "left": 0}  # k of the first step α = k/m: the paper's sum, Hao et al.'s code
@@ -218,13 +222,13 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     Attr(A_l) = A_l ⊙ (1/m) Σ_{k=1..m} ∂F(k/m · A_l)/∂A_l, a Riemann sum of the integrated gradient
     along the path from a zero pattern to A_l with m = `steps` — the paper's sum (riemann="right").
     riemann="left" sums k = 0..m−1 instead, as the authors' released code does (α = 0, 1/m, …, (m−1)/m),
-    and reproduces its numbers. All heads of block l are scaled
-    together; the other blocks compute their patterns as usual (from the changed residual stream).
-    target_fn(output) returns one value F per batch row (e.g. `lambda out: out.logits[:, 0, c]`); rows
-    are attributed separately. The steps only change blocks l and after, so the residual stream entering
-    each block is captured once and every step runs and differentiates blocks l..L−1 and the head alone
-    (interventions.suffix_output). One compiled program serves every layer: the layer is a traced
-    argument, and the m steps run as one batched gradient (chunked to MEMORY_BUDGET).
+    and reproduces its numbers. All heads of block l are scaled together; the other blocks compute their
+    patterns as usual (from the changed residual stream). target_fn(output) returns one value F per batch
+    row (e.g. `lambda out: out.logits[:, 0, c]`), rows attributed separately, or one F for the whole batch
+    (the metric contract of `interventions`). The steps only change blocks l and after, so the residual
+    stream entering each block is captured once and every step runs and differentiates blocks l..L−1 and
+    the head alone (interventions.suffix_output). One compiled program serves every layer: the layer is a
+    traced argument, and the m steps run as one batched gradient (chunked to MEMORY_BUDGET).
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (the m of the Riemann sum; 20 in the paper); got {steps!r}.")
