@@ -65,6 +65,11 @@ class Trainer:
         self.since_fired = jnp.zeros(config.d_sae, jnp.int32)
         self.steps = 0
 
+    def center(self, x) -> None:
+        """Set b_dec to the mean of sample activations x [N, d_in] before training (SAELens' b_dec_init "mean";
+        Gao et al. use the geometric median): the decoder then starts at the data's centre, not at 0."""
+        self.params = self.params | {"b_dec": jnp.mean(jnp.asarray(x, jnp.float32), axis=0)}
+
     @property
     def dead(self) -> np.ndarray:
         """[S] bool: latents that have not fired over the last dead_tokens tokens."""
