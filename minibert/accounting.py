@@ -15,6 +15,10 @@ so 8·D² + 4·D·F + 4·S·D per layer (the 2·N_matmul + attention term of Kap
     peak = measure_matmul_peak()                       # FLOP/s of a large jitted matmul on this machine
     achieved_fraction(tokens_per_s, flops, peak)       # CPU: fraction of the measured peak
     achieved_fraction(tokens_per_s, flops, peak_flops())   # GPU: MFU against the datasheet peak
+
+It also holds the two facts every analysis sweep shares: how much activation memory one chunk of a sweep may
+take (MEMORY_BUDGET, with `activation_bytes` and `items_per_chunk`), and the matmul precision of analyses whose
+small differences matter (EXACT).
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import BertConfig
+from minibert.config import Config
+
+# Device memory the activations of one chunk of an analysis sweep may take; chunk sizes derive from it.
+MEMORY_BUDGET = 1 << 30
+
+# Full float32 products on GPUs and TPUs too (no TF32 or bf16 passes), for analyses whose answers are small
+# differences of large terms (distances of 1e-9, Gram-matrix norms, statistics summed over many tokens).
+EXACT = jax.lax.Precision.HIGHEST
 
 # Dense (no structured sparsity) peak FLOP/s from the vendors' datasheets (SXM parts), by dtype. JAX's
 # default precision runs float32 matmuls as TF32 on these GPUs, so float32 maps to the TF32 figure.
@@ -36,7 +47,7 @@ GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def matmul_flops(config: BertConfig, seq_len: int) -> dict[str, int]:
+def matmul_flops(config: Config, seq_len: int) -> dict[str, int]:
     """Matmul FLOPs per token of one forward through all L encoder blocks, by site, for `seq_len` keys."""
     D, F, L, S = config.hidden_size, config.intermediate_size, config.num_hidden_layers, seq_len
     flops = {
@@ -51,7 +62,7 @@ def matmul_flops(config: BertConfig, seq_len: int) -> dict[str, int]:
     return flops
 
 
-def head_flops_per_token(config: BertConfig, seq_len: int) -> float:
+def head_flops_per_token(config: Config, seq_len: int) -> float:
     """Matmul FLOPs per token of the pooler and the architecture's head (per-sequence work spread over tokens)."""
     D, E, V, C = config.hidden_size, config.embed_dim, config.vocab_size, config.num_labels
     heads = config.heads
@@ -69,7 +80,7 @@ def head_flops_per_token(config: BertConfig, seq_len: int) -> float:
     return flops
 
 
-def flops_per_token(config: BertConfig, seq_len: int, *, head: bool = False) -> float:
+def flops_per_token(config: Config, seq_len: int, *, head: bool = False) -> float:
     """Forward matmul FLOPs per token at padded length `seq_len`: the encoder, plus pooler and head if `head`."""
     flops = sum(matmul_flops(config, seq_len).values())
     return flops + head_flops_per_token(config, seq_len) if head else flops
@@ -106,3 +117,20 @@ def achieved_fraction(tokens_per_s: float, flops_per_token: float, peak: float) 
     """Model FLOP/s over peak FLOP/s: MFU on a GPU, fraction of the measured matmul peak on a CPU."""
     return tokens_per_s * flops_per_token / peak
 
+
+
+def activation_bytes(config: Config, rows: int, tokens: int, *, blocks: int = 1, itemsize: int = 4,
+                     backward: bool = False) -> int:
+    """Bytes of activations that running `blocks` encoder blocks over a [rows, tokens] batch keeps alive: per
+    token the residual stream and its copies (q, k, v, z, attention output, layernorms: about 6·D), the FFN's
+    hidden layer (F) and the attention scores and pattern (2·H·S with S = tokens). A forward frees each block's
+    values before the next (blocks=1 covers it); a backward keeps every block's and adds their gradients (×2)."""
+    D, F, H = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    per_token = 6 * D + F + 2 * H * tokens
+    return rows * tokens * per_token * itemsize * blocks * (2 if backward else 1)
+
+
+def items_per_chunk(bytes_per_item: float, n_items: int, budget: int = MEMORY_BUDGET) -> int:
+    """How many items of a sweep run side by side so one chunk's activations stay within `budget` (at least 1,
+    at most n_items)."""
+    return int(max(1, min(n_items, budget // max(bytes_per_item, 1))))

@@ -22,6 +22,7 @@ from minibert.hooks import (
     HookPoints,
     Recorder,
     add_delta,
+    count_compiles,
     resolve_names,
     site_axes,
     writers_for,
@@ -126,16 +127,16 @@ def _check_whole_numbers(name: str, value: np.ndarray) -> None:
 
 
 def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> tuple[int, ...]:
-    """The row lengths programs are compiled for, up to max_length: `smallest`, then per_octave steps per
-    doubling (2: 16, 24, 32, 48, 64, 96, …; 1: 128, 256, 512, …), then max_length itself.
+    """The row lengths programs are compiled for, up to max_length: `smallest`, then per_octave evenly spaced
+    lengths per doubling (2: 16, 24, 32, 48, 64, 96, …; 1: 128, 256, 512, …), then max_length itself.
 
-    Each new length compiles a new program (seconds on a CPU, and memory); padding a row to the next
-    bucket costs at most 50% (per_octave=2) more tokens, and padding keys are masked, so real tokens get
-    the same values up to rounding.
+    Each new length compiles a new program (seconds on a CPU, and memory); padding a row to the next bucket
+    costs up to 1/per_octave more tokens past `smallest`, and padding keys are masked, so real tokens get the
+    same values up to rounding. Model.length_buckets is (1, 16): see there.
     """
     buckets, octave = [], smallest
     while octave < max_length:
-        buckets += [octave, octave * 3 // 2] if per_octave == 2 else [octave]
+        buckets += range(octave, 2 * octave, max(1, octave // per_octave))
         octave *= 2
     return (*[b for b in buckets if b < max_length], max_length)
 
@@ -182,6 +183,7 @@ class Model:
             self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
             nnx.replace_by_pure_dict(self.state, params)
         self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
+        self._hook_compiles: dict = {}  # programs compiled per hook code (hooks.count_compiles warns on many)
         self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
         self._programs: dict = {}  # Model.jit's compiled functions, by (fn, static_argnames)
         self._forward_jit = self.jit(Model._forward, static_argnames=("capture", "writer_def"))
@@ -235,6 +237,16 @@ class Model:
         """The position-table row of every token by this family's rule: [1, T] rows 0…T−1, or RoBERTa's [B, T]
         counting real tokens from pad_token_id + 1. NumPy in, NumPy out; JAX in, JAX out."""
         return position_rows(input_ids, self.config.pad_token_id, self.config.family.position_offset)
+
+    @property
+    def W_E(self) -> jax.Array:
+        """The word-embedding table [V, E] (TransformerLens' name), which the MLM head also unembeds with."""
+        return self._module().embed.word[...]
+
+    @property
+    def W_pos(self) -> jax.Array:
+        """The position-embedding table [max_position_embeddings, E] (TransformerLens' name)."""
+        return self._module().embed.position[...]
 
     def position_embeddings(self, position_ids, state=None) -> jax.Array:
         """The position table's rows [..., E] for `position_ids` (inside a jit, pass the traced `state`)."""
@@ -398,6 +410,7 @@ class Model:
     def _hook_points(self, writer_leaves, writer_def, capture: frozenset) -> HookPoints:
         """The hooks of one traced forward, from its writers flattened to traced leaves."""
         writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
+        count_compiles(writers, self._hook_compiles)
         return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
 
     def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def):
@@ -467,10 +480,10 @@ class Model:
         capture = frozenset(self._names(names)) if names != () else frozenset()
         writers = writers_for(hooks, self.hook_names, self.config.architecture)
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
-        # Without writer hooks (whose arrays may be shaped by T), rows are padded to a bucket length so that a
-        # new sentence length rarely compiles a new program; outputs and captures are cut back to T.
+        # Where the hooks allow it (_bucketable), rows are padded to a bucket length so that a new sentence
+        # length rarely compiles a new program; outputs and captures are cut back to T.
         length = inputs.shape[1]
-        if not writers:
+        if self._bucketable(writers):
             inputs = _padded_to(inputs, bucket_length(length, self.length_buckets), self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
@@ -485,10 +498,26 @@ class Model:
             captured = {n: _cut(n, v, length) for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
 
+    def _bucketable(self, writers: Mapping[str, tuple[HookFn, ...]]) -> bool:
+        """Whether hooks may run on rows padded to a bucket length. Padding changes the length a hook sees, so
+        only where that cannot change what it computes: every hook is marked `any_length` (it reads no
+        value.shape along T or S, no position from the end, no array shaped by T), or sits at a site without a
+        T or S axis (the pooler, sequence logits). Other hooks run at the exact length."""
+        def positional(name: str) -> bool:
+            return bool({"T", "S"} & set(site_axes(name, len(self.hook_sites[name][0]))))
+
+        return all(all(fn.any_length for fn in fns) or not positional(name) for name, fns in writers.items())
+
     @property
     def length_buckets(self) -> tuple[int, ...]:
-        """The row lengths run, model(batch) and run_with_cache pad to (length_buckets up to the model's positions)."""
-        return length_buckets(self.config.max_tokens)
+        """The row lengths run, model(batch) and run_with_cache pad to: every length up to 31, then 16 per
+        doubling (32, 34, …, 62, 64, 68, …, 124, 128, 136, …) up to the model's positions — length_buckets(
+        max_tokens, 1, 16). The rule: no length pays more than ~10% over its exact-length program (padding
+        adds under 1/16 of the tokens, 6.25%; attention's share of the work grows as T², so its part of the
+        cost grows by at most twice that), while a model compiles at most 16 programs per doubling of length
+        (96 up to 512). The coarser (16, 2) rule padded 147 tokens to 192: 1.3× the work (benchmarks/buckets.py,
+        RESULTS.md "Length buckets")."""
+        return length_buckets(self.config.max_tokens, smallest=1, per_octave=16)
 
     def __call__(self, batch) -> Output:
         return self.run(batch)[0]

@@ -12,6 +12,7 @@ from test_analysis_norms import TEXTS
 
 import minibert
 from minibert.analysis import gradients
+from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 
 # ---- gradients with respect to attention, on a tiny random BertForMaskedLM ----------------------------
@@ -110,7 +111,7 @@ def test_token_targets_on_the_bundled_tokenizer(bundled):
 
 
 def test_mlm_errors_name_the_missing_head(bundled):
-    with pytest.raises(minibert.InputError, match="BertModel.*masked-LM head|masked-LM head.*BertModel"):
+    with pytest.raises(AnalysisError, match="BertModel.*masked-LM head|masked-LM head.*BertModel"):
         gradients.mask_tokens(bundled, TEXTS)
     with pytest.raises(minibert.InputError, match="masked-LM logits"):
         gradients.mlm_loss_fn(np.zeros((2, 12)))(minibert.Output(last_hidden_state=jnp.zeros((2, 12, 384))))

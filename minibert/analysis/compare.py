@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.accounting import EXACT
 from minibert.analysis import embeddings, heads, words
 from minibert.config import head_label
 from minibert.errors import AnalysisError
@@ -59,7 +60,7 @@ def _head_agreement(a, b, attention_mask) -> tuple[jax.Array, jax.Array]:
     """Two models' patterns [L, B, H, T, S] → (cosine [L, B, H], mean row JS divergence [L, B, H])."""
     _, same, n = heads._documents(attention_mask)
     a, b = heads._real_pattern(a, same), heads._real_pattern(b, same)
-    dot = partial(jnp.einsum, "LBHTS,LBHTS->LBH", precision=heads.EXACT)
+    dot = partial(jnp.einsum, "LBHTS,LBHTS->LBH", precision=EXACT)
     cosine = dot(a, b) / jnp.sqrt(dot(a, a) * dot(b, b))
     p, q = (heads._smoothed(x, same, n, heads.JS_SMOOTHING) for x in (a, b))
     m = 0.5 * (p + q)

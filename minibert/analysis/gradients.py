@@ -36,12 +36,12 @@ def attention_gradients(model, batch, loss_fn: Callable[[Output], jax.Array]) ->
     return np.asarray(Cache(grads, model.hook_names).stack("attn.hook_pattern"))
 
 
-def _require_mlm_head(model) -> None:
+def require_mlm_head(model, needs: str) -> None:
+    """An AnalysisError unless `model` has a masked-LM head; `needs` says what needs it ("the logit lens")."""
     if not model.config.heads.mlm:
-        raise InputError(f"the masked-LM loss needs a model with a masked-LM head "
-                         f"({' or '.join(architectures_with('mlm'))}); this model is a {model.config.architecture}. "
-                         f"Load a checkpoint that has one, e.g. minibert.load('bert-base-uncased'), or pass your "
-                         f"own loss_fn to attention_gradients.")
+        raise AnalysisError(f"{needs} needs a model with a masked-LM head ({' or '.join(architectures_with('mlm'))}); "
+                            f"this model is a {model.config.architecture}. Load a checkpoint that has one, e.g. "
+                            f"minibert.load('bert-base-uncased').")
 
 
 def mask_tokens(model, batch, positions=None, *, rate: float = 0.15, seed: int = 0) -> tuple[dict, np.ndarray]:
@@ -52,8 +52,9 @@ def mask_tokens(model, batch, positions=None, *, rate: float = 0.15, seed: int =
     BERT's pretraining recipe every chosen token becomes [MASK] (no 10% random / 10% kept).
     labels hold the original id at masked positions and -100 elsewhere (Hugging Face's convention).
     """
-    _require_mlm_head(model)
-    ids, types, mask = (np.asarray(a) for a in model.inputs(batch))
+    require_mlm_head(model, "masking tokens for the masked-LM loss")
+    inputs = model.inputs(batch)
+    ids, types, mask = (np.asarray(a) for a in (inputs.input_ids, inputs.token_type_ids, inputs.attention_mask))
     real = mask > 0
     if positions is None:
         positions = _random_positions(real & ~np.isin(ids, _special_ids(model)), rate, seed)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
+from minibert.accounting import EXACT  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
 from minibert.api import is_text
 from minibert.config import head_label
 from minibert.errors import AnalysisError
@@ -42,7 +43,6 @@ STATISTICS: tuple[str, ...] = (
     "entropy", "cls_entropy", "uniform_entropy",
 )
 
-EXACT = jax.lax.Precision.HIGHEST  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
 ENTROPY_SMOOTHING = 1e-4  # p = (1 − ε)·A + ε/n, as Clark et al., so ln p is finite
 JS_SMOOTHING = 1e-3
 SEP_NORMALIZATIONS = ("clark", "count")  # sep_to_sep / rest_to_sep divided by 2 and n − 2, or by the counts

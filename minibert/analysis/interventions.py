@@ -26,16 +26,12 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from minibert.api import is_text
+from minibert import accounting
+from minibert.api import Inputs, is_text
 from minibert.errors import AnalysisError
-from minibert.hooks import HookError, HookFn, HookPoints, fingerprint, site_axes, writers_for
-from minibert.model import Output
+from minibert.hooks import HookError, HookFn, add_delta, fingerprint, site_axes
 from minibert.tokenizer import Batch
-
-# Device memory the activations of one sweep call may take (the default `chunk` is derived from it).
-SWEEP_BUDGET_BYTES = 1 << 30
 
 
 def _ablate_z(z, ctx, mask, replacement):
@@ -68,7 +64,7 @@ def mean_z(model, batch) -> jnp.ndarray:
     """Each head's mean output z over the real tokens of `batch` → [L, H, K], for mean ablation."""
     _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_z")
     z = cache.stack("attn.hook_z")  # [L, B, T, H, K]
-    mask = jnp.asarray(model.inputs(batch)[2], jnp.float32)[None, :, :, None, None]
+    mask = jnp.asarray(model.inputs(batch).attention_mask, jnp.float32)[None, :, :, None, None]
     return (z * mask).sum((1, 2)) / mask.sum((1, 2))
 
 
@@ -126,56 +122,25 @@ def traced_call(fn: Callable, output, what: str = "metric"):
                             f"compiled sweep. JAX said: {str(error).splitlines()[0]}") from None
 
 
-@functools.partial(jax.jit, static_argnames=("model", "intervention", "metric"))
-def _suffix_metrics(state, inputs, start, resid, items, shared, *, model, intervention, metric) -> jax.Array:
-    """The mean metric after each intervention `intervention(start, item, shared)` (a hooks dict) → [N].
+def _suffix_metrics(model, state, inputs, start, resid, items, shared, *, intervention, metric) -> jax.Array:
+    """The mean metric after each intervention `intervention(start, item, shared)` (a hooks dict) → [N]
+    (compiled with model.jit).
 
     resid [B, T, D]: the residual stream entering block `start` (traced, so every layer shares this program);
     items [N]: what is swept (a head, a position), vmapped; shared: arrays every item reads (clean values).
     """
-    model.traces += 1
-    module = nnx.merge(model.graphdef, state)
-    key_mask = module.key_mask(inputs[2])
-
     def one(item):
-        hooks = writing_hooks(model, intervention(start, item, shared))
-        return _row_mean(traced_call(metric.fn, suffix_output(module, start, resid, key_mask, hooks)), resid.shape[0])
+        out = model.suffix(state, start, resid, inputs, intervention(start, item, shared))
+        return _row_mean(traced_call(metric.fn, out), resid.shape[0])
 
     return jax.vmap(one)(items)
 
 
-def writing_hooks(model, hooks: dict) -> HookPoints:
-    """The HookPoints that apply a `hooks` dict (as run_with_hooks takes it) inside a traced stage; they
-    capture nothing."""
-    cfg = model.config
-    writers = writers_for(hooks, model.hook_names, cfg.architecture)
-    return HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
-
-
-def suffix_output(module, start, resid, key_mask, hooks) -> Output:
-    """The forward's Output from the residual stream resid [B, T, D] entering block `start`: blocks start..L−1
-    and the head. `start` may be traced: each block sits behind a `lax.cond(i >= start)`, so one compiled
-    program serves every start, and the blocks before it are skipped at run time (also under grad and vmap,
-    as long as `start` itself is not vmapped)."""
-    x = resid
-    for i in range(len(module.blocks)):
-        x = jax.lax.cond(i >= start, lambda x, i=i: module.block(i, x, key_mask, hooks), lambda x: x, x)
-    return module.head(x, hooks)
-
-
-def item_bytes(config, batch_shape: tuple[int, int], itemsize: int = 4) -> int:
-    """Bytes of activations one swept item keeps alive in the suffix of a [B, T] batch: per token the residual
-    stream and its copies (q, k, v, z, attention output, layernorm: ~6·D), the FFN hidden layer (F), and the
-    attention scores and weights (2·H·S)."""
-    B, T = batch_shape
-    per_token = 6 * config.hidden_size + config.intermediate_size + 2 * config.num_attention_heads * T
-    return B * T * per_token * itemsize
-
-
 def _chunk_size(model, batch_shape, n_items: int, chunk: int | None) -> int:
-    if chunk is None:
-        return max(1, min(n_items, SWEEP_BUDGET_BYTES // item_bytes(model.config, batch_shape,
-                                                                    jnp.dtype(model.dtype).itemsize)))
+    if chunk is None:  # one swept item runs the suffix block by block: one block's activations live at a time
+        rows, tokens = batch_shape
+        item = accounting.activation_bytes(model.config, rows, tokens, itemsize=jnp.dtype(model.dtype).itemsize)
+        return accounting.items_per_chunk(item, n_items)
     if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1:
         raise AnalysisError(f"chunk must be a positive number of items per program call; got {chunk!r}.")
     return min(int(chunk), n_items)
@@ -187,14 +152,15 @@ def _sweep(model, inputs, resids, n_items: int, intervention, shared, metric, ch
     resids [L, B, T, D]: the residual stream entering each block. The last chunk is padded with repeats of
     item 0 (its results are dropped) so every call has one shape and reuses one compilation.
     """
-    size = _chunk_size(model, tuple(inputs[0].shape), n_items, chunk)
+    size = _chunk_size(model, inputs.shape, n_items, chunk)
     n_chunks = -(-n_items // size)
     items = np.zeros(n_chunks * size, np.int32)
     items[:n_items] = np.arange(n_items)
+    program = model.jit(_suffix_metrics, static_argnames=("intervention", "metric"))
     rows = []
     for layer in range(resids.shape[0]):
-        rows.append([_suffix_metrics(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,
-                                     model=model, intervention=intervention, metric=Keyed(metric))
+        rows.append([program(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,
+                             intervention=intervention, metric=Keyed(metric))
                      for part in jnp.asarray(items.reshape(n_chunks, size))])
     return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
 
@@ -219,7 +185,7 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
     mode "zero" zeroes the head's z; "mean" puts each head's z averaged over the real tokens of `batch`
     (`mean_z`). `metric(output)` returns one value per row of `batch` (or a scalar); the grid holds its mean.
     All L·H heads run in one compiled program, `chunk` heads per call (default: as many as
-    SWEEP_BUDGET_BYTES of activations allow, see `item_bytes`).
+    accounting.MEMORY_BUDGET of activations allow, see `accounting.activation_bytes`).
     """
     cfg = model.config
     if mode == "zero":
@@ -246,12 +212,30 @@ def _positional_site(model, site: str) -> str:
 
 
 def _paired_inputs(model, clean, corrupted):
+    """The clean and corrupted batches as Inputs of one shape [B, T]: texts of different token lengths
+    ("great" / "not great") are aligned by padding the shorter on the right, so position t is the t-th token
+    of both, counted from [CLS] (see patch_activations)."""
     clean_inputs, corrupt_inputs = model.inputs(clean), model.inputs(corrupted)
-    if clean_inputs[0].shape != corrupt_inputs[0].shape:
-        raise AnalysisError(f"clean and corrupted batches must have the same shape to patch; got "
-                            f"{tuple(clean_inputs[0].shape)} and {tuple(corrupt_inputs[0].shape)}. Pad both to one "
-                            f"length (tokenize both with the same max_length, or pad the shorter).")
-    return clean_inputs, corrupt_inputs
+    if clean_inputs.shape[0] != corrupt_inputs.shape[0]:
+        raise AnalysisError(f"clean and corrupted batches must have as many rows to patch (row b of one pairs with "
+                            f"row b of the other); got {clean_inputs.shape[0]} and {corrupt_inputs.shape[0]}.")
+    length = max(clean_inputs.shape[1], corrupt_inputs.shape[1])
+    return model.padded(clean_inputs, length), model.padded(corrupt_inputs, length)
+
+
+def _clean_tokens(clean_inputs, ndim: int) -> jax.Array:
+    """Where the clean rows have a token, as a bool mask broadcasting over stacked site values [L, B, T, ...]:
+    where the clean text has no token (padding) there is nothing to patch in."""
+    real = clean_inputs.attention_mask.astype(bool)  # [B, T]
+    return real.reshape(1, *real.shape, *[1] * (ndim - 3))
+
+
+def _clean_where_real(model, clean_inputs, corrupt_inputs, clean_values, site: str) -> jax.Array:
+    """The clean values [L, B, T, ...] with the corrupted run's own values where the clean row has padding."""
+    if bool(clean_inputs.attention_mask.all()):  # no padding: nothing to replace, no second forward
+        return clean_values
+    real = _clean_tokens(clean_inputs, clean_values.ndim)
+    return jnp.where(real, clean_values, _site_values(model, corrupt_inputs, site))
 
 
 @functools.cache
@@ -275,31 +259,30 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     `site` is a per-block hook with positions on axis 1 (hook_resid_pre, attn.hook_z, hook_mlp_out, ...).
     `metric(output)` returns one value per row (or a scalar); the grid holds its mean over rows. The T
     positions of a layer are the batch axis of one vmapped suffix; every layer shares one compilation.
+
+    The two may have different token lengths ("great" / "not great"): the shorter is padded on the right, so
+    positions line up from the left — position t is the t-th token of each, [CLS] at 0 — and T is the longer
+    length. Where the clean row has padding nothing is patched (the corrupted run's value stays); where only
+    the corrupted row has padding the patch lands on a masked position that no real token reads.
     """
     _positional_site(model, site)
-    _, corrupt_inputs = _paired_inputs(model, clean, corrupted)
-    clean_values = _site_values(model, clean, site)  # [L, B, T, ...]
-    return _sweep(model, corrupt_inputs, residual_streams(model, corrupted), clean_values.shape[2],
+    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    clean_values = _clean_where_real(model, clean_inputs, corrupt_inputs, _site_values(model, clean_inputs, site),
+                                     site)  # [L, B, T, ...]
+    return _sweep(model, corrupt_inputs, residual_streams(model, corrupt_inputs), clean_values.shape[2],
                   _patching(site), clean_values, metric, chunk)
 
 
 # ---- gradient estimates ---------------------------------------------------------------------------------------
 
-def _shift(value, ctx, delta):
-    """value + delta[layer]: a zero shift whose gradient is ∂metric/∂value at every layer."""
-    return value + delta[ctx.layer]
-
-
-@functools.partial(jax.jit, static_argnames=("model", "site", "metric"))
-def _metric_and_site_gradient(state, inputs, zeros, *, model, site, metric):
-    """(site values [L, B, T, ...], ∂ mean metric / ∂ site values) of one forward and one backward.
-    (forward_fn's trace counts in model.traces.)"""
+def _metric_and_site_gradient(model, state, inputs, zeros, *, site, metric):
+    """(site values [L, B, T, ...], ∂ mean metric / ∂ site values) of one forward and one backward (model.jit)."""
 
     def objective(delta):
-        out, captured = model.forward_fn(f"blocks.*.{site}", {f"blocks.*.{site}": HookFn(_shift, delta=delta)})(
-            state, inputs)
-        values = jnp.stack([captured[f"blocks.{i}.{site}"] for i in range(len(zeros))])
-        return _row_mean(traced_call(metric.fn, out), inputs[0].shape[0]), values
+        names = [f"blocks.{i}.{site}" for i in range(len(zeros))]
+        shifts = {name: HookFn(add_delta, delta=delta[i]) for i, name in enumerate(names)}  # zero shifts
+        out, captured = model.forward_fn(names, shifts)(state, inputs)
+        return _row_mean(traced_call(metric.fn, out), inputs.shape[0]), jnp.stack([captured[n] for n in names])
 
     grads, values = jax.grad(objective, has_aux=True)(zeros)
     return values, grads
@@ -320,11 +303,13 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
     hook_resid_pre; benchmarks/RESULTS.md "Sweeps" has the per-head comparison).
     """
     _positional_site(model, site)
-    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
-    clean_values = _site_values(model, clean, site)
-    corrupt_values, grads = _metric_and_site_gradient(model.state, corrupt_inputs, jnp.zeros_like(clean_values),
-                                                      model=model, site=site, metric=Keyed(metric))
-    effect = (clean_values - corrupt_values) * grads  # [L, B, T, ...]
+    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)  # aligned as in patch_activations
+    clean_values = _site_values(model, clean_inputs, site)
+    gradient = model.jit(_metric_and_site_gradient, static_argnames=("site", "metric"))
+    corrupt_values, grads = gradient(model.state, corrupt_inputs, jnp.zeros_like(clean_values), site=site,
+                                     metric=Keyed(metric))
+    patched = _clean_tokens(clean_inputs, clean_values.ndim)  # nothing is patched where the clean row has padding
+    effect = jnp.where(patched, (clean_values - corrupt_values) * grads, 0)  # [L, B, T, ...]
     kept = (0, 3) if site == "attn.hook_z" else (0, 2)  # layer and head, or layer and position
     return np.asarray(effect.sum(axis=tuple(a for a in range(effect.ndim) if a not in kept)))
 
@@ -334,12 +319,11 @@ def _gate_z(z, ctx, gates):
     return z * gates[:, ctx.layer][:, None, :, None].astype(z.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "loss_fn"))
-def _gate_gradients(state, inputs, *, model, loss_fn) -> jax.Array:
+def _gate_gradients(model, state, inputs, *, loss_fn) -> jax.Array:
     """∂loss_b/∂ξ[b, l, h] at ξ = 1 for every row b: [B, L, H], one backward (row b's loss reads only its gates);
-    [1, L, H] for one loss of the whole batch. (forward_fn's trace counts in model.traces.)"""
+    [1, L, H] for one loss of the whole batch (compiled with model.jit)."""
     cfg = model.config
-    n_rows = inputs[0].shape[0]
+    n_rows = inputs.shape[0]
 
     def total_loss(gates):
         out, _ = model.forward_fn((), {"blocks.*.attn.hook_z": HookFn(_gate_z, gates=gates)})(state, inputs)
@@ -354,7 +338,7 @@ def _gate_gradients(state, inputs, *, model, loss_fn) -> jax.Array:
 
 def _one_batch(batches) -> bool:
     """A single batch (Batch, dict of arrays, text, list of texts) rather than an iterable of batches."""
-    return isinstance(batches, (Batch, Mapping)) or is_text(batches)
+    return isinstance(batches, (Inputs, Batch, Mapping)) or is_text(batches)
 
 
 def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
@@ -369,7 +353,8 @@ def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
     total, examples = 0.0, 0
     for batch in ([batches] if _one_batch(batches) else batches):
         inputs = model.inputs(batch)
-        gradients = _gate_gradients(model.state, inputs, model=model, loss_fn=Keyed(loss_fn))  # [examples, L, H]
+        program = model.jit(_gate_gradients, static_argnames=("loss_fn",))
+        gradients = program(model.state, inputs, loss_fn=Keyed(loss_fn))  # [examples, L, H]
         total = total + np.abs(np.asarray(gradients)).sum(0)
         examples += gradients.shape[0]
     if examples == 0:

@@ -11,24 +11,14 @@ activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from minibert.config import architectures_with
+from minibert.analysis.gradients import require_mlm_head
 from minibert.errors import AnalysisError
 
 STREAMS = ["hook_full_embed", "blocks.*.hook_normalized_resid_post"]
-
-
-def _require_mlm(model) -> None:
-    if not model.config.heads.mlm:
-        raise AnalysisError(f"the logit lens reads the residual stream through a masked-LM head, and this model is a "
-                            f"{model.config.architecture}; load a checkpoint with one "
-                            f"({' or '.join(architectures_with('mlm'))}), e.g. minibert.load('bert-base-uncased').")
 
 
 def _streams(model, batch) -> jax.Array:
@@ -40,18 +30,16 @@ def _streams(model, batch) -> jax.Array:
 
 def _read(model, state, hidden) -> jax.Array:
     """The MLM head's logits [B, T, V] for hidden states [B, T, D], through the model's head stage."""
-    return nnx.merge(model.graphdef, state).head(hidden).logits
+    return model.head(state, hidden).logits
 
 
-@partial(jax.jit, static_argnames=("model", "top_k"))
-def _lens(model, state, streams, top_k: int | None):
+def _lens(model, state, streams, *, top_k: int | None):
     """Each stream [L + 1, B, T, D] through the head, one stream at a time (one [B, T, V] block live)."""
     if top_k is None:
         return jax.lax.map(lambda h: _read(model, state, h), streams)
     return jax.lax.map(lambda h: jax.lax.top_k(_read(model, state, h), top_k), streams)
 
 
-@partial(jax.jit, static_argnames=("model",))
 def _lens_at(model, state, streams, targets) -> jax.Array:
     """The lens logit of token targets[b, t] at every stream: [L + 1, B, T]."""
     pick = lambda h: jnp.take_along_axis(_read(model, state, h), targets[..., None], axis=-1)[..., 0]
@@ -66,11 +54,11 @@ def logit_lens(model, batch, top_k: int | None = None):
     B, T, k]) of the k highest, computed on the device so the full logits never reach the host; turn ids
     into tokens with model.tokenizer.convert_ids_to_tokens.
     """
-    _require_mlm(model)
+    require_mlm_head(model, "the logit lens (it reads the residual stream through that head)")
     if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= model.config.vocab_size):
         raise AnalysisError(f"top_k must be an int in [1, {model.config.vocab_size}] (the vocabulary) or None; "
                             f"got {top_k!r}.")
-    result = _lens(model, model.state, _streams(model, batch), top_k)
+    result = model.jit(_lens, static_argnames=("top_k",))(model.state, _streams(model, batch), top_k=top_k)
     if top_k is None:
         return np.asarray(result)
     values, ids = result
@@ -92,8 +80,9 @@ def logit_contributions(model, batch, targets) -> np.ndarray:
     direct-logit split exists. The change of the lens logit across a block is what it does measure:
     how much closer reading the stream after that block (rather than before) brings the head to the token.
     """
-    _require_mlm(model)
-    ids = np.asarray(model.inputs(batch)[0])
+    require_mlm_head(model, "the logit lens (it reads the residual stream through that head)")
+    inputs = model.inputs(batch)
+    ids = np.asarray(inputs.input_ids)
     if isinstance(targets, str):
         if model.tokenizer is None or targets not in model.tokenizer.vocab:
             raise AnalysisError(f"targets {targets!r} is not a token of this model's vocabulary; pass a token id or a "
@@ -106,5 +95,5 @@ def logit_contributions(model, batch, targets) -> np.ndarray:
     if targets.min() < 0 or targets.max() >= model.config.vocab_size:
         raise AnalysisError(f"targets must lie in [0, {model.config.vocab_size}); "
                             f"found {targets.min()}…{targets.max()}.")
-    lens = _lens_at(model, model.state, _streams(model, batch), jnp.asarray(targets, jnp.int32))
+    lens = model.jit(_lens_at)(model.state, _streams(model, inputs), jnp.asarray(targets, jnp.int32))
     return np.asarray(jnp.concatenate([lens[:1], jnp.diff(lens, axis=0)]))

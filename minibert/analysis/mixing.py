@@ -12,8 +12,8 @@ The two maps C have rows over real query tokens summing to 1 and zeros at paddin
 Each is one compiled program over everything it sweeps: value zeroing maps one block over every zeroed
 token, ALTI maps its decomposition over layers and documents, attribution maps the gradient over the
 integration steps — chunked (`jax.lax.map(batch_size=...)`) so a sweep's live memory stays near
-MEMORY_BUDGET bytes. Attribution runs each step from the residual stream entering block l, captured once,
-through blocks l..L−1 and the head only (interventions.suffix_output, the sweeps' mechanism: the layer is
+accounting.MEMORY_BUDGET bytes. Attribution runs each step from the residual stream entering block l, captured
+once, through blocks l..L−1 and the head only (Model.suffix, the sweeps' mechanism: the layer is
 traced, so every layer shares the program).
 """
 
@@ -25,27 +25,12 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from minibert.analysis.interventions import (
-    Keyed,
-    metric_values,
-    residual_streams,
-    suffix_output,
-    traced_call,
-    writing_hooks,
-)
+from minibert.accounting import EXACT, activation_bytes, items_per_chunk
+from minibert.analysis.interventions import Keyed, metric_values, residual_streams, traced_call
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn, HookPoints
+from minibert.hooks import HookFn
 from minibert.model import Output
-
-MEMORY_BUDGET = 1 << 29  # bytes of activations one chunk of a sweep may hold (512 MiB)
-EXACT = jax.lax.Precision.HIGHEST  # full float32 products on GPUs too (no TF32): distances of 1e-9 matter
-
-
-def chunk_size(bytes_per_item: float, n_items: int) -> int:
-    """How many items of a sweep run side by side so one chunk stays within MEMORY_BUDGET (at least 1)."""
-    return int(max(1, min(n_items, MEMORY_BUDGET // max(bytes_per_item, 1))))
 
 
 def _real_pairs(attention_mask) -> jax.Array:
@@ -74,19 +59,14 @@ def cosine_distance(x, y) -> jax.Array:
     return 0.5 * jnp.sum((unit(x) - unit(y)) ** 2, axis=-1)
 
 
-@partial(jax.jit, static_argnames=("model", "chunk"))
-def _value_zeroing_distances(model, state, resid_pre, attention_mask, chunk: int) -> jax.Array:
-    """resid_pre [L, B, T, D] (each block's captured input) → 1 − cos(x̃_t^¬s, x̃_t), [L, B, T, S]."""
-    module = nnx.merge(model.graphdef, state)
-    key_mask = module.key_mask(attention_mask)
-    cfg = model.config
+def _value_zeroing_distances(model, state, resid_pre, inputs, *, chunk: int) -> jax.Array:
+    """resid_pre [L, B, T, D] (each block's captured input) → 1 − cos(x̃_t^¬s, x̃_t), [L, B, T, S] (model.jit)."""
     per_layer = []
-    for layer in range(cfg.num_hidden_layers):
+    for layer in range(model.config.num_hidden_layers):
         def output(token, layer=layer):
             """Block `layer`'s output [B, T, D] with the value of key `token` zeroed in every head."""
-            writers = {f"blocks.{layer}.attn.hook_v": (HookFn(_zero_value, token=token),)}
-            hooks = HookPoints((), writers, cfg.num_attention_heads, cfg.head_dim)
-            return module.block(layer, resid_pre[layer], key_mask, hooks)
+            hooks = {f"blocks.{layer}.attn.hook_v": HookFn(_zero_value, token=token)}
+            return model.block(state, layer, resid_pre[layer], inputs, hooks)
 
         clean = output(jnp.int32(-1))  # the same program with nothing zeroed: x̃
         distances = jax.lax.map(lambda s, clean=clean: cosine_distance(output(s), clean),
@@ -103,16 +83,15 @@ def value_zeroing(model, batch, *, normalize: bool = True) -> np.ndarray:
     LN2). C[l, b, t, s] = 1 − cos(x̃_t^¬s, x̃_t), x̃ the block's output with and without the zeroing,
     then each row divided by its sum over real keys (normalize=False keeps the raw distances).
     Padding rows and columns are 0. Each block's input comes from one captured forward pass; then one
-    compiled program runs every block over every zeroed token (chunked to MEMORY_BUDGET).
+    compiled program runs every block over every zeroed token (chunked to accounting.MEMORY_BUDGET).
     """
     inputs = model.inputs(batch)
-    resid_pre = residual_streams(model, batch)  # [L, B, T, D]
-    cfg = model.config
-    _, B, T, D = resid_pre.shape
-    # One zeroed token holds a block's activations: the FFN's [B, T, F] twice, a dozen [B, T, D], the scores.
-    per_token = 4 * B * T * (2 * cfg.intermediate_size + 12 * D + 2 * cfg.num_attention_heads * T)
-    distances = _value_zeroing_distances(model, model.state, resid_pre, inputs[2], chunk_size(per_token, T))
-    distances = distances * _real_pairs(inputs[2])
+    resid_pre = residual_streams(model, inputs)  # [L, B, T, D]
+    _, B, T, _ = resid_pre.shape
+    chunk = items_per_chunk(activation_bytes(model.config, B, T), T)  # one zeroed token runs one block
+    distances = model.jit(_value_zeroing_distances, static_argnames=("chunk",))(model.state, resid_pre, inputs,
+                                                                                 chunk=chunk)
+    distances = distances * _real_pairs(inputs.attention_mask)
     return np.asarray(normalize_rows(distances) if normalize else distances)
 
 
@@ -167,14 +146,13 @@ def alti(model, batch) -> np.ndarray:
     """
     inputs = model.inputs(batch)
     sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
-    _, cache = model.run_with_cache(batch, names=[f"blocks.*.{site}" for site in sites])
+    _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{site}" for site in sites])
     captured = [cache.stack(site) for site in sites]
-    blocks = [model.block_params(layer) for layer in range(model.config.num_hidden_layers)]
-    gamma = jnp.stack([block["ln1"]["scale"] for block in blocks])
-    W_O = jnp.stack([block["attn"]["W_O"] for block in blocks])
+    gamma, W_O = model.layer_weights("ln1.scale"), model.layer_weights("attn.W_O")
     _, _, T, D = captured[0].shape
     per_document = 4 * T * T * (4 * D + model.config.num_attention_heads)  # z, the terms, their differences
-    contributions = _alti(*captured, gamma, W_O, inputs[2], chunk_size(per_document, captured[0].shape[1]))
+    contributions = _alti(*captured, gamma, W_O, inputs.attention_mask,
+                          items_per_chunk(per_document, captured[0].shape[1]))
     return np.asarray(normalize_rows(contributions))
 
 
@@ -188,12 +166,11 @@ def _replace_pattern(pattern, ctx, layer, replacement):
     return jnp.where(ctx.layer == layer, replacement, pattern).astype(pattern.dtype)
 
 
-def _suffix_target(model, state, attention_mask, resid, layer, target_fn: Keyed, pattern) -> jax.Array:
+def _suffix_target(model, state, inputs, resid, layer, target_fn: Keyed, pattern) -> jax.Array:
     """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern` [B, H, T, S],
     run from resid [B, T, D], the residual stream entering block `layer` (traced): blocks before it are skipped."""
-    module = nnx.merge(model.graphdef, state)
-    hooks = writing_hooks(model, {PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)})
-    out = suffix_output(module, layer, resid, module.key_mask(attention_mask), hooks)
+    hooks = {PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)}
+    out = model.suffix(state, layer, resid, inputs, hooks)
     values = metric_values(traced_call(target_fn.fn, out, "target_fn"), resid.shape[0], "target_fn")
     return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient (or the batch's F)
 
@@ -201,14 +178,12 @@ def _suffix_target(model, state, attention_mask, resid, layer, target_fn: Keyed,
 RIEMANN_FIRST_STEP = {"right": 1, "left": 0}  # k of the first step α = k/m: the paper's sum, Hao et al.'s code
 
 
-@partial(jax.jit, static_argnames=("model", "target_fn", "steps", "riemann", "chunk"))
-def _integrated_gradient(model, state, attention_mask, resid, pattern, layer, target_fn: Keyed, steps: int,
+def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_fn: Keyed, steps: int,
                          riemann: str, chunk: int):
     """A_l ⊙ (1/m) Σ_k ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], k = 1..m ("right") or
     0..m−1 ("left"), each step run and differentiated from resid [B, T, D], the residual stream entering
-    block l (layer traced: one program)."""
-    model.traces += 1
-    gradient = jax.grad(partial(_suffix_target, model, state, attention_mask, resid, layer, target_fn))
+    block l (layer traced: one program, compiled with model.jit)."""
+    gradient = jax.grad(partial(_suffix_target, model, state, inputs, resid, layer, target_fn))
     first = RIEMANN_FIRST_STEP[riemann]
     alphas = jnp.arange(first, first + steps, dtype=pattern.dtype) / steps
     grads = jax.lax.map(lambda alpha: gradient(alpha * pattern), alphas, batch_size=chunk)  # [m, B, H, T, S]
@@ -227,24 +202,23 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     row (e.g. `lambda out: out.logits[:, 0, c]`), rows attributed separately, or one F for the whole batch
     (the metric contract of `interventions`). The steps only change blocks l and after, so the residual
     stream entering each block is captured once and every step runs and differentiates blocks l..L−1 and
-    the head alone (interventions.suffix_output). One compiled program serves every layer: the layer is a
-    traced argument, and the m steps run as one batched gradient (chunked to MEMORY_BUDGET).
+    the head alone (Model.suffix). One compiled program serves every layer: the layer is a traced
+    argument, and the m steps run as one batched gradient (chunked to accounting.MEMORY_BUDGET).
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (the m of the Riemann sum; 20 in the paper); got {steps!r}.")
     if riemann not in RIEMANN_FIRST_STEP:
         raise AnalysisError(f"riemann must be 'right' (the paper's sum over k/m, k = 1..m) or 'left' (Hao et al.'s "
                             f"released code, k = 0..m−1); got {riemann!r}.")
-    attention_mask = model.inputs(batch)[2]
-    _, cache = model.run_with_cache(batch, names=[PATTERNS, "blocks.*.hook_resid_pre"])
+    inputs = model.inputs(batch)
+    _, cache = model.run_with_cache(inputs, names=[PATTERNS, "blocks.*.hook_resid_pre"])
     patterns = cache.stack("attn.hook_pattern")  # [L, B, H, T, S]
     resids = cache.stack("hook_resid_pre")  # [L, B, T, D]
-    cfg = model.config
-    _, B, H, T, _ = patterns.shape
-    # One step holds a forward and backward pass: per block the pattern and its gradient, the FFN, a dozen [T, D].
-    per_step = 4 * B * T * cfg.num_hidden_layers * (4 * H * T + 3 * cfg.intermediate_size + 12 * cfg.hidden_size)
-    chunk = chunk_size(per_step, steps)
+    L, B, _, T, _ = patterns.shape
+    # One step is a forward and a backward pass through the blocks after l: at most all L blocks kept.
+    chunk = items_per_chunk(activation_bytes(model.config, B, T, blocks=L, backward=True), steps)
     keyed = Keyed(target_fn)  # a changed global or closed-over value target_fn reads recompiles, as in the sweeps
-    return np.stack([np.asarray(_integrated_gradient(model, model.state, attention_mask, resids[layer], patterns[layer],
-                                                     jnp.int32(layer), keyed, steps, riemann, chunk))
-                     for layer in range(cfg.num_hidden_layers)])
+    program = model.jit(_integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"))
+    return np.stack([np.asarray(program(model.state, inputs, resids[layer], patterns[layer], jnp.int32(layer),
+                                        target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))
+                     for layer in range(L)])

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_HIGHEST = jax.lax.Precision.HIGHEST  # no TF32 on GPUs: the Gram trick below subtracts large terms
+from minibert.accounting import EXACT  # no TF32 on GPUs: the Gram trick below subtracts large terms
 
 
 @jax.jit
@@ -29,10 +29,10 @@ def _layer_norms(v, pattern, W_O) -> tuple[jax.Array, jax.Array]:
     ‖Σ_h α_h f_h‖² = Σ_{h,g} α_h α_g ⟨f_h, f_g⟩, so only the Gram matrix of the heads' vectors per key
     [B, S, H, H] is formed, never the [B, T, S, D] sums.
     """
-    f = jnp.einsum("BSHK,HKD->BSHD", v.astype(jnp.float32), W_O.astype(jnp.float32), precision=_HIGHEST)
-    gram = jnp.einsum("BSHD,BSGD->BSHG", f, f, precision=_HIGHEST)
+    f = jnp.einsum("BSHK,HKD->BSHD", v.astype(jnp.float32), W_O.astype(jnp.float32), precision=EXACT)
+    gram = jnp.einsum("BSHD,BSGD->BSHG", f, f, precision=EXACT)
     alpha = pattern.astype(jnp.float32)
-    summed = jnp.einsum("BHTS,BSHG,BGTS->BTS", alpha, gram, alpha, precision=_HIGHEST)
+    summed = jnp.einsum("BHTS,BSHG,BGTS->BTS", alpha, gram, alpha, precision=EXACT)
     f_norm = jnp.sqrt(jnp.einsum("BSHH->BHS", gram))
     return f_norm, jnp.sqrt(jnp.maximum(summed, 0.0))
 
@@ -45,10 +45,10 @@ def attention_norms(model, batch) -> dict[str, np.ndarray]:
     """
     _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern"])
     f_norms, summed_norms, patterns = [], [], []
+    W_O = model.layer_weights("attn.W_O")  # [L, H, K, D]
     for layer in range(model.config.num_hidden_layers):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
-        W_O = model.block_params(layer)["attn"]["W_O"]
-        f_norm, summed = _layer_norms(cache[f"blocks.{layer}.attn.hook_v"], pattern, W_O)
+        f_norm, summed = _layer_norms(cache[f"blocks.{layer}.attn.hook_v"], pattern, W_O[layer])
         f_norms.append(np.asarray(f_norm))
         summed_norms.append(np.asarray(summed))
         patterns.append(np.asarray(pattern, np.float32))

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.accounting import EXACT
 from minibert.errors import AnalysisError
 
 MODES = ("mean", "first")
@@ -84,7 +85,7 @@ def word_attention(attention, groups: Sequence[Sequence[int]], mode: str = "mean
     dtype = attention.dtype if np.issubdtype(attention.dtype, np.floating) else np.float32
     rows, columns = rows.astype(dtype), columns.astype(dtype)
     if isinstance(attention, jax.Array):
-        return jnp.einsum("WT,...TS,SV->...WV", rows, attention, columns, precision=jax.lax.Precision.HIGHEST)
+        return jnp.einsum("WT,...TS,SV->...WV", rows, attention, columns, precision=EXACT)
     return np.einsum("WT,...TS,SV->...WV", rows, attention, columns)
 
 
