@@ -220,6 +220,9 @@ class Config:
             raise ConfigError(f"{source}: architectures must be a list of names such as [\"{family.prefix}Model\"], "
                               f"got {architectures!r}.")
         architecture = architectures[0] if architecture is None else architecture
+        if not isinstance(architecture, str):
+            raise ConfigError(f"{source}: architecture must be a class name such as \"{family.prefix}Model\", got "
+                              f"{architecture!r}.")
         if ARCHITECTURE_FAMILY.get(architecture, model_type) != model_type:
             raise ConfigError(f"{source}: architecture {architecture!r} belongs to model_type "
                               f"{ARCHITECTURE_FAMILY[architecture]!r}, but config.json says {model_type!r}; use "

@@ -336,3 +336,9 @@ def test_model_type_that_is_not_a_string_is_named(tiny, model_type):
     _edit_config(tiny, model_type=model_type)
     with pytest.raises(minibert.ConfigError, match=re.escape(f"model_type {model_type!r} is not a family")):
         minibert.load(tiny)
+
+
+def test_an_architecture_that_is_not_a_name_is_named(tiny):
+    with pytest.raises(minibert.ConfigError, match=re.escape("architecture must be a class name such as "
+                                                             "\"BertModel\", got ['BertModel']")):
+        minibert.load(tiny, architecture=["BertModel"])
