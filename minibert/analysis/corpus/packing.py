@@ -10,7 +10,6 @@ import numpy as np
 from minibert.analysis import heads
 from minibert.api import length_buckets
 from minibert.errors import AnalysisError
-from minibert.model import position_rows
 
 
 def default_buckets(max_length: int) -> tuple[int, ...]:
@@ -165,5 +164,4 @@ def packed_rows(model, size: int, rows: list | None, n_rows: int, segment_ids: s
 
 def _positions(model, ids: np.ndarray) -> np.ndarray:
     """[n] the position-table rows of one document's tokens as the model numbers them when it runs alone."""
-    cfg = model.config
-    return position_rows(ids[None], cfg.pad_token_id, cfg.family.position_offset)[0]
+    return model.position_ids(ids[None])[0]
