@@ -611,7 +611,7 @@ def test_the_registry_is_the_modules_families():
     assert list(FAMILIES.values()) == declared
     with pytest.raises(minibert.ConfigError, match="model_type 'toybert' is not a family"):
         Config.from_hf({"model_type": "toybert"})
-    with pytest.raises(ValueError, match="registered already"):
+    with pytest.raises(minibert.ConfigError, match="registered already"):
         families.register(FAMILIES["bert"])
 
 
@@ -622,7 +622,7 @@ def test_the_registry_is_the_modules_families():
     (dict(tokenizer="bytes"), "tokenizer 'bytes' is not one of"),
 ])
 def test_a_family_selecting_a_variation_names_its_code(changes, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(minibert.ConfigError, match=message):
         dataclasses.replace(TOY, **changes)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 
+from minibert.errors import ConfigError
 from minibert.families.base import VARIATIONS, Family, Heads
 from minibert.families.keys import HeadKeys, LayerKeys
 
@@ -28,7 +29,8 @@ ARCHITECTURE_FAMILY: dict[str, str] = {}  # class name → model_type
 def register(family: Family) -> None:
     """Add a family and its architectures (<prefix>Model, <prefix>ForMaskedLM, …) to the tables."""
     if family.model_type in FAMILIES:
-        raise ValueError(f"model_type {family.model_type!r} is registered already ({FAMILIES[family.model_type]}).")
+        raise ConfigError(f"model_type {family.model_type!r} is registered already, by "
+                          f"{FAMILIES[family.model_type].name}; give the new family its own model_type.")
     FAMILIES[family.model_type] = family
     for name, heads in architectures(family).items():
         ARCHITECTURES[name] = heads

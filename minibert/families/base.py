@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from minibert.errors import ConfigError
 from minibert.families.keys import HeadKeys, LayerKeys, bert_layout
 
 # The files each kind of tokenizer reads (sources.py fetches them from the Hub; tokenizers_hf.py reads them).
@@ -103,19 +104,19 @@ class Family:
 
     def __post_init__(self):
         if self.tokenizer not in TOKENIZER_FILES:
-            raise ValueError(f"family {self.model_type!r}: tokenizer {self.tokenizer!r} is not one of "
+            raise ConfigError(f"family {self.model_type!r}: tokenizer {self.tokenizer!r} is not one of "
                              f"{', '.join(TOKENIZER_FILES)}.")
         for variation, choices in VARIATIONS.items():
             choice = getattr(self, variation)
             if choice not in choices:
-                raise ValueError(f"family {self.model_type!r}: {variation} {choice!r} is not one of {choices}.")
+                raise ConfigError(f"family {self.model_type!r}: {variation} {choice!r} is not one of {choices}.")
         own_block = {"norm": self.norm != "post", "mlp": self.mlp != "dense", "attention": self.attention != "full",
                      "positions": self.positions == "relative"}
         if any(own_block.values()) and self.block is None:
-            raise ValueError(f"family {self.model_type!r} selects {_choices(self, own_block)}, which model.Block "
+            raise ConfigError(f"family {self.model_type!r} selects {_choices(self, own_block)}, which model.Block "
                              f"does not compute: name the family's block code in Family.block.")
         if self.positions == "rotary" and (self.block is None or self.embeddings is None):
-            raise ValueError(f"family {self.model_type!r} selects rotary positions: name its block code (which "
+            raise ConfigError(f"family {self.model_type!r} selects rotary positions: name its block code (which "
                              f"rotates q and k) in Family.block and its embeddings (no position table) in "
                              f"Family.embeddings.")
 
