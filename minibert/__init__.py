@@ -21,7 +21,7 @@ from minibert.errors import (
     SourceError,
     TokenizerError,
 )
-from minibert.hooks import Cache, HookContext, HookFn, get_act_name
+from minibert.hooks import Cache, HookContext, HookFn, RecompileWarning, any_length, get_act_name
 from minibert.model import Output
 from minibert.tokenizer import Batch, Tokenizer
 
@@ -39,9 +39,11 @@ __all__ = [
     "MinibertError",
     "Model",
     "Output",
+    "RecompileWarning",
     "SourceError",
     "Tokenizer",
     "TokenizerError",
+    "any_length",
     "convert_bin_to_safetensors",
     "get_act_name",
     "load",

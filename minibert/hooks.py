@@ -20,8 +20,14 @@ functools.partial arguments — scalars by value, arrays and other objects by id
 not see globals read by helper functions the hook calls, nor an object mutated in place: for
 values that change, and for sweeps (which should not recompile at all), use HookFn's arrays.
 
-TransformerLens habits work too: `get_act_name("pattern", 3)`, `cache["pattern", -1]`, hooks
-as a list of (name, fn) pairs (`fwd_hooks=`), `names_filter=` for the names to capture.
+A function written again with the same code, reading the same values (a loop's lambda, a notebook cell run
+again), reuses the program (`behaviour_key`); when one hook's code has compiled RECOMPILE_WARNING_AT
+programs anyway, a RecompileWarning says so once and names HookFn as the fix. Model.run pads rows to a
+bucket length only under hooks that cannot tell (`any_length`, or sites without positions).
+
+TransformerLens habits work too: `get_act_name("pattern", 3)`, `cache["pattern", -1]`, `cache.stack("pattern")`,
+`stack_activation`, `hook.layer()`, hooks as a list of (name, fn) pairs (`fwd_hooks=`), `names_filter=` for
+the names to capture, and TL's head hook names (the old ones are deprecated aliases, MOVED).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import fnmatch
 import functools
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import jax
@@ -47,7 +54,7 @@ class HookContext:
     """What a hook function is told about the site it runs at."""
 
     name: str  # full hook name, e.g. "blocks.3.attn.hook_pattern"
-    layer: int | None  # block index (0-indexed), None outside the blocks
+    layer: int | None  # block index (0-indexed; also callable, TL's hook.layer()), None outside the blocks
     n_heads: int
     d_head: int
 
@@ -109,8 +116,9 @@ class HookFn:
     """A hook function with array arguments that jit traces rather than bakes in.
 
     `HookFn(fn, head=jnp.int32(3))` calls `fn(value, ctx, head=...)`. Changing `head`
-    reuses the compiled program; a new plain lambda each time would recompile, and so does
-    changing a global or closed-over value `fn` reads (its `fingerprint` keys the program).
+    reuses the compiled program; changing a global or closed-over value `fn` reads recompiles (its
+    `fingerprint` keys the program). A fresh function with the same code reading the same values (a lambda
+    written again, a notebook cell run again) reuses the program: `same_behaviour` is the key.
     """
 
     def __init__(self, fn: Callable, **arrays):
@@ -122,15 +130,84 @@ class HookFn:
 
     def tree_flatten(self):
         keys = tuple(sorted(self.arrays))
-        return [self.arrays[k] for k in keys], (self.fn, keys, fingerprint(self.fn))
+        return [self.arrays[k] for k in keys], (_SameBehaviour(self.fn), keys)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        fn, keys, _ = aux
-        return cls(fn, **dict(zip(keys, children)))
+        same, keys = aux
+        return cls(same.fn, **dict(zip(keys, children)))
+
+    @property
+    def any_length(self) -> bool:
+        """Whether `fn` was marked with `any_length` (Model.run may then pad its rows to a bucket length)."""
+        return getattr(self.fn, "minibert_any_length", False)
 
     def __repr__(self):
         return f"HookFn({getattr(self.fn, '__name__', self.fn)}, {', '.join(self.arrays)})"
+
+
+def behaviour_key(fn: Callable):
+    """What decides what a hook function computes: its code, its module's globals, its bound object and
+    what it reads (fingerprint). Two functions with equal keys compute the same, so they share a program."""
+    if isinstance(fn, functools.partial):
+        return ("partial", behaviour_key(fn.func), fingerprint(fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: itself (its own __eq__) is all we know
+        return ("object", fn)
+    return (code, _Identity(fn.__globals__), _Identity(getattr(fn, "__self__", None)), fingerprint(fn))
+
+
+class _SameBehaviour:
+    """A hook function in a compiled program's key, equal to any function with the same behaviour_key."""
+
+    __slots__ = ("fn", "key")
+
+    def __init__(self, fn: Callable):
+        self.fn, self.key = fn, behaviour_key(fn)
+
+    def __eq__(self, other):
+        return isinstance(other, _SameBehaviour) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+def any_length(fn: Callable) -> Callable:
+    """Mark a hook function (or HookFn) whose result at each position does not depend on the row length:
+    it reads no value.shape along T or S, counts no position from the end (value[:, -1]), takes no mean or
+    sum over positions and holds no array shaped by T. Model.run may then pad the rows to a bucket length
+    (masked padding), so many sentence lengths share a few compiled programs. Returns `fn`, marked."""
+    target = fn.fn if isinstance(fn, HookFn) else fn
+    try:
+        target.minibert_any_length = True
+    except AttributeError:  # a builtin or a partial of one: wrap it in a function that can carry the mark
+        raise HookError(f"any_length cannot mark {_shown(fn)}; wrap it: any_length(lambda value, ctx: f(value, "
+                        f"ctx)).") from None
+    return fn
+
+
+# A hook's code that has compiled this many programs gets one warning: it is being re-traced per value.
+RECOMPILE_WARNING_AT = 8
+
+
+class RecompileWarning(UserWarning):
+    """One hook function's code keeps compiling new programs (new closed-over values, new row lengths)."""
+
+
+def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict) -> None:
+    """Count one compiled program for each distinct hook code in `writers`; warn once per code when its count
+    reaches RECOMPILE_WARNING_AT, saying what to do. `counts` is the model's own tally."""
+    for fn in {hook.fn: None for fns in writers.values() for hook in fns}:
+        code = getattr(fn, "__code__", fn)
+        counts[code] = counts.get(code, 0) + 1
+        if counts[code] == RECOMPILE_WARNING_AT:
+            where = f" ({code.co_filename}:{code.co_firstlineno})" if hasattr(code, "co_filename") else ""
+            warnings.warn(
+                f"hook {getattr(fn, '__name__', fn)!r}{where} has compiled {RECOMPILE_WARNING_AT} programs: each "
+                f"new value it closes over or reads as a global, and each new row length, compiles again (seconds "
+                f"and memory each). Pass the values that change as arrays, HookFn(fn, head=jnp.int32(h)), which "
+                f"compiles once for all of them; mark a hook that reads no positions with minibert.any_length(fn) "
+                f"so that row lengths share bucket programs.", RecompileWarning, stacklevel=2)
 
 
 def add_delta(value, ctx: HookContext, delta):
@@ -147,9 +224,17 @@ def _site(name: str) -> str:
     return name.split(".", 2)[2]
 
 
-def layer_of(name: str) -> int | None:
+class LayerIndex(int):
+    """A block index that can also be called: `ctx.layer` is the int, and `ctx.layer()` gives it too, as
+    TransformerLens' `hook.layer()` does."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+def layer_of(name: str) -> LayerIndex | None:
     match = _LAYER.match(name)
-    return int(match.group(1)) if match else None
+    return LayerIndex(match.group(1)) if match else None
 
 
 class HookPoints:
@@ -177,6 +262,9 @@ def _checked(new, old, name: str, fn) -> jax.Array:
         raise HookError(
             f"hook {fn!r} on {name!r} returned None; a hook returns the new value (JAX arrays are immutable: "
             f"return value.at[...].set(...) or value * mask rather than assigning in place), or value unchanged.")
+    if not isinstance(new, (jax.Array, np.ndarray, numbers.Number)):
+        raise HookError(f"hook {fn!r} on {name!r} returned a {type(new).__name__}; a hook returns the new value, an "
+                        f"array of shape {old.shape} and dtype {old.dtype} (or the value unchanged).")
     new = jnp.asarray(new)
     if new.shape != old.shape:
         raise HookError(
@@ -205,9 +293,28 @@ class Recorder:
         return value
 
 
-# Hook prefixes of the head parts: on a model without that part they are valid names, just absent.
+# The head parts (config.Heads' fields): on a model without that part their hooks are valid names, just absent.
 HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
               "classifier": "a classifier head", "discriminator": "ELECTRA's discriminator head"}
+# The hook-name prefix of each head part's sites (TransformerLens' module names where it has the part).
+HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_head": "nsp",
+                 "classifier": "classifier", "discriminator": "discriminator"}
+
+# Head hooks renamed to TransformerLens' names (old → new). The old names still resolve, with a
+# DeprecationWarning, for one release (README, "Moved hook names").
+MOVED = {"mlm.ln.hook_scale": "mlm_head.ln.hook_scale", "mlm.ln.hook_normalized": "mlm_head.ln.hook_normalized",
+         "mlm.ln.hook_out": "unembed.hook_in", "mlm.hook_logits": "unembed.hook_out",
+         "pooler.hook_out": "pooler.hook_pooler_out", "nsp.hook_logits": "nsp_head.hook_nsp_out"}
+
+
+def _moved(pattern: str) -> list[str]:
+    """The new names of the moved hooks a name or glob names (a DeprecationWarning saying so), or []."""
+    old = fnmatch.filter(MOVED, pattern) if any(c in pattern for c in "*?[") else [pattern] * (pattern in MOVED)
+    if old:
+        new = [MOVED[name] for name in old]
+        warnings.warn(f"hook {pattern!r} is now {', '.join(map(repr, new))} (TransformerLens' name); the old name "
+                      f"stops working in the next release.", DeprecationWarning, stacklevel=4)
+    return [MOVED[name] for name in old]
 
 
 def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
@@ -230,16 +337,19 @@ def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
         matches = fnmatch.filter(hook_names, pattern) if any(c in pattern for c in "*?[") else (
             [pattern] if pattern in hook_names else [])
         if not matches:
+            matches = [name for name in _moved(pattern) if name in hook_names]
+        if not matches:
             raise HookError(_unknown_message(pattern, hook_names, architecture))
         chosen.update(matches)
     return [n for n in hook_names if n in chosen]
 
 
 def _unknown_message(pattern: str, hook_names: list[str], architecture: str) -> str:
-    for part, needs in HEAD_PARTS.items():
-        if pattern.startswith(part + "."):
-            return (f"{pattern!r}: this model is a {architecture}, which has no {part} hooks; they need {needs} "
-                    f"({', '.join(architectures_with(part))}).")
+    pattern = MOVED.get(pattern, pattern)
+    for prefix, part in HEAD_PREFIXES.items():
+        if pattern.startswith(prefix + "."):
+            return (f"{pattern!r}: this model is a {architecture}, which has no {prefix} hooks; they need "
+                    f"{HEAD_PARTS[part]} ({', '.join(architectures_with(part))}).")
     close = difflib.get_close_matches(pattern, hook_names, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     return (f"no hook point matches {pattern!r}.{hint} `model.hook_names` lists them all; `minibert hooks` prints "
@@ -302,6 +412,8 @@ class Cache(Mapping):
             return self._values[name]
         except KeyError:
             pass
+        if name in MOVED and name not in self._hook_names:
+            return self[_moved(name)[0]]
         if name in self._hook_names:
             raise KeyError(f"{name!r} was not captured; pass names=[{name!r}] (or a glob) to run_with_cache.")
         raise KeyError(_unknown_message(name, self._hook_names, "model"))
@@ -321,7 +433,9 @@ class Cache(Mapping):
         return f"Cache({len(self)} values: {', '.join(list(self._values)[:4])}{', ...' if len(self) > 4 else ''})"
 
     def stack(self, suffix: str):
-        """One per-layer hook over all layers: "hook_pattern" or "attn.hook_pattern" → [L, ...]."""
+        """One per-layer hook over all layers → [L, ...]: "hook_pattern", "attn.hook_pattern", or the short name
+        TransformerLens' get_act_name takes ("pattern", "resid_pre", "q")."""
+        suffix = _short_site(suffix)
         names = [n for n in self._hook_names
                  if layer_of(n) is not None and (_site(n) == suffix or _site(n).endswith("." + suffix))]
         if not names:
@@ -338,8 +452,27 @@ class Cache(Mapping):
         stack = np.stack if isinstance(values[0], np.ndarray) else jnp.stack
         return stack(values)
 
+    def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type: str | None = None):
+        """TransformerLens' ActivationCache.stack_activation: the activation of layers 0 … layer − 1 (−1: all
+        layers) stacked → [layers, ...]; names as get_act_name takes them ("pattern"; "scale" with "ln1")."""
+        if layer is None or layer == -1:
+            layer = 1 + max((layer_of(n) for n in self._hook_names if layer_of(n) is not None), default=-1)
+        values = [self[activation_name, i, sublayer_type] for i in range(layer)]
+        stack = np.stack if isinstance(values[0], np.ndarray) else jnp.stack
+        return stack(values)
+
     def numpy(self) -> dict[str, np.ndarray]:
         return {n: np.asarray(v) for n, v in self._values.items()}
+
+
+def _short_site(name: str) -> str:
+    """A per-block site from TransformerLens' short name ("pattern" → "attn.hook_pattern"); other names as they are."""
+    if not isinstance(name, str) or "hook_" in name:
+        return name
+    try:
+        return _site(get_act_name(name, 0))
+    except HookError:
+        return name  # stack's own KeyError names the choices
 
 
 # TransformerLens' get_act_name shorthand (transformer_lens.utils), its aliases and layer types as TL has them.
@@ -388,7 +521,7 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
 def _is_minibert_name(name: str) -> bool:
     """A name of minibert's hook grammar (per-block sites of SITE_DOCS, ln1/ln2, or a top-level site)."""
     if layer_of(name) is None:
-        return name in SITE_DOCS or bool(re.fullmatch(r"(embed|mlm)\.ln\.hook_\w+", name))
+        return name in SITE_DOCS or bool(re.fullmatch(r"(embed|mlm_head)\.ln\.hook_\w+", name))
     site = _site(name)
     per_block_ln = re.fullmatch(r"ln[12]\.hook_(scale|normalized|out)", site)
     return (site in SITE_DOCS and site not in _TOP_LEVEL) or bool(per_block_ln)
@@ -411,7 +544,7 @@ SITE_DOCS: dict[str, tuple[str, str]] = {
     "attn.hook_k": ("[B, S, H, K]", "k = x W_K + b_K"),
     "attn.hook_v": ("[B, S, H, K]", "v = x W_V + b_V"),
     "attn.hook_qk": ("[B, H, T, S]", "q·k — raw dot products, before scaling and mask"),
-    "attn.hook_attn_scores": ("[B, H, T, S]", "q·k/√K, padding keys set to the most negative float"),
+    "attn.hook_attn_scores": ("[B, H, T, S]", "q·k/√K, −inf at padding keys (TransformerLens' meaning)"),
     "attn.hook_pattern": ("[B, H, T, S]", "softmax over S of the scores — rows sum to 1"),
     "attn.hook_z": ("[B, T, H, K]", "z = pattern · v — each head's mix of values"),
     "attn.hook_result": ("[B, T, H, D]", "z_h W_O[h] — each head's output, before summing heads and adding b_O"),
@@ -425,14 +558,15 @@ SITE_DOCS: dict[str, tuple[str, str]] = {
     "ln.hook_scale": ("[B, T, 1]", "σ = sqrt(mean((x − μ)²) + eps)"),
     "ln.hook_normalized": ("[B, T, D]", "(x − μ)/σ — before gain and bias (TransformerLens' meaning)"),
     "ln.hook_out": ("[B, T, D]", "(x − μ)/σ · γ + β — the layernorm's output"),
-    "pooler.hook_out": ("[B, D]", "tanh(h_[CLS] W + b) — pooler output"),
-    "mlm.hook_logits": ("[B, T, V]", "LayerNorm(act(h W + b)) W_Eᵀ + bias — masked-LM logits"),
-    "nsp.hook_logits": ("[B, 2]", "pooled W + b — next-sentence logits"),
+    "pooler.hook_pooler_out": ("[B, D]", "tanh(h_[CLS] W + b) — pooler output"),
+    "unembed.hook_in": ("[B, T, E]", "LayerNorm(act(h W + b)) — the masked-LM transform (mlm_head.ln's output)"),
+    "unembed.hook_out": ("[B, T, V]", "unembed.hook_in W_Eᵀ + bias — masked-LM logits"),
+    "nsp_head.hook_nsp_out": ("[B, 2]", "pooled W + b — next-sentence logits"),
     "discriminator.hook_logits": ("[B, T]", "act(h W + b) · w + c — ELECTRA's replaced-token logits"),
     "classifier.hook_logits": ("[B, C] or [B, T, C]", "pooled W + b (sequence) or h W + b (token classification)"),
 }
 _LAYERNORMS = re.compile(r"(^|\.)(ln1|ln2|ln)\.(hook_\w+)$")
-_HEAD_AND_EMBED = ("embed", *HEAD_PARTS)
+_HEAD_AND_EMBED = ("embed", *HEAD_PREFIXES)
 _TOP_LEVEL = frozenset(n for n in SITE_DOCS if n.split(".")[0] in _HEAD_AND_EMBED or n == "hook_full_embed")
 
 
@@ -444,7 +578,7 @@ def site_doc(name: str) -> tuple[str, str]:
     match = _LAYERNORMS.search(site)
     if match:
         axes, doc = SITE_DOCS[f"ln.{match.group(3)}"]
-        # embed.ln and mlm.ln normalize E-wide vectors (the embeddings; the MLM transform maps D back down to E)
+        # embed.ln and mlm_head.ln normalize E-wide vectors (the embeddings; the MLM transform maps D back down to E)
         return (axes.replace("D", "E"), doc) if match.group(2) == "ln" else (axes, doc)
     raise KeyError(f"hook {name!r} has no entry in SITE_DOCS; document it there.")
 

@@ -131,7 +131,7 @@ class LayerNorm(nnx.Module):
     """y = (x − mean) / sqrt(var + eps) · scale + bias, over D; computed in float32.
 
     Hooks: hook_scale = sqrt(var + eps), hook_normalized = (x − mean)/hook_scale (TransformerLens' meaning:
-    before the gain and bias), hook_out = y.
+    before the gain and bias), hook_out = y (or the name `out`, where TransformerLens names y otherwise).
     """
 
     def __init__(self, dim: int, eps: float, dtype):
@@ -139,12 +139,12 @@ class LayerNorm(nnx.Module):
         self.bias = _zeros((dim,), dtype)
         self.eps = eps
 
-    def __call__(self, x, hooks: Hooks, name: str):
+    def __call__(self, x, hooks: Hooks, name: str, out: str | None = None):
         x32 = x.astype(jnp.float32)
         centered = x32 - x32.mean(-1, keepdims=True)
         scale = hooks(f"{name}.hook_scale", jnp.sqrt((centered**2).mean(-1, keepdims=True) + self.eps))  # [B, T, 1]
         normalized = hooks(f"{name}.hook_normalized", centered / scale)  # before gain and bias, as in TransformerLens
-        return hooks(f"{name}.hook_out", (normalized * self.scale[...] + self.bias[...]).astype(x.dtype))
+        return hooks(out or f"{name}.hook_out", (normalized * self.scale[...] + self.bias[...]).astype(x.dtype))
 
 
 def position_rows(input_ids, pad_token_id: int, offset: bool):
@@ -203,12 +203,19 @@ def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Drop
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T|S, K]
     qk = hooks(f"{name}.hook_qk", jnp.einsum("BHTK,BHSK->BHTS", q, k))  # raw q·k
     scaled = qk / math.sqrt(q.shape[-1])
-    # Masked keys get the most negative float rather than −inf, as Hugging Face does,
-    # so a row whose keys a hook blocks entirely stays finite.
-    scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, scaled, jnp.finfo(scaled.dtype).min))
-    pattern = hooks(f"{name}.hook_pattern", jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype))
+    scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, scaled, -jnp.inf))  # −inf at masked keys, as in TL
+    pattern = hooks(f"{name}.hook_pattern", attention_softmax(scores.astype(jnp.float32)).astype(v.dtype))
     weights = dropout.attention(f"{name}.pattern", pattern)  # training only; the hook saw the pattern itself
     return jnp.einsum("BHTS,BHSK->BHTK", weights, v).transpose(0, 2, 1, 3)
+
+
+def attention_softmax(scores):
+    """softmax over S of scores [..., S] holding −inf at masked keys. A row whose keys are all masked (a batch
+    row of padding only, or a hook that blocked every key) is uniform, 1/S on every key: what Hugging Face's
+    finite mask (the most negative float) gives there, and what the unwatched and fused paths compute, where
+    the plain softmax of −inf everywhere would be NaN."""
+    blocked = jnp.isneginf(scores).all(axis=-1, keepdims=True)
+    return jax.nn.softmax(jnp.where(blocked, 0.0, scores), axis=-1)
 
 
 def fused_attention(q, k, v, key_mask):
@@ -302,7 +309,7 @@ class Pooler(nnx.Module):
 
     def __call__(self, hidden, hooks: Hooks):
         pooled = ACTIVATIONS[self.activation](hidden[:, 0] @ self.W[...] + self.b[...])
-        return hooks("pooler.hook_out", pooled)  # [B, D]
+        return hooks("pooler.hook_pooler_out", pooled)  # [B, D]
 
 
 class MaskedLMHead(nnx.Module):
@@ -321,9 +328,10 @@ class MaskedLMHead(nnx.Module):
 
     def __call__(self, hidden, word_embeddings, hooks: Hooks):
         transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
-        transformed = self.ln(transformed, hooks, "mlm.ln")
+        # TransformerLens' names: its mlm_head ends with the layernorm, whose output enters its unembed
+        transformed = self.ln(transformed, hooks, "mlm_head.ln", out="unembed.hook_in")
         logits = jnp.einsum("BTE,VE->BTV", transformed, word_embeddings) + self.decoder_bias[...]
-        return hooks("mlm.hook_logits", logits)
+        return hooks("unembed.hook_out", logits)
 
 
 class Discriminator(nnx.Module):
@@ -344,13 +352,13 @@ class Discriminator(nnx.Module):
 class Classifier(nnx.Module):
     """logits = x · W + b, on the pooled output (sequence) or every token (token classification)."""
 
-    def __init__(self, in_dim: int, classes: int, dtype, rngs, name: str):
+    def __init__(self, in_dim: int, classes: int, dtype, rngs, hook: str):
         self.W = _weight(rngs, (in_dim, classes), dtype)
         self.b = _zeros((classes,), dtype)
-        self.name = name
+        self.hook = hook  # the logits' hook name
 
     def __call__(self, x, hooks: Hooks):
-        return hooks(f"{self.name}.hook_logits", x @ self.W[...] + self.b[...])
+        return hooks(self.hook, x @ self.W[...] + self.b[...])
 
 
 class Bert(nnx.Module):
@@ -368,8 +376,8 @@ class Bert(nnx.Module):
         heads = cfg.heads
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
         self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
-        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp") if heads.nsp else None
-        self.classifier = (Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier")
+        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp_head.hook_nsp_out") if heads.nsp else None
+        self.classifier = (Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier.hook_logits")
                            if heads.classifier else None)
         self.discriminator = Discriminator(cfg, dtype, rngs) if heads.discriminator else None
 

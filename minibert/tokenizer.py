@@ -86,7 +86,7 @@ class Batch:
     sequence_ids: list[list[int | None]]
     offsets: list[list[tuple[int, int]]]
     texts: list[str]
-    pairs: list[str] | None = None
+    pairs: list[str | None] | None = None  # None: no row has a second text; a None item: that row has none
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -102,6 +102,26 @@ class Batch:
     def real_tokens(self, row: int) -> list[str]:
         """Row `row`'s tokens without padding."""
         return self.tokens[row][:int(self.lengths[row])]
+
+    def __getitem__(self, rows) -> Batch:
+        """The Batch of some rows: batch[i] (one row), batch[1:3], batch[[0, 2]]. Padding stays as it was."""
+        try:
+            picked = np.atleast_1d(np.arange(len(self))[rows])
+        except IndexError:
+            raise TokenizerError(f"batch[{rows!r}] is out of range: the batch has {len(self)} rows.") from None
+        if not picked.size:
+            raise TokenizerError(f"batch[{rows!r}] selects no row; the batch has {len(self)}.")
+
+        def take(values):
+            return [values[i] for i in picked]
+
+        return Batch(self.input_ids[picked], self.token_type_ids[picked], self.attention_mask[picked],
+                     take(self.tokens), take(self.word_ids), take(self.sequence_ids), take(self.offsets),
+                     take(self.texts), None if self.pairs is None else take(self.pairs))
+
+    def __iter__(self):
+        """One single-row Batch per row."""
+        return (self[row] for row in range(len(self)))
 
 
 class BaseTokenizer:
@@ -155,9 +175,11 @@ class BaseTokenizer:
                  max_length: int | None = None, padding: str = "longest") -> Batch:
         """Tokenize texts (and optional second texts) into a padded Batch.
 
+        pairs: one second text per text; a None item leaves that row a single text, so one batch may mix
+        single sentences and pairs (pairs=[None, "B"]).
         max_length: truncate each row to this many tokens, longest sequence first (Hugging Face's
         "longest_first"); without it a row longer than the model's limit is an error.
-        padding: "longest" (pad to the longest row) or "max_length" (pad to max_length).
+        padding: "longest" (pad to the longest row) or "max_length" (pad every row to max_length).
         """
         texts = _text_list(texts, "texts")
         if not texts:
@@ -169,7 +191,8 @@ class BaseTokenizer:
         if padding not in ("longest", "max_length") or (padding == "max_length" and max_length is None):
             raise TokenizerError(f"padding must be 'longest' or 'max_length' (with max_length=N); got {padding!r}.")
         rows = [self._encode(_checked_text(text, f"texts[{i}]"),
-                             None if pairs is None else _checked_text(pairs[i], f"pairs[{i}]"), max_length)
+                             None if pairs is None or pairs[i] is None else _checked_text(pairs[i], f"pairs[{i}]"),
+                             max_length)
                 for i, text in enumerate(texts)]
         width = max_length if padding == "max_length" else max(len(row["input_ids"]) for row in rows)
         return self._padded(rows, width, texts, pairs)

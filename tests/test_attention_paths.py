@@ -4,12 +4,14 @@ in float32 and bfloat16, with padding, fully masked rows and rows with a single 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from tolerances import U32, U_BF16, assert_close_to_scale, dot_rtol, sum_rtol
 
-from minibert.model import NO_HOOKS, explicit_attention, fused_attention, unwatched_attention
+from minibert.hooks import HookFn, HookPoints
+from minibert.model import NO_HOOKS, attention_softmax, explicit_attention, fused_attention, unwatched_attention
 
 B, T, H, K = 3, 9, 4, 16
 
@@ -57,8 +59,8 @@ def test_bfloat16_fused_against_float32_explicit():
 
 def test_fully_masked_rows_average_every_value():
     """A row whose keys are all masked (a hook blocked them, or a batch row of padding only): every score is
-    the most negative float, the softmax is uniform over all S keys, and z is the mean of v over S —
-    explicit, unwatched and fused alike (finite, never NaN)."""
+    −inf, the pattern is uniform over all S keys (attention_softmax's rule, Hugging Face's result), and z is
+    the mean of v over S — explicit, unwatched and fused alike (finite, never NaN)."""
     q, k, v, mask = inputs(2, lengths=(9, 0, 4))
     mean_v = np.asarray(v[1]).mean(0)  # [H, K]
     for path in (explicit, unwatched_attention, fused_attention):
@@ -74,3 +76,53 @@ def test_single_real_token_rows_copy_its_value():
     for path in (explicit, unwatched_attention, fused_attention):
         z = np.asarray(path(q, k, v, mask))[2]  # [T, H, K]
         assert_close_to_scale(z, np.broadcast_to(np.asarray(v)[2, 0], z.shape), sum_rtol(T), path.__name__)
+
+
+def captured_scores_and_pattern(q, k, v, mask, writers=None):
+    hooks = HookPoints({"blocks.0.attn.hook_attn_scores", "blocks.0.attn.hook_pattern"}, writers or {}, H, K)
+    z = explicit_attention(q, k, v, mask, hooks, "blocks.0.attn")
+    return hooks.captured["blocks.0.attn.hook_attn_scores"], hooks.captured["blocks.0.attn.hook_pattern"], z
+
+
+def test_scores_hold_minus_infinity_at_masked_keys():
+    """attn.hook_attn_scores is q·k/√K at real keys and −inf at masked ones (TransformerLens' meaning); the
+    pattern is exactly 0 there and its rows sum to 1 (S non-negative terms: sum_rtol(S))."""
+    q, k, v, mask = inputs(4, lengths=(9, 5, 1))
+    scores, pattern, _ = captured_scores_and_pattern(q, k, v, mask)
+    keys = np.broadcast_to(np.asarray(mask), scores.shape)
+    assert np.isneginf(np.asarray(scores)[~keys]).all()
+    want = np.einsum("BTHK,BSHK->BHTS", np.asarray(q, np.float64), np.asarray(k, np.float64)) / np.sqrt(K)
+    assert_close_to_scale(np.asarray(scores)[keys], want[keys], dot_rtol(K), "scores at real keys")
+    assert (np.asarray(pattern)[~keys] == 0).all()
+    np.testing.assert_allclose(np.asarray(pattern).sum(-1), 1.0, atol=sum_rtol(T))
+
+
+def _block_every_key(scores, ctx):
+    return jnp.full_like(scores, -jnp.inf)
+
+
+def test_a_hook_that_blocks_every_key_gives_uniform_rows():
+    """A hook writing −inf to every score leaves no real key: attention_softmax makes those rows uniform
+    (1/S, finite) where jax.nn.softmax would give NaN, and z is the mean of v over S."""
+    q, k, v, mask = inputs(5)
+    writers = {"blocks.0.attn.hook_attn_scores": (HookFn(_block_every_key),)}
+    _, pattern, z = captured_scores_and_pattern(q, k, v, mask, writers)
+    np.testing.assert_allclose(np.asarray(pattern), 1 / T, rtol=sum_rtol(T))
+    mean_v = np.asarray(v).mean(1)[:, None]  # [B, 1, H, K]
+    assert_close_to_scale(z, np.broadcast_to(mean_v, z.shape), dot_rtol(T), "z of blocked rows")
+    assert np.isnan(np.asarray(jax.nn.softmax(jnp.full((T,), -jnp.inf)))).all()  # why attention_softmax exists
+    assert np.isfinite(np.asarray(attention_softmax(jnp.full((T,), -jnp.inf)))).all()
+
+
+def test_gradients_through_masked_scores_are_finite():
+    """−inf scores must not turn gradients into NaN: ∂(Σ z·w)/∂q through the explicit path is finite and
+    equals the unwatched path's (the same function), for rows with padding and a row of one real token."""
+    q, k, v, mask = inputs(6, lengths=(9, 5, 1))
+    w = jnp.asarray(np.random.default_rng(7).normal(size=(B, T, H, K)), jnp.float32)
+
+    def loss(path):
+        return lambda q: (path(q, k, v, mask) * w).sum()
+
+    got = jax.grad(loss(explicit))(q)
+    assert np.isfinite(np.asarray(got)).all()
+    assert_close_to_scale(got, jax.grad(loss(unwatched_attention))(q), 2 * z_rtol(q, k), "∂/∂q")

@@ -108,9 +108,9 @@ def test_architectures_table_matches_transformers_classes(architecture):
 def test_architectures_table_decides_the_models_head_hooks(architecture):
     heads = ARCHITECTURES[architecture]
     names = set(Model(BertConfig(**TINY, architecture=architecture)).hook_names)
-    assert ("pooler.hook_out" in names) == heads.pooler
-    assert ("mlm.hook_logits" in names) == heads.mlm
-    assert ("nsp.hook_logits" in names) == heads.nsp
+    assert ("pooler.hook_pooler_out" in names) == heads.pooler
+    assert ("unembed.hook_out" in names) == heads.mlm
+    assert ("nsp_head.hook_nsp_out" in names) == heads.nsp
     assert ("classifier.hook_logits" in names) == (heads.classifier is not None)
 
 

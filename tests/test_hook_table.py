@@ -46,7 +46,7 @@ def test_documented_names_keep_every_models_forward_order():
     after every encoder name (the heads read the last block; their order among themselves differs by class:
     BertForPreTraining runs the pooler before the MLM head)."""
     documented = all_hook_names()
-    heads = ("pooler.", "mlm.", "nsp.", "classifier.", "discriminator.")
+    heads = ("pooler.", "mlm_head.", "unembed.", "nsp_head.", "classifier.", "discriminator.")
     encoder = [n for n in documented if not n.startswith(heads)]
     assert documented[:len(encoder)] == encoder
     for architecture in ARCHITECTURES:

@@ -74,7 +74,7 @@ def numpy_bert(t, ids, types, mask, n_heads, ablate=None):
         ln2 = _ln(resid_post, t[p + "output.LayerNorm.weight"], t[p + "output.LayerNorm.bias"])
         out |= {n + f"ln2.hook_{k}": v for k, v in ln2.items()}
         x = out[n + "hook_normalized_resid_post"] = ln2["out"]
-    out["pooler.hook_out"] = np.tanh(x[:, 0] @ t["pooler.dense.weight"].T + t["pooler.dense.bias"])
+    out["pooler.hook_pooler_out"] = np.tanh(x[:, 0] @ t["pooler.dense.weight"].T + t["pooler.dense.bias"])
     return out
 
 
@@ -127,7 +127,7 @@ def test_hook_names_are_in_forward_order_and_complete(bundled):
                      "hook_attn_out", "hook_resid_mid", "ln1.hook_scale", "ln1.hook_normalized",
                      "ln1.hook_out", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
                      "ln2.hook_scale", "ln2.hook_normalized", "ln2.hook_out", "hook_normalized_resid_post"]
-    assert names[-1] == "pooler.hook_out"
+    assert names[-1] == "pooler.hook_pooler_out"
     assert len(names) == 7 + 6 * len(block) + 1
 
 
@@ -181,11 +181,12 @@ def test_zero_ablation_of_a_head_matches_numpy(bundled, reference):
     batch, tensors, _ = reference
     ablated_ref = numpy_bert(tensors, batch.input_ids, batch.token_type_ids, batch.attention_mask, 12, ablate=(3, 7))
     hooks = interventions.ablate_heads(interventions.head_mask(3, 7, 6, 12))
-    out, cache = bundled.run(batch, names=["blocks.3.attn.hook_z", "pooler.hook_out"], hooks=hooks)
+    out, cache = bundled.run(batch, names=["blocks.3.attn.hook_z", "pooler.hook_pooler_out"], hooks=hooks)
     assert np.abs(np.asarray(cache["blocks.3.attn.hook_z"])[:, :, 7]).max() == 0
     last = "blocks.5.hook_normalized_resid_post"
     _compare(last, out.last_hidden_state, ablated_ref[last], batch.attention_mask, bundled)
-    _compare("pooler.hook_out", out.pooler_output, ablated_ref["pooler.hook_out"], batch.attention_mask, bundled)
+    pooled = "pooler.hook_pooler_out"
+    _compare(pooled, out.pooler_output, ablated_ref[pooled], batch.attention_mask, bundled)
 
 
 def _nudged(value, ctx, d):
@@ -227,8 +228,8 @@ def test_unknown_and_absent_hook_names_say_what_to_do(bundled, reference):
     batch = reference[0]
     with pytest.raises(minibert.HookError, match="Did you mean 'blocks.3.attn.hook_pattern'"):
         bundled.run_with_cache(batch, names=["blocks.3.attn.hook_patern"])
-    with pytest.raises(minibert.HookError, match="no mlm hooks"):
-        bundled.run_with_hooks(batch, {"mlm.hook_logits": lambda v, ctx: v})
+    with pytest.raises(minibert.HookError, match="no unembed hooks"):
+        bundled.run_with_hooks(batch, {"unembed.hook_out": lambda v, ctx: v})
     with pytest.raises(minibert.HookError, match="no hook point matches"):
         bundled.run_with_cache(batch, names="blocks.*.attn.hook_nothing")
 
@@ -346,8 +347,8 @@ def test_hook_closing_over_a_rebound_array_sees_the_new_array(bundled, reference
 # ---- sequence-length buckets --------------------------------------------------------------------------------
 
 def test_lengths_share_bucketed_programs_and_values(bundled):
-    words = "one two three four five six seven eight nine ten eleven twelve".split()
-    texts = [" ".join(words[:n]) for n in range(1, 13)]  # 12 lengths: 3 … 14 tokens
+    words = "one two three four five six seven eight nine ten eleven twelve".split() * 4
+    texts = [" ".join(words[:n]) for n in range(30, 42)]  # 12 lengths: 32 … 43 tokens, 7 buckets (32, 34, …, 44)
     batches = [bundled.tokenize([t]) for t in texts]
     lengths = {b.input_ids.shape[1] for b in batches}
     buckets = {next(size for size in bundled.length_buckets if size >= n) for n in lengths}
@@ -363,6 +364,6 @@ def test_lengths_share_bucketed_programs_and_values(bundled):
     plain, plain_cache = bundled.run(batch, names="blocks.*.attn.hook_pattern", hooks=identity)
     T = batch.input_ids.shape[1]
     assert padded.last_hidden_state.shape == (1, T, 384) and cache["pattern", 0].shape == (1, 12, T, T)
-    rtol = forward_rtol(bundled.config, S=max(bundled.length_buckets[0], T))
+    rtol = forward_rtol(bundled.config, S=next(size for size in bundled.length_buckets if size >= T))
     assert_close_to_scale(padded.last_hidden_state, plain.last_hidden_state, rtol, "last hidden state")
     assert_close_to_scale(cache.stack("hook_pattern"), plain_cache.stack("hook_pattern"), rtol, "patterns")

@@ -210,7 +210,8 @@ def _hooks_header() -> str:
         f"Generated from the code by `minibert hooks --output docs/hooks.md`: every hook point of every "
         f"architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}). "
         f"`model.hook_names` lists one model's.",
-        f"`pooler.*` exists on {on('pooler')}; `mlm.*` on {on('mlm')}; `nsp.*` on {on('nsp')}; "
+        f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "
+        f"`nsp_head.*` on {on('nsp')}; "
         f"`discriminator.*` on {on('discriminator')}; `classifier.*` on {on('classifier')}. "
         f"`embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in {projecting}.",
         "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "

@@ -1,0 +1,120 @@
+"""Length buckets: what padding a batch to its bucket costs against the exact-length program, per bucket rule,
+and how many programs each rule compiles.
+
+    python benchmarks/buckets.py [--smoke] [--batch 8] [--repeats 5] [--out FILE]
+
+Model.run (model(batch), run_with_cache, run_with_hooks with any_length hooks) pads rows to a bucket length so
+that sentence lengths share compiled programs. For each length T below, the same forward — capturing every
+attention pattern, and capturing nothing — runs as one program compiled for T and one compiled for each rule's
+bucket of T (model.forward_fn jitted here, on model.inputs padded with model.padded: the public API). The table
+gives bucket ÷ exact per rule; the lengths are the worst cases of each rule (one past a bucket) and 147 (issue 19).
+Times are CPU seconds of this process (time.process_time), the minimum of --repeats calls after one warm-up:
+on a shared machine the CPU time a call takes moves far less with the load than its wall time. Run it pinned to
+one core (taskset -c 1) so that CPU time is the work of one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import minibert  # noqa: E402
+from minibert.api import bucket_length, length_buckets  # noqa: E402
+
+RULES = {  # name → (smallest, per_octave) of api.length_buckets
+    "previous: 16, then 2 per octave": (16, 2),
+    "8 per octave": (1, 8),
+    "16 per octave (Model.length_buckets)": (1, 16),
+}
+LENGTHS = (17, 33, 65, 129, 147, 257)
+CASES = {"patterns captured": "blocks.*.attn.hook_pattern", "nothing captured": ()}
+
+
+def cpu_seconds(fn, repeats: int) -> float:
+    """The least CPU time of `repeats` calls of fn (after one warm-up call that also compiles)."""
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        jax.block_until_ready(fn())
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def measure(model, batch_size: int, lengths, repeats: int) -> list[dict]:
+    rows = []
+    vocab = model.config.vocab_size
+    for T in lengths:
+        ids = np.random.default_rng(T).integers(1000 if vocab > 2000 else 5, vocab, size=(batch_size, T))
+        inputs = model.inputs({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        for case, names in CASES.items():
+            forward = jax.jit(model.forward_fn(names))
+            exact = cpu_seconds(lambda: forward(model.state, inputs), repeats)
+            row = {"T": T, "case": case, "exact": exact}
+            for rule, (smallest, per_octave) in RULES.items():
+                bucket = bucket_length(T, length_buckets(model.config.max_tokens, smallest, per_octave))
+                if bucket == T:  # the exact-length program itself
+                    row[rule] = (bucket, exact)
+                    continue
+                padded = model.padded(inputs, bucket)
+                row[rule] = (bucket, cpu_seconds(lambda padded=padded: forward(model.state, padded), repeats))
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], max_tokens: int) -> str:
+    lines = ["| T | case | exact-length program | " + " | ".join(RULES) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in RULES) + " |"]
+    for row in rows:
+        cells = [f"{row[rule][0]}: {row[rule][1] / row['exact']:.2f}×" for rule in RULES]
+        lines.append(f"| {row['T']} | {row['case']} | {row['exact'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
+    worst = {rule: max(row[rule][1] / row["exact"] for row in rows) for rule in RULES}
+    programs = {rule: len(length_buckets(max_tokens, *RULES[rule])) for rule in RULES}
+    lines += ["", "| rule | worst bucket ÷ exact above | programs for every length 1…max | most padding (tokens) |",
+              "| --- | --- | --- | --- |"]
+    for rule in RULES:
+        buckets = length_buckets(max_tokens, *RULES[rule])
+        padding = max(bucket_length(T, buckets) / T for T in range(1, max_tokens + 1))
+        lines.append(f"| {rule} | {worst[rule]:.2f}× | {programs[rule]} | {padding:.2f}× |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny random model and two lengths (CI)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="append the Markdown here (default: print it)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        model = minibert.Model(minibert.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=4, intermediate_size=37,
+                                                   max_position_embeddings=64), seed=0)
+        rows, batch = measure(model, 2, (17, 33), 1), 2
+    else:
+        model, batch = minibert.load(), args.batch
+        rows = measure(model, batch, LENGTHS, args.repeats)
+    header = [f"## Length buckets, {batch} rows ({'smoke' if args.smoke else model.source})", "",
+              f"- date: {time.strftime('%Y-%m-%d %H:%M')}; cpu: {harness.cpu_model()}; cores this process may use: "
+              f"{sorted(os.sched_getaffinity(0))}; load average at the end: {harness.load_average()}",
+              f"- command: python benchmarks/buckets.py {' '.join(argv if argv is not None else sys.argv[1:])}", "", ""]
+    text = "\n".join(header) + table(rows, model.config.max_tokens) + "\n"
+    if args.out:
+        with args.out.open("a") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

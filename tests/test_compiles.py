@@ -1,0 +1,124 @@
+"""How many programs run_with_hooks compiles (the model's trace counter, Model.traces): a fresh but identical
+lambda reuses its program, hooks marked any_length share the length buckets, one warning when a hook's code
+keeps compiling, and hooks that return something other than an array are refused."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tolerances import assert_close_to_scale, forward_rtol
+
+import minibert
+from minibert import BertConfig, Model, hooks
+from minibert.api import bucket_length
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            max_position_embeddings=64)
+Z = "blocks.0.attn.hook_z"
+
+
+@pytest.fixture
+def model():
+    return Model(BertConfig(**TINY), seed=1)
+
+
+def batch(length: int, rows: int = 2) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(length).integers(5, 99, size=(rows, length))
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def hook(self, z, ctx):
+        return z * self.factor
+
+
+def test_fresh_identical_lambdas_share_one_program(model):
+    """40 lambdas written anew (as in a loop or a re-run notebook cell) compile once; a lambda reading another
+    value, or a bound method of another object, compiles its own program and gives its own result."""
+    inputs = batch(7)
+    before = model.traces
+    runs = [model.run_with_hooks(inputs, {Z: lambda z, ctx: z * 0.5}).last_hidden_state for _ in range(40)]
+    assert model.traces == before + 1
+    first = runs[0]
+    np.testing.assert_array_equal(runs[-1], first)
+    factor = 0.25
+    other = model.run_with_hooks(inputs, {Z: lambda z, ctx: z * factor}).last_hidden_state
+    assert model.traces == before + 2 and not np.array_equal(other, first)
+    halves = model.run_with_hooks(inputs, {Z: Scaler(0.5).hook}).last_hidden_state
+    quarters = model.run_with_hooks(inputs, {Z: Scaler(0.25).hook}).last_hidden_state
+    np.testing.assert_array_equal(halves, first)  # the same computation as the first lambda, its own program
+    np.testing.assert_array_equal(quarters, other)
+
+
+def _zero_head_1(z, ctx):
+    return z.at[:, :, 1].set(0.0)
+
+
+@pytest.mark.slow  # ten compilations
+def test_any_length_hooks_share_the_length_buckets(model):
+    """A hook marked any_length runs on rows padded to the bucket length: six lengths compile one program per
+    bucket they fall in, not one per length, and give the exact-length run's values (two fp32 programs of the
+    whole forward: tolerances.forward_rtol). Unmarked, each length compiles its own."""
+    lengths = (33, 34, 41, 42, 57, 58)  # buckets 34, 42, 58 (Model.length_buckets: 16 per doubling from 32)
+    marked = minibert.any_length(lambda z, ctx: _zero_head_1(z, ctx))
+    before = model.traces
+    padded = [model.run_with_hooks(batch(n), {Z: marked}).last_hidden_state for n in lengths]
+    assert model.traces - before == len({bucket_length(n, model.length_buckets) for n in lengths})
+    before = model.traces
+    exact = [model.run_with_hooks(batch(n), {Z: _zero_head_1}).last_hidden_state for n in lengths]
+    assert model.traces - before == len(lengths)
+    for n, got, want in zip(lengths, padded, exact):
+        assert got.shape == want.shape == (2, n, 32)
+        assert_close_to_scale(got, want, forward_rtol(model.config, S=n), f"length {n}")
+
+
+def test_hooks_at_sites_without_positions_are_bucketed(model):
+    """The pooler's [B, D] has no T axis: a hook there cannot see the row length, so it needs no mark."""
+    model = Model(BertConfig(**TINY, architecture="BertForPreTraining"), seed=1)
+    before = model.traces
+    for n in (3, 4, 5, 6):
+        model.run_with_hooks(batch(n), {"pooler.hook_pooler_out": lambda pooled, ctx: pooled * 2})
+    assert model.traces - before == 1
+
+
+def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
+    """Lambdas closing over the head compile one program per head: one RecompileWarning when the count reaches
+    RECOMPILE_WARNING_AT (3 here, 8 by default), naming HookFn as the fix; none for the HookFn sweep after."""
+    monkeypatch.setattr(hooks, "RECOMPILE_WARNING_AT", 3)
+    inputs = batch(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for head in range(4):
+            model.run_with_hooks(inputs, {Z: lambda z, ctx, head=head: z.at[:, :, head].set(0.0)})
+        for head in range(4):
+            model.run_with_hooks(inputs, {Z: minibert.HookFn(_zero_head, head=jnp.int32(head))})
+    recompiles = [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
+    assert len(recompiles) == 1
+    assert "compiled 3 programs" in str(recompiles[0].message) and "HookFn(fn, head=" in str(recompiles[0].message)
+
+
+def _zero_head(z, ctx, head):
+    return jnp.where(jnp.arange(z.shape[2])[None, None, :, None] == head, 0.0, z)
+
+
+@pytest.mark.parametrize("returned", ["zeros", {"z": 0}], ids=["str", "dict"])
+def test_a_hook_returning_a_string_or_a_dict_is_refused(model, returned):
+    with pytest.raises(minibert.HookError, match=f"returned a {type(returned).__name__}; a hook returns"):
+        model.run_with_hooks(batch(4), {Z: lambda z, ctx: returned})
+
+
+def test_buckets_pad_no_length_by_more_than_a_sixteenth():
+    """Model.length_buckets' rule (issue 19, E): a row of T tokens runs a program of at most T·(1 + 1/16) tokens
+    (the old rule ran 147 as 192), and at most 16 programs per doubling of length serve every T."""
+    model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
+    buckets = model.length_buckets
+    assert all(bucket_length(T, buckets) <= T * (1 + 1 / 16) for T in range(1, 513))
+    assert bucket_length(147, buckets) == 152
+    for low in (32, 64, 128, 256):
+        assert len([b for b in buckets if low <= b < 2 * low]) == 16
