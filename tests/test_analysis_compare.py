@@ -90,6 +90,17 @@ def test_compare_models_names_what_differs(pair_of_models, tmp_path_factory):
         compare.compare_models(model_a, model_a, [])
 
 
+def test_compare_models_refuses_one_string_and_a_batch_size_below_one(pair_of_models):
+    """One string used to be compared one character at a time; batch_size 0 looped forever over empty chunks
+    (−1 dropped the last text). Both are refused, as survey refuses them."""
+    model_a, model_b = pair_of_models
+    with pytest.raises(AnalysisError, match="not one string"):
+        compare.compare_models(model_a, model_b, "a string")
+    for size in (0, -1, True):
+        with pytest.raises(AnalysisError, match="batch_size must be a positive int"):
+            compare.compare_models(model_a, model_b, TEXTS, batch_size=size)
+
+
 # ---- relation accuracy ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -120,6 +131,37 @@ def test_relation_accuracy_on_uniform_attention(uniform):
     assert result.best_heads(2) == [("1-1", 0.5), ("1-2", 0.5)]
 
 
+def test_relation_baselines_on_uniform_attention(uniform):
+    """Words of "x abcd y" are [CLS] x abcd y [SEP] (indices 0..4); with a pair, [CLS] A [SEP] B [SEP]. Under
+    uniform attention a word's column holds its number of wordpieces, so "abcd" is the most-attended word."""
+    examples = [RelationExample("x abcd y", "x", "abcd"),              # abcd = x + 1; most attended: right
+                RelationExample("x abcd y", "y", "x"),                 # x = y − 2; most attended (abcd): wrong
+                RelationExample("x", "x", "abcd", pair="x abcd", target_segment=1),  # x at 1, abcd at 4 (+3)
+                RelationExample("x y", "x", "x", pair="abcd x", target_segment=1)]   # x at 1 and 5 (+4)
+    result = compare.relation_accuracy(uniform, examples)
+    assert result.offset_accuracy == {-3: 0.0, -2: 0.25, -1: 0.0, 0: 0.0, 1: 0.25, 2: 0.0}
+    assert result.best_offset == (-2, 0.25)  # ties: the first offset
+    np.testing.assert_array_equal(result.most_attended_correct, [True, False, True, False])
+    assert result.most_attended_accuracy == 0.5
+
+
+def test_bootstrap_interval_against_the_normal_approximation():
+    """N = 400 examples, half right: the accuracy's sampling distribution is close to normal with σ =
+    √(p(1 − p)/N) = 0.025, so the 95% interval is 0.5 ± 1.96σ. The bootstrap's own error: each quantile of
+    R = 2000 resamples has standard deviation √(q(1 − q)/R)/density = 0.0015 (density φ(1.96)/σ), and the
+    accuracies move in steps of 1/N; 4 standard deviations plus one step bound it."""
+    correct = np.arange(400) % 2 == 0
+    low, high = compare.bootstrap_interval(correct, 0.95, resamples=2000, seed=0)
+    sigma = np.sqrt(0.25 / 400)
+    tolerance = 4 * np.sqrt(0.025 * 0.975 / 2000) / (np.exp(-1.96**2 / 2) / np.sqrt(2 * np.pi) / sigma) + 1 / 400
+    assert abs(low - (0.5 - 1.96 * sigma)) < tolerance and abs(high - (0.5 + 1.96 * sigma)) < tolerance
+    low, high = compare.bootstrap_interval(np.ones((7, 2, 3), bool))  # every example right: no spread
+    np.testing.assert_array_equal(low, np.ones((2, 3)))
+    np.testing.assert_array_equal(high, np.ones((2, 3)))
+    with pytest.raises(AnalysisError, match="level must lie between 0 and 1"):
+        compare.bootstrap_interval(correct, 95)
+
+
 def test_relation_accuracy_errors_name_the_example(uniform):
     with pytest.raises(AnalysisError, match=r"examples\[1\].*'q'"):
         compare.relation_accuracy(uniform, [RelationExample("x y", "x", "y"), RelationExample("x y", "q", "y")])
@@ -127,6 +169,15 @@ def test_relation_accuracy_errors_name_the_example(uniform):
         compare.relation_accuracy(uniform, [RelationExample("x y", "x", "y", pair="z", target_segment=1)])
     with pytest.raises(AnalysisError, match="one word"):
         compare.relation_accuracy(uniform, [RelationExample("x y", "x y", "y")])
+    # Two words the vocabulary lacks both become [UNK]: the query used to be the first [UNK], whichever word it was.
+    assert uniform.tokenize(["x ☃ y ♞"]).tokens[0] == ["[CLS]", "x", "[UNK]", "y", "[UNK]", "[SEP]"]
+    with pytest.raises(AnalysisError, match=r"examples\[0\].query '♞' is not in the vocabulary"):
+        compare.relation_accuracy(uniform, [RelationExample("x ☃ y ♞", "♞", "y")])
+    with pytest.raises(AnalysisError, match=r"examples\[0\].targets '☃' is not in the vocabulary"):
+        compare.relation_accuracy(uniform, [RelationExample("x ☃ y ♞", "y", "☃")])
+    for size in (0, -1):
+        with pytest.raises(AnalysisError, match="batch_size must be a positive int"):
+            compare.relation_accuracy(uniform, [RelationExample("x y", "x", "y")], batch_size=size)
 
 
 def reference_relation(model, example: RelationExample) -> np.ndarray:

@@ -5,6 +5,8 @@
     found = relation_accuracy(model, [RelationExample("what about the service ?", "service", "waiter",
                                                       pair="the waiter was rude .")])
     found.accuracy, found.best_heads()                        # [L, H]; the best "L-H" heads (seed 002)
+    found.offset_accuracy, found.most_attended_accuracy       # baselines a head must beat
+    low, high = found.confidence_interval()                   # [L, H] 95% bootstrap interval over examples
 
 Layers and heads are 0-indexed in arrays; "L-H" labels are 1-indexed, as in the papers.
 """
@@ -19,12 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import EXACT
 from minibert.analysis import embeddings, heads, words
 from minibert.config import head_label
 from minibert.errors import AnalysisError
 
 PATTERNS = "blocks.*.attn.hook_pattern"
+
+
+def _positive_batch_size(batch_size) -> int:
+    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+        raise AnalysisError(f"batch_size must be a positive int (how many inputs run at a time); got {batch_size!r}.")
+    return int(batch_size)
 
 
 def _pattern_chunks(models, texts: Sequence[str], pairs: Sequence[str] | None, batch_size: int):
@@ -60,7 +67,7 @@ def _head_agreement(a, b, attention_mask) -> tuple[jax.Array, jax.Array]:
     """Two models' patterns [L, B, H, T, S] → (cosine [L, B, H], mean row JS divergence [L, B, H])."""
     _, same, n = heads._documents(attention_mask)
     a, b = heads._real_pattern(a, same), heads._real_pattern(b, same)
-    dot = partial(jnp.einsum, "LBHTS,LBHTS->LBH", precision=EXACT)
+    dot = partial(jnp.einsum, "LBHTS,LBHTS->LBH", precision=heads.EXACT)
     cosine = dot(a, b) / jnp.sqrt(dot(a, a) * dot(b, b))
     p, q = (heads._smoothed(x, same, n, heads.JS_SMOOTHING) for x in (a, b))
     m = 0.5 * (p + q)
@@ -99,6 +106,10 @@ def compare_models(model_a, model_b, texts: Sequence[str], pairs: Sequence[str] 
     Texts run `batch_size` at a time through both models; see Comparison for the two measures.
     """
     _check_comparable(model_a, model_b)
+    if isinstance(texts, str) or (pairs is not None and isinstance(pairs, str)):
+        raise AnalysisError("texts (and pairs) must be a list of texts, not one string (which would be compared one "
+                            "character at a time); pass [text] for a single text.")
+    batch_size = _positive_batch_size(batch_size)
     if len(texts) == 0:
         raise AnalysisError("texts is empty; pass at least one text to compare the models on.")
     cosines, divergences = [], []
@@ -135,14 +146,59 @@ class RelationExample:
     occurrence: int = 0
 
 
+OFFSETS = tuple(range(-3, 3))  # Clark et al.'s fixed-offset baseline: always predict word i + k, k in −3…2
+
+
+def bootstrap_interval(correct, level: float = 0.95, resamples: int = 1000, seed: int = 0):
+    """Percentile bootstrap interval of the accuracy mean(correct, axis 0) over examples → (low, high), each of
+    correct's shape without axis 0: the examples are resampled with replacement `resamples` times (NumPy seed
+    `seed`) and the (1 − level)/2 and (1 + level)/2 quantiles of the resampled accuracies are returned."""
+    correct = np.asarray(correct, np.float64)
+    n = len(correct)
+    if not 0 < level < 1 or n == 0:
+        raise AnalysisError(f"level must lie between 0 and 1 (e.g. 0.95) and there must be examples; got level "
+                            f"{level!r} and {n} examples.")
+    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=resamples)  # [R, N]
+    accuracies = counts @ correct.reshape(n, -1) / n  # [R, ...]
+    low, high = np.quantile(accuracies, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    return low.reshape(correct.shape[1:]), high.reshape(correct.shape[1:])
+
+
 @dataclasses.dataclass(frozen=True)
 class RelationResult:
     """accuracy [L, H] (the main array): the share of examples whose query row peaks at a target word;
-    correct [N, L, H] bool per example; predicted [N, L, H]: the text of the word each head peaks at."""
+    correct [N, L, H] bool per example; predicted [N, L, H]: the text of the word each head peaks at.
+
+    Baselines a head must beat, per example: offset_correct [N, len(OFFSETS)], whether the word at the query's
+    index + k (k in OFFSETS, counting [CLS] and [SEP] as words) is a target (Clark et al.'s fixed offsets);
+    most_attended_correct [N], whether the word that receives the most attention in the input (summed over
+    every layer, head and query word) is a target — the attention sink, when it is one."""
 
     accuracy: np.ndarray
     correct: np.ndarray
     predicted: np.ndarray
+    offset_correct: np.ndarray
+    most_attended_correct: np.ndarray
+
+    @property
+    def offset_accuracy(self) -> dict[int, float]:
+        """{k: accuracy of always predicting word query + k} for k in OFFSETS."""
+        return {k: float(a) for k, a in zip(OFFSETS, self.offset_correct.mean(0))}
+
+    @property
+    def best_offset(self) -> tuple[int, float]:
+        """(k, accuracy) of the best fixed offset (ties: the first k in OFFSETS), as Clark et al. report it."""
+        accuracies = self.offset_correct.mean(0)
+        return OFFSETS[int(np.argmax(accuracies))], float(accuracies.max())
+
+    @property
+    def most_attended_accuracy(self) -> float:
+        return float(self.most_attended_correct.mean())
+
+    def confidence_interval(self, level: float = 0.95, resamples: int = 1000, seed: int = 0):
+        """(low, high) [L, H]: each head's bootstrap interval over examples (bootstrap_interval); apply
+        bootstrap_interval to offset_correct or most_attended_correct for the baselines'."""
+        return bootstrap_interval(self.correct, level, resamples, seed)
 
     def best_heads(self, k: int = 5) -> list[tuple[str, float]]:
         """The k most accurate heads as ("L-H" 1-indexed label, accuracy), best first (ties: lower layer, head)."""
@@ -157,6 +213,11 @@ def _one_word(model, word: str, role: str, index: int) -> str:
     if len(made) != 1:
         raise AnalysisError(f"examples[{index}].{role} {word!r} is {len(made)} words to the tokenizer ({made}); "
                             f"give one word (label multi-word targets by their head word).")
+    unknown = getattr(model.tokenizer, "unk_token", None)
+    if unknown is not None and unknown.lower() in made[0]:
+        raise AnalysisError(f"examples[{index}].{role} {word!r} is not in the vocabulary: the tokenizer writes it "
+                            f"{made[0]!r}, like every other unknown word, so it could not be told apart from them. "
+                            f"Label a word the vocabulary knows.")
     return made[0]
 
 
@@ -187,13 +248,17 @@ def relation_accuracy(model, examples: Sequence[RelationExample], *, batch_size:
     For each example, each head's word-level attention (words.word_attention, mode="mean": a word's row
     is the mean of its tokens' rows, attention to a word the sum over its tokens; [CLS] and [SEP] are
     words of their own) is read at the query word's row; the head is right when that row's largest
-    entry is at a target word. Examples with and without a pair run as separate batches.
+    entry is at a target word. Examples with and without a pair run as separate batches. The result also
+    holds two baselines (fixed offsets, the most-attended word) and gives bootstrap intervals.
     """
+    batch_size = _positive_batch_size(batch_size)
     if len(examples) == 0:
         raise AnalysisError("examples is empty; pass RelationExample(text, query, targets, pair=...) items.")
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     correct = np.zeros((len(examples), L, H), bool)
     predicted = np.empty((len(examples), L, H), object)
+    offset_correct = np.zeros((len(examples), len(OFFSETS)), bool)
+    most_attended_correct = np.zeros(len(examples), bool)
     for has_pair in (False, True):
         chosen = [i for i, e in enumerate(examples) if (e.pair is not None) == has_pair]
         for start in range(0, len(chosen), batch_size):
@@ -206,8 +271,10 @@ def relation_accuracy(model, examples: Sequence[RelationExample], *, batch_size:
                 labels = [w.lower() for w in words.word_labels(batch.tokens[b], groups)]
                 segments = [batch.sequence_ids[b][g[0]] for g in groups]
                 query, targets = _relation_words(model, examples[i], i, labels, segments)
-                rows = words.word_attention(patterns[:, b], groups, "mean")[:, :, query]  # [L, H, W]
-                peaks = rows.argmax(-1)
+                attention = words.word_attention(patterns[:, b], groups, "mean")  # [L, H, W, W]
+                peaks = attention[:, :, query].argmax(-1)
                 correct[i] = np.isin(peaks, targets)
                 predicted[i] = np.asarray(labels, object)[peaks]
-    return RelationResult(correct.mean(0), correct, predicted)
+                offset_correct[i] = [query + k in targets for k in OFFSETS]
+                most_attended_correct[i] = int(attention.sum((0, 1, 2)).argmax()) in targets
+    return RelationResult(correct.mean(0), correct, predicted, offset_correct, most_attended_correct)
