@@ -257,7 +257,7 @@ def test_patching_and_sweep_arguments_are_checked(bundled, bundled_pair):
         interventions.patch_activations(bundled, clean, corrupted, metric, site="attn.hook_pattern")
     with pytest.raises(minibert.HookError, match="positions on axis 1"):
         interventions.attribution_patching(bundled, clean, corrupted, metric, site="hook_full_embed")
-    with pytest.raises(minibert.MinibertError, match="same shape"):
+    with pytest.raises(minibert.MinibertError, match="as many rows"):
         interventions.patch_activations(bundled, clean, bundled.tokenize(["A short one."]), metric)
     with pytest.raises(minibert.MinibertError, match="jax.numpy"):
         interventions.patch_activations(bundled, clean, corrupted, lambda out: np.asarray(out.last_hidden_state))
