@@ -331,3 +331,18 @@ def test_structural_probe_on_the_sample_treebank(tiny):
     assert result.uuas.shape == result.spearman.shape == (tiny.config.num_hidden_layers,)
     assert np.all((0 <= result.uuas) & (result.uuas <= 1))
     assert result.losses.shape[1] == tiny.config.num_hidden_layers
+
+
+@pytest.mark.slow
+def test_probe_benchmark_smoke(capsys, monkeypatch):
+    """benchmarks/probes.py --smoke runs and prints its table (the timings themselves are not checked)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import probes as benchmark
+
+    assert benchmark.main(["--smoke"]) == 0
+    printed = capsys.readouterr().out
+    assert "| all layers, one program |" in printed and "| scikit-learn, per layer |" in printed
+    sys.modules.pop("probes", None)

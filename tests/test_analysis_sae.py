@@ -201,3 +201,20 @@ def test_sae_errors_name_the_problem(tiny_mlm):
         sae.hook_width(tiny_mlm[0], "blocks.0.attn.hook_pattern")
     with pytest.raises(AnalysisError, match=r"\[N, 16\]"):
         sae.Trainer(sae.SAEConfig(d_in=D, d_sae=S)).step(np.zeros((3, 5)))
+
+
+@pytest.mark.slow
+def test_sae_benchmark_smoke(capsys, monkeypatch, tmp_path):
+    """benchmarks/sae.py --smoke runs both pipelines over the same tokens (the timings themselves are not checked)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.setenv("MINIBERT_BENCH_CACHE", str(tmp_path / "cache"))
+    import sae as benchmark
+
+    assert benchmark.main(["--smoke"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| minibert") or
+            line.startswith("| transformers")]
+    assert len(rows) == 2 and rows[0].split("|")[2] == rows[1].split("|")[2]  # the same tokens trained on
+    sys.modules.pop("sae", None)
