@@ -116,14 +116,14 @@ def _checked_weight(key: str, value, source: str, allow_nonfinite: bool) -> jnp.
         raise CheckpointError(f"{source}: {key!r} is stored as {value.dtype}, but weights are floating point "
                               f"(F16, BF16, F32 or F64); the file's header declares the wrong type. Re-save or "
                               f"re-download the checkpoint.")
-    weight = jnp.asarray(value, dtype=jnp.float32)
     if not allow_nonfinite:
-        bad = int(jnp.size(weight) - jnp.isfinite(weight).sum())
+        # On the host, in NumPy: a jnp reduction would compile one program per tensor shape on the first load.
+        bad = np.count_nonzero(~np.isfinite(np.asarray(value)))
         if bad:
-            raise CheckpointError(f"{source}: {key!r} holds {bad} NaN or infinite value(s) of {weight.size}; every "
+            raise CheckpointError(f"{source}: {key!r} holds {bad} NaN or infinite value(s) of {value.size}; every "
                                   f"output would be non-finite. Re-download the checkpoint, or pass "
                                   f"allow_nonfinite=True to load it anyway.")
-    return weight
+    return jnp.asarray(value, dtype=jnp.float32)
 
 
 def _nest(flat: Mapping[str, object]) -> dict:
