@@ -8,7 +8,7 @@ the optimiser every trainer shares (optim).
 
 from minibert.training import optim
 from minibert.training.data import TASKS, Example, examples
-from minibert.training.finetune import History, Result, finetune
+from minibert.training.finetune import History, Result, finetune, with_head
 from minibert.training.save import save
 
-__all__ = ["TASKS", "Example", "History", "Result", "examples", "finetune", "optim", "save"]
+__all__ = ["TASKS", "Example", "History", "Result", "examples", "finetune", "optim", "save", "with_head"]

@@ -116,6 +116,20 @@ def initial_parameters(model: Model, layout: Parameters, seed: int, initializer_
     return flat, new
 
 
+def with_head(model: Model, task: str = "sequence-classification", labels: tuple[str, ...] = ("LABEL_0", "LABEL_1"),
+              *, seed: int = 0) -> Model:
+    """`model` with the task's head: its own parameters where it has them, the head's new ones initialised as
+    transformers does (what finetune starts from; save it to start transformers from the same weights)."""
+    return _task_model(model, task, tuple(labels), seed)[0]
+
+
+def _task_model(model: Model, task: str, labels: tuple[str, ...], seed: int) -> tuple[Model, list[str]]:
+    cfg = task_config(model.config, task, labels)
+    layout = Parameters(cfg, jnp.float32)
+    flat, new = initial_parameters(model, layout, seed, source_settings(model)["initializer_range"])
+    return Model(cfg, layout.nested(flat), model.tokenizer, pooling=model.pooling, source=model.source), new
+
+
 # ---- loss and step ----------------------------------------------------------------------------------------
 
 
@@ -246,10 +260,10 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     if epochs < 1 or batch_size < 1:
         raise InputError(f"epochs={epochs}, batch_size={batch_size}: both must be at least 1.")
     names = data_.label_names(rows, task, num_labels)
-    cfg = task_config(model.config, task, names)
-    settings = source_settings(model)
+    start, new = _task_model(model, task, names, seed)
+    cfg, settings = start.config, source_settings(model)
     layout = Parameters(cfg, jnp.float32)
-    flat, new = initial_parameters(model, layout, seed, settings["initializer_range"])
+    flat = dict(zip(optim.parameter_names(start.state), jax.tree_util.tree_leaves(start.state)))
     moving = optim.selected(layout.names, trainable)
     trainable_params = {n: p for n, p in flat.items() if n in moving}
     frozen = {n: p for n, p in flat.items() if n not in moving}
@@ -298,7 +312,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                 history.eval.append({"epoch": epoch + 1, **scores})
 
     trained = Model(cfg, layout.nested(trainable_params | frozen), model.tokenizer, pooling=model.pooling,
-                    source=f"fine-tuned from {model.source}")
+                    source=model.source)
     return Result(trained, history, new)
 
 

@@ -90,7 +90,7 @@ def save(model, directory: str | Path) -> Path:
 
 def _source_dir(model) -> Path | None:
     """The directory the model's config and tokenizer came from (through fine-tuning: the base model's)."""
-    source = Path(model.source.removeprefix("fine-tuned from "))
+    source = Path(model.source)
     if not source.is_dir():
         return None
     return checkpoint.sentence_transformers_layout(source)[0]
