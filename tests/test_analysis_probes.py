@@ -346,3 +346,96 @@ def test_probe_benchmark_smoke(capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "| all layers, one program |" in printed and "| scikit-learn, per layer |" in printed
     sys.modules.pop("probes", None)
+
+
+# ---- Clark et al.'s attention-based probe ------------------------------------------------------------------
+
+
+def _their_distance_features(seq_len):
+    """A line-by-line NumPy port of make_distance_features in Clark et al.'s Syntax_Analysis notebook."""
+    distances = np.zeros((seq_len, seq_len))
+    for i in range(seq_len):
+        for j in range(seq_len):
+            if i < j:
+                distances[i, j] = (j - i) / float(seq_len)
+    feature_matrices = [distances, distances.T]
+    for k in range(3):
+        for direction in ([1] if k == 0 else [-1, 1]):
+            feature_matrices.append(np.eye(seq_len, k=k * direction))
+    features = np.concatenate([np.zeros([7, seq_len, 1]), np.stack(feature_matrices)], -1)
+    root = np.zeros((1, seq_len, seq_len + 1))
+    root[:, :, 0] = 1
+    return np.concatenate([features, root], 0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_distance_features_are_theirs(n):
+    np.testing.assert_array_equal(probes.distance_features(n), _their_distance_features(n).astype(np.float32))
+
+
+def _their_logits(params, attention, embeddings, kind, distances=None):
+    """Their TensorFlow graph for one unpadded sentence, in NumPy float64: attention [K, n + 2, n + 2] (both
+    directions, [CLS] and [SEP] kept), embeddings [n, E]."""
+    n = embeddings.shape[0]
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    pairs = np.concatenate([np.repeat(embeddings[:, None], n, 1), np.repeat(embeddings[None], n, 0)], -1)
+    pairs = np.concatenate([pairs, np.zeros((n, 1, pairs.shape[-1]))], 1)  # their dummy ROOT is appended …
+    pairs = np.concatenate([pairs[:, -1:], pairs[:, :-1]], 1)  # … and ROOT is column 0 of the maps: align them
+    if kind == "attention_and_words":
+        root = p["root_start"] * attention[:, 1:-1, 0] + p["root_end"] * attention[:, 1:-1, -1]
+        maps = np.concatenate([root[..., None], attention[:, 1:-1, 1:-1]], -1).transpose(1, 2, 0)
+        return ((pairs @ p["W"] + p["b"]) * maps).sum(-1)
+    inputs = np.concatenate([np.zeros((1, n, n + 1)), distances, pairs.transpose(2, 0, 1)]).transpose(1, 2, 0)
+    return (np.tanh(inputs @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"])[..., 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", probes.CLARK_PROBES)
+def test_clark_logits_match_their_graph_padded_or_not(kind):
+    """Logits of a 4-word sentence alone and padded to 6 words equal a NumPy rendering of their graph (float64);
+    tolerance: the dense layer's dot products (length 2E or the MLP's inputs) and the sum over the K maps."""
+    from tolerances import dot_rtol
+
+    rng = np.random.default_rng(9)
+    n, W, K, E = 4, 6, 10, 5
+    attention = rng.dirichlet(np.ones(n + 2), size=(K, n + 2)).astype(np.float32)
+    embeddings = rng.normal(size=(n, E)).astype(np.float32)
+    params = probes.init_clark_probe(kind, K, E, seed=1)
+    expected = _their_logits(params, attention.astype(np.float64), embeddings.astype(np.float64), kind,
+                             probes.distance_features(n).astype(np.float64))
+    padded_attention = np.zeros((K, W + 2, W + 2), np.float32)
+    padded_attention[:, :n + 2, :n + 2] = attention
+    padded_embeddings = np.zeros((W, E), np.float32)
+    padded_embeddings[:n] = embeddings
+    padded_distances = np.zeros((probes.DISTANCE_FEATURES, W, W + 1), np.float32)
+    padded_distances[:, :n, :n + 1] = probes.distance_features(n)
+    rtol = dot_rtol(2 * E + probes.DISTANCE_FEATURES + 1) + dot_rtol(max(K, 256))
+    alone = np.asarray(probes.clark_logits(params, attention, embeddings, probes.distance_features(n), kind))
+    assert_close_to_scale(alone, expected, rtol, "alone")
+    padded = np.asarray(probes.clark_logits(params, padded_attention, padded_embeddings, padded_distances, kind, n))
+    assert_close_to_scale(padded[:n, :n + 1], expected, rtol, "padded")
+    assert np.all(np.isneginf(padded[:, n + 1:]))
+
+
+@pytest.mark.slow
+def test_clark_training_reports_the_loss_before_each_step_and_uas_counts_non_punct_words():
+    """Step t's loss is the summed cross-entropy at the parameters after t − 1 steps (recomputed in NumPy);
+    UAS counts the words whose relation is not punct."""
+    rng = np.random.default_rng(10)
+    S, n, K, E = 3, 4, 6, 3
+    attention = np.zeros((S, K, n + 2, n + 2), np.float32)
+    attention[:] = rng.dirichlet(np.ones(n + 2), size=(S, K, n + 2))
+    heads = np.array([[2, 0, 2, 3], [0, 1, 1, 3], [4, 4, 4, 0]], np.int32)
+    data = probes.ParseData(attention, rng.normal(size=(S, n, E)).astype(np.float32),
+                            np.stack([probes.distance_features(n)] * S), heads,
+                            np.array([[1, 1, 0, 1]] * S, bool))
+    init = probes.init_clark_probe("attention_and_words", K, E, seed=2)
+    _, losses = probes.fit_clark_probe(data, init=init, batch_size=S, epochs=2)
+    logits = np.stack([_their_logits(init, attention[s].astype(np.float64), data.embeddings[s].astype(np.float64),
+                                     "attention_and_words") for s in range(S)])
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -np.take_along_axis(log_probs, heads[..., None], -1).sum()
+    assert abs(losses[0] - expected) <= 1e-5 * abs(expected)
+    predicted = np.argmax(logits, -1)
+    uas = probes.unlabelled_attachment(init, data)
+    assert uas == (predicted == heads)[data.scored].mean()

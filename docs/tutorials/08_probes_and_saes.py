@@ -88,6 +88,21 @@ for row in distance.table():
 assert np.all((distance.uuas >= 0) & (distance.uuas <= 1))
 
 # %% [markdown]
+# ## Clark et al.'s attention-based probe
+#
+# Clark et al. (2019, Table 3) predict each word's syntactic head from *every* head's word-level
+# attention at once: the score of candidate j for word i is Σ_k w_k(v_i ⊕ v_j)·α^k_ij, over all
+# heads in both directions, with the weights a linear function of the two words' embeddings.
+# They used GloVe vectors for v; we use the model's own input embeddings. Their baseline sees
+# only word distances and the embeddings. Both report UAS (punctuation not scored).
+
+# %%
+for kind in probes.CLARK_PROBES:
+    uas, _ = probes.clark_probe(model, sentences, kind, epochs=2)
+    print(f"{kind}: UAS {uas:.2f} on {round(0.2 * len(sentences))} held-out sentences")
+    assert 0 <= uas <= 1
+
+# %% [markdown]
 # ## A sparse autoencoder on layer 3's residual stream
 #
 # A TopK SAE (Gao et al. 2024) with 512 latents, 16 active per token, trained on activations
