@@ -102,6 +102,68 @@ def test_value_zeroing_matches_a_loop_of_forward_passes(case, request):
     assert (normalized[:, ~real] == 0).all() and (normalized.transpose(0, 1, 3, 2)[:, ~real] == 0).all()
 
 
+def zero_head_value_at(v, ctx, token, head):
+    at_token, at_head = jnp.arange(v.shape[1]) == token, jnp.arange(v.shape[2]) == head
+    return v * ~(at_token[None, :, None, None] & at_head[None, None, :, None])
+
+
+def test_per_head_value_zeroing_matches_a_loop_of_forward_passes(tiny):
+    """Zeroing token s's value in head h only, one literal forward per (layer, head, token), cosine in float64."""
+    batch = tiny_batch()
+    L, H, (B, T) = tiny.config.num_hidden_layers, tiny.config.num_attention_heads, np.asarray(batch["input_ids"]).shape
+    outputs = [f"blocks.{layer}.hook_normalized_resid_post" for layer in range(L)]
+    _, clean = tiny.run_with_cache(batch, names=outputs)
+    real = real_mask(tiny, batch)
+    expected = np.zeros((L, H, B, T, T))
+    for layer, head, token in np.ndindex(L, H, T):
+        hook = HookFn(zero_head_value_at, token=jnp.int32(token), head=jnp.int32(head))
+        _, cache = tiny.run(batch, names=[outputs[layer]], hooks={f"blocks.{layer}.attn.hook_v": hook})
+        x, y = (np.asarray(c[outputs[layer]], np.float64) for c in (clean, cache))
+        cos = (x * y).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(y, axis=-1)
+        expected[layer, head, :, :, token] = np.where(real & real[:, token:token + 1], 1 - cos, 0.0)
+    raw = mixing.value_zeroing(tiny, batch, normalize=False, per_head=True)
+    assert raw.shape == expected.shape
+    eps = block_noise(tiny)  # as in the every-head test above
+    np.testing.assert_array_less(np.abs(raw - expected), 2 * np.sqrt(expected) * eps + eps**2 + 1e-30)
+    assert (np.abs(raw - mixing.value_zeroing(tiny, batch, normalize=False)[:, None]) > 10 * eps).any()  # not all heads
+
+
+def test_alti_head_terms_add_up_to_the_terms_and_per_head_alti_follows_them(case):
+    """Σ_h T^h_t(x_s) + [t = s] γ(x_s − mean x_s)/σ_t = T_t(x_s); per-head ALTI from a float64 NumPy evaluation of
+    c^h_ts = max(0, ‖y_t‖₁ − ‖y_t − T^h_t(x_s)‖₁) on the captured values, rows normalised."""
+    model, batch = case
+    names = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
+    _, cache = model.run_with_cache(batch, names=[f"blocks.*.{n}" for n in names])
+    real = real_mask(model, batch)
+    got = mixing.alti(model, batch, per_head=True)
+    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    assert got.shape == (L, H, *real.shape, real.shape[1])
+    for layer in range(L):
+        p = model.params["blocks"][layer]
+        gamma, W_O = (np.asarray(a, np.float64) for a in (p["ln1"]["scale"], p["attn"]["W_O"]))
+        for b in range(real.shape[0]):
+            n = int(real[b].sum())
+            x, v, pattern, scale, y = (np.asarray(cache[f"blocks.{layer}.{name}"][b], np.float64) for name in names)
+            x, v, pattern, scale, y = x[:n], v[:n], pattern[:, :n, :n], scale[:n], y[:n]
+            heads = mixing.alti_head_terms(*(jnp.asarray(a, jnp.float32) for a in (v, pattern, scale, gamma, W_O)))
+            own = np.eye(n)[:, :, None] * gamma * (x - x.mean(-1, keepdims=True))[None] / scale[:, :, None]
+            whole = np.asarray(mixing.alti_terms(*(jnp.asarray(a, jnp.float32) for a in (x, v, pattern, scale)),
+                                                 jnp.asarray(gamma, jnp.float32), jnp.asarray(W_O, jnp.float32)))
+            magnitude = np.abs(gamma).max() * (np.abs(x).max() + np.abs(v).max() * np.sqrt(v.shape[-1])) / scale.min()
+            atol = 8 * EPS32 * magnitude * np.sqrt(model.config.hidden_size * n)  # as the terms-sum test above
+            np.testing.assert_allclose(np.asarray(heads).sum(0) + own, whole, atol=atol, rtol=0)
+            f = np.einsum("SHK,HKD->HSD", v, W_O)
+            terms = gamma * (lambda z: z - z.mean(-1, keepdims=True))(np.einsum("HTS,HSD->HTSD", pattern, f)) \
+                / scale[None, :, :, None]
+            c = np.maximum(0, np.abs(y).sum(-1)[None, :, None] - np.abs(y[None, :, None] - terms).sum(-1))  # [H, n, n]
+            rows = c.sum(-1, keepdims=True)
+            reference = np.divide(c, rows, out=np.zeros_like(c), where=rows > 0)
+            # The terms' rounding (atol per entry) moves ‖y − T‖₁ by ≤ D·atol, so each c and each row sum; after
+            # dividing by the row sum Σ c, the ratio moves by ≤ 2·D·atol/Σ c.
+            bound = 2 * model.config.hidden_size * atol / np.where(rows > 0, rows, np.inf) + 4 * EPS32
+            np.testing.assert_array_less(np.abs(got[layer, :, b, :n, :n] - reference), np.broadcast_to(bound, c.shape))
+
+
 def test_cosine_distance_is_accurate_where_the_naive_formula_cancels():
     """½‖x̂ − ŷ‖² agrees with float64 where 1 − x̂·ŷ in float32 does not (a 1e-5 relative nudge)."""
     rng = np.random.default_rng(0)

@@ -47,9 +47,11 @@ def normalize_rows(scores) -> jax.Array:
 
 # ---- value zeroing --------------------------------------------------------------------------------------
 
-def _zero_value(v, ctx, token):
-    """v [B, S, H, K] with key position `token` zeroed in every head (−1 zeroes nothing)."""
-    return jnp.where((jnp.arange(v.shape[1]) == token)[None, :, None, None], 0.0, v).astype(v.dtype)
+def _zero_value(v, ctx, token, head):
+    """v [B, S, H, K] with key position `token` zeroed in head `head`, or in every head for head −1 (token −1
+    zeroes nothing)."""
+    at = (jnp.arange(v.shape[1]) == token)[:, None] & ((jnp.arange(v.shape[2]) == head) | (head < 0))[None, :]
+    return jnp.where(at[None, :, :, None], 0.0, v).astype(v.dtype)
 
 
 def cosine_distance(x, y) -> jax.Array:
@@ -59,24 +61,31 @@ def cosine_distance(x, y) -> jax.Array:
     return 0.5 * jnp.sum((unit(x) - unit(y)) ** 2, axis=-1)
 
 
-def _value_zeroing_distances(model, state, resid_pre, inputs, *, chunk: int) -> jax.Array:
-    """resid_pre [L, B, T, D] (each block's captured input) → 1 − cos(x̃_t^¬s, x̃_t), [L, B, T, S] (model.jit)."""
+def _value_zeroing_distances(model, state, resid_pre, inputs, *, chunk: int, per_head: bool) -> jax.Array:
+    """resid_pre [L, B, T, D] (each block's captured input) → 1 − cos(x̃_t^¬s, x̃_t), [L, B, T, S], or with
+    per_head [L, H, B, T, S], one head's value zeroed at a time (model.jit)."""
+    S = resid_pre.shape[2]
+    heads = model.config.num_attention_heads if per_head else 1
     per_layer = []
     for layer in range(model.config.num_hidden_layers):
-        def output(token, layer=layer):
-            """Block `layer`'s output [B, T, D] with the value of key `token` zeroed in every head."""
-            hooks = {f"blocks.{layer}.attn.hook_v": HookFn(_zero_value, token=token)}
+        def output(item, layer=layer):
+            """Block `layer`'s output [B, T, D] with the value of key item % S zeroed in head item // S (every
+            head unless per_head)."""
+            head = item // S if per_head else jnp.int32(-1)
+            hooks = {f"blocks.{layer}.attn.hook_v": HookFn(_zero_value, token=item % S, head=head)}
             return model.block(state, layer, resid_pre[layer], inputs, hooks)
 
-        clean = output(jnp.int32(-1))  # the same program with nothing zeroed: x̃
-        distances = jax.lax.map(lambda s, clean=clean: cosine_distance(output(s), clean),
-                                jnp.arange(resid_pre.shape[2]), batch_size=chunk)  # [S, B, T]
-        per_layer.append(distances.transpose(1, 2, 0))
-    return jnp.stack(per_layer)
+        nothing = HookFn(_zero_value, token=jnp.int32(-1), head=jnp.int32(-1))  # the same hook, zeroing nothing
+        clean = model.block(state, layer, resid_pre[layer], inputs, {f"blocks.{layer}.attn.hook_v": nothing})  # x̃
+        distances = jax.lax.map(lambda item, clean=clean: cosine_distance(output(item), clean),
+                                jnp.arange(heads * S), batch_size=chunk)  # [H·S, B, T]
+        per_layer.append(distances.reshape(heads, S, *distances.shape[1:]).transpose(0, 2, 3, 1))  # [H, B, T, S]
+    stacked = jnp.stack(per_layer)  # [L, H, B, T, S]
+    return stacked if per_head else stacked[:, 0]
 
 
-def value_zeroing(model, batch, *, normalize: bool = True) -> np.ndarray:
-    """Value zeroing (Mohebbi et al. 2023): C [L, B, T, S], NumPy float32.
+def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = False) -> np.ndarray:
+    """Value zeroing (Mohebbi et al. 2023): C [L, B, T, S], NumPy float32; per_head=True: C [L, H, B, T, S].
 
     In block l, the value vector of key token s is set to zero in every head — the attention pattern
     stays as computed — and the rest of that block runs (attention output, residual, LN1, FFN, residual,
@@ -84,13 +93,16 @@ def value_zeroing(model, batch, *, normalize: bool = True) -> np.ndarray:
     then each row divided by its sum over real keys (normalize=False keeps the raw distances).
     Padding rows and columns are 0. Each block's input comes from one captured forward pass; then one
     compiled program runs every block over every zeroed token (chunked to accounting.MEMORY_BUDGET).
+    per_head=True zeroes token s's value in head h only (the other heads keep it), H times the work: C[l, h]
+    is head h's map, each row normalised on its own — to set beside head h's attention pattern.
     """
     inputs = model.inputs(batch)
     resid_pre = residual_streams(model, inputs)  # [L, B, T, D]
     _, B, T, _ = resid_pre.shape
-    chunk = items_per_chunk(activation_bytes(model.config, B, T), T)  # one zeroed token runs one block
-    distances = model.jit(_value_zeroing_distances, static_argnames=("chunk",))(model.state, resid_pre, inputs,
-                                                                                 chunk=chunk)
+    items = T * (model.config.num_attention_heads if per_head else 1)
+    chunk = items_per_chunk(activation_bytes(model.config, B, T), items)  # one zeroed value runs one block
+    program = model.jit(_value_zeroing_distances, static_argnames=("chunk", "per_head"))
+    distances = program(model.state, resid_pre, inputs, chunk=chunk, per_head=bool(per_head))
     distances = distances * _real_pairs(inputs.attention_mask)
     return np.asarray(normalize_rows(distances) if normalize else distances)
 
@@ -110,31 +122,47 @@ def alti_terms(x, v, pattern, scale, gamma, W_O) -> jax.Array:
     return gamma * (z - z.mean(-1, keepdims=True)) / scale[:, :, None]
 
 
-def _alti_contributions(x, v, pattern, scale, y, gamma, W_O) -> jax.Array:
-    """c_ts = max(0, ‖y_t‖₁ − ‖y_t − T_t(x_s)‖₁) with y [T, D] LN1's real output: [T, S], before normalising.
+def alti_head_terms(v, pattern, scale, gamma, W_O) -> jax.Array:
+    """ALTI's terms split by head, [H, T, S, D]: T^h_t(x_s) = γ ⊙ (z^h_ts − mean z^h_ts) / σ_t with
+    z^h_ts = α^h_ts f^h(x_s). Over heads they add up to alti_terms less the residual's own term, which belongs
+    to no head: Σ_h T^h_t(x_s) + [t = s] γ ⊙ (x_s − mean x_s)/σ_t = T_t(x_s). Arguments as alti_terms."""
+    f = jnp.einsum("SHK,HKD->SHD", v, W_O, precision=EXACT)
+    z = jnp.einsum("HTS,SHD->HTSD", pattern, f, precision=EXACT)
+    return gamma * (z - z.mean(-1, keepdims=True)) / scale[None, :, :, None]
+
+
+def _alti_contributions(x, v, pattern, scale, y, gamma, W_O, per_head: bool = False) -> jax.Array:
+    """c_ts = max(0, ‖y_t‖₁ − ‖y_t − T_t(x_s)‖₁) with y [T, D] LN1's real output: [T, S], before normalising;
+    per_head: the same with each head's term T^h_t(x_s), [H, T, S].
 
     y, not Σ_s T_t(x_s): the whole each term is measured against also holds β and the b_O term, as in the
     authors' released code (which asserts that y equals the post-LayerNorm states)."""
-    terms = alti_terms(x, v, pattern, scale, gamma, W_O)
+    terms = alti_head_terms(v, pattern, scale, gamma, W_O) if per_head else alti_terms(x, v, pattern, scale, gamma,
+                                                                                        W_O)
     l1 = lambda a: jnp.abs(a).sum(-1)
-    return jnp.maximum(0.0, l1(y)[:, None] - l1(y[:, None] - terms))
+    return jnp.maximum(0.0, l1(y)[..., :, None] - l1(y[:, None] - terms))
 
 
-@partial(jax.jit, static_argnames=("chunk",))
-def _alti(resid_pre, v, pattern, scale, y, gamma, W_O, attention_mask, chunk: int) -> jax.Array:
-    """Stacked per-layer captures ([L, B, ...]) and weights ([L, ...]) → unnormalised c [L, B, T, S]."""
+@partial(jax.jit, static_argnames=("chunk", "per_head"))
+def _alti(resid_pre, v, pattern, scale, y, gamma, W_O, attention_mask, chunk: int, per_head: bool) -> jax.Array:
+    """Stacked per-layer captures ([L, B, ...]) and weights ([L, ...]) → unnormalised c [L, B, T, S], or
+    [L, H, B, T, S] per head."""
     def layer(args):
         x, v, pattern, scale, y, gamma, W_O = args
-        one = lambda doc: _alti_contributions(*doc, gamma, W_O)
+        one = lambda doc: _alti_contributions(*doc, gamma, W_O, per_head)
         return jax.lax.map(one, (x, v, pattern, scale, y), batch_size=chunk)
 
     f32 = lambda a: jnp.asarray(a, jnp.float32)
     contributions = jax.lax.map(layer, tuple(map(f32, (resid_pre, v, pattern, scale, y, gamma, W_O))))
+    if per_head:  # [L, B, H, T, S] → [L, H, B, T, S]
+        return contributions.transpose(0, 2, 1, 3, 4) * _real_pairs(attention_mask)
     return contributions * _real_pairs(attention_mask)
 
 
-def alti(model, batch) -> np.ndarray:
-    """ALTI (Ferrando et al. 2022): C [L, B, T, S], NumPy float32, rows over real tokens summing to 1.
+def alti(model, batch, *, per_head: bool = False) -> np.ndarray:
+    """ALTI (Ferrando et al. 2022): C [L, B, T, S], NumPy float32, rows over real tokens summing to 1;
+    per_head=True: C [L, H, B, T, S], each head's terms (alti_head_terms) measured against y_t the same way
+    and each head's rows normalised on their own — to set beside head h's attention pattern.
 
     The attention block's output after its residual and LN1 is split into one term per input token,
     T_t(x_s) = γ ⊙ (z_ts − mean z_ts)/σ_t with z_ts = Σ_h α^h_ts f^h(x_s) + [t = s] x_s (alti_terms), so
@@ -151,8 +179,10 @@ def alti(model, batch) -> np.ndarray:
     gamma, W_O = model.layer_weights("ln1.scale"), model.layer_weights("attn.W_O")
     _, _, T, D = captured[0].shape
     per_document = 4 * T * T * (4 * D + model.config.num_attention_heads)  # z, the terms, their differences
+    if per_head:
+        per_document *= model.config.num_attention_heads
     contributions = _alti(*captured, gamma, W_O, inputs.attention_mask,
-                          items_per_chunk(per_document, captured[0].shape[1]))
+                          items_per_chunk(per_document, captured[0].shape[1]), bool(per_head))
     return np.asarray(normalize_rows(contributions))
 
 
@@ -222,3 +252,4 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     return np.stack([np.asarray(program(model.state, inputs, resids[layer], patterns[layer], jnp.int32(layer),
                                         target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))
                      for layer in range(L)])
+
