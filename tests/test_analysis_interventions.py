@@ -235,6 +235,32 @@ def test_patch_activations_matches_a_loop_of_patched_runs_tiny(tiny, tiny_pair, 
                                grid, atol=metric_atol(tiny, clean))
 
 
+def _set_head(z, ctx, layer, head, clean):
+    """z [B, T, H, K] with head `head` of block `layer` set to the clean run's at every position."""
+    return jnp.where((ctx.layer == layer) & (jnp.arange(z.shape[2]) == head)[None, None, :, None], clean[ctx.layer], z)
+
+
+def test_patching_per_head_matches_a_loop_and_both_patchings_agree_on_shapes(tiny, tiny_pair):
+    """per="head" patches one head at every position; patch_activations and attribution_patching return the
+    same shapes for the same `per` (attribution_patching used to give [L, H] for attn.hook_z and [L, T] else)."""
+    clean, corrupted = tiny_pair
+    metric = pooled_metric(tiny, clean)
+    grid = interventions.patch_activations(tiny, clean, corrupted, metric, site="attn.hook_z", per="head")
+    clean_z = tiny.run_with_cache(clean, names="blocks.*.attn.hook_z")[1].stack("attn.hook_z")
+    reference = np.array([[mean_metric(metric, tiny.run_with_hooks(corrupted, {"blocks.*.attn.hook_z": minibert.HookFn(
+        _set_head, layer=jnp.int32(layer), head=jnp.int32(head), clean=clean_z)})) for head in range(4)]
+        for layer in range(3)])
+    np.testing.assert_allclose(grid, reference, atol=metric_atol(tiny, clean))
+    assert np.ptp(reference) > 10 * metric_atol(tiny, clean)
+    for per, shape in (("position", (3, 7)), ("head", (3, 4))):
+        assert interventions.attribution_patching(tiny, clean, corrupted, metric, "attn.hook_z", per=per).shape == shape
+        assert interventions.patch_activations(tiny, clean, corrupted, metric, "attn.hook_z", per=per).shape == shape
+    with pytest.raises(minibert.HookError, match="heads on axis 2.*attn.hook_z"):
+        interventions.patch_activations(tiny, clean, corrupted, metric, site="hook_resid_pre", per="head")
+    with pytest.raises(AnalysisError, match="per must be 'position'"):
+        interventions.attribution_patching(tiny, clean, corrupted, metric, per="layer")
+
+
 def test_patch_activations_grid_bundled(bundled, bundled_pair):
     clean, corrupted = bundled_pair
     metric = pooled_metric(bundled, clean)
@@ -342,7 +368,7 @@ def test_attribution_patching_is_the_exact_linearisation_tiny(tiny, tiny_pair, s
 def test_attribution_patching_per_head_is_the_exact_linearisation_tiny(tiny, tiny_pair):
     clean, corrupted = tiny_pair
     metric = pooled_metric(tiny, clean)
-    grid = interventions.attribution_patching(tiny, clean, corrupted, metric, site="attn.hook_z")
+    grid = interventions.attribution_patching(tiny, clean, corrupted, metric, site="attn.hook_z", per="head")
     assert grid.shape == (3, 4)
     cells = list(np.ndindex(3, 4))
     reference = linearised_patches(tiny, clean, corrupted, metric, "attn.hook_z", cells, of_head).reshape(3, 4)

@@ -74,6 +74,17 @@ def _patch(value, ctx, layer, position, clean):
     return jnp.where((ctx.layer == layer) & at, clean[ctx.layer], value)
 
 
+def _patch_head(value, ctx, layer, head, clean):
+    """Replace head `head` of `value` [B, T, H, ...] with the clean run's at every position, in block `layer` only."""
+    at = (jnp.arange(value.shape[2]) == head).reshape((1, 1, -1) + (1,) * (value.ndim - 3))
+    return jnp.where((ctx.layer == layer) & at, clean[ctx.layer], value)
+
+
+# What one patch covers: per="position" patches one position (every head), per="head" one head (every position).
+# The value of a site is [B, T, ...] or [B, T, H, ...]; the swept axis of the stacked values [L, B, T, ...]:
+SWEPT_AXIS = {"position": 2, "head": 3}
+
+
 # ---- the sweep engine: prefix once, suffix vmapped over the items ---------------------------------------------
 
 def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
@@ -201,12 +212,19 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
 
 # ---- activation patching --------------------------------------------------------------------------------------
 
-def _positional_site(model, site: str) -> str:
-    """`site` if it is a per-block hook with positions on axis 1, else a HookError listing the choices."""
+def _positional_site(model, site: str, per: str = "position") -> str:
+    """`site` if it is a per-block hook with positions on axis 1 (and, for per="head", heads on axis 2), else a
+    HookError listing the choices."""
+    if per not in SWEPT_AXIS:
+        raise AnalysisError(f"per must be 'position' (one patch per layer and position, every head) or 'head' (one "
+                            f"per layer and head, every position); got {per!r}.")
     per_block = [n.split(".", 2)[2] for n in model.hook_names if n.startswith("blocks.0.")]
     positional = [s for s in per_block if site_axes(f"blocks.0.{s}")[1] in ("T", "S")]
+    if per == "head":
+        positional = [s for s in positional if site_axes(f"blocks.0.{s}")[2:3] == ["H"]]
     if site not in positional:
-        raise HookError(f"site {site!r} is not a per-block hook with positions on axis 1; patching needs one of "
+        having = "positions on axis 1" + (" and heads on axis 2" if per == "head" else "")
+        raise HookError(f"site {site!r} is not a per-block hook with {having}; patching per {per} needs one of "
                         f"{', '.join(positional)}.")
     return site
 
@@ -239,11 +257,13 @@ def _clean_where_real(model, clean_inputs, corrupt_inputs, clean_values, site: s
 
 
 @functools.cache
-def _patching(site: str):
-    """The intervention that patches `site` at (layer, position) with the clean values [L, B, T, ...]: one
-    function per site, so a sweep over a site reuses its compilation."""
-    def patch(layer, position, clean):
-        return {f"blocks.*.{site}": HookFn(_patch, layer=layer, position=position, clean=clean)}
+def _patching(site: str, per: str = "position"):
+    """The intervention that patches `site` at (layer, position) — or (layer, head) — with the clean values
+    [L, B, T, ...]: one function per site and granularity, so a sweep over a site reuses its compilation."""
+    def patch(layer, item, clean):
+        if per == "head":
+            return {f"blocks.*.{site}": HookFn(_patch_head, layer=layer, head=item, clean=clean)}
+        return {f"blocks.*.{site}": HookFn(_patch, layer=layer, position=item, clean=clean)}
     return patch
 
 
@@ -252,9 +272,12 @@ def _site_values(model, batch, site: str) -> jax.Array:
 
 
 def patch_activations(model, clean, corrupted, metric: Callable, site: str = "hook_resid_pre",
-                      chunk: int | None = None) -> np.ndarray:
+                      chunk: int | None = None, per: str = "position") -> np.ndarray:
     """Activation patching: for every layer l and position p, run `corrupted` with the clean run's
     `blocks.{l}.{site}` at position p patched in (in every row), and return the metric grid [L, T] (NumPy).
+    per="head": for every layer l and head h, patch head h's values at every position instead → [L, H]
+    (sites with heads on axis 2: attn.hook_z, hook_q, hook_k, hook_v, hook_result). attribution_patching
+    takes the same `per` and returns the same shapes.
 
     `site` is a per-block hook with positions on axis 1 (hook_resid_pre, attn.hook_z, hook_mlp_out, ...).
     `metric(output)` returns one value per row (or a scalar); the grid holds its mean over rows. The T
@@ -265,12 +288,12 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     length. Where the clean row has padding nothing is patched (the corrupted run's value stays); where only
     the corrupted row has padding the patch lands on a masked position that no real token reads.
     """
-    _positional_site(model, site)
+    _positional_site(model, site, per)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     clean_values = _clean_where_real(model, clean_inputs, corrupt_inputs, _site_values(model, clean_inputs, site),
                                      site)  # [L, B, T, ...]
-    return _sweep(model, corrupt_inputs, residual_streams(model, corrupt_inputs), clean_values.shape[2],
-                  _patching(site), clean_values, metric, chunk)
+    return _sweep(model, corrupt_inputs, residual_streams(model, corrupt_inputs), clean_values.shape[SWEPT_AXIS[per]],
+                  _patching(site, per), clean_values, metric, chunk)
 
 
 # ---- gradient estimates ---------------------------------------------------------------------------------------
@@ -288,11 +311,12 @@ def _metric_and_site_gradient(model, state, inputs, zeros, *, site, metric):
     return values, grads
 
 
-def attribution_patching(model, clean, corrupted, metric: Callable, site: str = "hook_resid_pre") -> np.ndarray:
+def attribution_patching(model, clean, corrupted, metric: Callable, site: str = "hook_resid_pre",
+                         per: str = "position") -> np.ndarray:
     """Attribution patching (Nanda 2023; Syed, Rager & Conmy 2023): the first-order estimate of what patching
     each clean activation into the corrupted run changes, (a_clean − a_corrupt) · ∂metric/∂a on the corrupted
-    run, summed over the site's feature axes and the batch rows → [L, T] NumPy; [L, H] for site="attn.hook_z"
-    (summed over positions too: one value per head).
+    run, summed over the site's feature axes and the batch rows → [L, T] NumPy; per="head" sums over positions
+    instead of heads → [L, H] (sites with heads on axis 2), the shapes patch_activations gives for the same per.
 
     It estimates `patch_activations(...) − metric(corrupted)` (both means over rows) from one forward and one
     backward pass for the whole grid, plus one forward of the clean run. A linearisation, it is exact only for
@@ -302,7 +326,7 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
     hook_mlp_out and 0.999 for hook_attn_out (tests/test_analysis_interventions.py checks r > 0.9 for
     hook_resid_pre; benchmarks/RESULTS.md "Sweeps" has the per-head comparison).
     """
-    _positional_site(model, site)
+    _positional_site(model, site, per)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)  # aligned as in patch_activations
     clean_values = _site_values(model, clean_inputs, site)
     gradient = model.jit(_metric_and_site_gradient, static_argnames=("site", "metric"))
@@ -310,7 +334,7 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
                                      metric=Keyed(metric))
     patched = _clean_tokens(clean_inputs, clean_values.ndim)  # nothing is patched where the clean row has padding
     effect = jnp.where(patched, (clean_values - corrupt_values) * grads, 0)  # [L, B, T, ...]
-    kept = (0, 3) if site == "attn.hook_z" else (0, 2)  # layer and head, or layer and position
+    kept = (0, SWEPT_AXIS[per])  # layer and position, or layer and head
     return np.asarray(effect.sum(axis=tuple(a for a in range(effect.ndim) if a not in kept)))
 
 
@@ -387,3 +411,4 @@ def scale_attention(keys, factor: float, n_layers: int, layers=None) -> dict:
 def block_attention(keys, n_layers: int, layers=None) -> dict:
     """No query may attend to key positions `keys` (in `layers`, default all)."""
     return scale_attention(keys, 0.0, n_layers, layers)
+
