@@ -46,7 +46,7 @@ def _chunk_summary(params, x, *, config, top, window):
 
 def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
     """[S, count] ids of the tokens whose input embeddings have the highest cosine with each decoder row."""
-    embeddings = np.asarray(model.params["embed"]["word"], np.float32)  # the word-embedding table [V, E]
+    embeddings = np.asarray(model.W_E, np.float32)  # the word-embedding table [V, E]
     if embeddings.shape[1] != W_dec.shape[1]:
         return None
     unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
