@@ -651,7 +651,7 @@ class PreLNBlock(model_lib.Block):
 
 
 TOY_PRE_LN = dataclasses.replace(TOY, model_type="toyprebert", name="ToyPreBERT", prefix="ToyPre", norm="pre",
-                                 block="test_families:PreLNBlock")
+                                 block=f"{__name__}:PreLNBlock")
 
 
 def pre_ln_reference(params, ids, types, mask, eps: float):
