@@ -6,6 +6,7 @@ Arrays are made by hand; one test draws the neuron figure from the bundled model
 
 from __future__ import annotations
 
+import itertools
 import xml.etree.ElementTree as ElementTree
 
 import matplotlib.image
@@ -73,6 +74,8 @@ BUILDERS = {
                                                n_heads=N_HEADS, annotate=True),
     "statistic_heatmap": lambda: figures.statistic_heatmap(_stats()["prev"], "attention to the previous token"),
     "head_statistics_figure": lambda: figures.head_statistics_figure(_stats()),
+    "sweep_heatmap": lambda: figures.sweep_heatmap(np.linspace(-1, 1, N_LAYERS * 7).reshape(N_LAYERS, 7), "Δ metric",
+                                                   tokens=TOKENS, center=0.0),
 }
 
 
@@ -240,6 +243,41 @@ def test_pca_scatter_places_points_at_coords_with_legend_texts_and_variance():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0", "1"]
     assert [t.get_text() for t in ax.texts] == ["It's ok.", "Sorry this will get…", "It's fine."]
     assert ax.get_xlabel() == "PC 1 (50.0% of variance)" and ax.get_ylabel() == "PC 2 (25.0% of variance)"
+
+
+def test_pca_labels_of_close_and_equal_points_do_not_overprint():
+    """Four sentences at one point and one beside it: each label gets its own place (their drawn boxes are
+    measured after drawing with Agg); the fifth finds the four places beside the point taken, moves a ring
+    out and gets a leader line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+    coords = np.array([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.01, 0.0], [5.0, 5.0]])
+    texts = ["It's ok.", "It's fine.", "Sorry, my mistake.", "Fine by me.", "My mistake, sorry.", "far away"]
+    fig = figures.pca_scatter(coords, texts=texts)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    boxes = [Text.get_window_extent(t) for t in ax.texts]  # the text alone, without its leader line
+    assert [t.get_text() for t in ax.texts] == texts
+    for i, j in itertools.combinations(range(len(boxes)), 2):
+        assert not boxes[i].overlaps(boxes[j]), (texts[i], texts[j])
+    assert any(t.arrow_patch is not None for t in ax.texts)  # some label had to move away from its point
+
+
+def test_sweep_heatmap_draws_heads_or_tokens_one_indexed_with_a_centred_scale():
+    values = _stats()["prev"]  # [3, 4]
+    fig = figures.sweep_heatmap(values, "metric after ablation", annotate=True)
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(_image(ax), values)
+    assert _ticks(ax, "y") == ["1", "2", "3"] and _ticks(ax, "x") == ["1", "2", "3", "4"]
+    assert ax.get_ylabel() == "layer (1-indexed)" and "1-indexed" in ax.get_xlabel()
+    assert ax.texts[N_HEADS + 2].get_text() == f"{values[1, 2]:.2f}"
+    grid = np.linspace(0.2, 0.9, 3 * 7).reshape(3, 7)
+    ax = figures.sweep_heatmap(grid, "metric", tokens=TOKENS, center=0.5).axes[0]
+    assert _ticks(ax, "x") == TOKENS and ax.get_xlabel() == "position (token)"
+    image = ax.get_images()[0]
+    assert image.norm.vmin == pytest.approx(0.1) and image.norm.vmax == pytest.approx(0.9)  # 0.5 ± the reach 0.4
+    with pytest.raises(VizError, match="tokens has 2 entries but the data has 7 columns"):
+        figures.sweep_heatmap(grid, "metric", tokens=["a", "b"])
 
 
 # ---- head statistics ---------------------------------------------------------------------------------

@@ -375,13 +375,50 @@ def pca_scatter(coords, labels=None, texts: Sequence[str] | None = None, explain
         ax.scatter(xy[:, 0], xy[:, 1], s=80, alpha=0.6)
     else:
         _scatter_by_label(ax, xy, _labels("labels", labels, xy.shape[0]))
-    for text, (x, y) in zip([] if texts is None else _strings("texts", texts, xy.shape[0]), xy):
-        ax.annotate(_shorten(text, max_chars), (x, y), xytext=(5, 3), textcoords="offset points", fontsize=8,
-                    parse_math=False)
+    if texts is not None:
+        _place_labels(ax, xy, [_shorten(t, max_chars) for t in _strings("texts", texts, xy.shape[0])])
     for axis, name in zip("xy", _component_names(explained)):
         getattr(ax, f"set_{axis}label")(name)
     ax.set_title(title or "", parse_math=False)
     return _finish(fig, path)
+
+
+LABEL_FONTSIZE = 8
+LABEL_GAP = 4.0  # points between a point and its label
+
+
+def _label_offsets(width: float, height: float, rings: int = 8) -> list[tuple[float, float]]:
+    """Where a label's lower-left corner may go, in points from its point: beside it first (right-above,
+    right-below, left-above, left-below), then one label height further out each ring."""
+    offsets = []
+    for ring in range(rings):
+        up, down = LABEL_GAP + ring * height, -LABEL_GAP - height - ring * height
+        offsets += [(LABEL_GAP, up), (LABEL_GAP, down), (-LABEL_GAP - width, up), (-LABEL_GAP - width, down)]
+    return offsets
+
+
+def _overlap(a, b) -> float:
+    """Area shared by two boxes (x0, y0, x1, y1)."""
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+def _place_labels(ax: Axes, xy: np.ndarray, texts: list[str]) -> None:
+    """Annotate each point with its text where it overlaps no label placed before it (greedy, in points on the
+    page; a text's box is estimated from its length), so labels of close or equal points do not overprint.
+    A label pushed away from its point gets a thin leader line."""
+    ax.autoscale_view()
+    anchors = ax.transData.transform(xy) * 72 / ax.figure.dpi  # points on the page
+    placed: list[tuple[float, float, float, float]] = []
+    for text, (x, y), (px, py) in zip(texts, xy, anchors):
+        width, height = 0.6 * LABEL_FONTSIZE * max(len(text), 1), 1.25 * LABEL_FONTSIZE
+        boxes = [(px + dx, py + dy, px + dx + width, py + dy + height) for dx, dy in _label_offsets(width, height)]
+        crowding = [sum(_overlap(box, other) for other in placed) for box in boxes]
+        best = int(np.argmin(crowding))  # the first free place, or the least crowded one
+        placed.append(boxes[best])
+        dx, dy = boxes[best][0] - px, boxes[best][1] - py
+        leader = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "0.5"}} if best >= 4 else {}
+        ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=LABEL_FONTSIZE,
+                    va="bottom", parse_math=False, **leader)
 
 
 def _scatter_by_label(ax: Axes, xy: np.ndarray, labels: list) -> None:
@@ -511,16 +548,40 @@ def statistic_heatmap(values, name: str, *, cmap=STATISTIC_CMAP, annotate: bool 
     values: [L, H]; name: what it is, for the colour bar (e.g. "attention to [SEP]").
     annotate: write each value in its cell.
     """
-    v = _per_head("values", values)
+    return sweep_heatmap(values, name, cmap=cmap, annotate=annotate, title=title, ax=ax, path=path)
+
+
+def sweep_heatmap(values, name: str, *, tokens: Sequence[str] | None = None, center: float | None = None,
+                  cmap=None, annotate: bool = False, title: str | None = None, ax: Axes | None = None,
+                  path=None) -> Figure:
+    """A sweep's or a patching's grid: layers × heads, or layers × positions labelled with their tokens.
+
+    values: [L, H] (ablation_sweep, head_importance, patching with per="head", compare_models) or, with
+    `tokens`, [L, T] (patch_activations, attribution_patching with per="position"): one token per column.
+    Layers and heads are drawn 1-indexed, the cell of 0-indexed (l, h) being head "L-H" = head_label(l, h).
+    center: a value to centre a diverging colour scale on (e.g. the corrupted run's metric, or 0 for an
+    effect); default: one sequential scale. annotate: write each value in its cell.
+    """
+    v = _check.matrix("values", values, 2, "[L, H] (layers × heads) or, with tokens, [L, T] (layers × positions)")
+    columns = None if tokens is None else _strings("tokens", tokens, v.shape[1], "columns")
     fig, ax = _axes(ax, _heatmap_size(*v.shape))
-    image = ax.imshow(v, cmap=cmap, aspect="auto", extent=(0.5, v.shape[1] + 0.5, v.shape[0] + 0.5, 0.5))
-    _one_based_ticks(ax, "x", v.shape[1])
+    if center is None:
+        norm, cmap = None, cmap or STATISTIC_CMAP
+    else:
+        reach = float(np.abs(v - center).max()) or 1.0
+        norm, cmap = Normalize(center - reach, center + reach), cmap or NEURON_CMAP
+    image = ax.imshow(v, cmap=cmap, norm=norm, aspect="auto", extent=(0.5, v.shape[1] + 0.5, v.shape[0] + 0.5, 0.5))
     _one_based_ticks(ax, "y", v.shape[0])
-    ax.set_xlabel("head (1-indexed)")
     ax.set_ylabel("layer (1-indexed)")
+    if columns is None:
+        _one_based_ticks(ax, "x", v.shape[1])
+        ax.set_xlabel('head (1-indexed; cell (3, 6) is head "3-6")')
+    else:
+        ax.set_xticks(np.arange(1, len(columns) + 1), columns, rotation=90, parse_math=False)
+        ax.set_xlabel("position (token)")
     if annotate:
-        for (layer, head), value in np.ndenumerate(v):
-            ax.text(head + 1, layer + 1, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
+        for (layer, column), value in np.ndenumerate(v):
+            ax.text(column + 1, layer + 1, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
     ax.set_title(title or name, parse_math=False)
     fig.colorbar(image, ax=ax, label=name)
     return _finish(fig, path)
