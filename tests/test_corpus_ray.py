@@ -21,10 +21,11 @@ def local_ray():
 
 @pytest.mark.slow
 def test_ray_blocks_merge_to_one_survey(bundled, local_ray, tmp_path):
-    """Texts in blocks of 7 lines on two actors (with blank lines, which both readers skip), and pairs
+    """Texts in blocks of 7 lines on two actors (with blank lines, which both readers skip and count), and pairs
     from a .tsv with the Jensen–Shannon matrix: the merged results equal single surveys of the files."""
     texts = tmp_path / "texts.txt"
-    texts.write_text("\n\n".join(TEXTS) + "\n", encoding="utf-8")
+    # 19 blank lines between the texts and 10 after them: the last block of 7 lines holds only blank lines
+    texts.write_text("\n\n".join(TEXTS) + "\n" + "\n" * 10, encoding="utf-8")
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{a}\t{b}\n" for a, b in PAIRS), encoding="utf-8")
     settings = {k: v for k, v in SETTINGS.items() if k != "progress"}
@@ -33,6 +34,7 @@ def test_ray_blocks_merge_to_one_survey(bundled, local_ray, tmp_path):
         got = corpus_ray.survey_ray(path, actors=2, block_documents=7, js_divergence=js, **settings)
         want = corpus.survey(bundled, path, js_divergence=js, **SETTINGS)
         assert got.documents == want.documents and got.counts["real_tokens"] == want.counts["real_tokens"]
+        assert got.counts["blank_lines"] == want.counts["blank_lines"] == (len(TEXTS) - 1 + 10 if js is False else 0)
         assert got.settings["reduce"] == "merged" and got.settings["model"] == want.settings["model"]
         assert_same_statistics(got.mean, want.mean, regrouped_tolerances(bundled, *documents))
         if js:  # each entry sums non-negative terms over every query row of every document, in two programs

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from minibert.analysis.corpus import CorpusFile, SurveyResult
-from minibert.errors import AnalysisError
+from minibert.analysis.heads import STATISTICS
+from minibert.errors import AnalysisError, DataFileError
 
 
 def survey_ray(path: str | Path, model: str | None = None, *, pairs: bool = False, actors: int | None = None,
@@ -32,7 +33,8 @@ def survey_ray(path: str | Path, model: str | None = None, *, pairs: bool = Fals
     actors: how many actors survey at once (default: as many as Ray has room for, up to the CPUs / cpus_per_actor).
     cpus_per_actor: CPUs Ray reserves for each actor; its XLA uses that many threads.
     block_documents: lines each actor call surveys; each call returns one mergeable result.
-    settings: corpus.survey's keywords (max_length, batch_tokens, js_divergence, …).
+    settings: corpus.survey's keywords (max_length, batch_tokens, js_divergence, strict, …). Blank lines
+    are skipped and counted in result.counts["blank_lines"] (strict=True refuses them), as survey does.
     """
     try:
         import ray
@@ -44,14 +46,17 @@ def survey_ray(path: str | Path, model: str | None = None, *, pairs: bool = Fals
     if not ray.is_initialized():
         ray.init()
     threads = max(1, int(cpus_per_actor))
-    lines = ray.data.read_text(str(Path(path).resolve()))
+    lines = ray.data.read_text(str(Path(path).resolve()), drop_empty_lines=False)  # blank lines are counted
     parts = lines.map_batches(
         BlockSurvey, batch_size=block_documents, batch_format="numpy", num_cpus=cpus_per_actor,
         concurrency=(1, actors) if actors else None,
         fn_constructor_kwargs=dict(model=model, corpus=corpus, settings=settings),
         runtime_env={"env_vars": {"XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={str(threads > 1).lower()} "
                                                f"intra_op_parallelism_threads={threads}"}})
-    return SurveyResult.merge(_result(row) for row in parts.iter_rows())
+    blocks = [_result(row) for row in parts.iter_rows()]
+    merged = SurveyResult.merge(block for block in blocks if block.documents)
+    merged.counts["blank_lines"] = sum(block.counts.get("blank_lines", 0) for block in blocks)
+    return merged
 
 
 class BlockSurvey:
@@ -65,12 +70,26 @@ class BlockSurvey:
         self.survey = survey_module.survey
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = [self.corpus.parse(str(line)) for line in batch["text"] if str(line).strip()]
-        if not rows:
-            return {}
-        second = [b for _, b in rows] if self.corpus.has_pairs else None
-        result = self.survey(self.model, [a for a, _ in rows], second, progress=False, reduce="local", **self.settings)
+        lines = [str(line) for line in batch["text"]]
+        rows = [self.corpus.parse(line) for line in lines if line.strip()]
+        blank = len(lines) - len(rows)
+        if blank and self.settings.get("strict"):
+            raise DataFileError(f"{self.corpus.path}: a block of lines holds {blank} blank line(s); remove blank "
+                                f"lines, or survey with strict=False to skip and count them.")
+        if rows:
+            second = [b for _, b in rows] if self.corpus.has_pairs else None
+            result = self.survey(self.model, [a for a, _ in rows], second, progress=False, reduce="local",
+                                 **self.settings)
+        else:  # only blank lines: a result of no documents, in the same columns, that carries their count
+            result = self._empty()
+        result.counts["blank_lines"] = blank
         return _row(result)
+
+    def _empty(self) -> SurveyResult:
+        cfg = self.model.config
+        L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+        js = np.zeros((L * H, L * H)) if self.settings.get("js_divergence") else None
+        return SurveyResult({name: np.zeros((L, H)) for name in STATISTICS}, 0, js)
 
 
 def _row(result: SurveyResult) -> dict[str, np.ndarray]:
