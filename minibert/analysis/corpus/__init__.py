@@ -3,7 +3,7 @@
     result = minibert.analysis.corpus.survey(model, texts, pairs=None)      # lists, or iterables of str
     result = minibert.analysis.corpus.survey(model, Path("corpus.tsv"))     # a file, streamed
     result.mean["to_sep"]       # [L, H], averaged over documents (layers and heads 0-indexed)
-    result.counts               # batches, tokens, and a file's blank lines and truncated documents
+    result.counts               # batches, tokens, documents cut to max_length, a file's blank lines
     result.save("survey")       # survey.npz + survey.json
 
 How a corpus runs:
@@ -11,8 +11,8 @@ How a corpus runs:
   memory, and the host tokenizes the next chunk while the device runs a batch.
 - Documents are packed into rows of a few fixed lengths (default_buckets: 128 for segments up to 128
   tokens; 128, 256, 512, … for longer ones), several to a row, first fit and longest first, so rows
-  carry little padding and only one program per row length is compiled. Two hooks keep packed
-  documents apart: positions restart at each document, and each token attends only to its own
+  carry little padding and only one program per row length is compiled. Packed documents stay apart:
+  explicit position ids restart at each document, and a hook lets each token attend only to its own
   document (the softmax gives every other key exactly 0), so each document's patterns are the ones it
   has alone. pack=False puts one document per row instead (then use several buckets).
 - A batch is `batch_tokens // row length` rows (rounded down to a multiple of the device count): 2048
@@ -22,8 +22,10 @@ How a corpus runs:
   (per-token weights make a row's sum the sum of its documents' statistics), sums into running totals —
   so attention patterns never leave the device. XLA drops what the statistics do not read (the last
   layer's values, output projection and FFN, the pooler).
-- SurveyResult.counts says how many batches ran and how many tokens they held, padding included.
-- Compiling takes a second or two per row length on a CPU. To keep the programs across processes,
+- SurveyResult.counts says how many batches ran and how many tokens they held, padding included, and
+  how many blank lines a corpus file had (skipped) and how many documents were cut to max_length
+  (strict=True refuses both instead).
+- Each row length compiles one program (benchmarks/RESULTS.md says how long). To keep the programs across processes,
   turn on JAX's persistent cache before the first survey:
   `jax.config.update("jax_compilation_cache_dir", "~/.cache/jax")`.
 

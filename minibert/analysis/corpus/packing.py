@@ -15,7 +15,7 @@ from minibert.errors import AnalysisError
 def default_buckets(max_length: int) -> tuple[int, ...]:
     """Row lengths 128, 256, 512, … up to max_length (just max_length when it is at most 128). Rows pack
     several documents, so one row length wastes little; each length is one program to compile — on a
-    CPU a compile costs as much as running ten to twenty thousand tokens — and attention over long rows
+    CPU a compile costs as much as many batches (benchmarks/RESULTS.md) — and attention over long rows
     costs more per token, hence a few lengths for long documents. The rule is the core's (api.length_buckets)."""
     return length_buckets(max_length, smallest=128, per_octave=1)
 
