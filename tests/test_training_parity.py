@@ -31,7 +31,17 @@ def _texts(rng, n):
 
 
 def _torch_run(hf, model, rows, task, names, settings):
-    """transformers' Trainer loop by hand on minibert's batches (rows of weight 0 dropped): per-step losses."""
+    """transformers' Trainer loop by hand on minibert's batches (rows of weight 0 dropped): per-step losses.
+    One torch thread: on a busy 2-core machine torch's spinning worker threads make these small steps 10× slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _torch_loop(hf, model, rows, task, names, settings)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _torch_loop(hf, model, rows, task, names, settings):
     decay = set(transformers.Trainer.get_decay_parameter_names(None, hf))
     params = dict(hf.named_parameters())
     groups = [{"params": [p for n, p in params.items() if n in decay], "weight_decay": settings["weight_decay"]},
