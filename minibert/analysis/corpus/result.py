@@ -66,10 +66,10 @@ class SurveyResult:
         suffix .npz, .json or .csv on `path` is dropped; any other dot stays part of the name.
         A result every process of a reduce="global" run holds is written by process 0 only (the others
         return the same paths and write nothing)."""
-        npz, js = writable_output_paths(path)
         if self.settings.get("reduce") == "global" and self.settings.get("processes", 1) > 1 \
                 and jax.process_index() != 0:
-            return npz, js
+            return output_paths(path)  # not checked here: the folder may exist on process 0's host only
+        npz, js = writable_output_paths(path)
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence
