@@ -50,7 +50,7 @@ def cpu_seconds(fn, repeats: int) -> float:
     return best
 
 
-def measure(model, batch_size: int, lengths, repeats: int) -> list[dict]:
+def measure(model, batch_size: int, lengths, repeats: int, rules) -> list[dict]:
     rows = []
     vocab = model.config.vocab_size
     for T in lengths:
@@ -60,7 +60,8 @@ def measure(model, batch_size: int, lengths, repeats: int) -> list[dict]:
             forward = jax.jit(model.forward_fn(names))
             exact = cpu_seconds(lambda: forward(model.state, inputs), repeats)
             row = {"T": T, "case": case, "exact": exact}
-            for rule, (smallest, per_octave) in RULES.items():
+            for rule in rules:
+                smallest, per_octave = RULES[rule]
                 bucket = bucket_length(T, length_buckets(model.config.max_tokens, smallest, per_octave))
                 if bucket == T:  # the exact-length program itself
                     row[rule] = (bucket, exact)
@@ -71,17 +72,17 @@ def measure(model, batch_size: int, lengths, repeats: int) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], max_tokens: int) -> str:
-    lines = ["| T | case | exact-length program | " + " | ".join(RULES) + " |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in RULES) + " |"]
+def table(rows: list[dict], max_tokens: int, rules) -> str:
+    lines = ["| T | case | exact-length program | " + " | ".join(rules) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in rules) + " |"]
     for row in rows:
-        cells = [f"{row[rule][0]}: {row[rule][1] / row['exact']:.2f}×" for rule in RULES]
+        cells = [f"{row[rule][0]}: {row[rule][1] / row['exact']:.2f}×" for rule in rules]
         lines.append(f"| {row['T']} | {row['case']} | {row['exact'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
-    worst = {rule: max(row[rule][1] / row["exact"] for row in rows) for rule in RULES}
-    programs = {rule: len(length_buckets(max_tokens, *RULES[rule])) for rule in RULES}
+    worst = {rule: max(row[rule][1] / row["exact"] for row in rows) for rule in rules}
+    programs = {rule: len(length_buckets(max_tokens, *RULES[rule])) for rule in rules}
     lines += ["", "| rule | worst bucket ÷ exact above | programs for every length 1…max | most padding (tokens) |",
               "| --- | --- | --- | --- |"]
-    for rule in RULES:
+    for rule in rules:
         buckets = length_buckets(max_tokens, *RULES[rule])
         padding = max(bucket_length(T, buckets) / T for T in range(1, max_tokens + 1))
         lines.append(f"| {rule} | {worst[rule]:.2f}× | {programs[rule]} | {padding:.2f}× |")
@@ -93,21 +94,23 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny random model and two lengths (CI)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", type=int, nargs="+", default=LENGTHS, help="row lengths to time")
+    parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES), help="bucket rules to time")
     parser.add_argument("--out", type=Path, help="append the Markdown here (default: print it)")
     args = parser.parse_args(argv)
     if args.smoke:
         model = minibert.Model(minibert.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
                                                    num_attention_heads=4, intermediate_size=37,
                                                    max_position_embeddings=64), seed=0)
-        rows, batch = measure(model, 2, (17, 33), 1), 2
+        rows, batch = measure(model, 2, (17, 33), 1, args.rules), 2
     else:
         model, batch = minibert.load(), args.batch
-        rows = measure(model, batch, LENGTHS, args.repeats)
+        rows = measure(model, batch, args.lengths, args.repeats, args.rules)
     header = [f"## Length buckets, {batch} rows ({'smoke' if args.smoke else model.source})", "",
               f"- date: {time.strftime('%Y-%m-%d %H:%M')}; cpu: {harness.cpu_model()}; cores this process may use: "
               f"{sorted(os.sched_getaffinity(0))}; load average at the end: {harness.load_average()}",
               f"- command: python benchmarks/buckets.py {' '.join(argv if argv is not None else sys.argv[1:])}", "", ""]
-    text = "\n".join(header) + table(rows, model.config.max_tokens) + "\n"
+    text = "\n".join(header) + table(rows, model.config.max_tokens, args.rules) + "\n"
     if args.out:
         with args.out.open("a") as f:
             f.write(text)
