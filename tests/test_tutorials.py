@@ -1,15 +1,20 @@
-"""The tutorials in docs/tutorials and the findings page run top to bottom (their asserts are their checks) and
-are in the site's nav."""
+"""The tutorials in docs/tutorials and the findings page run top to bottom (their expect() claims are their
+checks, strict under the test suite) and are in the site's nav; the package ships them and writes them as
+notebooks without jupytext."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from minibert.app import cli, tutorials
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.py"))
@@ -34,6 +39,7 @@ def test_there_are_tutorials():
 def test_tutorial_runs(tutorial, tmp_path):
     """A fresh interpreter, headless matplotlib, offline, in an empty directory: exit 0 and write nothing there."""
     env = {**os.environ, "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           tutorials.STRICT: "strict",  # a claim of expect() that fails raises
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, str(tutorial)], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=900)
@@ -50,3 +56,69 @@ def test_every_tutorial_is_in_the_nav():
     assert not missing, f"add these tutorials to the nav in mkdocs.yml: {missing}"
     for page in pages:
         assert (ROOT / "docs" / page).exists(), f"mkdocs.yml's nav names {page}, which is not in docs/"
+
+
+# ---- what a student meets: labels, checks, positions -------------------------------------------------------
+
+HAND_LABEL = re.compile(r"\{[^{}]*\}-\{[^{}]*\}")  # "{layer}-{head}" formatted by hand in an f-string
+EXPLAINED = [p for p in TUTORIALS if p.name[:2] in {"01", "02", "03", "04", "05", "06"}]
+
+
+def test_pages_label_heads_only_through_head_label():
+    """One convention: "L-H" 1-indexed from config.head_label. Tutorials used to print "0-2" (0-indexed, by hand)
+    next to best_heads' "1-11"."""
+    offenders = [f"{page.name}:{number}: {line.strip()}" for page in PAGES
+                 for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+                 if HAND_LABEL.search(line)]
+    assert not offenders, offenders
+
+
+def test_tutorials_explain_their_checks_instead_of_bare_asserts():
+    """A student who edits a cell gets expect()'s explanation, not an AssertionError with no words."""
+    offenders = [f"{page.name}:{number}" for page in EXPLAINED
+                 for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+                 if line.lstrip().startswith("assert ")]
+    assert not offenders, offenders
+
+
+def test_expect_explains_and_goes_on_unless_strict(capsys, monkeypatch):
+    monkeypatch.delenv(tutorials.STRICT, raising=False)
+    assert tutorials.expect(1 > 0, "one is positive", "never shown") is True
+    assert tutorials.expect(0 > 1, "zero is positive", "it is not; see above") is False
+    assert capsys.readouterr().out == "✓ one is positive\n✗ no longer true: zero is positive\n  it is not; see above\n"
+    monkeypatch.setenv(tutorials.STRICT, "strict")
+    with pytest.raises(tutorials.TutorialCheckFailed, match="zero is positive — it is not"):
+        tutorials.expect(0 > 1, "zero is positive", "it is not")
+
+
+# ---- shipped as notebooks ------------------------------------------------------------------------------------
+
+def test_the_package_ships_every_tutorial():
+    """minibert/tutorials/NAME.percent are links to docs/tutorials/NAME.py (the wheel holds their content)."""
+    shipped = tutorials.available()
+    assert list(shipped) == [p.stem for p in TUTORIALS]
+    for page in TUTORIALS:
+        assert shipped[page.stem].read_bytes() == page.read_bytes(), page.name
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda path: path.stem)
+def test_notebook_has_the_cells_jupytext_makes(tutorial):
+    jupytext = pytest.importorskip("jupytext")
+    expected = jupytext.read(tutorial)
+    ours = tutorials.notebook(tutorial.read_text(encoding="utf-8"))
+    assert [c["cell_type"] for c in ours["cells"]] == [c.cell_type for c in expected.cells]
+    for mine, theirs in zip(ours["cells"], expected.cells):
+        assert "".join(mine["source"]) == theirs.source
+
+
+def test_minibert_tutorial_writes_a_valid_notebook_and_never_overwrites(tmp_path, capsys):
+    nbformat = pytest.importorskip("nbformat")
+    output = tmp_path / "six.ipynb"
+    assert cli.main(["tutorial", "6", "--output", str(output)]) == 0
+    notebook = nbformat.reads(output.read_text(encoding="utf-8"), as_version=4)
+    nbformat.validate(notebook)
+    assert json.loads(output.read_text(encoding="utf-8"))["cells"][0]["source"][0].startswith("# 6. Context mixing")
+    assert cli.main(["tutorial", "context_mixing", "--output", str(output)]) == cli.USER_ERROR  # exists: refused
+    assert cli.main(["tutorial", "nonsense"]) == cli.USER_ERROR
+    assert "06_context_mixing" in capsys.readouterr().err
+    assert cli.main(["tutorial"]) == 0 and "01_one_head_by_hand" in capsys.readouterr().out

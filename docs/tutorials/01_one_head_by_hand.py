@@ -42,6 +42,8 @@
 import numpy as np
 
 import minibert
+from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
+from minibert.config import head_label
 
 model = minibert.load()
 cfg = model.config
@@ -62,7 +64,8 @@ batch = model.tokenize(sentences)
 for tokens, mask in zip(batch.tokens, batch.attention_mask):
     print(" ".join(f"{t}:{m}" for t, m in zip(tokens, mask)))
 mask = np.asarray(batch.attention_mask, bool)  # [B, T]
-assert not mask[0].all() and mask[1].all(), "the first sentence is the padded one"
+expect(not mask[0].all() and mask[1].all(), "the first sentence is the shorter one, padded to the second's length",
+       "with other sentences, padding sits in whichever row is shorter: read the mask rows above to see which.")
 
 # %% [markdown]
 # We study layer 0, head 2 — a head that, in this checkpoint, attends to the previous token
@@ -134,17 +137,21 @@ print(f"√K = {np.sqrt(cfg.head_dim):.3f}; std of raw scores {qk[real_pairs].st
 # %% [markdown]
 # ## Step 4: the padding mask
 #
-# A query must not attend to `[PAD]` keys. Before the softmax, their scores are set to the
-# most negative float32 (as Hugging Face does; $-\infty$ would turn a fully blocked row into
-# NaN). The mask is on **keys** only: the `[PAD]` rows are still computed, and ignored later.
+# A query must not attend to `[PAD]` keys. Before the softmax, their scores are set to $-\infty$
+# (what TransformerLens' `hook_attn_scores` holds; Hugging Face uses the most negative float32
+# instead, which gives the same softmax). A row whose keys were all masked would be NaN after a
+# plain softmax; minibert's softmax keeps such rows finite. The mask is on **keys** only: the
+# `[PAD]` rows are still computed, and ignored later.
 
 # %%
-NEG = np.finfo(np.float32).min
+NEG = -np.inf
 key_mask = mask[:, None, None, :]  # [B, 1, 1, S]
 scores = np.where(key_mask, scaled, NEG)
 np.testing.assert_allclose(scores, hooked["attn.hook_attn_scores"], atol=1e-4, rtol=1e-5)
 padded_keys = ~mask[0]
-assert (hooked["attn.hook_attn_scores"][0, :, :, padded_keys.nonzero()[0]] == NEG).all()
+expect((hooked["attn.hook_attn_scores"][0, :, :, padded_keys.nonzero()[0]] == NEG).all(),
+       "every score at a padded key holds the mask value",
+       "if the first row has no padding (both sentences as long), there is no padded key to look at.")
 print(f"scores match attn.hook_attn_scores; the {padded_keys.sum()} [PAD] keys of sentence 0 hold {NEG:.3e}")
 
 # %% [markdown]
@@ -161,11 +168,12 @@ shifted = np.exp(scores - scores.max(-1, keepdims=True))
 pattern = shifted / shifted.sum(-1, keepdims=True)
 np.testing.assert_allclose(pattern, hooked["attn.hook_pattern"], atol=1e-6)
 np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-6)
-assert (hooked["attn.hook_pattern"][0, :, :, padded_keys.nonzero()[0]] == 0).all()
+expect((hooked["attn.hook_pattern"][0, :, :, padded_keys.nonzero()[0]] == 0).all(),
+       "padded keys get exactly zero attention after the softmax", "the mask did not reach the softmax.")
 print("pattern matches attn.hook_pattern; rows sum to 1; [PAD] keys get weight 0")
 
 tokens = batch.tokens[1]
-print(f"\nlayer {LAYER}, head {HEAD}: where each token of sentence 1 looks most")
+print(f"\nhead {head_label(LAYER, HEAD)} (L-H, 1-indexed): where each token of sentence 1 looks most")
 for t, token in enumerate(tokens):
     s = pattern[1, HEAD, t].argmax()
     print(f"  {token:>8s} → {tokens[s]:<8s} {pattern[1, HEAD, t, s]:.3f}")
@@ -178,7 +186,8 @@ for t, token in enumerate(tokens):
 n = mask[1].sum()
 previous = np.mean([pattern[1, HEAD, t, t - 1] for t in range(1, n)])
 print(f"mean attention to the previous token: {previous:.3f}")
-assert previous > 0.9
+expect(previous > 0.9, f"head {head_label(LAYER, HEAD)} puts over 0.9 of its attention on the previous token",
+       "with another LAYER, HEAD or sentence the head may do something else: print pattern[1, HEAD] to see what.")
 
 # %% [markdown]
 # Padding changes nothing for the real tokens: the padded sentence, run alone (no padding),
@@ -204,7 +213,8 @@ np.testing.assert_allclose(single, pattern[0, :, :n0, :n0], atol=1e-5)
 z = np.einsum("BHTS,BSHK->BTHK", pattern, v)
 np.testing.assert_allclose(z, hooked["attn.hook_z"], atol=1e-4, rtol=1e-5)
 copy_gap = np.abs(z[1, 1:n, HEAD] - v[1, : n - 1, HEAD]).mean() / np.abs(v[1, :n, HEAD]).mean()
-print(f"z matches attn.hook_z; mean |z_t − v_(t−1)| / mean |v| = {copy_gap:.1e} for head {HEAD}")
+print(f"z matches attn.hook_z; mean |z_t − v_(t−1)| / mean |v| = {copy_gap:.1e} "
+      f"for head {head_label(LAYER, HEAD)} (L-H, 1-indexed)")
 
 # %% [markdown]
 # ## Step 7: back to the residual stream
@@ -232,7 +242,8 @@ print("result and attn_out match; mean ‖z_h W_O‖ per head:", np.array2string
 _, fused = model.run_with_cache(batch, names=f"blocks.{LAYER}.attn.hook_z")
 gap = np.abs(np.asarray(fused[f"blocks.{LAYER}.attn.hook_z"]) - hooked["attn.hook_z"])[mask].max()
 print(f"fused vs explicit z on real tokens: largest difference {gap:.1e}")
-assert gap < 1e-5
+expect(gap < 1e-5, "the fused z equals the one computed step by step, up to float32 rounding",
+       "a larger gap means a step above was changed: compare each intermediate with its hook again.")
 
 # %% [markdown]
 # ## The neuron view

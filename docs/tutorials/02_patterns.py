@@ -34,6 +34,7 @@ import numpy as np
 
 import minibert
 from minibert.analysis import heads
+from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
 from minibert.viz import figures
 
 model = minibert.load()
@@ -41,7 +42,8 @@ L, H = model.config.num_hidden_layers, model.config.num_attention_heads
 
 
 def name(layer, head):
-    return f"{layer}-{head} (0-indexed; {figures.head_label(layer, head)} in Clark et al.'s labels)"
+    """A head's label, "L-H" counted from 1 as in Clark et al. (arrays below stay 0-indexed)."""
+    return f"{figures.head_label(layer, head)} (L-H, 1-indexed)"
 
 
 # %% [markdown]
@@ -70,9 +72,9 @@ print("statistics:", ", ".join(stats))
 # %%
 labels = heads.behaviour_labels(stats)
 for behaviour in ("prev", "next", "cls", "sep", "punct", "broad"):
-    found = [f"{layer}-{head}" for layer, head in zip(*np.nonzero(np.char.find(labels, behaviour) >= 0))]
+    found = [figures.head_label(layer, head) for layer, head in zip(*np.nonzero(np.char.find(labels, behaviour) >= 0))]
     print(f"{behaviour:>5s}: {len(found):2d} heads  {' '.join(found)}")
-print("(heads as layer-head, 0-indexed)")
+print("(heads as L-H, 1-indexed)")
 
 # %%
 figures.head_statistics_figure(stats, title="all-MiniLM-L6-v2 on six sentence pairs")
@@ -101,7 +103,10 @@ statistic = {"previous token": "prev", "next token": "next", "[CLS]": "to_cls", 
 for kind, (layer, head) in chosen.items():
     print(f"{kind:>14s}: head {name(layer, head)}: {statistic[kind]} = {stats[statistic[kind]][layer, head]:.2f}")
 print(f"(uniform entropy for these documents: {stats['uniform_entropy'].mean():.2f} nats)")
-assert stats["prev"][chosen["previous token"]] > 0.5 and stats["next"][chosen["next token"]] > 0.5
+expect(stats["prev"][chosen["previous token"]] > 0.5 and stats["next"][chosen["next token"]] > 0.5,
+       "the chosen heads put over half their attention on the previous / next token (Clark et al.'s threshold)",
+       "with other sentences or another checkpoint the strongest such head may stay below 0.5: it is then no "
+       "positional head by Clark et al.'s definition.")
 
 # %%
 _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
@@ -153,10 +158,10 @@ def mean_position(pos, ctx):
 
 reversed_stats = statistics_under({"embed.hook_pos_embed": reversed_positions})
 mean_stats = statistics_under({"embed.hook_pos_embed": mean_position})
-print(f"{'head (0-indexed)':>22s} {'positions':>10s} {'prev':>6s} {'next':>6s}")
+print(f"{'head (L-H, 1-indexed)':>22s} {'positions':>10s} {'prev':>6s} {'next':>6s}")
 for kind in ("previous token", "next token"):
     layer, head = chosen[kind]
-    row_name = f"{kind} {layer}-{head}"
+    row_name = f"{kind} {figures.head_label(layer, head)}"
     for label, s in (("normal", stats), ("reversed", reversed_stats), ("averaged", mean_stats)):
         print(f"{row_name:>22s} {label:>10s} {s['prev'][layer, head]:6.2f} {s['next'][layer, head]:6.2f}")
 
@@ -166,8 +171,11 @@ for kind in ("previous token", "next token"):
 
 # %%
 prev_head, next_head = chosen["previous token"], chosen["next token"]
-assert reversed_stats["next"][prev_head] > 0.5 and reversed_stats["prev"][next_head] > 0.5
-assert mean_stats["prev"][prev_head] < 0.2 and mean_stats["next"][next_head] < 0.2
+expect(reversed_stats["next"][prev_head] > 0.5 and reversed_stats["prev"][next_head] > 0.5,
+       "reversing the position embeddings swaps the previous- and next-token heads",
+       "then these heads read more than the position embeddings: look at their q and k below.")
+expect(mean_stats["prev"][prev_head] < 0.2 and mean_stats["next"][next_head] < 0.2,
+       "averaging the position embeddings erases both patterns", "some positional signal survives elsewhere.")
 uniform_share = np.mean(1 / batch.attention_mask.sum(1))
 print(f"with averaged positions they are near a uniform row's share, 1/n = {uniform_share:.2f}")
 
@@ -232,7 +240,8 @@ print(f"random sets: {baseline:.2f}")
 for kind, value in overlaps.items():
     print(f"{kind} head: {value:.2f}")
 print(f"[CLS] heads (mean over {len(cls_heads)}): {cls_overlap:.2f}")
-assert cls_overlap > 2 * max(overlaps.values())
+expect(cls_overlap > 2 * max(overlaps.values()), "[CLS] heads overlap far more (over twice) than the others",
+       "with other texts the [CLS] heads may be fewer or weaker: compare the values printed above.")
 
 # %% [markdown]
 # The `[CLS]` heads reuse the same few neurons whatever the query; the positional heads
@@ -282,4 +291,6 @@ print(f"‖segment B − segment A embedding‖ = {np.linalg.norm(W_type[1] - W_
 # runs the experiment Vig described.
 
 # %%
-assert np.abs(one_segment_share - normal_share).max() < 0.05
+expect(np.abs(one_segment_share - normal_share).max() < 0.05,
+       "giving every token segment 0 changes no layer's share by 0.05 or more",
+       "segment ids matter more for these texts: the largest change is in the table above.")

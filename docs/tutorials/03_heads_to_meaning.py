@@ -31,6 +31,7 @@ import numpy as np
 
 import minibert
 from minibert.analysis import embeddings
+from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
 from minibert.viz import figures
 
 model = minibert.load()
@@ -97,7 +98,7 @@ checks = {
 }
 for check, holds in checks.items():
     print(f"{'yes' if holds else 'no '}  {check}")
-assert all(checks.values())
+expect(all(checks.values()), "every check above holds", "the lines marked 'no' are the ones that changed.")
 
 # %% [markdown]
 # The blog post saw the same kinds of split in its own fine-tuned model: "mistake" as a
@@ -136,7 +137,9 @@ plt.show()
 for group, values in (("mistake", mistake), ("sorry", sorry), ("good", good)):
     spread = values.std(0)
     print(f"{group:>8s}: " + "  ".join(f"{s:.3f}" for s in spread) + f"   last/first = {spread[-1] / spread[0]:.1f}")
-assert mistake.std(0)[-1] > 3 * mistake.std(0)[0]
+expect(mistake.std(0)[-1] > 3 * mistake.std(0)[0],
+       "attention to 'mistake' spreads out over the layers (last layer's spread over 3× the first's)",
+       "with other sentences the spread may grow less: the ratios are printed above.")
 print("\nattention received by 'sorry' in the last layer:")
 for text, value in zip(with_sorry, sorry[:, -1]):
     print(f"  {value:.2f}  {text}")
@@ -166,13 +169,17 @@ def attention_between(rows, source, target):
                     for r in rows], axis=0)
 
 
-verb_object = attention_between([0, 1], lambda r: "mistake", lambda r: "made")
-possessive = attention_between([2, 3, 4], lambda r: batch.tokens[r][3], lambda r: "mistake")
+rows_with_made = [r for r, tokens in enumerate(batch.tokens) if "made" in tokens]  # "… made the mistake."
+verb_object = attention_between(rows_with_made, lambda r: "mistake", lambda r: "made")
+POSSESSIVES = {"my", "your", "his", "her", "their", "our"}
+rows_with_possessive = [r for r, tokens in enumerate(batch.tokens) if POSSESSIVES & set(tokens)]  # found in the text
+possessive = attention_between(rows_with_possessive, lambda r: next(t for t in batch.tokens[r] if t in POSSESSIVES),
+                               lambda r: "mistake")
 best = {}
 for relation, values in (("object → verb", verb_object), ("possessive → noun", possessive)):
     layer, head = np.unravel_index(values.argmax(), values.shape)
     best[relation] = (int(layer), int(head))
-    print(f"{relation}: head {layer}-{head} (0-indexed; {figures.head_label(layer, head)}): "
+    print(f"{relation}: head {figures.head_label(layer, head)} (L-H, 1-indexed): "
           f"mean attention {values[layer, head]:.2f}")
 
 # %% [markdown]
@@ -186,9 +193,12 @@ next_share = np.mean([np.mean([patterns[:, r, :, t, t + 1] for t in range(int(n)
                       for r, n in enumerate(n_tokens)], axis=0)  # [L, H]
 layer, head = best["possessive → noun"]
 top_layer, top_head = (int(i) for i in np.unravel_index(next_share.argmax(), next_share.shape))
-print(f"head {layer}-{head} puts {next_share[layer, head]:.2f} of its attention on the next token on average; "
-      f"the most next-token head, {top_layer}-{top_head}, puts {next_share.max():.2f}")
-assert next_share[layer, head] < next_share.max() / 2
+print(f"head {figures.head_label(layer, head)} (L-H, 1-indexed) puts {next_share[layer, head]:.2f} of its attention "
+      f"on the next token on average; the most next-token head, {figures.head_label(top_layer, top_head)}, puts "
+      f"{next_share.max():.2f}")
+expect(next_share[layer, head] < next_share.max() / 2,
+       "the possessive head is not mainly a next-token head (under half the most next-token head's share)",
+       "then it may just follow the next token: compare the two numbers printed above.")
 
 # %% [markdown]
 # So the possessive head is not mainly a next-token head: it singles out the noun after a
@@ -196,14 +206,16 @@ assert next_share[layer, head] < next_share.max() / 2
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), constrained_layout=True)
-for ax, (relation, (layer, head)), row in zip(axes, best.items(), (0, 2)):
+for ax, (relation, (layer, head)), row in zip(axes, best.items(), (rows_with_made[0], rows_with_possessive[0])):
     n = int(n_tokens[row])
     figures.attention_heatmap(patterns[layer, row, head, :n, :n], batch.tokens[row][:n], ax=ax,
                               title=f"{relation}: head {figures.head_label(layer, head)}")
 plt.show()
-for row in (0, 1):  # the object → verb head is the best head in each sentence, not only on average
+for row in rows_with_made:  # the object → verb head is the best head in each sentence, not only on average
     single = attention_between([row], lambda r: "mistake", lambda r: "made")
-    assert np.unravel_index(single.argmax(), single.shape) == best["object → verb"], row
+    expect(np.unravel_index(single.argmax(), single.shape) == best["object → verb"],
+           f"sentence {row}: the object → verb head is also the best head in this sentence alone",
+           "the average hides sentences where another head wins: print `single` for this row.")
 
 # %% [markdown]
 # With a handful of sentences such heads are suggestive, not established: the blog post

@@ -36,6 +36,8 @@ import numpy as np
 import minibert
 from minibert import HookFn
 from minibert.analysis import ablate_heads, ablation_sweep, attribution_patching, head_mask, mean_z, patch_activations
+from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
+from minibert.config import head_label
 
 model = minibert.load()
 L, H = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -116,7 +118,8 @@ mean_grid = ablation_sweep(model, pair, similarity, mode="mean")
 print(f"compilations for {2 * L * H} ablated runs: {model.traces - before}")
 # Per mode: one capture of the inputs it reuses (the residual streams, shared; mean_z's capture of z)
 # and one program for all the heads — never one per head.
-assert model.traces - before <= 4
+expect(model.traces - before <= 4, "the whole sweep compiled at most four programs, never one per head",
+       "more compilations mean a hook or metric changed between runs (see the hooks section of the README).")
 # Two fp32 programs that sum in different orders. The similarity (≤ 1) ends in a dot product over
 # D = 384: pairwise summation, depth log2(384) ≈ 9 roundings of ≤ 6e-8 each, ≤ 5.4e-7; 1e-6 leaves the
 # rest for the hidden states' own rounding differences (measured: 1.2e-7, one ulp at 1).
@@ -126,7 +129,8 @@ np.testing.assert_allclose(mean_grid[3, 7], float(similarity(mean_by_hand)), ato
 
 for name, grid in (("zero", zero_grid), ("mean", mean_grid)):
     layer, head = np.unravel_index(np.abs(grid - baseline).argmax(), grid.shape)
-    print(f"{name} ablation: largest change {grid[layer, head] - baseline:+.4f} at head {layer}-{head}; "
+    print(f"{name} ablation: largest change {grid[layer, head] - baseline:+.4f} at head {head_label(layer, head)} "
+          f"(L-H, 1-indexed); "
           f"mean |change| {np.abs(grid - baseline).mean():.4f}")
 
 # %%
@@ -166,7 +170,8 @@ for layer in range(L):
 # %%
 clean = model.tokenize(["The film was wonderful."])
 corrupted = model.tokenize(["The film was terrible."])
-assert clean.input_ids.shape == corrupted.input_ids.shape
+expect(clean.input_ids.shape == corrupted.input_ids.shape, "the two texts have the same number of tokens",
+       "patching then aligns them from the left, position by position (patch_activations' docstring).")
 tokens = clean.tokens[0]
 changed = int(np.flatnonzero(np.asarray(clean.input_ids[0]) != np.asarray(corrupted.input_ids[0]))[0])
 probe = np.asarray(model.sentence_embeddings(model.tokenize(["I loved this movie."])))[0]
@@ -251,8 +256,10 @@ print(f"the swapped word at layer 0: patching {swapped:+.3f}, estimate {estimate
 # confirm the few that matter with real patching.
 
 # %%
-assert correlation["hook_attn_out"] > 0.95, correlation
-assert abs(estimated - swapped) > 0.3 * abs(swapped), (estimated, swapped)  # first order misses ≥ 30% here
+expect(correlation["hook_attn_out"] > 0.95, "attribution patching ranks hook_attn_out's cells as real patching does",
+       f"the correlations are {correlation}: the linear estimate is less reliable for this pair.")
+expect(abs(estimated - swapped) > 0.3 * abs(swapped), "on the one large change the first-order estimate misses ≥ 30%",
+       "this pair's change is small enough for the linearisation: try a bigger edit of the text.")
 
 # %% [markdown]
 # ## Gradients with respect to attention
@@ -294,7 +301,8 @@ def nudged_similarity(eps):
 
 eps = 1e-2
 finite_difference = (nudged_similarity(eps) - nudged_similarity(-eps)) / (2 * eps)
-print(f"entry layer {layer}, sentence {b}, head {head}, query {pair.tokens[b][t]!r} → key {pair.tokens[b][s]!r}")
+print(f"entry (0-indexed) layer {layer}, sentence {b}, head {head}, "
+      f"query {pair.tokens[b][t]!r} → key {pair.tokens[b][s]!r}")
 print(f"gradient {gradient[entry]:.5f}, finite difference {finite_difference:.5f}")
 np.testing.assert_allclose(finite_difference, gradient[entry], rtol=2e-2)
 
@@ -346,6 +354,8 @@ for layer in range(L):
 for layer in range(1, L):
     attention = {kind: mean_over(layer, keys, patterns) for kind, keys in kinds.items()}
     sensitivity = {kind: mean_over(layer, keys, np.abs(gradient)) for kind, keys in kinds.items()}
-    assert max(attention, key=attention.get) == "[CLS]" and min(sensitivity, key=sensitivity.get) == "[CLS]", layer
+    expect(max(attention, key=attention.get) == "[CLS]" and min(sensitivity, key=sensitivity.get) == "[CLS]",
+           f"layer {layer + 1} (1-indexed): [CLS] gets the most attention and the least gradient",
+           "in this layer another token is the sink, or [CLS] matters: see the two dicts.")
     print(f"layer {layer}: [CLS] gets {attention['[CLS]'] / attention['other']:.0f}× the attention of another "
           f"token and {sensitivity['other'] / sensitivity['[CLS]']:.0f}× less gradient")

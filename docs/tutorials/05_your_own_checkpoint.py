@@ -35,6 +35,7 @@ import transformers
 
 import minibert
 from minibert import sources
+from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
@@ -83,7 +84,8 @@ batch = model.tokenize(texts)
 ours = np.asarray(model(batch).logits)
 
 encoded = hf_tokenizer(texts, padding=True, return_tensors="pt")
-assert (encoded["input_ids"].numpy() == np.asarray(batch.input_ids)).all(), "same token ids as BertTokenizerFast"
+expect((encoded["input_ids"].numpy() == np.asarray(batch.input_ids)).all(), "the same token ids as BertTokenizerFast",
+       "the two tokenizers disagree on these texts: print both id rows to find the word.")
 reference = transformers.BertForSequenceClassification.from_pretrained(checkpoint, attn_implementation="eager").eval()
 with torch.no_grad():
     theirs = reference(**encoded).logits.numpy()
@@ -107,7 +109,8 @@ loss, grads = model.grad(batch, lambda out: out.logits[0, positive], names="bloc
 np.testing.assert_allclose(float(loss), ours[0, positive], atol=1e-5)
 g = np.asarray(grads["blocks.1.attn.hook_pattern"])[0]  # [H, T, S]
 head, t, s = np.unravel_index(np.abs(g).argmax(), g.shape)
-print(f"largest |∂logit/∂A|: head {head}, {batch.tokens[0][t]!r} → {batch.tokens[0][s]!r}: {g[head, t, s]:+.4f}")
+print(f"largest |∂logit/∂A|: head {head} (0-indexed), {batch.tokens[0][t]!r} → {batch.tokens[0][s]!r}: "
+      f"{g[head, t, s]:+.4f}")
 
 # %% [markdown]
 # ## Names, the `weights/` store and the Hugging Face cache
@@ -146,7 +149,8 @@ try:
 except sources.SourceError as error:
     message = str(error)
     print(message)
-assert "download=True" in message and "weights/" in message
+expect("download=True" in message and "weights/" in message, "the error says how to get the checkpoint",
+       "the message above should name download=True and the weights/ folder.")
 
 # %% [markdown]
 # ## `.bin` checkpoints
@@ -169,7 +173,8 @@ try:
 except minibert.CheckpointError as error:
     message = str(error)
     print(message)
-assert "pickle" in message and "minibert convert" in message
+expect("pickle" in message and "minibert convert" in message, "the error explains the pickle and the fix",
+       "the message above should name the pickle and `minibert convert`.")
 
 # %% [markdown]
 # For a file you trust, either opt in for one load with `allow_pickle=True`, or convert it

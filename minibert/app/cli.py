@@ -6,6 +6,7 @@
     minibert hooks                         # the table of hook points
     minibert serve                         # the live workbench in a browser (docs/serve.md)
     minibert convert path/pytorch_model.bin
+    minibert tutorial 06                   # writes 06_context_mixing.ipynb (no name: the list)
 
 Options take layers and heads 0-indexed, as the Python API does; figures, pages and summaries label
 them "L-H", 1-indexed as in Clark et al. (layer 2, head 5 is "3-6"). Mistakes in the input (a missing
@@ -250,6 +251,17 @@ def _convert(args) -> int:
     return 0
 
 
+def _tutorial(args) -> int:
+    from minibert.app import tutorials
+
+    if args.name is None:
+        for name, path in tutorials.available().items():
+            print(f"{name}  ({path.read_text(encoding='utf-8').split('# # ', 1)[-1].splitlines()[0]})")
+        return 0
+    print(f"wrote {tutorials.write_notebook(args.name, args.output)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minibert", description="A transparent BERT encoder: attention views, head statistics, hooks.",
@@ -362,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="path to pytorch_model.bin (unpickled once: only for files you trust)")
     convert.add_argument("--output", type=Path, metavar="FILE",
                          help="output file (default: model.safetensors beside the .bin)")
+
+    tutorial = command("tutorial", _tutorial, "write a tutorial as a Jupyter notebook (no name: list them)",
+                       "Write one of the tutorials that ship with minibert as a runnable notebook (.ipynb), "
+                       "without jupytext. NAME is its number (6 or 06), its name (context_mixing) or both "
+                       "(06_context_mixing). Never overwrites a file.")
+    tutorial.add_argument("name", nargs="?", metavar="NAME", help="which tutorial (default: list them)")
+    tutorial.add_argument("--output", type=Path, metavar="FILE", help="the notebook to write (default: ./NAME.ipynb)")
     return parser
 
 

@@ -1,0 +1,96 @@
+"""The tutorials that ship with minibert, as notebooks: `minibert tutorial NAME` writes NAME.ipynb.
+
+The tutorials are jupytext "percent" scripts: docs/tutorials/*.py in the repository, where the docs site
+renders them, and the same files in the installed package as minibert/tutorials/*.percent (symbolic links
+to docs/tutorials in the repository, which the build copies; not .py, so that they are no module of the
+package for the linters and the library's own checks).
+`notebook()` turns one into a Jupyter notebook (nbformat 4) without jupytext: a line `# %%` starts a code
+cell and `# %% [markdown]` a Markdown cell whose lines lose their leading `# `; a commented IPython magic
+(`# %matplotlib inline`) is uncommented in code cells, as jupytext does.
+
+A tutorial states what it expects with `expect(holds, claim, otherwise)` rather than a bare assert: a
+student who edits a cell sees which claim no longer holds and what that means, and the notebook runs on.
+The test suite runs the tutorials with MINIBERT_TUTORIAL_CHECKS=strict, where a claim that fails raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from minibert.errors import InputError
+
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+STRICT = "MINIBERT_TUTORIAL_CHECKS"  # set to "strict" (the test suite does): a failed expect() raises
+HEADER = re.compile(r"\A# ---\n(?:#.*\n)*?# ---\n")  # jupytext's metadata block
+CELL = re.compile(r"^# %%(?P<markdown> \[markdown\])?[^\n]*$", re.MULTILINE)
+MAGIC = re.compile(r"^# (%[a-z])", re.MULTILINE)
+
+
+class TutorialCheckFailed(AssertionError):
+    """A tutorial's expectation failed under MINIBERT_TUTORIAL_CHECKS=strict (the test suite)."""
+
+
+def expect(holds, claim: str, otherwise: str) -> bool:
+    """Print whether `claim` holds on the numbers just computed; if not, print `otherwise` — what that means
+    and what to look at — and go on (raise under MINIBERT_TUTORIAL_CHECKS=strict). Returns whether it held."""
+    held = bool(holds)
+    print(f"✓ {claim}" if held else f"✗ no longer true: {claim}\n  {otherwise}")
+    if not held and os.environ.get(STRICT) == "strict":
+        raise TutorialCheckFailed(f"{claim} — {otherwise}")
+    return held
+
+
+def available() -> dict[str, Path]:
+    """{name: file} of every shipped tutorial, in order ("06_context_mixing": …/06_context_mixing.py)."""
+    return {path.stem: path for path in sorted(TUTORIALS.glob("[0-9]*.percent"))}
+
+
+def find(name: str) -> Path:
+    """The tutorial called `name`: its whole name, its number ("6" or "06") or the rest ("context_mixing")."""
+    tutorials = available()
+    wanted = name.removesuffix(".py").removesuffix(".ipynb").removesuffix(".percent")
+    for stem, path in tutorials.items():
+        number, _, rest = stem.partition("_")
+        if wanted in (stem, number, rest) or (wanted.isdigit() and int(wanted) == int(number)):
+            return path
+    raise InputError(f"no tutorial {name!r}; the tutorials are {', '.join(tutorials) or 'missing from this install'} "
+                     f"(`minibert tutorial` lists them).")
+
+
+def _cell(kind: str, lines: list[str]) -> dict:
+    source = "\n".join(lines).strip("\n")
+    cell = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
+    return cell | ({"execution_count": None, "outputs": []} if kind == "code" else {})
+
+
+def notebook(script: str) -> dict:
+    """A jupytext percent script's text → a Jupyter notebook (nbformat 4) as a dict, ready for json.dump."""
+    body = HEADER.sub("", script, count=1)
+    marks = list(CELL.finditer(body))
+    cells = []
+    for mark, end in zip(marks, [*marks[1:], None]):
+        text = body[mark.end():end.start() if end else len(body)]
+        if mark["markdown"]:
+            lines = [re.sub(r"^# ?", "", line) for line in text.strip("\n").splitlines()]
+            cells.append(_cell("markdown", lines))
+        else:
+            cells.append(_cell("code", MAGIC.sub(r"\1", text).splitlines()))
+    kernel = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    return {"cells": cells, "metadata": {"kernelspec": kernel, "language_info": {"name": "python"}},
+            "nbformat": 4, "nbformat_minor": 4}
+
+
+def write_notebook(name: str, output: Path | None = None) -> Path:
+    """Write tutorial `name` as a notebook to `output` (default: ./NAME.ipynb); refuses to overwrite a file."""
+    source = find(name)
+    output = Path(output) if output is not None else Path(source.stem + ".ipynb")
+    if output.exists():
+        raise InputError(f"{output} exists; pass another --output or remove it first (a notebook you edited "
+                         f"is never overwritten).")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(notebook(source.read_text(encoding="utf-8")), indent=1, ensure_ascii=False) + "\n",
+                      encoding="utf-8")
+    return output
