@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a few requests at 16 tokens (CI)")
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
     args = parser.parse_args(argv)
-    tokens, edits, clients, requests = (16, 4, 2, 4) if args.smoke else (128, 40, 8, 50)
+    tokens, edits, clients, requests = (16, 4, 2, 4) if args.smoke else (128, 20, 8, 50)
     model = minibert.load()
     cfg = model.config
     workbench = Workbench(model, max_tokens=tokens)

@@ -21,6 +21,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert.analysis import interventions
 from minibert.app import serve
+from minibert.viz._html import UNIT_BYTE_ERROR
 from minibert.viz.explore import MAX_CHARS, Workbench
 
 pytest.importorskip("starlette")
@@ -215,6 +216,36 @@ def test_tokenize_and_views(client):
     assert mixed["views"]["head"]["meta"]["n_heads"] == 1
 
 
+def unpacked(view_data: dict) -> np.ndarray:
+    """A view's attention as the page decodes it: one byte per weight, /255 ("unit_byte", viz._html)."""
+    import base64
+    import zlib
+
+    packed = view_data["arrays"]["attention"]
+    assert packed["packing"] == "unit_byte"
+    return np.stack([np.frombuffer(zlib.decompress(base64.b64decode(layer)), np.uint8).reshape(packed["shape"])
+                     for layer in packed["layers"]]) / 255
+
+
+@pytest.mark.parametrize("method", ["rollout", "value_zeroing", "alti"])
+def test_mixing_views_show_the_analyses_maps(mlm, client, method):
+    from minibert.analysis import flow, mixing
+
+    text, pair = "a b c d", "e f"
+    answer = post(client, "mixing", {"text": text, "pair": pair, "method": method}).json()
+    batch = mlm.tokenize([text], [pair])
+    if method == "rollout":
+        _, cache = mlm.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+        expected = flow.attention_rollout(np.asarray(cache.stack("attn.hook_pattern"))[:, 0])
+    else:
+        expected = getattr(mixing, method)(mlm, batch)[:, 0]
+    for kind in ("head", "model"):
+        shown = unpacked(answer["views"][kind])[:, 0]  # one map per layer, drawn as head 0
+        # the page's byte packing (≤ 1/510) plus the two runs' rounding (the workbench's is padded to a bucket)
+        rtol = forward_rtol(mlm.config, batch.input_ids.shape[1])
+        np.testing.assert_allclose(shown, expected, rtol=0, atol=UNIT_BYTE_ERROR + rtol)
+
+
 def test_compare_serves_two_models(mlm, tmp_path):
     make_hf_model(tmp_path, "BertForMaskedLM", seed=1)
     other = minibert.load(tmp_path)
@@ -224,6 +255,7 @@ def test_compare_serves_two_models(mlm, tmp_path):
     assert first != second
 
 
+@pytest.mark.slow
 def test_serve_command_prints_the_url_first(tmp_path):
     make_hf_model(tmp_path, "BertForMaskedLM")
     command = [sys.executable, "-m", "minibert.app.cli", "serve", "--model", str(tmp_path), "--no-browser",

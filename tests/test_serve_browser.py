@@ -80,6 +80,7 @@ class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
         self.page.on("console", lambda m: self.problems.append(f"console {m.type}: {m.text}")
                      if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("dialog", lambda d: (self.problems.append(f"dialog: {d.message}"), d.dismiss()))
         self.page.route("**/*", self._local_only)
         self.response = self.page.goto(url or server.url)
 
@@ -100,9 +101,7 @@ class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
         self.page.fill("#wb-text", text)
         self.page.wait_for_function("t => [...document.querySelectorAll('#wb-tokens-0 .wb-token')].length > 0 && "
                                     "document.getElementById('wb-text').value === t", arg=text)
-        self.settle()
-        self.page.wait_for_timeout(300)  # the page waits 200 ms after typing before it asks
-        self.settle()
+        self.settle()  # typing marks the page busy at once, until the answers to the edit are drawn
 
     def values(self, selector: str) -> list[float]:
         return [float(v) for v in self.page.eval_on_selector_all(selector, "ns => ns.map(n => n.dataset.value)")]
@@ -162,6 +161,17 @@ def test_step_through_shows_the_hooks_values(browser, server, tiny_mlm):
         assert_close_to_scale(shown, value[:len(shown)], rtol, step)
     hover = page.page.get_attribute("#wb-step-0 .wb-step[data-step=resid_mid] .wb-num", "title")
     assert "block 1 input[0]" in hover and "attention output[0]" in hover  # the operands of x + a
+    assert page.problems == []
+
+
+def test_hostile_text_stays_text(browser, server, tiny_mlm):
+    hostile = "<img src=x onerror=alert(1)></script><b>"  # 61 tokens with B (the server takes 64)
+    page = Workbench_page(browser, server)
+    page.type(hostile, "<svg onload=alert(2)>")
+    assert page.page.text_content(".wb-status") == ""
+    tokens = page.page.eval_on_selector_all("#wb-tokens-0 .wb-token", "ns => ns.map(n => n.textContent)")
+    assert tokens == tiny_mlm[0].tokenize([hostile], ["<svg onload=alert(2)>"]).tokens[0]
+    assert page.page.locator("#workbench img, #workbench [onerror], #workbench [onload]").count() == 0
     assert page.problems == []
 
 

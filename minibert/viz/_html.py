@@ -39,6 +39,9 @@ def _static(name: str) -> str:
 Packing = Literal["unit_byte", "float32"]
 PACKINGS = ("unit_byte", "float32")
 UNIT_BYTE_ERROR = 0.5 / 255  # largest |decoded − value| of the "unit_byte" packing
+# zlib level of the packed layers: 6 for pages that are saved and shared; the live workbench sends its
+# views over a local connection at every edit and uses 0 (stored, no compression: time matters there, size not).
+ZLIB_LEVEL = 6
 
 
 def _layer_bytes(layer: np.ndarray, packing: Packing) -> bytes:
@@ -48,12 +51,12 @@ def _layer_bytes(layer: np.ndarray, packing: Packing) -> bytes:
     return planes.tobytes()
 
 
-def _packed(layers: Sequence[np.ndarray], packing: Packing) -> dict:
+def _packed(layers: Sequence[np.ndarray], packing: Packing, level: int = ZLIB_LEVEL) -> dict:
     """{"packing", "shape" (of one layer), "layers": one base64(zlib(bytes)) string per layer}."""
     if packing not in PACKINGS:
         raise VizError(f"packing must be one of {PACKINGS}; got {packing!r}.")
     return {"packing": packing, "shape": list(np.shape(layers[0])),
-            "layers": [base64.b64encode(zlib.compress(_layer_bytes(layer, packing), 6)).decode("ascii")
+            "layers": [base64.b64encode(zlib.compress(_layer_bytes(layer, packing), level)).decode("ascii")
                        for layer in layers]}
 
 
@@ -84,17 +87,17 @@ class View:
     """
 
     def __init__(self, kind: str, meta: Mapping, arrays: Mapping[str, tuple[Sequence[np.ndarray], Packing]], *,
-                 title: str, theme: str):
+                 title: str, theme: str, level: int = ZLIB_LEVEL):
         """arrays: name -> (its layers: equal-shaped arrays, or one array by its first axis; a packing).
 
-        See the module docstring for the packings.
+        See the module docstring for the packings; `level`: their zlib compression level (ZLIB_LEVEL).
         """
         self.kind = kind
         self.title = title
         self.theme = theme
         # Encoded once; each rendering only adds a fresh id. `data` is what views.js draws from: the workbench
         # (minibert serve, viz.explore) sends it as JSON to a page that renders it with the same code.
-        packed = {name: _packed(array, packing) for name, (array, packing) in arrays.items()}
+        packed = {name: _packed(array, packing, level) for name, (array, packing) in arrays.items()}
         self.data = {"kind": kind, "meta": dict(meta), "arrays": packed}
         self._data = _safe_json(self.data)
 

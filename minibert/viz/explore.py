@@ -37,7 +37,7 @@ from minibert.viz import views
 MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
 MAX_TOKENS = 128  # per request (text and pair together): the views stay readable and the answers fast
 TOP_K = 5  # masked-LM predictions shown per [MASK]
-CACHED_RUNS = 8  # runs kept for the step-through and the "before" of an ablation; bounds memory
+CACHED_RUNS = 4  # runs kept for the step-through and the "before" of an ablation (~55 MB each at 128 tokens)
 MIXING_METHODS = ("attention", "rollout", "value_zeroing", "alti")
 ABLATION_MODES = ("zero", "mean")
 
@@ -114,7 +114,8 @@ class Workbench:
         self._capture = [name for name in EMBED_SITES if name in names] + [
             f"blocks.{layer}.{site}" for layer in range(cfg.num_hidden_layers) for site in BLOCK_SITES]
         self._runs: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()  # one forward at a time: memory stays flat under concurrent clients
+        self._lock = threading.Lock()  # guards the run cache; one forward at a time
+        self._answering = threading.Lock()  # one answer at a time: memory stays flat under concurrent clients
 
     # ---- requests -------------------------------------------------------------------------------------
 
@@ -124,7 +125,8 @@ class Workbench:
             raise InputError(f"unknown action {action!r}; the workbench answers {', '.join(ACTIONS)}.")
         if not isinstance(body, Mapping):
             raise InputError("the request body must be a JSON object, e.g. {\"text\": \"The cat sat.\"}.")
-        return ACTIONS[action](self, body)
+        with self._answering:  # an answer holds its run's captures and packed views: a few MB each at 128 tokens
+            return ACTIONS[action](self, body)
 
     def info(self, body: Mapping | None = None) -> dict:
         """What the page needs to draw its controls: the model, its sizes, its head, the limits."""
@@ -178,8 +180,8 @@ class Workbench:
             return {"method": method, "views": self._views(run)}
         maps = self._mixing_maps(run, request, method)[:, None]  # [L, 1, T, T]
         tokens, b_start = run.tokens, run.sentence_b_start
-        return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start).data,
-                                            "model": views.model_view(tokens, maps, b_start).data}}
+        return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start, level=0).data,
+                                            "model": views.model_view(tokens, maps, b_start, level=0).data}}
 
     def warm_up(self, length: int) -> None:
         """Compile the programs a text of `length` tokens (a bucket) runs, before a request waits for them."""
@@ -286,14 +288,15 @@ class Workbench:
     # ---- answers ----------------------------------------------------------------------------------------
 
     def _views(self, run: Run) -> dict:
-        """The head, model and neuron views' data (View.data, drawn in the page by views.js)."""
+        """The head, model and neuron views' data (View.data, drawn in the page by views.js), packed without
+        compression (level 0): on a local connection, compressing costs more time than the bytes it saves."""
         attention = run.stack("attn.hook_pattern")
         q, k = run.stack("attn.hook_q"), run.stack("attn.hook_k")
         tokens, b_start = run.tokens, run.sentence_b_start
-        return {"head": views.head_view(tokens, attention, b_start).data,
-                "model": views.model_view(tokens, attention, b_start).data,
-                "neuron": views.neuron_view(tokens, q, k, attention, b_start,
-                                            query_index=min(1, len(tokens) - 1)).data}
+        return {"head": views.head_view(tokens, attention, b_start, level=0).data,
+                "model": views.model_view(tokens, attention, b_start, level=0).data,
+                "neuron": views.neuron_view(tokens, q, k, attention, b_start, query_index=min(1, len(tokens) - 1),
+                                            level=0).data}
 
     def _output_kinds(self) -> list[str]:
         heads = self.model.config.heads

@@ -25,7 +25,9 @@ neuron view carries q and k as float32 (the model's own values, exactly) and com
 q·k/√K and the softmax from them in float64; when `attention` is not that softmax (within 1e-5),
 it carries `attention` as float32 too and shows it. A page of the bundled model (6 layers × 12
 heads) at 512 tokens is about 3.4 MB (head, model view) and 11 MB (neuron view); `layers=` (and
-`heads=` in the model and neuron views) make smaller ones. Pages need a browser with DecompressionStream
+`heads=` in the model and neuron views) make smaller ones; `level=` is the zlib level of the packed data
+(default 6; 0 sends it uncompressed, as the live workbench does, where time matters more than size).
+Pages need a browser with DecompressionStream
 (Chrome 80, Firefox 113, Safari 16.4); Download saves the current drawing as PNG or SVG.
 """
 
@@ -38,14 +40,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from minibert.viz import _check
-from minibert.viz._html import View
+from minibert.viz._html import ZLIB_LEVEL, View
 
 SOFTMAX_TOLERANCE = 1e-5
 
 
 def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *,
               layer: int | None = None, heads: Sequence[int] | None = None, layers: Sequence[int] | None = None,
-              theme: str = "light", title: str | None = None) -> View:
+              theme: str = "light", title: str | None = None, level: int = ZLIB_LEVEL) -> View:
     """Token-to-token lines for the heads of one layer, opacity = attention weight.
 
     tokens: the document's T tokens. attention: [L, H, T, T]. sentence_b_start: index of
@@ -65,7 +67,7 @@ def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = N
                 layers=rows, layer=first, heads=list(range(n_heads)), n_heads=n_heads,
                 active=[h in shown for h in range(n_heads)])
     return View("head", meta, {"attention": ([a[row] for row in rows], "unit_byte")},
-                title=title or "Head view", theme=_check.theme(theme))
+                title=title or "Head view", theme=_check.theme(theme), level=level)
 
 
 def _shown_first(name: str, value, offered: list[int], size: int, what: str) -> int:
@@ -79,7 +81,8 @@ def _shown_first(name: str, value, offered: list[int], size: int, what: str) -> 
 
 def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = None, *,
                layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-               theme: str = "light", thumbnail: str = "lines", title: str | None = None) -> View:
+               theme: str = "light", thumbnail: str = "lines", title: str | None = None,
+               level: int = ZLIB_LEVEL) -> View:
     """A layers × heads grid of thumbnails; click one to enlarge it into a head view of that head.
 
     layers, heads: which rows and columns to include (default all), 0-indexed.
@@ -92,7 +95,7 @@ def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = 
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
                 layers=rows, heads=cols, n_heads=a.shape[1], thumbnail=thumbnail)
     return View("model", meta, {"attention": ([a[layer, cols] for layer in rows], "unit_byte")},
-                title=title or "Model view", theme=_check.theme(theme))
+                title=title or "Model view", theme=_check.theme(theme), level=level)
 
 
 def _softmax_gap(q: np.ndarray, k: np.ndarray, attention: np.ndarray) -> float:
@@ -105,7 +108,7 @@ def _softmax_gap(q: np.ndarray, k: np.ndarray, attention: np.ndarray) -> float:
 def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | None = None, *,
                 layer: int = 0, head: int = 0, query_index: int = 0,
                 layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                theme: str = "light", title: str | None = None) -> View:
+                theme: str = "light", title: str | None = None, level: int = ZLIB_LEVEL) -> View:
     """How one query's attention is computed: q, each key's k, q×k (elementwise), q·k, q·k/√K, softmax.
 
     q, k: [L, T, H, K]; attention: [L, H, T, T], the model's own pattern, which the softmax column
@@ -142,7 +145,7 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
                 heads=cols, n_heads=n_heads, d_head=q.shape[-1], layer=layer, head=head,
                 query=_check.index("query_index", query_index, len(tokens), "tokens"),
                 mismatch=gap if gap > SOFTMAX_TOLERANCE else None)
-    return View("neuron", meta, arrays, title=title or "Neuron view", theme=_check.theme(theme))
+    return View("neuron", meta, arrays, title=title or "Neuron view", theme=_check.theme(theme), level=level)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,6 +93,7 @@
     for (var layer = 0; layer < info.layers; layer++) {
       for (var head = 0; head < info.heads; head++) {
         var button = el("button", {type: "button", "class": "wb-head", "data-layer": layer, "data-head": head,
+                                   id: "wb-head-" + n + "-" + layer + "-" + head,
                                    "aria-pressed": "false",
                                    title: "layer " + layer + ", head " + head + " (0-indexed): click to ablate"},
                         (layer + 1) + "-" + (head + 1));
@@ -127,6 +128,7 @@
     clearTimeout(state.timer);
     state.timer = null;
     var ticket = ++state.runs;
+    var focused = document.activeElement && document.activeElement.id;  // redrawn controls get focus back
     app.setAttribute("aria-busy", "true");
     var work = panels.map(function (panel) {
       return send("run", body(panel.n)).then(function (answer) {
@@ -144,14 +146,19 @@
     Promise.all(work).then(function () {
       if (ticket !== state.runs) return;
       status.textContent = "";
+      var again = focused && document.getElementById(focused);
+      if (again && !app.contains(document.activeElement)) again.focus();
       app.setAttribute("aria-busy", "false");
     }, function (error) {
+      if (ticket !== state.runs) return;
       status.textContent = error.message;
       app.setAttribute("aria-busy", "false");
     });
   }
 
   function later() {
+    app.setAttribute("aria-busy", "true");  // from the keystroke on: the panels are about to change
+    state.runs++;  // answers still coming for the text before this edit are dropped
     clearTimeout(state.timer);
     state.timer = setTimeout(refresh, 200);
   }
@@ -164,7 +171,7 @@
     var row = el("div", {"class": "wb-token-row", role: "group", "aria-label": "tokens"});
     answer.tokens.forEach(function (tokenText, i) {
       var button = el("button", {type: "button", "class": "wb-token" + (i === state.query ? " wb-chosen" : ""),
-                                 "data-index": i, "aria-pressed": String(i === state.query),
+                                 id: "wb-token-" + panel.n + "-" + i, "data-index": i, "aria-pressed": String(i === state.query),
                                  title: "position " + i + ": click to step through it as the query"}, tokenText);
       if (answer.sentence_b_start != null && i >= answer.sentence_b_start) button.classList.add("wb-b");
       button.addEventListener("click", function () { state.query = i; refresh(); });
