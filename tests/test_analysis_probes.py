@@ -37,7 +37,8 @@ def _gradient(W, x, y, l2):
 
 
 @pytest.mark.slow
-def test_linear_probes_reach_scikit_learns_optimum():
+@pytest.mark.parametrize("vectorised", [False, True], ids=["lax.map", "vmap"])
+def test_linear_probes_reach_scikit_learns_optimum(vectorised):
     """Each layer's W matches LogisticRegression(C = 1/(l2·n), no intercept) on the same features.
 
     The objective is l2-strongly convex, so any W lies within ‖∇f(W)‖/l2 of the optimum W*: the two
@@ -47,7 +48,7 @@ def test_linear_probes_reach_scikit_learns_optimum():
     from sklearn.linear_model import LogisticRegression
 
     x, y = _planted_task()
-    params, _ = probes.fit_linear_probes(x, y, l2=L2, num_classes=4, bias=False, max_steps=1000)
+    params, _ = probes.fit_linear_probes(x, y, l2=L2, num_classes=4, bias=False, max_steps=1000, vectorised=vectorised)
     ours_predicted = probes.predict(params, x)
     for layer in range(x.shape[0]):
         features = x[layer].astype(np.float64)

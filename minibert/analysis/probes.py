@@ -6,7 +6,8 @@ heads, …). Token-level probes label words: a word's feature is its first wordp
 mean of its wordpieces' ("first" | "mean", as word-level attention pools rows). Sentence-level probes
 label texts: the [CLS] position or the mean over real tokens.
 
-Every layer's probe trains in one compiled program (`jax.vmap` over layers) on the objective
+Every layer's probe trains in one compiled program (`jax.vmap` over layers on accelerators, `lax.map` on CPU,
+where batched matmuls are slow) on the objective
 
     mean_i CE(x_i W + b, y_i) + (l2 / 2)·‖W‖²            (b is not penalised)
 
@@ -236,20 +237,33 @@ def _fit_one_layer(x, y, x_dev, y_dev, init, l2, max_steps, patience, tol):
     return best, steps - since_best
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "bias"))
-def _fit_layers(x, y, x_dev, y_dev, l2, tol, max_steps, patience, *, num_classes, bias):
+def vectorised_layers() -> bool:
+    """Whether to train the layers' probes side by side (vmap) or one after another in the same program (lax.map).
+
+    On CPU, XLA's batched matmul [L, N, F] × [L, F, C] runs several times slower than L plain ones, and a
+    vmapped loop runs every layer until the slowest has converged; accelerators gain from running them together.
+    """
+    return jax.default_backend() != "cpu"
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "bias", "vectorised"))
+def _fit_layers(x, y, x_dev, y_dev, l2, tol, max_steps, patience, *, num_classes, bias, vectorised):
     """Every layer's probe in one program: x [L, N, F], y [N] → ({"W": [L, F, C], "b": [L, C]}, steps [L])."""
     init = {"W": jnp.zeros((x.shape[-1], num_classes), x.dtype)}
     if bias:
         init["b"] = jnp.zeros((num_classes,), x.dtype)
     fit = functools.partial(_fit_one_layer, y=y, y_dev=y_dev, init=init, l2=l2, max_steps=max_steps,
                             patience=patience, tol=tol)
-    return jax.vmap(fit)(x, x_dev=x_dev)
+    if vectorised:
+        return jax.vmap(fit)(x, x_dev=x_dev)
+    return jax.lax.map(lambda layer: fit(layer[0], x_dev=layer[1]), (x, x_dev))
 
 
 def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: float = 1e-3, dev=None,
-                      max_steps: int = 500, patience: int | None = 20, tol: float = 1e-6, bias: bool = True):
-    """Train one multinomial logistic probe per layer, all in one compiled program.
+                      max_steps: int = 500, patience: int | None = 20, tol: float = 1e-6, bias: bool = True,
+                      vectorised: bool | None = None):
+    """Train one multinomial logistic probe per layer, all in one compiled program (layers side by side with
+    vmap, or in turn with lax.map: vectorised=None picks by device, see vectorised_layers).
 
     features [L, N, F] (a Features or an array), labels [N] integers in [0, C). dev: (features [L, M, F],
     labels [M]) for early stopping: keep the step with the lowest dev cross-entropy, stop after `patience`
@@ -273,7 +287,8 @@ def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: f
                                 f"features {x.shape}; pass the same layers and feature size.")
     params, steps = _fit_layers(jnp.asarray(x), jnp.asarray(y), x_dev, y_dev, jnp.float32(l2), jnp.float32(tol),
                                 jnp.int32(max_steps), jnp.int32(max_steps if patience is None else patience),
-                                num_classes=num_classes, bias=bias)
+                                num_classes=num_classes, bias=bias,
+                                vectorised=vectorised_layers() if vectorised is None else vectorised)
     return jax.tree.map(np.asarray, params), np.asarray(steps)
 
 

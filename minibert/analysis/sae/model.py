@@ -95,9 +95,14 @@ def losses(config: SAEConfig, params, x, dead, step):
     error = x - decode(params, latents)
     mse = jnp.mean(jnp.sum(error**2, -1))
     if config.architecture == "topk":
-        aux_latents = _top_k(jnp.where(dead, pre, -jnp.inf), config.aux_k)  # live latents: −inf, ReLU'd to 0
-        aux_error = jax.lax.stop_gradient(error) - aux_latents @ params["W_dec"]
-        aux = jnp.mean(jnp.sum(aux_error**2, -1)) * jnp.any(dead)  # no dead latent: no AuxK loss
+
+        def aux_loss(pre, W_dec, error):
+            aux_latents = _top_k(jnp.where(dead, pre, -jnp.inf), config.aux_k)  # live latents: −inf, ReLU'd to 0
+            return jnp.mean(jnp.sum((error - aux_latents @ W_dec) ** 2, -1))
+
+        # no dead latent, no AuxK loss: the branch (a top-k over every latent) is skipped, not multiplied by 0
+        aux = jax.lax.cond(jnp.any(dead), aux_loss, lambda *_: jnp.zeros((), x.dtype), pre, params["W_dec"],
+                           jax.lax.stop_gradient(error))
         return {"total": mse + config.aux_coefficient * aux, "mse": mse, "aux": aux}, latents
     ramp = jnp.minimum(1.0, (step + 1) / config.l1_warmup) if config.l1_warmup else 1.0
     l1 = jnp.mean(jnp.sum(latents * jnp.linalg.norm(params["W_dec"], axis=-1), -1))
