@@ -32,6 +32,7 @@ from minibert.hooks import HookPoints, writers_for
 from minibert.model import Bert, Dropout
 from minibert.training import data as data_
 from minibert.training import optim
+from minibert.training.resume import Checkpoints
 
 HEAD_CLASS = {"sequence-classification": "ForSequenceClassification",
               "token-classification": "ForTokenClassification", "masked-lm": "ForMaskedLM"}
@@ -245,13 +246,14 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
              warmup: float | int = 0.1, schedule: str = "linear", max_grad_norm: float | None = 1.0,
              dropout: float | None = None, shuffle: bool = True, seed: int = 0, eval_data=None,
              resume: str | Path | None = None, hooks=None, trainable=None, accumulate: int = 1,
-             compute_dtype=jnp.float32, progress: bool = True) -> Result:
+             compute_dtype=jnp.float32, progress: bool = True, checkpoint_every: int = 50) -> Result:
     """Fine-tune `model` on `data` (training.examples, or what it takes) for `task`; see the module docstring.
 
     A model that has the task's head continues from its weights; a base model gets a new head initialised as
     transformers does. `hooks`: {name: fn} as run_with_hooks takes them, applied in every step (interventional
     training). `trainable`: globs over parameter names (optim.parameter_names) that move; None moves all.
-    `resume`: a directory where the run saves its state and from which it continues (resume.py).
+    `resume`: a directory where the run saves its state (every `checkpoint_every` updates and at each epoch's
+    end) and from which a run with the same settings continues, to the same bits (resume.py).
     `compute_dtype`: jnp.bfloat16 computes in bf16 with fp32 master weights and optimiser state.
     """
     task = data_.checked_task(task)
@@ -287,12 +289,32 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names) if evaluator else None
 
     history, micro = History(), 0
+    checkpoints = Checkpoints(resume) if resume is not None else None
+    run_settings = {"task": task, "labels": list(names), "examples": len(rows), "epochs": epochs,
+                    "batch_size": batch_size, "learning_rate": learning_rate, "weight_decay": weight_decay,
+                    "warmup": warmup, "schedule": schedule, "max_grad_norm": max_grad_norm, "dropout": dropout,
+                    "shuffle": shuffle, "seed": seed, "accumulate": accumulate,
+                    "compute_dtype": str(step.compute_dtype), "trainable": sorted(moving)}
+    if checkpoints is not None:
+        found = checkpoints.restore({"params": trainable_params, "opt": opt_state}, run_settings)
+        if found is not None:
+            micro, state, meta = found
+            trainable_params, opt_state = state["params"], state["opt"]
+            history = History(**meta["history"])
+
+    def save():
+        if checkpoints is not None:
+            checkpoints.save(micro, {"params": trainable_params, "opt": opt_state},
+                             {"settings": run_settings, "history": dataclasses.asdict(history)})
+
     dropout_key = jax.random.key(seed)
     with optim.Progress(total_steps, f"fine-tuning ({task})", enabled=progress) as bar:
-        for epoch in range(epochs):
+        bar.bar.update(len(history.loss))
+        for epoch in range(micro // per_epoch, epochs):
             order = data_.epoch_order(len(encoded), epoch, seed, shuffle)
             losses, tokens = [], 0
-            for batch in data_.batches(encoded, order, mask_seed=(seed, epoch), **batch_settings):
+            first = micro - epoch * per_epoch
+            for batch in data_.batches(encoded, order, mask_seed=(seed, epoch), first=first, **batch_settings):
                 key = jax.random.fold_in(dropout_key, micro)
                 trainable_params, opt_state, loss = train(trainable_params, frozen, opt_state, batch, key,
                                                           writer_leaves)
@@ -305,11 +327,17 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                     history.learning_rate.append(float(lr(update)))
                     bar.update(history.loss[-1], tokens)
                     losses, tokens = [], 0
+                    if (update + 1) % checkpoint_every == 0 and micro % per_epoch:  # the epoch's end saves below
+                        save()
             if evaluator is not None:
                 eval_settings = dict(batch_settings, mask_seed=(seed, epochs))  # the same masks every epoch
                 scores = evaluate(evaluator, trainable_params | frozen, eval_encoded, eval_settings, writer_leaves,
                                   len(names) or cfg.vocab_size)
                 history.eval.append({"epoch": epoch + 1, **scores})
+            if micro % accumulate == 0:  # a checkpoint never holds half an accumulation
+                save()
+    if checkpoints is not None:
+        checkpoints.close()
 
     trained = Model(cfg, layout.nested(trainable_params | frozen), model.tokenizer, pooling=model.pooling,
                     source=model.source)

@@ -1,0 +1,74 @@
+"""resume=DIR: a run killed mid-way (SIGKILL, in a subprocess) and resumed ends with the same bits as a run
+that was never interrupted — parameters, optimiser state, data order, masks and dropout keys all continue."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import minibert
+from minibert import training
+from minibert.errors import InputError
+from tests.conftest import make_hf_model
+
+SETTINGS = dict(task="sequence-classification", num_labels=2, epochs=3, batch_size=4, learning_rate=1e-3,
+                dropout=0.1, seed=5, progress=False)
+RUN = """
+import json, sys
+import minibert
+from minibert import training
+settings = json.loads(sys.argv[3])
+rows = [training.Example(t, None, l) for t, l in json.loads(sys.argv[4])]
+training.finetune(minibert.load(sys.argv[1]), rows, resume=sys.argv[2], checkpoint_every=1, **settings)
+"""
+
+
+def _rows(n=60):
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(50)]
+    return [(" ".join(rng.choice(words, size=rng.integers(2, 10))), int(rng.integers(0, 2))) for _ in range(n)]
+
+
+def _leaves(model):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(model.state)]
+
+
+def _checkpoints(directory):
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_bits(tmp_path):
+    make_hf_model(tmp_path / "hf", "BertForSequenceClassification", num_labels=2, scale=0.1)
+    model = minibert.load(tmp_path / "hf")
+    rows = _rows()
+    examples = [training.Example(t, None, label) for t, label in rows]
+    whole = training.finetune(model, examples, **SETTINGS)
+
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-c", RUN, str(tmp_path / "hf"), str(run_dir), json.dumps(SETTINGS),
+                                json.dumps(rows)], env=os.environ | {"PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 300
+    while not _checkpoints(run_dir) or _checkpoints(run_dir)[-1] < 6:
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = _checkpoints(run_dir)[-1]
+    assert killed_at < 45  # 3 epochs of 15 steps: it stopped before the end
+
+    resumed = training.finetune(model, examples, resume=run_dir, **SETTINGS)
+    assert resumed.history.loss == whole.history.loss
+    for ours, theirs in zip(_leaves(resumed.model), _leaves(whole.model)):
+        np.testing.assert_array_equal(ours, theirs)
+    with pytest.raises(InputError, match="learning_rate: 0.001 then, 0.002 now"):
+        training.finetune(model, examples, resume=run_dir, **(SETTINGS | {"learning_rate": 2e-3}))
