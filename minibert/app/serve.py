@@ -177,9 +177,16 @@ def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: in
           tour: bool = False, step: Callable[[str], None] = lambda what: print(what, file=sys.stderr)) -> None:
     """Serve until Ctrl-C: bind, print the URL as the first line on stdout, warm up in the background."""
     import socket
+    import warnings
     import webbrowser
 
     import uvicorn
+
+    from minibert import RecompileWarning
+
+    # One program per length bucket (and one more per bucket for a sentence-transformers pair) is the plan, not
+    # a hook that recompiles by mistake: the warning would only alarm whoever started the server.
+    warnings.filterwarnings("ignore", category=RecompileWarning)
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -90,6 +90,7 @@
     panel.views = section(column, "Views", "wb-views-" + n);
     panel.headButtons = [];
     var grid = el("div", {"class": "wb-grid", role: "group", "aria-label": "heads of model " + n});
+    grid.style.gridTemplateColumns = "repeat(" + info.heads + ", max-content)";  // one row per layer
     for (var layer = 0; layer < info.layers; layer++) {
       for (var head = 0; head < info.heads; head++) {
         var button = el("button", {type: "button", "class": "wb-head", "data-layer": layer, "data-head": head,
