@@ -29,7 +29,10 @@ class Settings:
     warmup: int
 
     @classmethod
-    def make(cls, quick: bool) -> Settings:
+    def make(cls, quick: bool, smoke: bool = False) -> Settings:
+        """7 timed runs after 2 warm-ups; quick: 3 after 1; smoke (CI checks that a script runs): 1, no warm-up."""
+        if smoke:
+            return cls(True, repeats=1, warmup=0)
         return cls(quick, repeats=3 if quick else 7, warmup=1 if quick else 2)
 
 

@@ -10,6 +10,7 @@
   (a registered AttentionInterface function) and a backward; the two results are compared first.
 
     taskset -c 0 python benchmarks/mixing.py [--quick]   # one core: prints a Markdown table for RESULTS.md
+    python benchmarks/mixing.py --smoke                  # a short pair, 2 steps, one run per case (CI)
 
 On one core, as benchmarks/one_core.py: on a shared 2-vCPU machine PyTorch's two OpenMP threads stall on
 each other (spin-waits on a descheduled peer) in a loop of thousands of small calls, which measures the load
@@ -19,7 +20,6 @@ rather than the method; one core and one torch thread compare the work done.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -27,10 +27,12 @@ import numpy as np
 from harness import Settings, block, bundled_dir, fmt, hf_model, machine, markdown_table, time_round_robin
 
 import minibert
+from minibert import HookFn
 from minibert.analysis import mixing
 
 QUESTION = "what do you think of the food and the service at this place ?"
 REVIEW = "the food was great , the pasta especially , but the service was slow and the waiter forgot our drinks ."
+SMOKE_QUESTION, SMOKE_REVIEW = "how was the food ?", "the food was great ."
 
 
 def torch_value_zeroing(hf, ids, types, per_layer: bool) -> np.ndarray:
@@ -67,23 +69,31 @@ def torch_value_zeroing(hf, ids, types, per_layer: bool) -> np.ndarray:
 def attribution_loop(model, batch, target_fn, steps: int) -> np.ndarray:
     """Attr per layer by a Python loop over (layer, step), each step one call of a compiled gradient
     program (the same suffix program as minibert's, not batched over the steps): the fastest per-step loop."""
-    attention_mask = model.inputs(batch)[2]
-    _, cache = model.run_with_cache(batch, names=[mixing.PATTERNS, "blocks.*.hook_resid_pre"])
+    inputs = model.inputs(batch)
+    _, cache = model.run_with_cache(inputs, names=[mixing.PATTERNS, "blocks.*.hook_resid_pre"])
+    step_gradient = model.jit(_step_gradient, static_argnames=("target_fn",))
     result = []
     for layer in range(model.config.num_hidden_layers):
         pattern, resid = cache[f"blocks.{layer}.attn.hook_pattern"], cache[f"blocks.{layer}.hook_resid_pre"]
         total = 0
         for k in range(1, steps + 1):
-            total = total + _step_gradient(model, model.state, attention_mask, resid, target_fn, jnp.int32(layer),
-                                           k / steps * pattern)
+            total = total + step_gradient(model.state, inputs, resid, jnp.int32(layer), k / steps * pattern,
+                                          target_fn=target_fn)
         result.append(np.asarray(pattern * total / steps))
     return np.stack(result)
 
 
-@partial(jax.jit, static_argnames=("model", "target_fn"))
-def _step_gradient(model, state, attention_mask, resid, target_fn, layer, pattern):
+def _in_layer(pattern, ctx, layer, replacement):
+    """Block `layer`'s pattern becomes `replacement`; the other blocks keep theirs."""
+    return jnp.where(ctx.layer == layer, replacement, pattern).astype(pattern.dtype)
+
+
+def _step_gradient(model, state, inputs, resid, layer, pattern, *, target_fn):
     """∂ Σ_rows F / ∂ pattern of block `layer`, at `pattern`, run from the stream entering block `layer`."""
-    return jax.grad(partial(mixing._suffix_target, model, state, attention_mask, resid, layer, target_fn))(pattern)
+    def target(pattern):
+        hooks = {mixing.PATTERNS: HookFn(_in_layer, layer=layer, replacement=pattern)}
+        return target_fn(model.suffix(state, layer, resid, inputs, hooks)).sum()
+    return jax.grad(target)(pattern)
 
 
 SWAPPED = "swapped_eager"  # the attention implementation torch_attribution registers with transformers
@@ -132,16 +142,20 @@ def torch_attribution(hf, ids, types, steps: int) -> np.ndarray:
     return np.stack(result)
 
 
-def main():
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 timed runs per case instead of 7")
-    settings = Settings.make(parser.parse_args().quick)
+    parser.add_argument("--smoke", action="store_true", help="a short pair, 2 steps, one run per case (CI)")
+    args = parser.parse_args(argv)
+    settings = Settings.make(args.quick, args.smoke)
+    steps = 2 if args.smoke else 20
+    question, review = (SMOKE_QUESTION, SMOKE_REVIEW) if args.smoke else (QUESTION, REVIEW)
     import torch
 
     torch.set_num_threads(1)
     model = minibert.load()
     hf = hf_model(bundled_dir(), "eager")
-    batch = model.tokenize([QUESTION], [REVIEW])
+    batch = model.tokenize([question], [review])
     ids = torch.as_tensor(np.asarray(batch.input_ids), dtype=torch.long)
     T = ids.shape[1]
     types = torch.as_tensor(np.asarray(batch.token_type_ids), dtype=torch.long)
@@ -152,8 +166,8 @@ def main():
     agreement = np.abs(ours - theirs).max()
     target = lambda out: out.last_hidden_state[:, 0, 0]
     swapped = swapped_model()
-    ours_attr = mixing.attention_attribution(model, batch, target, 20)
-    attr_agreement = np.abs(ours_attr - torch_attribution(swapped, ids, types, 20)).max()
+    ours_attr = mixing.attention_attribution(model, batch, target, steps)
+    attr_agreement = np.abs(ours_attr - torch_attribution(swapped, ids, types, steps)).max()
     attr_scale = np.abs(ours_attr).max()
     print(f"attribution: largest |difference| minibert vs transformers {attr_agreement:.1e} "
           f"(largest |Attr| {attr_scale:.1e})", flush=True)
@@ -164,26 +178,28 @@ def main():
     }, settings)
     print("value zeroing:", {name: round(t, 3) for name, t in vz.items()}, flush=True)
     attr = time_round_robin({
-        "minibert attention_attribution (20 steps)": lambda: mixing.attention_attribution(model, batch, target, 20),
-        "per-step loop of the same compiled gradient (20 steps)":
-            lambda: block(attribution_loop(model, batch, target, 20)),
+        f"minibert attention_attribution ({steps} steps)":
+            lambda: mixing.attention_attribution(model, batch, target, steps),
+        f"per-step loop of the same compiled gradient ({steps} steps)":
+            lambda: block(attribution_loop(model, batch, target, steps)),
         "transformers, whole forward + backward per (layer, step) — Hao et al.'s loop":
-            lambda: torch_attribution(swapped, ids, types, 20),
+            lambda: torch_attribution(swapped, ids, types, steps),
     }, settings)
     info = machine()
+    run = "smoke" if args.smoke else "quick" if settings.quick else "full"
     print(f"## Context mixing — {info['cpu']}, one core, {info['date']}, "
-          f"{'quick' if settings.quick else 'full'} run (`taskset -c 0 python benchmarks/mixing.py"
-          f"{' --quick' if settings.quick else ''}`)\n")
+          f"{run} run (`taskset -c 0 python benchmarks/mixing.py{' --' + run if run != 'full' else ''}`)\n")
     print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one pair of {T} tokens; median of {settings.repeats} "
           f"runs, compiled programs warm. Largest |1 − cos| difference, minibert vs the transformers loop: "
           f"{agreement:.1e}. Attention attribution, largest |difference| minibert vs the transformers loop: "
           f"{attr_agreement:.1e} (largest |Attr| {attr_scale:.1e}).\n")
     rows = []
-    for times, ours_name in ((vz, "minibert value_zeroing"), (attr, "minibert attention_attribution (20 steps)")):
+    for times, ours_name in ((vz, "minibert value_zeroing"), (attr, f"minibert attention_attribution ({steps} steps)")):
         for name, seconds in times.items():
             rows.append([name, fmt(seconds * 1e3, 1), fmt(seconds / times[ours_name], 1) + "×"])
     print(markdown_table(["case", "ms", "time / minibert's"], rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -11,6 +11,10 @@ write in transformers (one forward per swept item, a torch forward hook doing th
 Peak memory: the compiled suffix program's buffers (XLA's memory_analysis) and the process's resident set.
 
     python benchmarks/sweeps.py [--quick] [--torch-threads N]      # prints a Markdown section for benchmarks/RESULTS.md
+    python benchmarks/sweeps.py --smoke                             # a short pair, one run of each case (CI)
+
+Only the public API: the suffix program whose memory is measured is built from Model.jit, Model.suffix and
+interventions.ablate_heads, as ablation_sweep builds it.
 """
 
 from __future__ import annotations
@@ -20,24 +24,25 @@ import os
 import resource
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from harness import Settings, bundled_dir, fmt, hf_model, load_average, machine, markdown_table, time_round_robin
 
 import minibert
-from minibert import HookFn
+from minibert import HookFn, accounting
 from minibert.analysis import interventions
 
 SENTENCE = "the committee approved the new budget after a long debate about schools and roads ."
 PAIR = ("after hours of heated discussion , the board finally accepted the spending plan for education and "
         "public transport in the city .")
-CORRUPTED = SENTENCE.replace("approved", "rejected")
+SMOKE_SENTENCE, SMOKE_PAIR = "the committee approved the budget .", "the board accepted the plan ."
 
 
 # ---- the metric, in both frameworks: cosine of the mean-pooled output with the clean run's ----------------------
 
 def jax_metric(model, clean):
-    real = jnp.asarray(model.inputs(clean)[2], jnp.float32)[..., None]
+    real = jnp.asarray(model.inputs(clean).attention_mask, jnp.float32)[..., None]
 
     def pool(out):
         pooled = (out.last_hidden_state * real).sum(1) / real.sum(1)
@@ -120,11 +125,12 @@ def head_patching_loop(model, clean, corrupted, metric) -> np.ndarray:
         for layer in range(L)])
 
 
-def correlations(model, clean, corrupted, metric) -> list[list[str]]:
+def correlations(model, clean, corrupted, metric, sites) -> list[list[str]]:
     base = float(jnp.mean(metric(model(corrupted))))
     rows = []
-    for site in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "attn.hook_z"):
-        estimate = interventions.attribution_patching(model, clean, corrupted, metric, site=site)
+    for site in sites:
+        per = "head" if site == "attn.hook_z" else "position"
+        estimate = interventions.attribution_patching(model, clean, corrupted, metric, site=site, per=per)
         if site == "attn.hook_z":
             real, grid = head_patching_loop(model, clean, corrupted, metric), "[L, H]: each head at every position"
         else:
@@ -136,14 +142,25 @@ def correlations(model, clean, corrupted, metric) -> list[list[str]]:
 
 # ---- memory ------------------------------------------------------------------------------------------------
 
+def _ablation_suffix(model, state, inputs, layer, resid, heads, *, metric):
+    """ablation_sweep's program for one chunk of heads: each head of block `layer` zero-ablated, the suffix from
+    the stream entering that block, the metric's mean over rows."""
+    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+
+    def one(head):
+        mask = (jnp.arange(L)[:, None] == layer) & (jnp.arange(H)[None, :] == head)
+        return metric(model.suffix(state, layer, resid, inputs, interventions.ablate_heads(mask))).mean()
+
+    return jax.vmap(one)(heads)
+
+
 def suffix_program_bytes(model, batch, metric, items: int) -> dict[str, int]:
     """XLA's buffer sizes for ablation_sweep's compiled suffix program over `items` heads."""
     inputs = model.inputs(batch)
-    resid = jnp.zeros((*inputs[0].shape, model.config.hidden_size), jnp.float32)
-    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
-    compiled = interventions._suffix_metrics.lower(
-        model.state, inputs, jnp.int32(0), resid, jnp.arange(items, dtype=jnp.int32), jnp.zeros((L, H, 1)),
-        model=model, intervention=interventions._ablating, metric=interventions._Keyed(metric)).compile()
+    resid = jnp.zeros((*inputs.shape, model.config.hidden_size), jnp.float32)
+    program = model.jit(_ablation_suffix, static_argnames=("metric",))
+    compiled = program.lower(model.state, inputs, jnp.int32(0), resid, jnp.arange(items, dtype=jnp.int32),
+                             metric=metric).compile()
     analysis = compiled.memory_analysis()
     return {"temp": analysis.temp_size_in_bytes, "arguments": analysis.argument_size_in_bytes,
             "outputs": analysis.output_size_in_bytes}
@@ -153,19 +170,22 @@ def rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def main():
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 timed runs per case instead of 7")
+    parser.add_argument("--smoke", action="store_true", help="a short sentence pair, one run per case (CI)")
     parser.add_argument("--torch-threads", type=int, default=os.cpu_count(),
                         help="PyTorch's intra-op threads (default: every core; 1 resists a loaded machine)")
-    args = parser.parse_args()
-    settings = Settings.make(args.quick)
+    args = parser.parse_args(argv)
+    settings = Settings.make(args.quick, args.smoke)
+    sentence, pair = (SMOKE_SENTENCE, SMOKE_PAIR) if args.smoke else (SENTENCE, PAIR)
     import torch
 
     torch.set_num_threads(args.torch_threads)
     load_at_start = load_average()
     model = minibert.load()
-    clean, corrupted = model.tokenize([SENTENCE], [PAIR]), model.tokenize([CORRUPTED], [PAIR])
+    corrupt = sentence.replace("approved", "rejected")
+    clean, corrupted = model.tokenize([sentence], [pair]), model.tokenize([corrupt], [pair])
     T = clean.input_ids.shape[1]
     assert corrupted.input_ids.shape[1] == T, "the corrupted sentence must keep the token count"
     metric = jax_metric(model, clean)
@@ -203,9 +223,10 @@ def main():
     forward = suffix_program_bytes(model, clean, metric, 1)
 
     info = machine()
+    run = "smoke" if args.smoke else "quick" if settings.quick else "full"
     print(f"## Sweeps — {info['cpu']} ({info['cores']} cores), {info['date']}, "
-          f"{'quick' if settings.quick else 'full'} run (`python benchmarks/sweeps.py"
-          f"{' --quick' if settings.quick else ''} --torch-threads {args.torch_threads}`)\n")
+          f"{run} run (`python benchmarks/sweeps.py"
+          f"{' --' + run if run != 'full' else ''} --torch-threads {args.torch_threads}`)\n")
     print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one sentence pair of {T} tokens (B = 1); metric: cosine "
           f"of the mean-pooled output with the clean run's. Median of {settings.repeats} runs, interleaved, compiled "
           f"programs warm. Largest difference from the transformers loops: {ablation_gap:.1e} (ablation), "
@@ -226,12 +247,15 @@ def main():
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
     print(f"Memory: the suffix program over all 12 heads of a layer needs {mib(memory['temp'])} of temporary buffers "
           f"({mib(memory['arguments'])} of arguments, mostly the weights), against {mib(forward['temp'])} for one "
-          f"item; the default chunk (SWEEP_BUDGET_BYTES = {interventions.SWEEP_BUDGET_BYTES / 2**30:.0f} GiB ÷ "
-          f"{mib(interventions.item_bytes(model.config, (1, T)))} estimated per item) holds every item. Peak resident "
+          f"item; the default chunk (accounting.MEMORY_BUDGET = {accounting.MEMORY_BUDGET / 2**30:.0f} GiB ÷ "
+          f"{mib(accounting.activation_bytes(model.config, 1, T))} estimated per item) holds every item. Peak resident "
           f"set {rss_after:.2f} GiB after the three minibert sweeps (from {rss_before:.2f} GiB after loading).\n")
     print("Attribution patching against real patching (Pearson r over the grid; largest real effect |Δ metric|):\n")
-    print(markdown_table(["site", "grid", "r", "max |real effect|"], correlations(model, clean, corrupted, metric)))
+    sites = ("hook_resid_pre",) if args.smoke else ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "attn.hook_z")
+    print(markdown_table(["site", "grid", "r", "max |real effect|"],
+                         correlations(model, clean, corrupted, metric, sites)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -47,6 +47,7 @@ import numpy as np
 
 from minibert.config import architectures_with
 from minibert.errors import HookError
+from minibert.sites import hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,95 +512,10 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
     full = (f"blocks.{layer}." if layer is not None else "") + (f"{layer_type}." if layer_type else "") + f"hook_{name}"
     if name in ("scale", "normalized") and layer is None:
         full = f"ln_final.{full}"
-    if not _is_minibert_name(full):
+    if not is_site_name(full):  # the site table knows every name some model has
         raise HookError(f"get_act_name({name!r}, {layer!r}, {layer_type!r}) gives {full!r}, which minibert does not "
                         f"have. Per block: 'resid_pre', 'q', 'k', 'v', 'attn_scores', 'pattern', 'z', 'result', "
                         f"'attn_out', 'resid_mid', 'pre', 'post', 'mlp_out', 'resid_post', 'normalized_resid_post', "
                         f"and 'scale' / 'normalized' / 'out' with layer_type 'ln1' or 'ln2'; BERT has no final "
                         f"LayerNorm (ln_final). `model.hook_names` lists every name.")
     return full
-
-
-def _is_minibert_name(name: str) -> bool:
-    """A name of minibert's hook grammar (per-block sites of SITE_DOCS, ln1/ln2, or a top-level site)."""
-    if layer_of(name) is None:
-        return name in SITE_DOCS or bool(re.fullmatch(r"(embed|mlm_head)\.ln\.hook_\w+", name))
-    site = _site(name)
-    per_block_ln = re.fullmatch(r"ln[12]\.hook_(scale|normalized|out)", site)
-    return (site in SITE_DOCS and site not in _TOP_LEVEL) or bool(per_block_ln)
-
-
-# What each hook site holds: axes and the equation, for the docs table (`minibert hooks`).
-# Per-block sites are listed without their "blocks.{i}." prefix; LN is written for every layernorm.
-# E is the embedding width: D unless the family projects (ALBERT; ELECTRA when embedding_size ≠ hidden_size).
-SITE_DOCS: dict[str, tuple[str, str]] = {
-    "embed.hook_embed": ("[B, T, E]", "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
-    "embed.hook_pos_embed": ("[B, T, E]", "W_pos[positions] — absolute position embeddings: rows 0…T−1, RoBERTa's "
-                             "from pad_token_id + 1"),
-    "embed.hook_token_type_embed": ("[B, T, E]", "W_type[token_type_ids] — segment embeddings"),
-    "embed.hook_project": ("[B, T, D]", "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
-                           "projected to D (ELECTRA, ALBERT)"),
-    "hook_full_embed": ("[B, T, D]", "LayerNorm(embed + pos + token_type), projected to D where the family projects "
-                        "(= embed.hook_project) — the residual stream entering block 0"),
-    "hook_resid_pre": ("[B, T, D]", "x — the block's input (previous block's output)"),
-    "attn.hook_q": ("[B, T, H, K]", "q = x W_Q + b_Q"),
-    "attn.hook_k": ("[B, S, H, K]", "k = x W_K + b_K"),
-    "attn.hook_v": ("[B, S, H, K]", "v = x W_V + b_V"),
-    "attn.hook_qk": ("[B, H, T, S]", "q·k — raw dot products, before scaling and mask"),
-    "attn.hook_attn_scores": ("[B, H, T, S]", "q·k/√K, −inf at padding keys (TransformerLens' meaning)"),
-    "attn.hook_pattern": ("[B, H, T, S]", "softmax over S of the scores — rows sum to 1"),
-    "attn.hook_z": ("[B, T, H, K]", "z = pattern · v — each head's mix of values"),
-    "attn.hook_result": ("[B, T, H, D]", "z_h W_O[h] — each head's output, before summing heads and adding b_O"),
-    "hook_attn_out": ("[B, T, D]", "Σ_h z_h W_O[h] + b_O"),
-    "hook_resid_mid": ("[B, T, D]", "x + attn_out"),
-    "mlp.hook_pre": ("[B, T, F]", "ln1 W_in + b_in"),
-    "mlp.hook_post": ("[B, T, F]", "act(pre) (gelu, gelu_new or relu, per config)"),
-    "hook_mlp_out": ("[B, T, D]", "post W_out + b_out"),
-    "hook_resid_post": ("[B, T, D]", "ln1 + mlp_out"),
-    "hook_normalized_resid_post": ("[B, T, D]", "LayerNorm(resid_post) — the block's output"),
-    "ln.hook_scale": ("[B, T, 1]", "σ = sqrt(mean((x − μ)²) + eps)"),
-    "ln.hook_normalized": ("[B, T, D]", "(x − μ)/σ — before gain and bias (TransformerLens' meaning)"),
-    "ln.hook_out": ("[B, T, D]", "(x − μ)/σ · γ + β — the layernorm's output"),
-    "pooler.hook_pooler_out": ("[B, D]", "tanh(h_[CLS] W + b) — pooler output"),
-    "unembed.hook_in": ("[B, T, E]", "LayerNorm(act(h W + b)) — the masked-LM transform (mlm_head.ln's output)"),
-    "unembed.hook_out": ("[B, T, V]", "unembed.hook_in W_Eᵀ + bias — masked-LM logits"),
-    "nsp_head.hook_nsp_out": ("[B, 2]", "pooled W + b — next-sentence logits"),
-    "discriminator.hook_logits": ("[B, T]", "act(h W + b) · w + c — ELECTRA's replaced-token logits"),
-    "classifier.hook_logits": ("[B, C] or [B, T, C]", "pooled W + b (sequence) or h W + b (token classification)"),
-}
-_LAYERNORMS = re.compile(r"(^|\.)(ln1|ln2|ln)\.(hook_\w+)$")
-_HEAD_AND_EMBED = ("embed", *HEAD_PREFIXES)
-_TOP_LEVEL = frozenset(n for n in SITE_DOCS if n.split(".")[0] in _HEAD_AND_EMBED or n == "hook_full_embed")
-
-
-def site_doc(name: str) -> tuple[str, str]:
-    """(axes, equation) of a hook name, e.g. "blocks.3.attn.hook_q" → ("[B, T, H, K]", "q = x W_Q + b_Q")."""
-    site = _site(name) if layer_of(name) is not None else name
-    if site in SITE_DOCS:
-        return SITE_DOCS[site]
-    match = _LAYERNORMS.search(site)
-    if match:
-        axes, doc = SITE_DOCS[f"ln.{match.group(3)}"]
-        # embed.ln and mlm_head.ln normalize E-wide vectors (the embeddings; the MLM transform maps D back down to E)
-        return (axes.replace("D", "E"), doc) if match.group(2) == "ln" else (axes, doc)
-    raise KeyError(f"hook {name!r} has no entry in SITE_DOCS; document it there.")
-
-
-def site_axes(name: str, ndim: int | None = None) -> list[str]:
-    """The axis letters of a hook's value from SITE_DOCS, e.g. ["B", "H", "T", "S"]; for a site with two forms
-    ("[B, C] or [B, T, C]"), the one with `ndim` axes (default: the first)."""
-    options = [re.findall(r"\w", option) for option in site_doc(name)[0].split(" or ")]
-    return next((o for o in options if len(o) == ndim), options[0])
-
-
-def hook_table(hook_names: list[str], n_layers: int | str) -> str:
-    """The Markdown table of hook points: block 0 stands for every block."""
-    rows = ["| hook name | axes | what it holds |", "| --- | --- | --- |"]
-    for name in hook_names:
-        layer = layer_of(name)
-        if layer not in (None, 0):
-            continue
-        axes, doc = site_doc(name)
-        shown = name.replace("blocks.0.", "blocks.{i}.", 1)
-        rows.append(f"| `{shown}` | {axes} | {doc} |")
-    return "\n".join(rows) + f"\n\n`{{i}}` runs over the {n_layers} blocks (0-indexed).\n"

@@ -1,5 +1,5 @@
-"""minibert/analysis/embeddings.py (seed 000): attention paid to a word and sentence vectors against
-transformers' own attention maps and hidden states, PCA against scikit-learn."""
+"""Seed 000's views: attention paid to a word (analysis/words.py) and sentence vectors (analysis/embeddings.py)
+against transformers' own attention maps and hidden states, PCA against scikit-learn."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import transformers
 from sklearn.decomposition import PCA
 
-from minibert.analysis import embeddings
+from minibert.analysis import embeddings, words
 
 # ---- attention to a word, sentence vectors, PCA (seed 000) ---------------------------------------------
 
@@ -36,7 +36,7 @@ def test_attention_to_word_matches_transformers_attentions(bundled, hf_bundled):
     """Σ over query rows of the word's columns, mean over heads, from transformers' own attention maps."""
     hf_model, hf_tokenizer = hf_bundled
     for texts, pairs, word, occurrence, expected_positions in WORD_GROUPS:
-        got = embeddings.attention_to_word(bundled, texts, word, pairs=pairs, occurrence=occurrence)
+        got = words.attention_to_word(bundled, texts, word, pairs=pairs, occurrence=occurrence)
         assert got.shape == (len(texts), 6)
         for row, (positions, tokens) in enumerate(expected_positions):
             encoded = hf_tokenizer(texts[row], None if pairs is None else pairs[row], return_tensors="pt")
@@ -49,9 +49,9 @@ def test_attention_to_word_matches_transformers_attentions(bundled, hf_bundled):
 
 def test_attention_to_word_error_names_the_text(bundled):
     with pytest.raises(ValueError, match=r"text 1 \('You erred\.'\) does not contain the word 'mistake'"):
-        embeddings.attention_to_word(bundled, ["I made the mistake.", "You erred."], "mistake")
+        words.attention_to_word(bundled, ["I made the mistake.", "You erred."], "mistake")
     with pytest.raises(ValueError, match="2 times"):
-        embeddings.attention_to_word(bundled, ["I made the mistake."], "mistake", occurrence=1)
+        words.attention_to_word(bundled, ["I made the mistake."], "mistake", occurrence=1)
 
 
 def test_sentence_vectors_match_transformers_pooling(bundled, hf_bundled):
@@ -80,3 +80,10 @@ def test_pca_matches_scikit_learn_up_to_sign():
     np.testing.assert_allclose(ratio, reference.explained_variance_ratio_, atol=1e-12)
     with pytest.raises(ValueError, match="n_components must lie in"):
         embeddings.pca(x, n_components=7)
+
+
+def test_attention_to_word_under_its_old_module_warns_and_agrees(bundled):
+    texts = ["I made the mistake.", "This was my mistake."]
+    with pytest.warns(DeprecationWarning, match="analysis.words.attention_to_word"):
+        old = embeddings.attention_to_word(bundled, texts, "mistake")
+    np.testing.assert_array_equal(old, words.attention_to_word(bundled, texts, "mistake"))

@@ -213,3 +213,19 @@ def test_head_reads_any_hidden_state(tiny_mlm):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the stages take Inputs without the deprecated tuple access
         model.block(model.state, 0, out.last_hidden_state, model.inputs(batch))
+
+
+# ---- names moved in this release (README "Moved" tables) ----------------------------------------------------
+
+def test_moved_analysis_names_warn_and_give_the_new_objects():
+    from minibert import accounting
+    from minibert.analysis import interventions, mixing
+
+    moved = [(interventions, "SWEEP_BUDGET_BYTES", accounting.MEMORY_BUDGET),
+             (interventions, "item_bytes", accounting.activation_bytes),
+             (mixing, "MEMORY_BUDGET", accounting.MEMORY_BUDGET), (mixing, "chunk_size", accounting.items_per_chunk)]
+    for module, old, new in moved:
+        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} moved to minibert.accounting"):
+            assert getattr(module, old) is new
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        mixing.no_such_name  # noqa: B018

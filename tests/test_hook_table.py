@@ -1,4 +1,5 @@
-"""The hook table in docs/ is generated from the code and says the true axes of every hook."""
+"""The site table (minibert.sites) says the true axes of every hook and which models have it, and docs/hooks.md
+is generated from it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from minibert import BertConfig, Model
-from minibert.app.cli import all_hook_names, main
+from minibert.app.cli import main
 from minibert.config import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES
-from minibert.hooks import site_doc
+from minibert.sites import SITES, Site, all_hook_names, hook_names, site, site_axes, site_doc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
 # Distinct sizes so every axis letter maps to one number (hook_sites traces a 2 × 3 batch); E is D's 20
@@ -58,3 +59,30 @@ def test_documented_names_keep_every_models_forward_order():
         assert sorted(names, key=documented.index) == names, architecture
     assert documented.index("embed.ln.hook_out") + 1 == documented.index("embed.hook_project")
     assert documented.index("embed.hook_project") + 1 == documented.index("hook_full_embed")
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_table_knows_which_sites_each_model_has(architecture):
+    """The names the table derives for a config are the names the traced forward passes through: the same set,
+    the encoder's in the same order (a model's heads may run in another order than the table lists them)."""
+    projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
+    cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=2, num_attention_heads=4, intermediate_size=7,
+                     max_position_embeddings=8, architecture=architecture, id2label=("a", "b", "c"),
+                     embedding_size=PROJECTED_E if projects else None)
+    traced, derived = Model(cfg).hook_names, hook_names(cfg)
+    assert set(derived) == set(traced)
+    encoder = lambda names: [n for n in names if n.startswith(("embed.", "hook_full_embed", "blocks."))]  # noqa: E731
+    assert encoder(derived) == encoder(traced)
+
+
+def test_sites_with_two_forms_pick_by_rank_and_unknown_names_are_named():
+    assert site_axes("classifier.hook_logits") == ["B", "C"]
+    assert site_axes("classifier.hook_logits", 3) == ["B", "T", "C"]
+    assert site_axes("blocks.4.attn.hook_pattern") == ["B", "H", "T", "S"]
+    assert site("blocks.1.ln2.hook_scale").axes == ("B", "T", "1")
+    for unknown in ("blocks.0.hook_nothing", "attn.hook_q", "blocks.0.hook_full_embed", "mlm_head.ln.hook_out"):
+        with pytest.raises(KeyError, match="no entry in minibert.sites.SITES"):
+            site(unknown)
+    with pytest.raises(ValueError, match="needs must be one of"):
+        Site("x.hook_y", ("B",), "y", needs="a pooler")
+    assert len({entry.name for entry in SITES}) == len(SITES)

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis import embeddings, heads, words
+from minibert.accounting import EXACT
+from minibert.analysis import heads, words
 from minibert.config import head_label
 from minibert.errors import AnalysisError
 
@@ -67,7 +68,7 @@ def _head_agreement(a, b, attention_mask) -> tuple[jax.Array, jax.Array]:
     """Two models' patterns [L, B, H, T, S] → (cosine [L, B, H], mean row JS divergence [L, B, H])."""
     _, same, n = heads._documents(attention_mask)
     a, b = heads._real_pattern(a, same), heads._real_pattern(b, same)
-    dot = partial(jnp.einsum, "LBHTS,LBHTS->LBH", precision=heads.EXACT)
+    dot = partial(jnp.einsum, "LBHTS,LBHTS->LBH", precision=EXACT)
     cosine = dot(a, b) / jnp.sqrt(dot(a, a) * dot(b, b))
     p, q = (heads._smoothed(x, same, n, heads.JS_SMOOTHING) for x in (a, b))
     m = 0.5 * (p + q)
@@ -209,7 +210,7 @@ class RelationResult:
 
 def _one_word(model, word: str, role: str, index: int) -> str:
     """The tokenizer's text of a single word ("Waiter" → "waiter"), or an error if it makes several words."""
-    made = embeddings._target_words(model, word)
+    made = words.target_words(model, word)
     if len(made) != 1:
         raise AnalysisError(f"examples[{index}].{role} {word!r} is {len(made)} words to the tokenizer ({made}); "
                             f"give one word (label multi-word targets by their head word).")

@@ -1,12 +1,13 @@
-"""The views of a group of similar sentences (seed 000): attention paid to a chosen word, layer by
-layer, and a PCA map of the sentence vectors.
+"""Sentence vectors and their PCA map, for a group of similar sentences (seed 000).
 
-    curves = attention_to_word(model, ["I made the mistake.", "This was my mistake."], "mistake")  # [N, L]
-    coords, ratio, _ = pca(sentence_vectors(model, texts))                                         # [N, 2]
+    coords, ratio, _ = pca(sentence_vectors(model, texts))       # [N, 2]
+
+(The attention paid to a chosen word, the group's other view, is words.attention_to_word.)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,55 +16,18 @@ from minibert.analysis import words
 from minibert.errors import AnalysisError
 
 
-def _target_words(model, word: str) -> list[str]:
-    """The lower-cased words the tokenizer makes of `word`: "e-recorded" → ["e", "-", "recorded"]."""
-    batch = model.tokenize([word])
-    sequence = batch.sequence_ids[0]
-    groups = [g for g in words.word_groups(batch.word_ids[0], sequence) if sequence[g[0]] == 0]  # no [CLS], [SEP]
-    return [w.lower() for w in words.word_labels(batch.tokens[0], groups)]
+def attention_to_word(*args, **kwargs) -> np.ndarray:
+    """Deprecated: `words.attention_to_word` (word-level attention lives in words.py)."""
+    warnings.warn("analysis.embeddings.attention_to_word moved to analysis.words.attention_to_word; the old name "
+                  "goes in the next release.", DeprecationWarning, stacklevel=2)
+    return words.attention_to_word(*args, **kwargs)
 
 
-def word_positions(tokens: Sequence[str], groups: Sequence[Sequence[int]], word: list[str],
-                   occurrence: int = 0) -> list[int] | None:
-    """Token positions of the `occurrence`-th run of whole words whose texts equal `word` (lower-cased
-    words, as _target_words gives), or None. groups: words.word_groups of the document."""
-    texts = [w.lower() for w in words.word_labels(tokens, groups)]
-    starts = [i for i in range(len(groups) - len(word) + 1) if texts[i:i + len(word)] == word]
-    if occurrence >= len(starts):
-        return None
-    first = starts[occurrence]
-    return [position for group in groups[first:first + len(word)] for position in group]
-
-
-def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[str] | None = None,
-                      occurrence: int = 0) -> np.ndarray:
-    """Attention paid to `word` in each text, per layer: [N, L] (docs/definitions.md, seed 000).
-
-    value[n, l] = mean over heads of Σ over real query rows t of Σ over the word's tokens s of A[l, h, t, s]
-    — the attention the word receives, in "tokens' worth" (1.0 = one row's whole attention). The word
-    is found case-insensitively as whole words of the text (all its wordpieces count; "e-recorded"
-    matches the three words e, -, recorded), its `occurrence`-th appearance (0: the first), in the text
-    or its pair. [CLS] and [SEP] can be chosen by name. Layers are 0-indexed.
-    """
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    target = _target_words(model, word)
-    if not target:
-        raise AnalysisError(f"word {word!r} has no tokens; pass a word that appears in the texts.")
-    batch = model.tokenize(texts, pairs)
-    columns = np.zeros(batch.attention_mask.shape, np.float32)
-    for row in range(len(texts)):
-        groups = words.word_groups(batch.word_ids[row], batch.sequence_ids[row], batch.attention_mask[row])
-        positions = word_positions(batch.tokens[row], groups, target, occurrence)
-        if positions is None:
-            where = f"{texts[row]!r}" + (f" / {pairs[row]!r}" if pairs is not None else "")
-            raise AnalysisError(f"text {row} ({where}) does not contain the word {word!r} "
-                             f"{'at all' if occurrence == 0 else f'{occurrence + 1} times'}; its words are "
-                             f"{words.word_labels(batch.tokens[row], groups)}. Fix the text or choose another word.")
-        columns[row, positions] = 1.0
-    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
-    pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)  # [L, B, H, T, S]
-    rows = batch.attention_mask.astype(np.float64)
-    return np.einsum("LBHTS,BT,BS->BL", pattern, rows, columns) / pattern.shape[2]
+def word_positions(*args, **kwargs) -> list[int] | None:
+    """Deprecated: `words.word_positions`."""
+    warnings.warn("analysis.embeddings.word_positions moved to analysis.words.word_positions; the old name goes in "
+                  "the next release.", DeprecationWarning, stacklevel=2)
+    return words.word_positions(*args, **kwargs)
 
 
 def sentence_vectors(model, texts: Sequence[str], pooling: str = "mean", pairs: Sequence[str] | None = None,

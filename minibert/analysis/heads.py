@@ -70,9 +70,9 @@ def same_document(documents) -> jax.Array:
     return (documents[:, :, None] == documents[:, None, :]) & (documents[:, :, None] > 0)
 
 
-def _documents(attention_mask):
+def _documents(documents):
     """Each token's document [B, T] int, same_document [B, T, S], and each token's document length [B, T]."""
-    documents = jnp.asarray(attention_mask).astype(jnp.int32)
+    documents = jnp.asarray(documents).astype(jnp.int32)
     same = same_document(documents)
     return documents, same, same.sum(-1).astype(jnp.float32)
 
@@ -87,7 +87,7 @@ def _smoothed(a, same, n, eps):
     return jnp.where(same[:, None], (1 - eps) * a + eps / jnp.maximum(n, 1.0)[:, None, :, None], 0.0)
 
 
-def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct,
+def layer_statistics(pattern, documents, is_cls, is_sep, is_punct,
                      sep_normalization: str = "clark") -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for one layer: {name: [B, H]} from pattern [B, H, T, S].
 
@@ -97,7 +97,7 @@ def layer_statistics(pattern, attention_mask, is_cls, is_sep, is_punct,
     one entropy reduction — and the rest works on [B, H, T] row sums, so a corpus survey costs little
     beyond the forward pass.
     """
-    documents, same, n = _documents(attention_mask)
+    documents, same, n = _documents(documents)
     a = _real_pattern(pattern, same)
     real = (documents > 0).astype(jnp.float32)
     cls, sep, punct = (jnp.asarray(m, jnp.float32) * real for m in (is_cls, is_sep, is_punct))
@@ -143,19 +143,20 @@ def check_sep_normalization(sep_normalization: str) -> None:
                             f"{sep_normalization!r}.")
 
 
-def head_statistics(pattern, attention_mask, is_cls, is_sep, is_punct,
+def head_statistics(pattern, documents, is_cls, is_sep, is_punct,
                     sep_normalization: str = "clark") -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for every document and head: {name: [B, L, H]} (jit-compatible).
 
-    pattern [L, B, H, T, S] (cache.stack("attn.hook_pattern")); attention_mask [B, T]: 1 real, 0 padding
-    — or, for rows that pack several documents, each token's document number 1, 2, … (0 padding; the
-    row then gives the sum of its documents' statistics); is_cls / is_sep / is_punct [B, T] (float or
+    pattern [L, B, H, T, S] (cache.stack("attn.hook_pattern")); documents [B, T]: each token's document number
+    1, 2, … in its row, 0 for padding (a document is one text or text pair the model reads as one sequence; a
+    row may pack several, and then gives the sum of their statistics; a row's 0/1 attention_mask is the
+    one-document case); is_cls / is_sep / is_punct [B, T] (float or
     bool; see token_masks_from_ids). Only query rows and keys of the same document count; n is the
     document's number of real tokens. A document with no [SEP] (or no [CLS]) gets 0 for the statistics
     about it. sep_normalization: "clark" (default) or "count", see the module docstring. One layer at a
     time: layer_statistics.
     """
-    per_layer = [layer_statistics(layer, attention_mask, is_cls, is_sep, is_punct, sep_normalization)
+    per_layer = [layer_statistics(layer, documents, is_cls, is_sep, is_punct, sep_normalization)
                  for layer in pattern]
     return {name: jnp.stack([s[name] for s in per_layer], axis=1) for name in STATISTICS}
 
@@ -174,16 +175,16 @@ def token_masks_from_ids(ids, mask, cls_id: int, sep_id: int, punct_ids: Sequenc
                 is_punct=as_mask(np.isin(ids, np.asarray(list(punct_ids), dtype=ids.dtype))))
 
 
-def js_divergence_batch(pattern, attention_mask, doc_mask) -> jax.Array:
+def js_divergence_batch(pattern, documents, doc_mask) -> jax.Array:
     """Jensen–Shannon divergence between every pair of heads, summed over documents: [L·H, L·H].
 
     Per document, with p and q two heads' rows smoothed as 0.999·A + 0.001/n over the real keys and
-    m = (p + q)/2: Σ over real query rows of ½Σ p ln(p/m) + ½Σ q ln(q/m). attention_mask as
-    head_statistics (document numbers for packed rows). Rows are weighted by doc_mask [B] (0 drops a
-    padding row). Heads are flattened layer-major (index = layer·H + head). One head is compared with
-    all heads at a time ([L·H, B, T, S]), never all pairs at once.
+    m = (p + q)/2: Σ over real query rows of ½Σ p ln(p/m) + ½Σ q ln(q/m). documents as head_statistics
+    (each token's document number; a 0/1 attention mask for one document per row). Rows are weighted by
+    doc_mask [B] (0 drops a padding row). Heads are flattened layer-major (index = layer·H + head). One head
+    is compared with all heads at a time ([L·H, B, T, S]), never all pairs at once.
     """
-    _, same, n = _documents(attention_mask)
+    _, same, n = _documents(documents)
     a = _real_pattern(pattern, same)
     L, B, H, T, S = a.shape
     p = _smoothed(a, same, n, JS_SMOOTHING).transpose(0, 2, 1, 3, 4).reshape(L * H, B, T, S)

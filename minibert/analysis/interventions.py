@@ -29,6 +29,7 @@ import numpy as np
 
 from minibert import accounting
 from minibert.api import Inputs, is_text
+from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookError, HookFn, add_delta, fingerprint, site_axes
 from minibert.tokenizer import Batch
@@ -320,11 +321,9 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
 
     It estimates `patch_activations(...) − metric(corrupted)` (both means over rows) from one forward and one
     backward pass for the whole grid, plus one forward of the clean run. A linearisation, it is exact only for
-    small changes. On the bundled all-MiniLM-L6-v2, for the rows "The cat/dog sat on the mat." and "She
-    loved/hated the long film." with the cosine of the mean-pooled output to the clean run's as metric, its
-    Pearson correlation with real patching over the [6, 9] grid is 0.94 for hook_resid_pre, 0.995 for
-    hook_mlp_out and 0.999 for hook_attn_out (tests/test_analysis_interventions.py checks r > 0.9 for
-    hook_resid_pre; benchmarks/RESULTS.md "Sweeps" has the per-head comparison).
+    small changes: it ranks sites well where the metric is smooth in the activation (typically better on
+    hook_attn_out and hook_mlp_out than on the whole residual stream), and a large real effect can be
+    under- or overestimated.
     """
     _positional_site(model, site, per)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)  # aligned as in patch_activations
@@ -412,3 +411,6 @@ def block_attention(keys, n_layers: int, layers=None) -> dict:
     """No query may attend to key positions `keys` (in `layers`, default all)."""
     return scale_attention(keys, 0.0, n_layers, layers)
 
+
+__getattr__ = moved_names(__name__, {"SWEEP_BUDGET_BYTES": "minibert.accounting.MEMORY_BUDGET",
+                                     "item_bytes": "minibert.accounting.activation_bytes"})

@@ -28,6 +28,7 @@ import numpy as np
 
 from minibert.accounting import EXACT, activation_bytes, items_per_chunk
 from minibert.analysis.interventions import Keyed, metric_values, residual_streams, traced_call
+from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 from minibert.model import Output
@@ -253,3 +254,6 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
                                         target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))
                      for layer in range(L)])
 
+
+__getattr__ = moved_names(__name__, {"MEMORY_BUDGET": "minibert.accounting.MEMORY_BUDGET",
+                                     "chunk_size": "minibert.accounting.items_per_chunk"})

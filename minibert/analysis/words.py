@@ -4,6 +4,8 @@ A word split into wordpieces has several rows and columns in the token map. Atte
 the sum over its tokens' columns (the mass the word receives); attention FROM a word is the mean over
 its tokens' rows (Clark et al.'s paper) or its first token's row (their released code). Either way
 each row of the word map still sums to 1. [CLS] and every [SEP] stay words of their own.
+
+    curves = attention_to_word(model, ["I made the mistake.", "This was my mistake."], "mistake")  # [N, L]
 """
 
 from __future__ import annotations
@@ -92,3 +94,56 @@ def word_attention(attention, groups: Sequence[Sequence[int]], mode: str = "mean
 def word_labels(tokens: Sequence[str], groups: Sequence[Sequence[int]]) -> list[str]:
     """Each word's text: its wordpieces joined, "##" stripped ("em", "##bed", "##ding" → "embedding")."""
     return ["".join(tokens[t].removeprefix("##") for t in group) for group in groups]
+
+
+# ---- attention paid to one word (seed 000) -------------------------------------------------------------------
+
+def target_words(model, word: str) -> list[str]:
+    """The lower-cased words the tokenizer makes of `word`: "e-recorded" → ["e", "-", "recorded"]."""
+    batch = model.tokenize([word])
+    sequence = batch.sequence_ids[0]
+    groups = [g for g in word_groups(batch.word_ids[0], sequence) if sequence[g[0]] == 0]  # no [CLS], [SEP]
+    return [w.lower() for w in word_labels(batch.tokens[0], groups)]
+
+
+def word_positions(tokens: Sequence[str], groups: Sequence[Sequence[int]], word: list[str],
+                   occurrence: int = 0) -> list[int] | None:
+    """Token positions of the `occurrence`-th run of whole words whose texts equal `word` (lower-cased
+    words, as target_words gives), or None. groups: word_groups of the document."""
+    texts = [w.lower() for w in word_labels(tokens, groups)]
+    starts = [i for i in range(len(groups) - len(word) + 1) if texts[i:i + len(word)] == word]
+    if occurrence >= len(starts):
+        return None
+    first = starts[occurrence]
+    return [position for group in groups[first:first + len(word)] for position in group]
+
+
+def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[str] | None = None,
+                      occurrence: int = 0) -> np.ndarray:
+    """Attention paid to `word` in each text, per layer: [N, L] (docs/definitions.md, seed 000).
+
+    value[n, l] = mean over heads of Σ over real query rows t of Σ over the word's tokens s of A[l, h, t, s]
+    — the attention the word receives, in "tokens' worth" (1.0 = one row's whole attention). The word
+    is found case-insensitively as whole words of the text (all its wordpieces count; "e-recorded"
+    matches the three words e, -, recorded), its `occurrence`-th appearance (0: the first), in the text
+    or its pair. [CLS] and [SEP] can be chosen by name. Layers are 0-indexed.
+    """
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    target = target_words(model, word)
+    if not target:
+        raise AnalysisError(f"word {word!r} has no tokens; pass a word that appears in the texts.")
+    batch = model.tokenize(texts, pairs)
+    columns = np.zeros(batch.attention_mask.shape, np.float32)
+    for row in range(len(texts)):
+        groups = word_groups(batch.word_ids[row], batch.sequence_ids[row], batch.attention_mask[row])
+        positions = word_positions(batch.tokens[row], groups, target, occurrence)
+        if positions is None:
+            where = f"{texts[row]!r}" + (f" / {pairs[row]!r}" if pairs is not None else "")
+            raise AnalysisError(f"text {row} ({where}) does not contain the word {word!r} "
+                             f"{'at all' if occurrence == 0 else f'{occurrence + 1} times'}; its words are "
+                             f"{word_labels(batch.tokens[row], groups)}. Fix the text or choose another word.")
+        columns[row, positions] = 1.0
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)  # [L, B, H, T, S]
+    rows = batch.attention_mask.astype(np.float64)
+    return np.einsum("LBHTS,BT,BS->BL", pattern, rows, columns) / pattern.shape[2]

@@ -106,7 +106,7 @@ def word_attention(model, group: Group) -> tuple[np.ndarray, list[int]]:
     values = {}
     for word in dict.fromkeys(group.words[i] for i in followed):
         rows = [i for i in followed if group.words[i] == word]
-        values |= zip(rows, embeddings.attention_to_word(model, [group.sentences[i] for i in rows], word))
+        values |= zip(rows, words.attention_to_word(model, [group.sentences[i] for i in rows], word))
     return np.stack([values[i] for i in followed]), followed
 
 
@@ -125,7 +125,7 @@ def attention_to_word_figure(model, groups: Sequence[Group]) -> Figure:
 def _word_start(batch, word: str) -> int:
     """The first token position of the one-word `word` in the one document of `batch`."""
     groups = words.word_groups(batch.word_ids[0], batch.sequence_ids[0], batch.attention_mask[0])
-    positions = embeddings.word_positions(batch.tokens[0], groups, [word.lower()])
+    positions = words.word_positions(batch.tokens[0], groups, [word.lower()])
     if positions is None:
         raise InputError(f"the sentence has no word {word!r}; its words are "
                          f"{words.word_labels(batch.tokens[0], groups)}.")

@@ -1,0 +1,21 @@
+"""Names that moved, kept for one release: a module's `__getattr__` that finds the old name's new home and says so
+with a DeprecationWarning (README, the "Moved" tables)."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable, Mapping
+
+
+def moved_names(module: str, moved: Mapping[str, str]) -> Callable[[str], object]:
+    """A module-level `__getattr__` for `module`: each old name in `moved` maps to "package.module.NEW", which
+    is imported when the old name is read, with a DeprecationWarning naming it."""
+    def __getattr__(name: str):
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        where, _, new = moved[name].rpartition(".")
+        warnings.warn(f"{module}.{name} moved to {moved[name]}; the old name goes in the next release.",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(where), new)
+    return __getattr__

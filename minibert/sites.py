@@ -1,0 +1,216 @@
+"""The hook sites: one typed table of every hook point — its name, the axes of its value, the equation of
+what it holds and which models have it.
+
+Behaviour reads the table (which axes `Model.run` cuts back after padding, which sites activation patching
+accepts, which names TransformerLens' shorthand may build), and docs/hooks.md is generated from it
+(`minibert hooks --output docs/hooks.md`, `hooks_page`); nothing is parsed out of documentation text.
+Per-block sites are written without their "blocks.{i}." prefix. Axis letters are model.py's: B batch,
+T query positions, S key positions, H heads, K head dim, D model dim, E embedding width, F ffn dim,
+V vocabulary, C classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+from minibert.config import ARCHITECTURES, FAMILIES, Config, architectures_with
+
+# What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection.
+HEAD_PARTS = ("pooler", "mlm", "nsp", "classifier", "discriminator")
+NEEDS = (*HEAD_PARTS, "token_types", "projection")
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One hook site. `name` is the full hook name, or for a per-block site its name inside a block."""
+
+    name: str
+    axes: tuple[str, ...]  # the axis letters of its value, e.g. ("B", "H", "T", "S")
+    equation: str  # what it holds
+    per_block: bool = False  # one per encoder block: blocks.{i}.<name>
+    needs: str | None = None  # one of NEEDS; None: every model has it
+    other_axes: tuple[str, ...] | None = None  # a second form (classifier logits: per sequence or per token)
+
+    def __post_init__(self):
+        if self.needs not in (None, *NEEDS):
+            raise ValueError(f"site {self.name}: needs must be one of {NEEDS} or None; got {self.needs!r}")
+
+    @property
+    def shapes(self) -> tuple[tuple[str, ...], ...]:
+        return (self.axes,) if self.other_axes is None else (self.axes, self.other_axes)
+
+    @property
+    def axes_text(self) -> str:
+        """"[B, T, H, K]", or both forms: "[B, C] or [B, T, C]"."""
+        return " or ".join(f"[{', '.join(shape)}]" for shape in self.shapes)
+
+    def exists_in(self, config: Config) -> bool:
+        """Whether a model with this config has the site."""
+        if self.needs is None:
+            return True
+        if self.needs == "token_types":
+            return config.family.token_types
+        if self.needs == "projection":
+            return config.has_projection
+        return bool(getattr(config.heads, self.needs))
+
+
+def _layernorm(prefix: str, width: str, *, per_block: bool = False, needs: str | None = None,
+               out: str | None = None) -> tuple[Site, ...]:
+    """The three sites of one layernorm over `width`-wide vectors; `out` names its output where that is not
+    <prefix>.hook_out (the MLM head's, TransformerLens' unembed.hook_in)."""
+    return (
+        Site(f"{prefix}.hook_scale", ("B", "T", "1"), "σ = sqrt(mean((x − μ)²) + eps)", per_block, needs),
+        Site(f"{prefix}.hook_normalized", ("B", "T", width),
+             "(x − μ)/σ — before gain and bias (TransformerLens' meaning)", per_block, needs),
+        Site(out or f"{prefix}.hook_out", ("B", "T", width), "(x − μ)/σ · γ + β — the layernorm's output",
+             per_block, needs),
+    )
+
+
+BTD, BTE, BTHK, BSHK, BHTS = ("B", "T", "D"), ("B", "T", "E"), ("B", "T", "H", "K"), ("B", "S", "H", "K"), \
+    ("B", "H", "T", "S")
+
+# In forward order: the embeddings, one block, then the heads.
+SITES: tuple[Site, ...] = (
+    Site("embed.hook_embed", BTE, "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
+    Site("embed.hook_pos_embed", BTE, "W_pos[positions] — absolute position embeddings: rows 0…T−1 (RoBERTa's from "
+         "pad_token_id + 1), or the position_ids given"),
+    Site("embed.hook_token_type_embed", BTE, "W_type[token_type_ids] — segment embeddings", needs="token_types"),
+    *_layernorm("embed.ln", "E"),
+    Site("embed.hook_project", BTD, "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
+         "projected to D", needs="projection"),
+    Site("hook_full_embed", BTD, "LayerNorm(embed + pos + token_type), projected to D where the family projects "
+         "(= embed.hook_project) — the residual stream entering block 0"),
+    Site("hook_resid_pre", BTD, "x — the block's input (previous block's output)", per_block=True),
+    Site("attn.hook_q", BTHK, "q = x W_Q + b_Q", per_block=True),
+    Site("attn.hook_k", BSHK, "k = x W_K + b_K", per_block=True),
+    Site("attn.hook_v", BSHK, "v = x W_V + b_V", per_block=True),
+    Site("attn.hook_qk", BHTS, "q·k — raw dot products, before scaling and mask", per_block=True),
+    Site("attn.hook_attn_scores", BHTS, "q·k/√K, −inf at padding keys (TransformerLens' meaning)", per_block=True),
+    Site("attn.hook_pattern", BHTS, "softmax over S of the scores — rows sum to 1", per_block=True),
+    Site("attn.hook_z", BTHK, "z = pattern · v — each head's mix of values", per_block=True),
+    Site("attn.hook_result", ("B", "T", "H", "D"), "z_h W_O[h] — each head's output, before summing heads and "
+         "adding b_O", per_block=True),
+    Site("hook_attn_out", BTD, "Σ_h z_h W_O[h] + b_O", per_block=True),
+    Site("hook_resid_mid", BTD, "x + attn_out", per_block=True),
+    *_layernorm("ln1", "D", per_block=True),
+    Site("mlp.hook_pre", ("B", "T", "F"), "ln1 W_in + b_in", per_block=True),
+    Site("mlp.hook_post", ("B", "T", "F"), "act(pre) (gelu, gelu_new or relu, per config)", per_block=True),
+    Site("hook_mlp_out", BTD, "post W_out + b_out", per_block=True),
+    Site("hook_resid_post", BTD, "ln1 + mlp_out", per_block=True),
+    *_layernorm("ln2", "D", per_block=True),
+    Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output", per_block=True),
+    Site("discriminator.hook_logits", ("B", "T"), "act(h W + b) · w + c — ELECTRA's replaced-token logits",
+         needs="discriminator"),
+    *_layernorm("mlm_head.ln", "E", needs="mlm", out="unembed.hook_in"),
+    Site("unembed.hook_out", ("B", "T", "V"), "unembed.hook_in W_Eᵀ + bias — masked-LM logits", needs="mlm"),
+    Site("nsp_head.hook_nsp_out", ("B", "2"), "pooled W + b — next-sentence logits", needs="nsp"),
+    Site("pooler.hook_pooler_out", ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
+         "for DistilBERT's sequence classifiers)", needs="pooler"),
+    Site("classifier.hook_logits", ("B", "C"), "pooled W + b (sequence) or h W + b (token classification)",
+         needs="classifier", other_axes=("B", "T", "C")),
+)
+_BY_NAME = {site.name: site for site in SITES}
+
+
+def _inside_block(name: str) -> str | None:
+    """"blocks.3.attn.hook_q" → "attn.hook_q"; None for a name outside the blocks."""
+    parts = name.split(".", 2)
+    return parts[2] if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() else None
+
+
+def site(name: str) -> Site:
+    """The table's entry of a hook name ("blocks.3.attn.hook_q", "pooler.hook_pooler_out"); KeyError if none."""
+    inner = _inside_block(name)
+    entry = _BY_NAME.get(name if inner is None else inner)
+    if entry is None or entry.per_block != (inner is not None):
+        raise KeyError(f"hook {name!r} has no entry in minibert.sites.SITES; add one there.")
+    return entry
+
+
+def is_site_name(name: str) -> bool:
+    """Whether `name` is a hook name of minibert's grammar (some model has it)."""
+    try:
+        site(name)
+    except KeyError:
+        return False
+    return True
+
+
+def site_doc(name: str) -> tuple[str, str]:
+    """(axes, equation) of a hook name, e.g. "blocks.3.attn.hook_q" → ("[B, T, H, K]", "q = x W_Q + b_Q")."""
+    entry = site(name)
+    return entry.axes_text, entry.equation
+
+
+def site_axes(name: str, ndim: int | None = None) -> list[str]:
+    """The axis letters of a hook's value, e.g. ["B", "H", "T", "S"]; for a site with two forms (classifier
+    logits per sequence or per token), the one with `ndim` axes (default: the first)."""
+    shapes = site(name).shapes
+    return list(next((shape for shape in shapes if len(shape) == ndim), shapes[0]))
+
+
+def hook_names(config: Config) -> list[str]:
+    """Every hook name of a model with this config, from the table: the embeddings, each block's sites block
+    by block, then the heads (in the table's order; a model's own order among its heads may differ)."""
+    present = [entry for entry in SITES if entry.exists_in(config)]
+    blocks = [f"blocks.{i}.{entry.name}" for i in range(config.num_hidden_layers) for entry in present
+              if entry.per_block]
+    first_block = next(i for i, entry in enumerate(present) if entry.per_block)
+    return ([entry.name for entry in present[:first_block]] + blocks
+            + [entry.name for entry in present[first_block:] if not entry.per_block])
+
+
+def all_hook_names() -> list[str]:
+    """The hook points of every architecture minibert loads, one block standing for all (blocks.0.*)."""
+    return [f"blocks.0.{entry.name}" if entry.per_block else entry.name for entry in SITES]
+
+
+def hook_table(names: list[str], n_layers: int | str) -> str:
+    """The Markdown table of the hook points `names` (block 0 stands for every block)."""
+    rows = ["| hook name | axes | what it holds | exists on |", "| --- | --- | --- | --- |"]
+    for name in names:
+        inner = _inside_block(name)
+        if inner is not None and not name.startswith("blocks.0."):
+            continue
+        entry = site(name)
+        shown = f"blocks.{{i}}.{inner}" if inner is not None else name
+        rows.append(f"| `{shown}` | {entry.axes_text} | {entry.equation} | {_exists_on(entry.needs)} |")
+    return "\n".join(rows) + f"\n\n`{{i}}` runs over the {n_layers} blocks (0-indexed).\n"
+
+
+def _exists_on(needs: str | None) -> str:
+    if needs is None:
+        return "every model"
+    if needs == "token_types":
+        return "families with segments"
+    if needs == "projection":
+        return "ELECTRA, ALBERT (projected embeddings)"
+    return {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
+            "classifier": "a classifier", "discriminator": "ELECTRA's discriminator"}[needs]
+
+
+def hooks_page() -> str:
+    """docs/hooks.md: what `minibert hooks --output docs/hooks.md` writes — which models have which sites (read
+    off the family and architecture tables), the axis letters, and the table of every site."""
+    def on(part: str) -> str:
+        return ", ".join(architectures_with(part))
+
+    segments = ", ".join(f.name for f in FAMILIES.values() if f.token_types)
+    projecting = ", ".join(f.name + (" (when embedding_size ≠ hidden_size)" if f.projection == "when_sizes_differ"
+                                     else "") for f in FAMILIES.values() if f.projection)
+    paragraphs = [
+        f"Generated from the code (`minibert.sites.SITES`) by `minibert hooks --output docs/hooks.md`: every hook "
+        f"point of every architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}; "
+        f"{len(ARCHITECTURES)} architectures). `model.hook_names` lists one model's.",
+        f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "
+        f"`nsp_head.*` on {on('nsp')}; `discriminator.*` on {on('discriminator')}; `classifier.*` on "
+        f"{on('classifier')}. `embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in "
+        f"{projecting}.",
+        "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
+        "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
+    ]
+    wrapped = (textwrap.fill(text, 100, break_on_hyphens=False) for text in paragraphs)
+    return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped) + hook_table(all_hook_names(), "L")
