@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -161,21 +162,64 @@ def _report_skipped(counts: dict, max_length: int) -> None:
 
 
 def _hooks(args) -> int:
-    from minibert import sites
+    from minibert.hooks import hook_table
 
     if args.output:
         _checked_outputs([Path(args.output)])
-    if args.model is None:  # every architecture's sites; --output writes docs/hooks.md's whole page
-        text = sites.hooks_page() if args.output else sites.hook_table(sites.all_hook_names(), "L")
+    if args.model is None:
+        names, n_layers = all_hook_names(), "L"
     else:
         model = _load(args.model, args.download)
-        text = sites.hook_table(model.hook_names, model.config.num_hidden_layers)
+        names, n_layers = model.hook_names, model.config.num_hidden_layers
+    text = hook_table(names, n_layers)
     if args.output:
-        Path(args.output).write_text(text)
+        Path(args.output).write_text(_hooks_header() + text)
         print(f"wrote {args.output}")
     else:
         print(text, end="")
     return 0
+
+
+def all_hook_names() -> list[str]:
+    """The hook points of every architecture minibert loads, in forward order (heads last)."""
+    from minibert import BertConfig, Model
+    from minibert.config import ARCHITECTURES
+
+    names: list[str] = []
+    for architecture in ARCHITECTURES:
+        cfg = BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
+                         intermediate_size=4, max_position_embeddings=4, architecture=architecture)
+        previous = None
+        for name in Model(cfg).hook_names:  # a name new to the list goes right after its predecessor in this model
+            if name not in names:
+                names.insert(0 if previous is None else names.index(previous) + 1, name)
+            previous = name
+    return names
+
+
+def _hooks_header() -> str:
+    """docs/hooks.md's introduction; which classes have which sites is read off config's tables."""
+    from minibert.config import FAMILIES, architectures_with
+
+    def on(part: str) -> str:
+        return ", ".join(architectures_with(part))
+
+    segments = ", ".join(f.name for f in FAMILIES.values() if f.token_types)
+    projecting = ", ".join(f.name + (" (when embedding_size ≠ hidden_size)" if f.projection == "when_sizes_differ"
+                                     else "") for f in FAMILIES.values() if f.projection)
+    paragraphs = [
+        f"Generated from the code by `minibert hooks --output docs/hooks.md`: every hook point of every "
+        f"architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}). "
+        f"`model.hook_names` lists one model's.",
+        f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "
+        f"`nsp_head.*` on {on('nsp')}; "
+        f"`discriminator.*` on {on('discriminator')}; `classifier.*` on {on('classifier')}. "
+        f"`embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in {projecting}.",
+        "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
+        "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
+    ]
+    wrapped = (textwrap.fill(text, 100, break_on_hyphens=False) for text in paragraphs)
+    return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped)
 
 
 def _serve(args) -> int:
@@ -204,6 +248,28 @@ def _convert(args) -> int:
 
     out = convert_bin_to_safetensors(args.bin, args.output)
     print(f"wrote {out} (read {args.bin} with torch.load(weights_only=True))")
+    return 0
+
+
+def _finetune(args) -> int:
+    import dataclasses
+    import json
+
+    from minibert import training
+
+    if args.out.exists() and not args.resume and any(args.out.iterdir()):
+        raise DataFileError(f"{args.out} is not empty; pass --resume to continue the run saved there, or another "
+                            f"--out.")
+    model = _load(args.model, args.download)
+    data = training.examples(args.data, task=args.task)
+    eval_data = training.examples(args.eval, task=args.task) if args.eval else None
+    result = training.finetune(model, data, task=args.task, num_labels=args.num_labels, epochs=args.epochs,
+                               batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed,
+                               eval_data=eval_data, resume=args.out / "checkpoints", trainable=args.trainable)
+    result.model.save(args.out / "model")
+    (args.out / "history.json").write_text(json.dumps(dataclasses.asdict(result.history), indent=1) + "\n")
+    print(f"wrote {args.out / 'model'} (a Hugging Face directory) and {args.out / 'history.json'}; "
+          f"final loss {result.history.loss[-1]:.4f}")
     return 0
 
 
@@ -330,6 +396,26 @@ def build_parser() -> argparse.ArgumentParser:
                          help="path to pytorch_model.bin (unpickled once: only for files you trust)")
     convert.add_argument("--output", type=Path, metavar="FILE",
                          help="output file (default: model.safetensors beside the .bin)")
+
+    finetune = command("finetune", _finetune, "fine-tune a model on a task (JAX, optax); save it for transformers",
+                       "Fine-tune --model on DATA (TSV/CSV with a header row text[, pair], label, or JSONL) with "
+                       "AdamW as transformers' Trainer runs it, and write OUT/model (a Hugging Face directory: "
+                       "config.json, model.safetensors, tokenizer files), OUT/history.json (loss per step, "
+                       "evaluation per epoch) and OUT/checkpoints (run the same command with --resume to continue).")
+    finetune.add_argument("data", type=Path, metavar="DATA", help="training examples (.tsv, .csv or .jsonl)")
+    finetune.add_argument("--task", choices=["sequence-classification", "token-classification", "masked-lm"],
+                          default="sequence-classification", help="what to train (default sequence-classification)")
+    finetune.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    finetune.add_argument("--resume", action="store_true", help="continue the run saved in DIR/checkpoints")
+    finetune.add_argument("--eval", type=Path, metavar="FILE", help="held-out examples, evaluated after each epoch")
+    finetune.add_argument("--num-labels", type=int, metavar="N", help="classes (default: from the labels)")
+    finetune.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over DATA (default 3)")
+    finetune.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
+    finetune.add_argument("--learning-rate", type=float, default=2e-5, metavar="LR", help="peak rate (default 2e-5)")
+    finetune.add_argument("--seed", type=int, default=0, metavar="N", help="data order, dropout, new head (default 0)")
+    finetune.add_argument("--trainable", nargs="+", metavar="GLOB",
+                          help="parameter names that move, e.g. 'classifier.*' 'blocks.5.*' (default: all)")
+    model_option(finetune)
 
     tutorial = command("tutorial", _tutorial, "write a tutorial as a Jupyter notebook (no name: list them)",
                        "Write one of the tutorials that ship with minibert as a runnable notebook (.ipynb), "

@@ -52,6 +52,8 @@ def examples(source, *, task: str = "sequence-classification") -> list[Example]:
         rows, where = [_tuple_row(item, task, i) for i, item in enumerate(source)], "the data"
     if not rows:
         raise DataFileError(f"{where} holds no examples; pass at least one row.")
+    if task == "token-classification":  # a TSV/CSV cell holds the word labels separated by spaces
+        rows = [dataclasses.replace(r, label=r.label.split()) if isinstance(r.label, str) else r for r in rows]
     found = [i for i, row in enumerate(rows) if row.pair is not None]
     if found and len(found) != len(rows):
         missing = next(i for i, row in enumerate(rows) if row.pair is None)

@@ -1,0 +1,64 @@
+"""`minibert finetune`: a run writes a Hugging Face directory and its history; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import minibert
+from minibert.app.cli import main
+from tests.conftest import make_hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny")
+    make_hf_model(directory, "BertModel")
+    return directory
+
+
+def _one_line_error(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("minibert finetune: error:") and "\n" not in err and fragment in err, err
+
+
+@pytest.mark.parametrize(("content", "extra", "fragment"), [
+    ("text\tlabel\na b\t0\nc d\t5\n", ["--num-labels", "2"], "label 5 is out of range for num_labels=2"),
+    ("", [], "is empty"),
+    ("text\tpair\tlabel\na\tb\t0\nc\t\t1\n", [], "row 1 has a pair but row 2 has none"),
+    ("text\tlabel\na\t0\nb\t0\n", [], "at least 2 labels"),
+    ("text\tlabel\na b\tX Y\n", ["--task", "token-classification", "--num-labels", "3"],
+     "data has 2 label names"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, tiny, content, extra, fragment):
+    data = tmp_path / "train.tsv"
+    data.write_text(content)
+    _one_line_error(capsys, ["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny), *extra],
+                    fragment)
+
+
+def test_missing_file_and_a_used_output_folder(tmp_path, capsys, tiny):
+    _one_line_error(capsys, ["finetune", str(tmp_path / "nope.tsv"), "--out", str(tmp_path / "o"), "--model",
+                             str(tiny)], "does not exist")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    _one_line_error(capsys, ["finetune", str(tmp_path / "nope.tsv"), "--out", str(tmp_path / "used")],
+                    "is not empty; pass --resume")
+
+
+@pytest.mark.slow
+def test_a_run_writes_a_loadable_model_and_its_history(tmp_path, capsys, tiny):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": f"w{i} w{i + 1} a", "label": ["neg", "pos"][i % 2]}) + "\n"
+                            for i in range(12)))
+    argv = ["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny), "--epochs", "1",
+            "--batch-size", "4", "--eval", str(data)]
+    assert main(argv) == 0
+    history = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert len(history["loss"]) == 3 and history["eval"][0]["epoch"] == 1
+    model = minibert.load(tmp_path / "out" / "model")
+    assert model.config.architecture == "BertForSequenceClassification" and model.config.id2label == ("neg", "pos")
+    assert main([*argv, "--resume"]) == 0  # the saved run is complete: resuming trains nothing more
+    assert json.loads((tmp_path / "out" / "history.json").read_text())["loss"] == history["loss"]
