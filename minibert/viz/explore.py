@@ -41,14 +41,6 @@ CACHED_RUNS = 4  # runs kept for the step-through and the "before" of an ablatio
 MIXING_METHODS = ("attention", "rollout", "value_zeroing", "alti")
 ABLATION_MODES = ("zero", "mean")
 
-# What one run captures, per block: everything the step-through shows (the views read pattern, q and k).
-BLOCK_SITES = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_qk", "attn.hook_attn_scores",
-               "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid",
-               "ln1.hook_scale", "ln1.hook_out", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
-               "ln2.hook_scale", "ln2.hook_out")
-EMBED_SITES = ("embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed", "hook_full_embed")
-
-
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One request's input, checked: the text (and sentence B), heads to ablate [[layer, head], …] and how."""
@@ -110,9 +102,10 @@ class Workbench:
             raise InputError("the workbench needs a model with a tokenizer (minibert.load gives one).")
         self.model, self.max_tokens = model, min(max_tokens, cfg.max_tokens)
         self.buckets = length_buckets(self.max_tokens)
-        names = set(model.hook_names)
-        self._capture = [name for name in EMBED_SITES if name in names] + [
-            f"blocks.{layer}.{site}" for layer in range(cfg.num_hidden_layers) for site in BLOCK_SITES]
+        # One run captures every value the step-through shows, of every layer (the views read pattern, q and k).
+        wanted = (_hook_name(step[3], layer) for layer in range(cfg.num_hidden_layers) for step in STEPS)
+        present = set(model.hook_names)
+        self._capture = [name for name in dict.fromkeys(wanted) if name in present]
         self._runs: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()  # guards the run cache; one forward at a time
         self._answering = threading.Lock()  # one answer at a time: memory stays flat under concurrent clients
@@ -367,48 +360,68 @@ def _vector(value: np.ndarray) -> list[float]:
     return np.asarray(value, np.float64).ravel().tolist()
 
 
+# The step-through of one block, in the order of post-LN BERT's computation: (id, label, equation, hook — "embed…"
+# and "hook_full_embed" as named, the rest within block l —, what of its value the step shows, its operands).
+# A step whose hook a family lacks (segments, position rows) is left out, and so are its mentions as an operand.
+_QUERY, _QUERY_HEAD, _KEYS_HEAD, _HEAD_ROW = "t", "t,h", ":,h", "h,t"
+STEPS = (
+    ("word", "token embedding", "e_word = W_E[id_t]", "embed.hook_embed", _QUERY, ()),
+    ("position", "position embedding", "e_pos = W_pos[t]", "embed.hook_pos_embed", _QUERY, ()),
+    ("segment", "segment embedding", "e_seg = W_type[type_t]", "embed.hook_token_type_embed", _QUERY, ()),
+    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word + e_pos + e_seg)", "hook_full_embed", _QUERY,
+     ("word", "position", "segment")),
+    ("x", "block {layer} input", "x = h^{layer} (the residual stream entering block {layer})", "hook_resid_pre",
+     _QUERY, ("embed_ln",)),
+    ("q", "query", "q = x W_Q[h] + b_Q[h]", "attn.hook_q", _QUERY_HEAD, ("x",)),
+    ("k", "keys (every token s)", "k_s = x_s W_K[h] + b_K[h]", "attn.hook_k", _KEYS_HEAD, ("x",)),
+    ("v", "values (every token s)", "v_s = x_s W_V[h] + b_V[h]", "attn.hook_v", _KEYS_HEAD, ("x",)),
+    ("qk", "dot products", "q·k_s", "attn.hook_qk", _HEAD_ROW, ("q", "k")),
+    ("scaled", "scaled and masked", "(q·k_s)/√{d_head} + mask_s (mask: 0 on real keys, −∞ on padding)",
+     "attn.hook_attn_scores", _HEAD_ROW, ("qk",)),
+    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", _HEAD_ROW, ("scaled",)),
+    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", _QUERY_HEAD, ("pattern", "v")),
+    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
+     _QUERY, ("z",)),
+    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
+    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] + b_O", "hook_attn_out", _QUERY, ("concat", "head_out")),
+    ("resid_mid", "residual", "x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
+    ("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁", "ln1.hook_out", _QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN in", "y W_in + b_in", "mlp.hook_pre", _QUERY, ("ln1",)),
+    ("ffn_post", "activation", "act(y W_in + b_in)", "mlp.hook_post", _QUERY, ("ffn_pre",)),
+    ("ffn_out", "FFN out", "m = act(…) W_out + b_out", "hook_mlp_out", _QUERY, ("ffn_post",)),
+    ("resid_post", "residual", "y + m", "hook_resid_post", _QUERY, ("ln1", "ffn_out")),
+    ("ln2", "LayerNorm 2 (the block's output)", "h^{next} = LN(y + m)", "ln2.hook_out", _QUERY, ("resid_post",)),
+)
+
+
+def _hook_name(site: str, layer: int) -> str:
+    """A STEPS hook's full name: the embedding's as it is, a block's in block `layer`."""
+    return site if site.startswith(("embed.", "hook_full_embed")) else f"blocks.{layer}.{site}"
+
+
+def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
+    """The part of a captured value a step shows: the query's row, its head's, every key's for the head, or the
+    head's row of a [H, T, S] map; "concat" flattens the query's [H, K] row to H·K."""
+    if pick == _QUERY:
+        return value[query].reshape(-1)
+    return {_QUERY_HEAD: lambda: value[query, head], _KEYS_HEAD: lambda: value[:, head],
+            _HEAD_ROW: lambda: value[head, query]}[pick]()
+
+
 def _steps(run: Run, layer: int, head: int, query: int, d_head: int) -> list[dict]:
-    """The walk through block `layer` for head `head` and query token `query`, each step
-    {id, label, equation, values (the hooks' numbers), shape, from (the ids of its operands)}."""
-    c, t, block = run.captures, query, f"blocks.{layer}."
-    at = lambda site: c[block + site]  # noqa: E731
+    """The walk through block `layer` for head `head` and query token `query` (STEPS), each step
+    {id, label, equation, values (the hook's numbers), shape, from (the ids of its operands)}."""
+    fields = {"layer": layer, "next": layer + 1, "d_head": d_head}
     steps = []
-
-    def add(step_id, label, equation, values, operands=()):
-        values = np.asarray(values)
-        steps.append({"id": step_id, "label": label, "equation": equation, "shape": list(values.shape),
-                      "values": _vector(values), "from": list(operands)})
-
-    add("word", "token embedding", "e_word = W_E[id_t]", c["embed.hook_embed"][t])
-    add("position", "position embedding", "e_pos = W_pos[t]", c["embed.hook_pos_embed"][t])
-    embedded = ["word", "position"]
-    if "embed.hook_token_type_embed" in c:
-        add("segment", "segment embedding", "e_seg = W_type[type_t]", c["embed.hook_token_type_embed"][t])
-        embedded.append("segment")
-    add("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word + e_pos + e_seg)", c["hook_full_embed"][t], embedded)
-    add("x", f"block {layer} input", f"x = h^{layer} (the residual stream entering block {layer})",
-        at("hook_resid_pre")[t], ["embed_ln"])
-    add("q", "query", "q = x W_Q[h] + b_Q[h]", at("attn.hook_q")[t, head], ["x"])
-    add("k", "keys (every token s)", "k_s = x_s W_K[h] + b_K[h]", at("attn.hook_k")[:, head], ["x"])
-    add("v", "values (every token s)", "v_s = x_s W_V[h] + b_V[h]", at("attn.hook_v")[:, head], ["x"])
-    add("qk", "dot products", "q·k_s", at("attn.hook_qk")[head, t], ["q", "k"])
-    add("scaled", "scaled and masked", f"(q·k_s)/√{d_head} + mask_s (mask: 0 on real keys, −∞ on padding)",
-        at("attn.hook_attn_scores")[head, t], ["qk"])
-    add("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", at("attn.hook_pattern")[head, t],
-        ["scaled"])
-    add("z", "weighted values", "z = Σ_s α_s v_s", at("attn.hook_z")[t, head], ["pattern", "v"])
-    add("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)",
-        at("attn.hook_z")[t].reshape(-1), ["z"])
-    add("head_out", "this head through W_O", "z W_O[h]", at("attn.hook_result")[t, head], ["z"])
-    add("attn_out", "attention output", "a = Σ_h z_h W_O[h] + b_O", at("hook_attn_out")[t], ["concat", "head_out"])
-    add("resid_mid", "residual", "x + a", at("hook_resid_mid")[t], ["x", "attn_out"])
-    add("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁", at("ln1.hook_out")[t], ["resid_mid"])
-    add("ffn_pre", "FFN in", "y W_in + b_in", at("mlp.hook_pre")[t], ["ln1"])
-    add("ffn_post", "activation", "act(y W_in + b_in)", at("mlp.hook_post")[t], ["ffn_pre"])
-    add("ffn_out", "FFN out", "m = act(…) W_out + b_out", at("hook_mlp_out")[t], ["ffn_post"])
-    add("resid_post", "residual", "y + m", at("hook_resid_post")[t], ["ln1", "ffn_out"])
-    add("ln2", "LayerNorm 2 (the block's output)", f"h^{layer + 1} = LN(y + m)", at("ln2.hook_out")[t],
-        ["resid_post"])
+    for step_id, label, equation, site, pick, operands in STEPS:
+        name = _hook_name(site, layer)
+        if name not in run.captures:
+            continue
+        values = _picked(run.captures[name], pick, query, head)
+        shown = {step["id"] for step in steps}
+        steps.append({"id": step_id, "label": label.format(**fields), "equation": equation.format(**fields),
+                      "shape": list(values.shape), "values": _vector(values),
+                      "from": [operand for operand in operands if operand in shown]})
     return steps
 
 
