@@ -122,3 +122,14 @@ def test_buckets_pad_no_length_by_more_than_a_sixteenth():
     assert bucket_length(147, buckets) == 152
     for low in (32, 64, 128, 256):
         assert len([b for b in buckets if low <= b < 2 * low]) == 16
+
+
+def test_minibert_own_hooks_never_warn(model, monkeypatch):
+    """Model.grad's shifts (hooks.add_delta, a HookFn already) compile once per length: that is no user's
+    hook to rewrite, so no RecompileWarning however many lengths it serves."""
+    monkeypatch.setattr(hooks, "RECOMPILE_WARNING_AT", 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 4, 5):
+            model.grad(batch(n), lambda out: out.last_hidden_state.sum(), Z)
+    assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
