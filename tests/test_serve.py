@@ -286,3 +286,25 @@ def test_serve_benchmark_smoke(tmp_path, monkeypatch):
     text = out.read_text()
     assert "| edit → every panel (16 tokens) |" in text and ": 0 errors;" in text
     sys.modules.pop("serve", None)
+
+
+def test_a_family_without_segments_steps_through_its_own_hooks(tmp_path):
+    """DistilBERT has no segment embeddings: the walk leaves that step out, and every value shown is still the
+    hook's."""
+    from test_families import make_family_model
+
+    make_family_model(tmp_path, "distilbert", "ForMaskedLM")
+    model = minibert.load(tmp_path)
+    client = client_for(model)
+    text = "a b c d"
+    answer = post(client, "step", {"text": text, "layer": 1, "head": 1, "query": 2}).json()
+    steps = {step["id"]: step for step in answer["steps"]}
+    assert "segment" not in steps and "embed.hook_token_type_embed" not in model.hook_names
+    assert steps["embed_ln"]["from"] == ["word", "position"]
+    _, cache = model.run_with_cache(model.tokenize([text]))
+    rtol = forward_rtol(model.config, len(answer["tokens"]))
+    for step_id, name, pick in (("position", "embed.hook_pos_embed", lambda v: v[2]),
+                                ("pattern", "blocks.1.attn.hook_pattern", lambda v: v[1, 2]),
+                                ("ln2", "blocks.1.ln2.hook_out", lambda v: v[2])):
+        expected = pick(np.asarray(cache[name])[0])
+        assert_close_to_scale(np.reshape(steps[step_id]["values"], expected.shape), expected, rtol, step_id)
