@@ -99,6 +99,11 @@ def test_limits_have_clear_messages(mlm):
     assert "'model' must be 0" in post(client, "run", {"text": "a b", "model": 1}).json()["error"]
 
 
+def test_max_tokens_is_checked(mlm):
+    with pytest.raises(minibert.MinibertError, match="at least 3"):
+        Workbench(mlm, max_tokens=0)
+
+
 def test_request_rate_is_limited():
     now = [0.0]
     limiter = serve.RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])

@@ -100,6 +100,9 @@ class Workbench:
         cfg = model.config
         if model.tokenizer is None:
             raise InputError("the workbench needs a model with a tokenizer (minibert.load gives one).")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 3:
+            raise InputError(f"max_tokens (minibert serve --max-tokens) must be a whole number of at least 3 "
+                             f"([CLS], a word, [SEP]); got {max_tokens!r}.")
         self.model, self.max_tokens = model, min(max_tokens, cfg.max_tokens)
         self.buckets = length_buckets(self.max_tokens)
         # One run captures every value the step-through shows, of every layer (the views read pattern, q and k).
