@@ -115,6 +115,14 @@ SITES: tuple[Site, ...] = (
 _BY_NAME = {site.name: site for site in SITES}
 
 
+def every_block(name: str) -> str:
+    """The glob of a per-block site in every block: "attn.hook_pattern" → "blocks.*.attn.hook_pattern"."""
+    return f"blocks.*.{name}"
+
+
+PATTERNS = every_block("attn.hook_pattern")  # every block's attention pattern, the glob most analyses capture
+
+
 def _inside_block(name: str) -> str | None:
     """"blocks.3.attn.hook_q" → "attn.hook_q"; None for a name outside the blocks."""
     parts = name.split(".", 2)

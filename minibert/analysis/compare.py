@@ -25,8 +25,7 @@ from minibert.accounting import EXACT
 from minibert.analysis import heads, words
 from minibert.config import head_label
 from minibert.errors import AnalysisError
-
-PATTERNS = "blocks.*.attn.hook_pattern"
+from minibert.sites import PATTERNS
 
 
 def _positive_batch_size(batch_size) -> int:

@@ -22,8 +22,8 @@ from minibert.config import architectures_with
 from minibert.errors import AnalysisError, InputError
 from minibert.hooks import Cache
 from minibert.model import Output
+from minibert.sites import PATTERNS
 
-PATTERNS = "blocks.*.attn.hook_pattern"
 IGNORE = -100  # label of positions that are not predicted (Hugging Face's convention)
 
 

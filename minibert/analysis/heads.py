@@ -37,6 +37,7 @@ from minibert.accounting import EXACT  # full float32 sums on GPUs/TPUs too (no 
 from minibert.api import is_text
 from minibert.config import head_label
 from minibert.errors import AnalysisError
+from minibert.sites import PATTERNS
 
 STATISTICS: tuple[str, ...] = (
     "self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
@@ -279,7 +280,7 @@ def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "
     mask = np.asarray(fields.get("attention_mask", np.ones_like(ids)))
     if segment_ids == "zeros":
         fields["token_type_ids"] = np.zeros_like(ids)
-    _, cache = model.run_with_cache(fields, names="blocks.*.attn.hook_pattern")
+    _, cache = model.run_with_cache(fields, names=PATTERNS)
     stats = _head_statistics_jit(cache.stack("attn.hook_pattern"), mask, **model_token_masks(model, ids, mask),
                                  sep_normalization=sep_normalization)
     return {name: np.asarray(value).mean(0) for name, value in stats.items()}

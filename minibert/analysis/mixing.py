@@ -32,6 +32,7 @@ from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 from minibert.model import Output
+from minibert.sites import PATTERNS
 
 
 def _real_pairs(attention_mask) -> jax.Array:
@@ -189,7 +190,6 @@ def alti(model, batch, *, per_head: bool = False) -> np.ndarray:
 
 # ---- attention attribution ------------------------------------------------------------------------------
 
-PATTERNS = "blocks.*.attn.hook_pattern"
 
 
 def _replace_pattern(pattern, ctx, layer, replacement):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.accounting import EXACT  # no TF32 on GPUs: the Gram trick below subtracts large terms
+from minibert.sites import PATTERNS
 
 
 @jax.jit
@@ -43,7 +44,7 @@ def attention_norms(model, batch) -> dict[str, np.ndarray]:
     Returns NumPy float32 arrays (layers and heads 0-indexed): "f_norm" [L, B, H, S], "weighted_norm"
     [L, B, H, T, S], "summed_norm" [L, B, T, S], and "pattern" α [L, B, H, T, S] to compare them with.
     """
-    _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern"])
+    _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_v", PATTERNS])
     f_norms, summed_norms, patterns = [], [], []
     W_O = model.layer_weights("attn.W_O")  # [L, H, K, D]
     for layer in range(model.config.num_hidden_layers):

@@ -28,6 +28,7 @@ import numpy as np
 from minibert.analysis.words import word_attention
 from minibert.config import head_label
 from minibert.errors import AnalysisError, ConllError, DataFileMissing
+from minibert.sites import PATTERNS
 
 DEPENDENT_TO_HEAD = "dependent→head"
 HEAD_TO_DEPENDENT = "head→dependent"
@@ -142,7 +143,7 @@ def word_maps(model, encoded: Sequence[tuple[list[int], list[list[int]]]], mode:
             ids[b, :len(encoded[i][0])] = encoded[i][0]
             mask[b, :len(encoded[i][0])] = 1
         _, cache = model.run_with_cache(dict(input_ids=ids, token_type_ids=np.zeros_like(ids), attention_mask=mask),
-                                        names="blocks.*.attn.hook_pattern")
+                                        names=PATTERNS)
         pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float32)  # [L, B, H, T, S]
         for b, i in enumerate(rows):
             maps[i] = word_attention(pattern[:, b], encoded[i][1], mode)[..., 1:-1, 1:-1]

@@ -18,6 +18,7 @@ import numpy as np
 
 from minibert.accounting import EXACT
 from minibert.errors import AnalysisError
+from minibert.sites import PATTERNS
 
 MODES = ("mean", "first")
 
@@ -143,7 +144,7 @@ def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[st
                              f"{'at all' if occurrence == 0 else f'{occurrence + 1} times'}; its words are "
                              f"{word_labels(batch.tokens[row], groups)}. Fix the text or choose another word.")
         columns[row, positions] = 1.0
-    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    _, cache = model.run_with_cache(batch, names=PATTERNS)
     pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)  # [L, B, H, T, S]
     rows = batch.attention_mask.astype(np.float64)
     return np.einsum("LBHTS,BT,BS->BL", pattern, rows, columns) / pattern.shape[2]
