@@ -267,7 +267,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     layout = Parameters(cfg, jnp.float32)
     flat = dict(zip(optim.parameter_names(start.state), jax.tree_util.tree_leaves(start.state)))
     moving = optim.selected(layout.names, trainable)
-    trainable_params = {n: p for n, p in flat.items() if n in moving}
+    # Copies: the step donates its parameters' buffers, which must not be the caller's model's.
+    trainable_params = {n: jnp.array(p, copy=True) for n, p in flat.items() if n in moving}
     frozen = {n: p for n, p in flat.items() if n not in moving}
 
     encoded = data_.encode(model, rows, task, names)
