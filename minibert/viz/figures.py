@@ -32,6 +32,7 @@ from matplotlib.lines import Line2D
 from minibert.config import head_label  # figures.head_label: the tutorials and docs/findings.py read it here too
 from minibert.viz import _check
 from minibert.viz._check import VizError
+from minibert.viz.views import neuron_softmax
 
 SUFFIXES = (".png", ".svg", ".pdf")
 PNG_DPI = 200
@@ -281,8 +282,7 @@ def neuron_terms(q: np.ndarray, k: np.ndarray) -> dict[str, np.ndarray]:
     "k" and "q×k" [S, K]; "q·k", "q·k/√K" and "softmax" (over S) [S]."""
     scores = k @ q
     scaled = scores / np.sqrt(k.shape[1])
-    weights = np.exp(scaled - scaled.max())
-    return {"k": k, "q×k": q * k, "q·k": scores, "q·k/√K": scaled, "softmax": weights / weights.sum()}
+    return {"k": k, "q×k": q * k, "q·k": scores, "q·k/√K": scaled, "softmax": neuron_softmax(scaled)}
 
 
 def _query_vector(q, n_tokens: int, d_head: int, query_index: int) -> np.ndarray:

@@ -98,11 +98,17 @@ def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = 
                 title=title or "Model view", theme=_check.theme(theme), level=level)
 
 
+def neuron_softmax(scaled: np.ndarray) -> np.ndarray:
+    """softmax over the last axis of q·k/√K scores (no mask): the neuron view's column, here and in
+    figures.neuron_terms."""
+    weights = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
 def _softmax_gap(q: np.ndarray, k: np.ndarray, attention: np.ndarray) -> float:
     """Largest |softmax(q·k/√K) − attention| over all entries: q, k [L, T, H, K], attention [L, H, T, S]."""
     scaled = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(q.shape[-1])
-    weights = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
-    return float(np.abs(weights / weights.sum(axis=-1, keepdims=True) - attention).max())
+    return float(np.abs(neuron_softmax(scaled) - attention).max())
 
 
 def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | None = None, *,
