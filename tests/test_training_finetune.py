@@ -33,6 +33,7 @@ def _zero_head(z, ctx, head):
     return z.at[:, :, head].set(0.0)
 
 
+@pytest.mark.slow
 def test_trainable_and_hooks_and_the_callers_model(base):
     before = _named(base)
     frozen = training.finetune(base, ROWS, trainable="classifier.*", **QUICK)
@@ -54,3 +55,24 @@ def test_trainable_and_hooks_and_the_callers_model(base):
         name = f"blocks.0.attn.{part}"
         np.testing.assert_array_equal(trained[name][:, 1], start[name][:, 1])
         assert not np.array_equal(trained[name][:, 0], start[name][:, 0])
+
+
+@pytest.mark.slow
+def test_bf16_compute_keeps_fp32_master_weights(base):
+    """compute_dtype=bfloat16: the master weights stay float32 (the gradient, taken through the cast to bf16, is
+    float32 too, and so are Adam's moments); the first step's loss (same weights,
+    same batch) is within bf16 rounding of the fp32 run's. Bound: the bf16 forward's logits are within
+    δ = forward_rtol(u = 2^-8, one program) + 2^-8 (the weights' own rounding) of the scale max|logits|, and
+    cross-entropy moves by at most 2·max|Δlogit| (its gradient in the logits has ℓ1 norm ≤ 2)."""
+    import jax.numpy as jnp
+
+    from tests.tolerances import U_BF16, forward_rtol
+
+    settings = QUICK | {"epochs": 1}
+    fp32 = training.finetune(base, ROWS, **settings)
+    bf16 = training.finetune(base, ROWS, compute_dtype=jnp.bfloat16, **settings)
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(bf16.model.state))
+    start = training.with_head(base, "sequence-classification", ("LABEL_0", "LABEL_1"))
+    scale = float(np.abs(np.asarray(start([r.text for r in ROWS]).logits)).max())
+    delta = forward_rtol(base.config, S=16, programs=1, u=U_BF16) + U_BF16
+    assert abs(bf16.history.loss[0] - fp32.history.loss[0]) <= 2 * delta * scale
