@@ -191,7 +191,7 @@ class Config:
 
     def setting(self, name: str):
         """One of the family's own settings (Family.settings), as config.json gave it or its default."""
-        return dict(self.settings)[name]
+        return (dict(self.family.settings) | dict(self.settings))[name]
 
     @classmethod
     def from_hf(cls, config: str | Path | Mapping[str, Any], architecture: str | None = None) -> Config:

@@ -19,7 +19,9 @@ One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer comput
 
 The other families (config.FAMILIES) are this encoder with small, explicit variations: RoBERTa
 numbers positions from pad_token_id + 1; DistilBERT has no segment embeddings; ELECTRA and ALBERT
-project E-wide embeddings up to D; ALBERT applies one block's weights in every layer.
+project E-wide embeddings up to D; ALBERT applies one block's weights in every layer. A family whose blocks,
+embeddings or heads differ more (ModernBERT: pre-LN, rotary, GeGLU; families/modernbert_model.py) brings its
+own and reuses the pieces here (LayerNorm, attend, attention_output).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert.config import Config
+from minibert.config import Config, Heads
 
 
 class Hooks(Protocol):
@@ -134,9 +136,9 @@ class LayerNorm(nnx.Module):
     before the gain and bias), hook_out = y (or the name `out`, where TransformerLens names y otherwise).
     """
 
-    def __init__(self, dim: int, eps: float, dtype):
+    def __init__(self, dim: int, eps: float, dtype, bias: bool = True):
         self.scale = nnx.Param(jnp.ones((dim,), dtype))
-        self.bias = _zeros((dim,), dtype)
+        self.bias = _zeros((dim,), dtype) if bias else None  # ModernBERT's norms have none (norm_bias = false)
         self.eps = eps
 
     def __call__(self, x, hooks: Hooks, name: str, out: str | None = None):
@@ -144,7 +146,8 @@ class LayerNorm(nnx.Module):
         centered = x32 - x32.mean(-1, keepdims=True)
         scale = hooks(f"{name}.hook_scale", jnp.sqrt((centered**2).mean(-1, keepdims=True) + self.eps))  # [B, T, 1]
         normalized = hooks(f"{name}.hook_normalized", centered / scale)  # before gain and bias, as in TransformerLens
-        return hooks(out or f"{name}.hook_out", (normalized * self.scale[...] + self.bias[...]).astype(x.dtype))
+        y = normalized * self.scale[...] if self.bias is None else normalized * self.scale[...] + self.bias[...]
+        return hooks(out or f"{name}.hook_out", y.astype(x.dtype))
 
 
 def position_rows(input_ids, pad_token_id: int, offset: bool):
@@ -253,18 +256,31 @@ class Attention(nnx.Module):
         q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
         k = hooks(f"{name}.hook_k", jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
         v = hooks(f"{name}.hook_v", jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
-        watched = any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern"))
-        if watched or dropout.attention_rate:  # dropout acts on the pattern, which only this path forms
-            z = explicit_attention(q, k, v, key_mask, hooks, name, dropout)
-        else:
-            # Nobody looks at the scores: the fused kernel (cuDNN flash attention on GPU) gives the same z.
-            # On CPU, unwatched_attention is faster than XLA's dot_product_attention (benchmarks/RESULTS.md).
-            z = jax.lax.platform_dependent(q, k, v, key_mask, cpu=unwatched_attention, default=fused_attention)
-        z = hooks(f"{name}.hook_z", z)  # [B, T, H, K]
-        if hooks.active(f"{name}.hook_result"):
-            result = hooks(f"{name}.hook_result", jnp.einsum("BTHK,HKD->BTHD", z, self.W_O[...]))
-            return result.sum(axis=2) + self.b_O[...]
-        return jnp.einsum("BTHK,HKD->BTD", z, self.W_O[...]) + self.b_O[...]
+        z = attend(q, k, v, key_mask, hooks, name, dropout)
+        return attention_output(z, self.W_O[...], self.b_O[...], hooks, name)
+
+
+def attend(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
+    """z [B, T, H, K] = softmax(q·k/√K + mask)·v, by the cheapest path that still shows what is watched.
+    key_mask: bool, broadcast to [B, H, T, S] ([B, 1, 1, S] for padding; [B, 1, T, S] for a local window)."""
+    watched = any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern"))
+    if watched or dropout.attention_rate:  # dropout acts on the pattern, which only this path forms
+        z = explicit_attention(q, k, v, key_mask, hooks, name, dropout)
+    else:
+        # Nobody looks at the scores: the fused kernel (cuDNN flash attention on GPU) gives the same z.
+        # On CPU, unwatched_attention is faster than XLA's dot_product_attention (benchmarks/RESULTS.md).
+        z = jax.lax.platform_dependent(q, k, v, key_mask, cpu=unwatched_attention, default=fused_attention)
+    return hooks(f"{name}.hook_z", z)  # [B, T, H, K]
+
+
+def attention_output(z, W_O, b_O, hooks: Hooks, name: str):
+    """z [B, T, H, K] · W_O [H, K, D] (+ b_O [D], None where the model has no bias) → [B, T, D]; each head's
+    share is hook_result [B, T, H, D] when watched."""
+    if hooks.active(f"{name}.hook_result"):
+        out = hooks(f"{name}.hook_result", jnp.einsum("BTHK,HKD->BTHD", z, W_O)).sum(axis=2)
+    else:
+        out = jnp.einsum("BTHK,HKD->BTD", z, W_O)
+    return out if b_O is None else out + b_O
 
 
 class MLP(nnx.Module):
@@ -282,7 +298,8 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: Config, dtype, rngs):
+    def __init__(self, cfg: Config, dtype, rngs, layer: int = 0):
+        """layer: this block's index; BERT's blocks are alike, a family's own Block may differ by layer."""
         self.attn = Attention(cfg, dtype, rngs)
         self.ln1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype, rngs)
@@ -370,10 +387,14 @@ class Bert(nnx.Module):
         block = cfg.family.code("block", Block)
         self.embed = cfg.family.code("embeddings", Embeddings)(cfg, dtype, rngs)
         if cfg.family.shared_layers:  # ALBERT: every entry is the same Block, so its weights are stored once
-            self.blocks = nnx.List([block(cfg, dtype, rngs)] * cfg.num_hidden_layers)
+            self.blocks = nnx.List([block(cfg, dtype, rngs, 0)] * cfg.num_hidden_layers)
         else:
-            self.blocks = nnx.List([block(cfg, dtype, rngs) for _ in range(cfg.num_hidden_layers)])
-        heads = cfg.heads
+            self.blocks = nnx.List([block(cfg, dtype, rngs, i) for i in range(cfg.num_hidden_layers)])
+        # A family whose heads are not BERT's (ModernBERT: a final LayerNorm, then its own heads) names its own
+        # head stage (Family.head); it replaces every part below.
+        family_head = cfg.family.code("head", None)
+        self.family_head = family_head(cfg, dtype, rngs) if family_head is not None else None
+        heads = cfg.heads if self.family_head is None else Heads(pooler=False)
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
         self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
         self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp_head.hook_nsp_out") if heads.nsp else None
@@ -392,7 +413,7 @@ class Bert(nnx.Module):
         resid = self.embedding(input_ids, token_type_ids, hooks, position_ids, dropout)
         for i in range(len(self.blocks)):
             resid = self.block(i, resid, key_mask, hooks, dropout)
-        return self.head(resid, hooks, dropout)
+        return self.head(resid, hooks, dropout, key_mask)
 
     @staticmethod
     def key_mask(attention_mask) -> jax.Array:
@@ -408,8 +429,11 @@ class Bert(nnx.Module):
         """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D]."""
         return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout)
 
-    def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT) -> Output:
-        """Last stage: the pooler and task head on the last hidden state [B, T, D]."""
+    def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, key_mask=None) -> Output:
+        """Last stage: the pooler and task head on the last hidden state [B, T, D]. key_mask (Bert.key_mask):
+        which tokens are real, for heads that pool over them (ModernBERT's mean pooling)."""
+        if self.family_head is not None:
+            return self.family_head(hidden, self.embed.word[...], hooks, dropout, key_mask)
         pooled = self.pooler(hidden, hooks) if self.pooler is not None else None
         logits = nsp_logits = None
         if self.mlm is not None:

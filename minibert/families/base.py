@@ -101,6 +101,10 @@ class Family:
     # imports the families).
     block: str | None = None
     embeddings: str | None = None
+    # "module:Class" replacing the head stage (model.Bert.head): built as Class(cfg, dtype, rngs), called as
+    # head(hidden, word_embeddings, hooks, dropout, key_mask) → model.Output. For a family whose heads are not
+    # BERT's pooler / MLM / classifier (ModernBERT: a final LayerNorm, then dense → act → norm before each head).
+    head: str | None = None
 
     def __post_init__(self):
         if self.tokenizer not in TOKENIZER_FILES:
