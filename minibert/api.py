@@ -155,7 +155,7 @@ def _padded_to(inputs: Inputs, length: int, pad_id: int) -> Inputs:
 
 
 def _cut(name: str, value, length: int):
-    """A captured value of a padded run cut back to the real length on each of its T and S axes (SITE_DOCS)."""
+    """A captured value of a padded run cut back to the real length on each of its T and S axes (minibert.sites)."""
     axes = site_axes(name, value.ndim)
     return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
 
