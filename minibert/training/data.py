@@ -218,21 +218,23 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
 
 def batches(encoded: Encoded, order: np.ndarray, batch_size: int, task: str, buckets: Sequence[int], *,
             pad_id: int, mask_id: int | None = None, vocab_size: int | None = None,
-            mask_seed: Sequence[int] = (0,), first: int = 0) -> Iterator[dict[str, np.ndarray]]:
+            mask_seed: Sequence[int] = (0,), first: int = 0, rows: int | None = None
+            ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one epoch, in `order`: dicts of input_ids, token_type_ids, attention_mask [B, T], labels
     ([B] classes or [B, T] token labels, IGNORE where no loss) and weight [B] (0 for padding rows).
     Masked-LM batches are masked here (mask_tokens), batch b with the generator seeded (*mask_seed, b), so any
-    batch can be rebuilt alone (a resumed run starts at batch `first`)."""
+    batch can be rebuilt alone (a resumed run starts at batch `first`). `rows`: rows per batch when more than
+    batch_size (padding rows of weight 0, so that the rows split evenly over devices)."""
     for b, start in enumerate(range(0, len(order), batch_size)):
         if b < first:
             continue
         chosen = order[start:start + batch_size]
         length = bucket_length(max(len(encoded.ids[i]) for i in chosen), buckets)
-        shape = (batch_size, length)
+        shape = (rows or batch_size, length)
         batch = {"input_ids": np.full(shape, pad_id, np.int32), "token_type_ids": np.zeros(shape, np.int32),
-                 "attention_mask": np.zeros(shape, np.int32), "weight": np.zeros(batch_size, np.float32)}
+                 "attention_mask": np.zeros(shape, np.int32), "weight": np.zeros(shape[0], np.float32)}
         per_token = task != "sequence-classification"
-        labels = np.full(shape if per_token else (batch_size,), IGNORE if per_token else 0, np.int32)
+        labels = np.full(shape if per_token else shape[:1], IGNORE if per_token else 0, np.int32)
         for row, i in enumerate(chosen):
             n = len(encoded.ids[i])
             batch["input_ids"][row, :n] = encoded.ids[i]

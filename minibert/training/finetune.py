@@ -194,6 +194,27 @@ def compiled_eval(step: Step) -> Callable:
     return jax.jit(evaluate)
 
 
+class DataParallel:
+    """Data parallelism over the local devices: each batch's rows split evenly over them (padding rows of weight 0
+    make the count divisible), parameters and optimiser state replicated; jit then runs one program per device
+    and XLA sums the gradients across them. With one device nothing is moved."""
+
+    def __init__(self, devices):
+        self.count = len(devices)
+        mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+        self.by_row = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        self.everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def rows(self, batch_size: int) -> int:
+        return -(-batch_size // self.count) * self.count
+
+    def split(self, batch: dict) -> dict:
+        return batch if self.count == 1 else jax.device_put(batch, self.by_row)
+
+    def replicated(self, tree):
+        return tree if self.count == 1 else jax.device_put(tree, self.everywhere)
+
+
 def dropout_rates(settings: Mapping, dropout: float | None) -> dict[str, float]:
     """Dropout(hidden=…, attention=…, classifier=…): the config's rates, or `dropout` for all three."""
     if dropout is not None:
@@ -284,8 +305,11 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     step = Step(layout, task, dropout_rates(settings, dropout), cfg.num_attention_heads, cfg.head_dim, writer_def,
                 jnp.dtype(compute_dtype))
     train = compiled_step(step, optimizer)
+    devices = DataParallel(jax.local_devices())
+    trainable_params, frozen, opt_state = devices.replicated((trainable_params, frozen, opt_state))
     batch_settings = dict(batch_size=batch_size, task=task, buckets=model.length_buckets,
-                          pad_id=cfg.pad_token_id, mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size)
+                          pad_id=cfg.pad_token_id, mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size,
+                          rows=devices.rows(batch_size))
     evaluator = compiled_eval(step) if eval_data is not None else None
     eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names) if evaluator else None
 
@@ -300,7 +324,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
         found = checkpoints.restore({"params": trainable_params, "opt": opt_state}, run_settings)
         if found is not None:
             micro, state, meta = found
-            trainable_params, opt_state = state["params"], state["opt"]
+            trainable_params, opt_state = devices.replicated((state["params"], state["opt"]))
             history = History(**meta["history"])
 
     def save():
@@ -317,8 +341,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
             first = micro - epoch * per_epoch
             for batch in data_.batches(encoded, order, mask_seed=(seed, epoch), first=first, **batch_settings):
                 key = jax.random.fold_in(dropout_key, micro)
-                trainable_params, opt_state, loss = train(trainable_params, frozen, opt_state, batch, key,
-                                                          writer_leaves)
+                trainable_params, opt_state, loss = train(trainable_params, frozen, opt_state, devices.split(batch),
+                                                          key, writer_leaves)
                 micro += 1
                 losses.append(loss)
                 tokens += int(batch["attention_mask"].sum())
