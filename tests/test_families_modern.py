@@ -25,7 +25,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert import families
 from minibert.config import Config
-from minibert.errors import ConfigError
+from minibert.errors import AnalysisError, ConfigError
 from minibert.families import modernbert
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
 from minibert.model import Bert
@@ -267,3 +267,31 @@ def test_modernbert_tokenizer_matches_transformers(tmp_path):
         assert batch.word_ids == theirs["word_ids"]
         assert batch.sequence_ids == theirs["sequence_ids"]
     assert (ours.cls_token, ours.mask_token, ours.pad_token_id) == ("[CLS]", "[MASK]", hf_tokenizer.pad_token_id)
+
+
+@pytest.mark.slow
+def test_logit_lens_reads_each_block_through_ln_final(tmp_path):
+    """A pre-LN model's logit lens: every block's hook_resid_post through ln_final and the MLM head, against
+    transformers' final_norm → head → decoder applied to its hidden states (the last one is the forward's logits)."""
+    from minibert.analysis import logit_lens
+
+    hf_model = make_modernbert(tmp_path, "ForMaskedLM", seed=4)
+    model = minibert.load(tmp_path)
+    batch = padded_batch(np.random.default_rng(4), 2, LENGTH)
+    lens = np.asarray(logit_lens(model, batch))  # [L + 1, B, T, V]
+    ref = hf_outputs(hf_model, batch)
+    with torch.no_grad():
+        read = lambda h: hf_model.decoder(hf_model.head(hf_model.model.final_norm(h))).numpy()  # noqa: E731
+        theirs = [read(h) for h in ref.hidden_states[:-1]] + [ref.logits.numpy()]
+    _, head_tol = rtols(model.config, LENGTH)
+    real = batch["attention_mask"] > 0
+    for stream, expected in enumerate(theirs):
+        assert_close_to_scale(lens[stream], expected, head_tol, f"lens stream {stream}", where=real)
+
+
+def test_alti_names_the_pre_ln_family(tmp_path):
+    from minibert.analysis import alti
+
+    make_modernbert(tmp_path)
+    with pytest.raises(AnalysisError, match="ModernBERT's blocks are pre-LN"):
+        alti(minibert.load(tmp_path), padded_batch(np.random.default_rng(5), 2, 5))

@@ -6,7 +6,9 @@
 
 Stream 0 is `hook_full_embed` (the embedding LayerNorm's output), stream l + 1 is block l's output
 `blocks.{l}.hook_normalized_resid_post`; each is read by the model's own head stage (`Bert.head`: dense,
-activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed.
+activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed. In a pre-LN family (ModernBERT) a block's
+output is `blocks.{l}.hook_resid_post`, and its head stage begins with the final LayerNorm (`ln_final`), so each
+stream is read as TransformerLens' logit lens reads a pre-LN model's: ln_final, then the head.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import numpy as np
 from minibert.analysis.gradients import require_mlm_head
 from minibert.errors import AnalysisError
 
-STREAMS = ["hook_full_embed", "blocks.*.hook_normalized_resid_post"]
+BLOCK_OUTPUT = {"post": "hook_normalized_resid_post", "pre": "hook_resid_post"}  # by Family.norm
 
 
 def _streams(model, batch) -> jax.Array:
     """[L + 1, B, T, D]: the embedding output, then every block's output (the streams the lens reads; not
     interventions.residual_streams, which holds each block's input, [L, B, T, D])."""
-    _, cache = model.run_with_cache(batch, names=STREAMS)
-    return jnp.concatenate([cache["hook_full_embed"][None], cache.stack("hook_normalized_resid_post")])
+    output = BLOCK_OUTPUT[model.config.family.norm]
+    _, cache = model.run_with_cache(batch, names=["hook_full_embed", f"blocks.*.{output}"])
+    return jnp.concatenate([cache["hook_full_embed"][None], cache.stack(output)])
 
 
 def _read(model, state, hidden) -> jax.Array:

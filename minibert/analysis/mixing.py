@@ -174,6 +174,10 @@ def alti(model, batch, *, per_head: bool = False) -> np.ndarray:
     Computed from one captured forward pass (resid_pre, v, pattern, LN1's σ and output) in one compiled
     program over layers and documents. Padding rows and columns are 0.
     """
+    if model.config.family.norm != "post":
+        raise AnalysisError(f"ALTI is defined on post-LN blocks (the attention output, its residual and the LayerNorm "
+                            f"after them, LN1); {model.config.family.name}'s blocks are pre-LN, so its terms do not "
+                            f"decompose that way. value_zeroing and attention_norms run on every family.")
     inputs = model.inputs(batch)
     sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
     _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{site}" for site in sites])
