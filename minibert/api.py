@@ -246,11 +246,17 @@ class Model:
     @property
     def W_pos(self) -> jax.Array:
         """The position-embedding table [max_position_embeddings, E] (TransformerLens' name)."""
-        return self._module().embed.position[...]
+        return self._position_table(self._module())
 
     def position_embeddings(self, position_ids, state=None) -> jax.Array:
         """The position table's rows [..., E] for `position_ids` (inside a jit, pass the traced `state`)."""
-        return self._module(state).embed.position[...][position_ids]
+        return self._position_table(self._module(state))[position_ids]
+
+    def _position_table(self, module) -> jax.Array:
+        if self.config.family.positions != "table":  # ModernBERT rotates q and k instead (attn.hook_rot_q)
+            raise InputError(f"{self.config.family.name} has no position-embedding table: its positions are "
+                             f"{self.config.family.positions} (in attention), not rows added to the embeddings.")
+        return module.embed.position[...]
 
     # ---- inputs ---------------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert import families
 from minibert.config import Config
-from minibert.errors import AnalysisError, ConfigError
+from minibert.errors import AnalysisError, ConfigError, InputError
 from minibert.families import modernbert
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
 from minibert.model import Bert
@@ -295,3 +295,10 @@ def test_alti_names_the_pre_ln_family(tmp_path):
     make_modernbert(tmp_path)
     with pytest.raises(AnalysisError, match="ModernBERT's blocks are pre-LN"):
         alti(minibert.load(tmp_path), padded_batch(np.random.default_rng(5), 2, 5))
+
+
+def test_no_position_table_is_said(tmp_path):
+    make_modernbert(tmp_path)
+    model = minibert.load(tmp_path)
+    with pytest.raises(InputError, match="ModernBERT has no position-embedding table"):
+        _ = model.W_pos
