@@ -17,6 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SMOKED = {  # script → a line its report must hold
     "sweeps": "## Sweeps",
     "mixing": "## Context mixing",
+    "training": "## Training",
 }
 OWN_TEST = {"gpu": "test_gpu_benchmark.py", "buckets": "test_buckets_benchmark.py", "serve": "test_serve.py",
             "probes": "test_analysis_probes.py", "sae": "test_analysis_sae.py"}

@@ -1,0 +1,208 @@
+"""One training step (forward, backward, AdamW with clipping) of a sequence classifier: minibert's compiled step
+(training.finetune's, built from the same public pieces) against transformers' BertForSequenceClassification
+with torch.optim.AdamW, on the same cores, at B × T = 16 × 128, for the bundled MiniLM and the bert-base shape
+(random weights). Both start from the same weights (training.with_head's new head, saved for transformers).
+
+Peak memory: each implementation runs its steps again in a child process; the table gives the growth of the
+child's peak resident memory over what it held once the model was loaded, next to an estimate: gradients and
+AdamW's two moments (3 × parameters × 4 bytes) plus the activations a backward keeps
+(minibert.accounting.activation_bytes with backward=True).
+
+    taskset -c 0 python benchmarks/training.py [--quick]   # one core, one torch thread
+    python benchmarks/training.py --all-cores              # every core the process may use, both sides
+    python benchmarks/training.py --smoke                  # a tiny random model, B × T = 2 × 16, one run (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from harness import (
+    Settings,
+    block,
+    bundled_dir,
+    fmt,
+    load_average,
+    machine,
+    make_bert_base,
+    markdown_table,
+    random_ids,
+    scratch_dir,
+    time_round_robin,
+)
+
+import minibert
+from minibert import accounting, training
+from minibert.hooks import writers_for
+from minibert.training import optim
+from minibert.training.finetune import Parameters, Step, compiled_step
+
+LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM = 2e-5, 0.01, 1.0
+LABELS = ("negative", "positive")
+
+
+def classifier_dir(base: Path, directory: Path) -> Path:
+    """The base checkpoint with training.with_head's new classification head, saved where transformers loads it."""
+    if not (directory / "model.safetensors").exists():
+        training.with_head(minibert.load(base), labels=LABELS).save(directory)
+    return directory
+
+
+def inputs(batch: int, length: int, vocab: int) -> dict[str, np.ndarray]:
+    rows = random_ids(batch, length, vocab=vocab)
+    return rows | {"labels": np.arange(batch, dtype=np.int32) % 2, "weight": np.ones(batch, np.float32)}
+
+
+def minibert_step(directory: Path, rows: dict):
+    """A function doing one step of finetune's compiled program on `rows`, carrying its parameters and state."""
+    model = minibert.load(directory)
+    layout = Parameters(model.config, jnp.float32)
+    flat = dict(zip(optim.parameter_names(model.state), jax.tree_util.tree_leaves(model.state)))
+    params = {name: jnp.array(value, copy=True) for name, value in flat.items()}
+    optimizer = optim.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY, mask=optim.decay_mask(params),
+                            max_grad_norm=MAX_GRAD_NORM)
+    writer_leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names,
+                                                                       model.config.architecture))
+    step = Step(layout, "sequence-classification", {}, model.config.num_attention_heads,
+                          model.config.head_dim, writer_def, jnp.dtype(jnp.float32))
+    train = compiled_step(step, optimizer)
+    state = {"params": params, "opt": optimizer.init(params)}
+    batch = {name: jnp.asarray(value) for name, value in rows.items()}
+    key = jax.random.key(0)
+
+    def run():
+        state["params"], state["opt"], loss = train(state["params"], {}, state["opt"], batch, key, writer_leaves)
+        return float(block(loss))
+
+    return run, model
+
+
+def torch_step(directory: Path, rows: dict):
+    """One step of transformers' classifier with torch.optim.AdamW (decay off biases and LayerNorm, as Trainer)."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    hf = transformers.BertForSequenceClassification.from_pretrained(str(directory), attn_implementation="sdpa")
+    hf.train()  # dropout off below: the same computation as minibert's step
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    decay = [p for n, p in hf.named_parameters() if optim.decays(_minibert_like(n))]
+    rest = [p for n, p in hf.named_parameters() if not optim.decays(_minibert_like(n))]
+    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}],
+                              lr=LEARNING_RATE)
+    batch = {name: torch.as_tensor(rows[name], dtype=torch.long)
+             for name in ("input_ids", "token_type_ids", "attention_mask", "labels")}
+
+    def run():
+        adamw.zero_grad()
+        loss = hf(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), MAX_GRAD_NORM)
+        adamw.step()
+        return float(loss.detach())
+
+    return run
+
+
+def _minibert_like(name: str) -> str:
+    """A transformers parameter name in the form optim.decays reads (biases and LayerNorm gains end alike)."""
+    return name.replace("LayerNorm.weight", "ln.scale")
+
+
+def child_peak(implementation: str, directory: Path, batch: int, length: int, steps: int) -> dict:
+    """Peak resident memory growth of `steps` steps, in a fresh process (ru_maxrss never goes down)."""
+    command = [sys.executable, __file__, "--child", implementation, str(directory), str(batch), str(length),
+               str(steps)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child(implementation: str, directory: str, batch: str, length: str, steps: str) -> int:
+    config = minibert.load(directory).config
+    rows = inputs(int(batch), int(length), config.vocab_size)
+    if implementation == "minibert":
+        run = minibert_step(Path(directory), rows)[0]
+    else:
+        run = torch_step(Path(directory), rows)
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    for _ in range(int(steps)):
+        run()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"loaded": loaded, "peak": peak}))
+    return 0
+
+
+def estimate_bytes(model, batch: int, length: int) -> tuple[int, int]:
+    """(gradients + AdamW moments, activations kept for the backward), fp32."""
+    parameters = sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(model.state))
+    layers = model.config.num_hidden_layers
+    return 3 * 4 * parameters, accounting.activation_bytes(model.config, batch, length, blocks=layers, backward=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 timed steps per case instead of 7")
+    parser.add_argument("--smoke", action="store_true", help="a tiny random model, 2 × 16, one step per case (CI)")
+    parser.add_argument("--all-cores", action="store_true", help="torch uses every allowed core (default: one thread)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(*args.child)
+    import torch
+
+    settings = Settings.make(args.quick, args.smoke)
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores if args.all_cores else 1)
+    batch, length = (2, 16) if args.smoke else (args.batch, args.length)
+    scratch = scratch_dir()
+    if args.smoke:
+        from gpu import tiny_checkpoint
+
+        bases = {"tiny BERT (random)": tiny_checkpoint(scratch / "tiny-bert")}
+    else:
+        bases = {"bundled all-MiniLM-L6-v2": bundled_dir(), "bert-base shape (random)": make_bert_base(
+            scratch / "bert-base")}
+    rows = []
+    for label, base in bases.items():
+        directory = classifier_dir(base, scratch / f"{base.name}-classifier")
+        config = minibert.load(directory).config
+        data = inputs(batch, length, config.vocab_size)
+        ours, model = minibert_step(directory, data)
+        theirs = torch_step(directory, data)
+        first = {"minibert": ours(), "transformers": theirs()}  # compiles; the first losses start equal
+        times = time_round_robin({"minibert": ours, "transformers": theirs}, settings)
+        gradients_and_moments, activations = estimate_bytes(model, batch, length)
+        for name, seconds in times.items():
+            peak = child_peak(name, directory, batch, length, 1 if args.smoke else 3)
+            rows.append([label, name, fmt(first[name], 4), fmt(seconds * 1e3, 1),
+                         fmt(batch * length / seconds, 0), fmt(seconds / times["minibert"], 2) + "×",
+                         fmt((peak["peak"] - peak["loaded"]) / 2**20, 0),
+                         fmt((gradients_and_moments + activations) / 2**20, 0)])
+    info = machine()
+    run = "smoke" if args.smoke else "quick" if settings.quick else "full"
+    where = f"all {cores} allowed cores" if args.all_cores else f"one torch thread on {cores} allowed core(s)"
+    print(f"## Training — {info['cpu']}, {where}, {info['date']}, {run} run\n")
+    print(f"{info['versions']}. One step of a 2-class sequence classifier at B × T = {batch} × {length}, dropout 0, "
+          f"AdamW (lr {LEARNING_RATE}, weight decay {WEIGHT_DECAY}, clipping at {MAX_GRAD_NORM}); median of "
+          f"{settings.repeats} steps, interleaved, compiled program warm. Load average "
+          f"{load_average()} (1, 5, 15 min) at the end: a shared machine, under load.\n")
+    print(markdown_table(["model", "implementation", "first loss", "ms / step", "tokens/s", "time / minibert's",
+                          "peak growth MiB", "estimate MiB (grads + moments + activations)"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
