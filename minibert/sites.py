@@ -16,9 +16,18 @@ import textwrap
 
 from minibert.config import ARCHITECTURES, FAMILIES, Config, architectures_with
 
-# What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection.
+# What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
+# or a forward variation of the family (Family.positions / mlp / norm; its own head stage, Family.head).
 HEAD_PARTS = ("pooler", "mlm", "nsp", "classifier", "discriminator")
-NEEDS = (*HEAD_PARTS, "token_types", "projection")
+VARIATION_NEEDS = {  # need → (what exists on it, for docs/hooks.md; whether a config has it)
+    "rotary": ("rotary families (ModernBERT)", lambda c: c.family.positions == "rotary"),
+    "glu": ("gated-MLP families (ModernBERT)", lambda c: c.family.mlp == "glu"),
+    "pre_norm": ("pre-LN families (ModernBERT)", lambda c: c.family.norm == "pre"),
+    "pooler_norm": ("ModernBERT's sequence classifiers", lambda c: c.family.head is not None and c.heads.pooler),
+    "token_norm": ("ModernBERT's token classifiers",
+                   lambda c: c.family.head is not None and c.heads.classifier == "token"),
+}
+NEEDS = (*HEAD_PARTS, "token_types", "projection", *VARIATION_NEEDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +62,8 @@ class Site:
             return config.family.token_types
         if self.needs == "projection":
             return config.has_projection
+        if self.needs in VARIATION_NEEDS:
+            return VARIATION_NEEDS[self.needs][1](config)
         return bool(getattr(config.heads, self.needs))
 
 
@@ -87,6 +98,9 @@ SITES: tuple[Site, ...] = (
     Site("attn.hook_q", BTHK, "q = x W_Q + b_Q", per_block=True),
     Site("attn.hook_k", BSHK, "k = x W_K + b_K", per_block=True),
     Site("attn.hook_v", BSHK, "v = x W_V + b_V", per_block=True),
+    Site("attn.hook_rot_q", BTHK, "q rotated by position t (rotary; the θ of the layer's kind) — what the scores "
+         "use", per_block=True, needs="rotary"),
+    Site("attn.hook_rot_k", BSHK, "k rotated by position s (rotary)", per_block=True, needs="rotary"),
     Site("attn.hook_qk", BHTS, "q·k — raw dot products, before scaling and mask", per_block=True),
     Site("attn.hook_attn_scores", BHTS, "q·k/√K, −inf at padding keys (TransformerLens' meaning)", per_block=True),
     Site("attn.hook_pattern", BHTS, "softmax over S of the scores — rows sum to 1", per_block=True),
@@ -96,19 +110,25 @@ SITES: tuple[Site, ...] = (
     Site("hook_attn_out", BTD, "Σ_h z_h W_O[h] + b_O", per_block=True),
     Site("hook_resid_mid", BTD, "x + attn_out", per_block=True),
     *_layernorm("ln1", "D", per_block=True),
-    Site("mlp.hook_pre", ("B", "T", "F"), "ln1 W_in + b_in", per_block=True),
+    Site("mlp.hook_pre", ("B", "T", "F"), "ln1 W_in + b_in (GeGLU: the half that goes through the activation)",
+         per_block=True),
+    Site("mlp.hook_pre_linear", ("B", "T", "F"), "ln2 W_in[:, 1] (+ b) — GeGLU's linear half; post = act(pre) ⊙ "
+         "pre_linear", per_block=True, needs="glu"),
     Site("mlp.hook_post", ("B", "T", "F"), "act(pre) (gelu, gelu_new or relu, per config)", per_block=True),
     Site("hook_mlp_out", BTD, "post W_out + b_out", per_block=True),
     Site("hook_resid_post", BTD, "ln1 + mlp_out", per_block=True),
     *_layernorm("ln2", "D", per_block=True),
     Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output", per_block=True),
+    *_layernorm("ln_final", "D", needs="pre_norm"),  # pre-LN: after the last block; its output is last_hidden_state
     Site("discriminator.hook_logits", ("B", "T"), "act(h W + b) · w + c — ELECTRA's replaced-token logits",
          needs="discriminator"),
     *_layernorm("mlm_head.ln", "E", needs="mlm", out="unembed.hook_in"),
     Site("unembed.hook_out", ("B", "T", "V"), "unembed.hook_in W_Eᵀ + bias — masked-LM logits", needs="mlm"),
     Site("nsp_head.hook_nsp_out", ("B", "2"), "pooled W + b — next-sentence logits", needs="nsp"),
+    *_layernorm("pooler.ln", "D", needs="pooler_norm"),
     Site("pooler.hook_pooler_out", ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
          "for DistilBERT's sequence classifiers)", needs="pooler"),
+    *_layernorm("classifier.ln", "D", needs="token_norm"),
     Site("classifier.hook_logits", ("B", "C"), "pooled W + b (sequence) or h W + b (token classification)",
          needs="classifier", other_axes=("B", "T", "C")),
 )
@@ -196,6 +216,8 @@ def _exists_on(needs: str | None) -> str:
         return "families with segments"
     if needs == "projection":
         return "ELECTRA, ALBERT (projected embeddings)"
+    if needs in VARIATION_NEEDS:
+        return VARIATION_NEEDS[needs][0]
     return {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
             "classifier": "a classifier", "discriminator": "ELECTRA's discriminator"}[needs]
 

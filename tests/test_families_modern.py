@@ -302,3 +302,24 @@ def test_no_position_table_is_said(tmp_path):
     model = minibert.load(tmp_path)
     with pytest.raises(InputError, match="ModernBERT has no position-embedding table"):
         _ = model.W_pos
+
+
+@pytest.mark.slow
+def test_patching_runs_through_modernbert_blocks(tmp_path):
+    """Activation patching of attn.hook_rot_q (a rotary site) per position against a loop of patched forwards."""
+    from minibert.analysis import patch_activations
+
+    make_modernbert(tmp_path, "ForMaskedLM", seed=6)
+    model = minibert.load(tmp_path)
+    rng = np.random.default_rng(6)
+    clean, corrupted = (padded_batch(rng, 1, 9) for _ in range(2))
+    metric = lambda out: out.logits[:, 4, 7]  # noqa: E731
+    grid = patch_activations(model, clean, corrupted, metric, site="attn.hook_rot_q")  # [L, T]
+    _, cache = model.run_with_cache(clean, names="blocks.*.attn.hook_rot_q")
+    for layer, position in [(0, 4), (1, 0), (2, 8), (3, 3)]:
+        name = f"blocks.{layer}.attn.hook_rot_q"
+        patch = lambda value, ctx, name=name, position=position: value.at[:, position].set(  # noqa: E731
+            cache[name][:, position])
+        expected = float(metric(model.run_with_hooks(corrupted, {name: patch}))[0])
+        _, head_tol = rtols(model.config, 9)
+        assert abs(grid[layer, position] - expected) <= head_tol * abs(grid).max()

@@ -189,7 +189,7 @@ class ModernHead(nnx.Module):
         if self.classifier is None:
             return Output(hidden)
         if self.per_token:
-            transformed = self.transform(hidden, hooks, "classifier_head")
+            transformed = self.transform(hidden, hooks, "classifier")
             return Output(hidden, logits=self.classifier(dropout.classifier("classifier", transformed), hooks))
         pooled = hooks("pooler.hook_pooler_out", self.transform(self.pool(hidden, key_mask), hooks, "pooler"))
         return Output(hidden, pooled, self.classifier(dropout.classifier("classifier", pooled), hooks))
