@@ -8,7 +8,9 @@ bfloat16, at B ∈ {64, 256} × T ∈ {128, 512}: tokens/s, MFU against the card
 (minibert.accounting.GPU_PEAK_FLOPS), peak device memory, compile time, for minibert with nothing
 captured / every pattern captured / everything captured and offloaded to host, and transformers' sdpa
 and eager attention. Also: whether the fused attention lowered to cuDNN (the compiled HLO names a
-cudnn call), the corpus survey, and analysis.ablation_sweep when it exists. Writes a Markdown report.
+cudnn call), the corpus survey, analysis.ablation_sweep when it exists, and one fp32 training step of a
+classifier on the random bert-base at 16×128 (minibert vs transformers + torch.optim.AdamW, benchmarks/training.py).
+Writes a Markdown report.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import harness  # noqa: E402
 import minibert  # noqa: E402
 from minibert import accounting  # noqa: E402
 
-FULL = dict(batches=(64, 256), lengths=(128, 512), repeats=5, survey=1000)
-SMOKE = dict(batches=(2,), lengths=(16,), repeats=1, survey=4)
+FULL = dict(batches=(64, 256), lengths=(128, 512), repeats=5, survey=1000, training=(16, 128))
+SMOKE = dict(batches=(2,), lengths=(16,), repeats=1, survey=4, training=(2, 16))
 DTYPES = {"fp32": (jnp.float32, "float32"), "bf16": (jnp.bfloat16, "bfloat16")}
 
 
@@ -145,6 +147,24 @@ def survey_rows(directory: Path, sizes: dict) -> list[list[str]]:
     return rows
 
 
+def training_rows(directory: Path, sizes: dict, device: str) -> list[list[str]]:
+    """One fp32 training step (forward, backward, AdamW) of a 2-class classifier on `directory`: minibert's
+    compiled step against transformers + torch.optim.AdamW (benchmarks/training.py), same starting weights."""
+    import training
+
+    classifier = training.classifier_dir(directory, directory.parent / f"{directory.name}-classifier")
+    B, T = sizes["training"]
+    rows_in = training.inputs(B, T, minibert.load(classifier).config.vocab_size)
+    cases = {"minibert": training.minibert_step(classifier, rows_in)[0],
+             "transformers + torch AdamW": training.torch_step(classifier, rows_in, device)}
+    rows = []
+    for name, fn in cases.items():
+        first, seconds = median_seconds(fn, sizes["repeats"])
+        rows.append([f"training step, {name}", f"{B}×{T}", harness.fmt(seconds * 1e3, 1),
+                     harness.fmt(B * T / seconds, 0) + " tokens/s"])
+    return rows
+
+
 def tiny_checkpoint(directory: Path) -> Path:
     """A small random BertModel for --smoke (bert-base's layout, a fraction of its size)."""
     import torch
@@ -181,6 +201,8 @@ def report(args) -> str:
              harness.markdown_table(header, rows), "", *(f"- {note}" for note in notes), "",
              harness.markdown_table(["workload", "seconds", "throughput"],
                                     survey_rows(random_dir if args.smoke else Path(args.bundled), sizes)),
+             "", harness.markdown_table(["workload", "B×T", "ms", "throughput"],
+                                        training_rows(random_dir, sizes, device)),
              "", "Peak memory of minibert rows is the device's running peak (JAX cannot reset it): read it as an "
              "upper bound per row; torch rows reset the peak per case."]
     return "\n".join(lines) + "\n"

@@ -86,13 +86,14 @@ def minibert_step(directory: Path, rows: dict):
     return run, model
 
 
-def torch_step(directory: Path, rows: dict):
+def torch_step(directory: Path, rows: dict, device: str = "cpu"):
     """One step of transformers' classifier with torch.optim.AdamW (decay off biases and LayerNorm, as Trainer)."""
     import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
     hf = transformers.BertForSequenceClassification.from_pretrained(str(directory), attn_implementation="sdpa")
+    hf.to(device)
     hf.train()  # dropout off below: the same computation as minibert's step
     for module in hf.modules():
         if isinstance(module, torch.nn.Dropout):
@@ -101,7 +102,7 @@ def torch_step(directory: Path, rows: dict):
     rest = [p for n, p in hf.named_parameters() if not optim.decays(_minibert_like(n))]
     adamw = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}],
                               lr=LEARNING_RATE)
-    batch = {name: torch.as_tensor(rows[name], dtype=torch.long)
+    batch = {name: torch.as_tensor(rows[name], dtype=torch.long, device=device)
              for name in ("input_ids", "token_type_ids", "attention_mask", "labels")}
 
     def run():
@@ -110,7 +111,7 @@ def torch_step(directory: Path, rows: dict):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(hf.parameters(), MAX_GRAD_NORM)
         adamw.step()
-        return float(loss.detach())
+        return float(loss.detach())  # waits for the device
 
     return run
 

@@ -24,4 +24,5 @@ def test_gpu_benchmark_smoke_writes_its_tables(tmp_path, monkeypatch):
         assert text.count(f"| {implementation} |") == 2, implementation  # fp32 and bf16
     assert "fused attention lowered to cuDNN: no" in text  # a CPU program has no cuDNN call
     assert "corpus.survey, 4 segments" in text
+    assert "| training step, minibert | 2×16 |" in text and "| training step, transformers + torch AdamW |" in text
     sys.modules.pop("gpu", None)
