@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.config import Config, read_json_object
+from minibert.deprecation import deprecated_values
 from minibert.errors import CheckpointError
 from minibert.families import FAMILIES
 from minibert.families.keys import HeadKeys, Rule, as_dict  # noqa: F401 (HeadKeys re-exported)
@@ -306,11 +307,5 @@ _MOVED = {  # names that moved into minibert/families/ (kept one release; README
 }
 
 
-def __getattr__(name: str):
-    if name in _MOVED:
-        import warnings
-
-        warnings.warn(f"minibert.checkpoint.{name} is deprecated: each family's module in minibert/families/ holds "
-                      f"its keys (Family.layer_keys, Family.head_keys).", DeprecationWarning, stacklevel=2)
-        return _MOVED[name]()
-    raise AttributeError(f"module 'minibert.checkpoint' has no attribute {name!r}")
+__getattr__ = deprecated_values("minibert.checkpoint", _MOVED, "each family's module in minibert/families/ holds its "
+                                                               "keys (Family.layer_keys, Family.head_keys).")

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from minibert.deprecation import deprecated_values
 from minibert.errors import ConfigError
 from minibert.families import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES, Family, Heads  # noqa: F401 (re-exported)
 
@@ -355,11 +356,5 @@ _MOVED = {  # names that moved into minibert/families/ (kept one release; README
 }
 
 
-def __getattr__(name: str):
-    if name in _MOVED:
-        import warnings
-
-        warnings.warn(f"minibert.config.{name} is deprecated: each family's module in minibert/families/ holds it "
-                      f"(Family.values, Family.fixed).", DeprecationWarning, stacklevel=2)
-        return _MOVED[name]()
-    raise AttributeError(f"module 'minibert.config' has no attribute {name!r}")
+__getattr__ = deprecated_values("minibert.config", _MOVED,
+                                "each family's module in minibert/families/ holds it (Family.values, Family.fixed).")

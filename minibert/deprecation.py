@@ -19,3 +19,14 @@ def moved_names(module: str, moved: Mapping[str, str]) -> Callable[[str], object
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(where), new)
     return __getattr__
+
+
+def deprecated_values(module: str, values: Mapping[str, Callable[[], object]], where: str) -> Callable[[str], object]:
+    """A module-level `__getattr__` for old names whose value is now computed from a new home (a table rebuilt
+    from the family modules, say): reading one calls its function, with a DeprecationWarning saying `where`."""
+    def __getattr__(name: str):
+        if name not in values:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} is deprecated: {where}", DeprecationWarning, stacklevel=2)
+        return values[name]()
+    return __getattr__
