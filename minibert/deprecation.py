@@ -3,6 +3,7 @@ with a DeprecationWarning (README, the "Moved" tables)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from collections.abc import Callable, Mapping
@@ -30,3 +31,17 @@ def deprecated_values(module: str, values: Mapping[str, Callable[[], object]], w
         warnings.warn(f"{module}.{name} is deprecated: {where}", DeprecationWarning, stacklevel=2)
         return values[name]()
     return __getattr__
+
+
+def renamed_keyword(old: str, new: str) -> Callable[[Callable], Callable]:
+    """A decorator: calls that still pass the keyword `old` reach the parameter `new`, with a DeprecationWarning."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def renamed(*args, **kwargs):
+            if old in kwargs:
+                warnings.warn(f"{fn.__name__}({old}=…) is now {fn.__name__}({new}=…); the old keyword goes in the "
+                              f"next release.", DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return renamed
+    return wrap
