@@ -1,8 +1,11 @@
 """Dense forward passes: minibert next to transformers (eager with attentions, sdpa) and TransformerLens,
-the load / first-call numbers, the cost of the hook machinery, and the GPU rows."""
+the load / first-call numbers, the cost of the hook machinery, and the GPU rows. The sections run from
+benchmarks/run.py; `python benchmarks/dense.py --smoke` runs each of them on MiniLM at 1×16, once (CI)."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +20,7 @@ from harness import (
     Settings,
     block,
     bundled_dir,
+    check_times,
     fmt,
     hf_model,
     make_bert_base,
@@ -36,6 +40,11 @@ from minibert.model import NO_HOOKS
 
 PATTERNS = "blocks.*.attn.hook_pattern"
 PEAK_SIZE = 2048
+SMOKE_SHAPE = (1, 16)  # B, T of every forward in a smoke run
+
+
+def batch_shape(settings: Settings, shape: tuple[int, int] = (8, 128)) -> tuple[int, int]:
+    return SMOKE_SHAPE if settings.smoke else shape
 
 
 def matmul_case(size: int = PEAK_SIZE):
@@ -74,7 +83,9 @@ def core(settings: Settings) -> tuple[str, dict]:
     torch.set_num_threads(os.cpu_count())
     loads = [timed(minibert.load)[1] for _ in range(2 if settings.quick else 4)]
     model = minibert.load()
-    batch = random_ids(8, 128)
+    B, T = batch_shape(settings)
+    batch = random_ids(B, T)
+    tokens, shape = B * T, f"{B}×{T}"
     _, first = timed(lambda: block(model.run(batch)[0]))
     traces = model.traces
     eager = hf_model(bundled_dir(), "eager")
@@ -83,15 +94,17 @@ def core(settings: Settings) -> tuple[str, dict]:
         times = time_round_robin({"minibert": lambda: block(model.run(batch)[0]),
                                   "eager": lambda: eager(**torch_batch, output_attentions=True)}, settings)
     steady = times["minibert"]
+    if settings.smoke:
+        check_times(times | {"first call": first, "loads": min(loads)})
     rows = [
         ["minibert.load() of the bundled all-MiniLM-L6-v2, first in this process", f"{loads[0]:.2f} s"],
         ["minibert.load(), median of the later loads", f"{np.median(loads[1:]):.2f} s"],
-        ["first model.run at 8×128 (trace + compile + run)", f"{first:.2f} s ({traces} trace)"],
-        ["later model.run at 8×128, nothing captured (median)",
-         f"{steady * 1e3:.0f} ms = {1024 / steady:,.0f} tokens/s"],
+        [f"first model.run at {shape} (trace + compile + run)", f"{first:.2f} s ({traces} trace)"],
+        [f"later model.run at {shape}, nothing captured (median)",
+         f"{steady * 1e3:.0f} ms = {tokens / steady:,.0f} tokens/s"],
         ["first-call compile overhead (first − later)", f"{first - steady:.2f} s"],
         ["transformers eager with output_attentions, same batch, interleaved (median)",
-         f"{times['eager'] * 1e3:.0f} ms = {1024 / times['eager']:,.0f} tokens/s"],
+         f"{times['eager'] * 1e3:.0f} ms = {tokens / times['eager']:,.0f} tokens/s"],
     ]
     return markdown_table(["what", "time"], rows), {"load_s": loads, "first_call_s": first, "steady_s": steady,
                                                      "hf_eager_attentions_s": times["eager"]}
@@ -100,6 +113,8 @@ def core(settings: Settings) -> tuple[str, dict]:
 # ---- dense forward (issue 6) -------------------------------------------------------------------------------
 
 def dense_configs(settings: Settings) -> list[tuple[str, Path, int, int]]:
+    if settings.smoke:  # no bert-base: building and saving it takes longer than the whole smoke run
+        return [("all-MiniLM-L6-v2", bundled_dir(), *SMOKE_SHAPE)]
     base = make_bert_base(scratch_dir() / "bert-base-random")
     configs = [("all-MiniLM-L6-v2", bundled_dir(), 8, 128), ("bert-base (random)", base, 8, 128)]
     if not settings.quick:
@@ -108,6 +123,8 @@ def dense_configs(settings: Settings) -> list[tuple[str, Path, int, int]]:
 
 
 def run_transformer_lens(directory: Path, B: int, T: int, settings: Settings, cases) -> dict[str, float] | str:
+    if settings.smoke:
+        return "skipped in a smoke run (a second interpreter)"
     python = transformer_lens_python()
     if python is None:
         return "not installed"
@@ -140,10 +157,11 @@ def dense(settings: Settings) -> tuple[str, dict]:
 
     torch.set_num_threads(os.cpu_count())
     rows, ratio_rows, results = [], [], []
-    matmul, matmul_flops = matmul_case()
-    torch_mm, _ = torch_matmul_case()
+    peak_size = 256 if settings.smoke else PEAK_SIZE
+    matmul, matmul_flops = matmul_case(peak_size)
+    torch_mm, _ = torch_matmul_case(peak_size)
     for label, directory, B, T in dense_configs(settings):
-        config_settings = settings if B * T <= 2048 else Settings(settings.quick, repeats=3, warmup=1)
+        config_settings = settings if B * T <= 2048 else dataclasses.replace(settings, repeats=3, warmup=1)
         model = minibert.load(directory)
         batch = random_ids(B, T)
         torch_batch = {k: torch.tensor(v.astype(np.int64)) for k, v in batch.items()}
@@ -154,6 +172,9 @@ def dense(settings: Settings) -> tuple[str, dict]:
                                                                              "torch matmul": torch_mm}
         with torch.inference_mode():
             times = time_round_robin(cases, config_settings)
+            if settings.smoke:
+                check_times(times)
+                check_forward(model, batch, sdpa(**torch_batch).last_hidden_state.numpy())
         tl = run_transformer_lens(directory, B, T, config_settings,
                                   ["nothing", "patterns"] + (["everything"] if fits else []))
         if isinstance(tl, dict):
@@ -175,11 +196,12 @@ def dense(settings: Settings) -> tuple[str, dict]:
         if isinstance(tl, str):
             rows.append([label, f"{B}×{T}", "TransformerLens", tl, "—", "—", "—"])
         record = {"model": label, "B": B, "T": T, "times": times, "peak_flops": peak, "flops_per_token": flops,
-                  "params": accounting.param_count(model.params)}
+                  "peak_size": peak_size,
+                  "params": model.param_count()}
         results.append(record)
         ratio_rows += ratio_lines(record)
         del model, eager, sdpa, cases  # the closures hold the models: free them before the next config
-    profile_text, profile = where_time_goes()
+    profile_text, profile = where_time_goes(settings)
     gemm_text, gemms = gemm_kernels(settings)
     text = (markdown_table(["model", "B×T", "implementation, captured", "ms/batch", "tokens/s", "GFLOP/s",
                             "of matmul peak"], rows)
@@ -198,7 +220,7 @@ def gemm_kernels(settings: Settings) -> tuple[str, dict]:
     import torch
 
     cases, flops = {}, {}
-    for m, k, n in GEMM_SHAPES:
+    for m, k, n in GEMM_SHAPES[:2] if settings.smoke else GEMM_SHAPES:
         keys = jax.random.split(jax.random.key(0))
         x, w = (jax.random.normal(key, shape) for key, shape in zip(keys, ((m, k), (k, n))))
         b = jnp.zeros((n,))
@@ -209,7 +231,9 @@ def gemm_kernels(settings: Settings) -> tuple[str, dict]:
         cases[f"torch {label}"] = lambda x=tx, w=tw, b=tb: torch.nn.functional.linear(x, w, b)
         flops[label] = 2 * m * k * n
     with torch.inference_mode():
-        times = time_round_robin(cases, settings.__class__(settings.quick, settings.repeats * 2, settings.warmup))
+        times = time_round_robin(cases, dataclasses.replace(settings, repeats=settings.repeats * 2))
+    if settings.smoke:
+        check_times(times)
     rows = [[label, fmt(f / times[f"jax {label}"] / 1e9, 1), fmt(f / times[f"torch {label}"] / 1e9, 1),
              f"{times[f'torch {label}'] / times[f'jax {label}']:.2f}"] for label, f in flops.items()]
     text = ("Dense-layer matmuls alone (x·W + b, fp32, the shapes of an 8×128 batch), XLA:CPU against torch, "
@@ -218,19 +242,20 @@ def gemm_kernels(settings: Settings) -> tuple[str, dict]:
     return text, {label: {"jax_s": times[f"jax {label}"], "torch_s": times[f"torch {label}"]} for label in flops}
 
 
-def where_time_goes() -> tuple[str, dict]:
+def where_time_goes(settings: Settings) -> tuple[str, dict]:
     """Per-op profiles of the bundled MiniLM at 8×128, minibert next to transformers (benchmarks/op_profile.py)."""
 
     from op_profile import category_table, profile_minibert, profile_transformers
 
-    model, directory, batch = minibert.load(), bundled_dir(), random_ids(8, 128)
+    B, T = batch_shape(settings)
+    model, directory, batch = minibert.load(), bundled_dir(), random_ids(B, T)
     columns = {
         "minibert, nothing": profile_minibert(model, batch)[:2],
         "transformers sdpa": profile_transformers(hf_model(directory, "sdpa"), batch, False)[:2],
         "minibert, patterns": profile_minibert(model, batch, PATTERNS)[:2],
         "transformers eager + attentions": profile_transformers(hf_model(directory, "eager"), batch, True)[:2],
     }
-    text = ("Where the time goes (all-MiniLM-L6-v2, 8×128; `python benchmarks/op_profile.py` for any model and "
+    text = (f"Where the time goes (all-MiniLM-L6-v2, {B}×{T}; `python benchmarks/op_profile.py` for any model and "
             "case): op times from jax.profiler (XLA thunks) and torch.profiler (aten ops, self time), grouped.\n\n"
             + category_table(columns))
     return text, {name: {"categories": c, "wall_s": w} for name, (c, w) in columns.items()}
@@ -266,7 +291,7 @@ def ratio_lines(record: dict) -> list[list[str]]:
     lines.append([record["model"], shape, "minibert nothing: model FLOP/s ÷ measured jax matmul peak",
                   f"{fraction:.2f}", f"≥ {target}" if target else "—",
                   ("yes" if fraction >= target else "**no**") if target else "—"])
-    torch_peak = 2 * PEAK_SIZE**3 / times["torch matmul"]
+    torch_peak = 2 * record["peak_size"]**3 / times["torch matmul"]
     lines.append([record["model"], shape, "(context) torch matmul peak ÷ jax matmul peak",
                   f"{torch_peak / record['peak_flops']:.2f}", "—", "—"])
     return lines
@@ -290,7 +315,7 @@ def hook_overhead(settings: Settings) -> tuple[str, dict]:
                                                                     inputs.attention_mask, NO_HOOKS))
     hooked = jax.jit(model.forward_fn())
     rows, out = [], {}
-    for B, T in ((8, 128), (1, 16)):
+    for B, T in (SMOKE_SHAPE,) if settings.smoke else ((8, 128), SMOKE_SHAPE):
         batch = random_ids(B, T)
         inputs = model.inputs(batch)
         same = _program_text(bare, state, inputs) == _program_text(hooked, model.state, inputs)
@@ -298,7 +323,9 @@ def hook_overhead(settings: Settings) -> tuple[str, dict]:
             "no hook machinery (NoHooks, jitted module)": lambda: block(bare(state, inputs)),
             "hook machinery, nothing active (forward_fn)": lambda: block(hooked(model.state, inputs)),
             "public model.run(batch) from NumPy ids": lambda: block(model.run(batch)[0]),
-        }, settings.__class__(settings.quick, settings.repeats * 3, settings.warmup))
+        }, dataclasses.replace(settings, repeats=settings.repeats * 3))
+        if settings.smoke:
+            check_times({name: min(t) for name, t in samples.items()})
         base = samples["no hook machinery (NoHooks, jitted module)"]
         for name, t in samples.items():
             median, best = np.median(t) / np.median(base) - 1, min(t) / min(base) - 1
@@ -346,3 +373,32 @@ def gpu(settings: Settings) -> tuple[str, dict]:
     header = ["device", "B×T", "path", "ms/batch", "tokens/s", "TFLOP/s",
               f"MFU (peak {fmt(peak and peak / 1e12, 0)} TFLOP/s bf16)"]
     return markdown_table(header, rows), out
+
+
+# ---- smoke run (CI) ----------------------------------------------------------------------------------------
+
+def check_forward(model, batch: dict, peer_hidden: np.ndarray) -> None:
+    """minibert's and the peer's last hidden states of the timed batch are finite and [B, T, D]."""
+    ours = np.asarray(model.run(batch)[0].last_hidden_state)
+    expected = (*batch["input_ids"].shape, model.config.hidden_size)
+    assert ours.shape == peer_hidden.shape == expected, (ours.shape, peer_hidden.shape, expected)
+    assert np.isfinite(ours).all() and np.isfinite(peer_hidden).all()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", required=True,
+                        help="every section on MiniLM at 1×16, one timed call per case, timings checked")
+    parser.parse_args(argv)
+    settings = Settings.make(quick=True, smoke=True)
+    print("smoke run: all-MiniLM-L6-v2 at 1×16, one timed call per case (python benchmarks/run.py for numbers)\n")
+    for section in (core, dense, hook_overhead, gpu):
+        text, _ = section(settings)
+        print(f"## {section.__name__}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

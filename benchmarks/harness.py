@@ -27,12 +27,13 @@ class Settings:
     quick: bool
     repeats: int  # timed runs per case (median reported)
     warmup: int
+    smoke: bool = False  # CI's check that a script runs: tiny inputs, one timed call, outputs checked
 
     @classmethod
     def make(cls, quick: bool, smoke: bool = False) -> Settings:
         """7 timed runs after 2 warm-ups; quick: 3 after 1; smoke (CI checks that a script runs): 1, no warm-up."""
         if smoke:
-            return cls(True, repeats=1, warmup=0)
+            return cls(True, repeats=1, warmup=0, smoke=True)
         return cls(quick, repeats=3 if quick else 7, warmup=1 if quick else 2)
 
 
@@ -227,6 +228,12 @@ def fmt(x: float | None, digits: int = 2) -> str:
     if abs(x) >= 1000:
         return f"{x:,.0f}"
     return f"{x:.{digits}f}"
+
+
+def check_times(times: Mapping[str, float]) -> None:
+    """A smoke run's check of its timings: every case timed, each a finite positive number of seconds."""
+    bad = {name: t for name, t in times.items() if not (np.isfinite(t) and t > 0)}
+    assert times and not bad, f"timings not finite and positive: {bad or 'none measured'}"
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

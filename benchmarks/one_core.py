@@ -7,6 +7,7 @@ implementation does less work, apart from how well each uses a second core.
 
     python benchmarks/one_core.py                       # bundled MiniLM, 8×128
     python benchmarks/one_core.py --model bert-base --repeats 5
+    python benchmarks/one_core.py --smoke                   # 1×16, one run per case, outputs checked (CI)
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ def main(argv=None):
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--core", type=int, default=min(os.sched_getaffinity(0)))
+    parser.add_argument("--smoke", action="store_true", help="MiniLM at 1×16, one run per case, no warm-up (CI)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.batch, args.length, args.repeats = "minilm", 1, 16, 1
+    affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {args.core})  # before jax and torch start their thread pools
 
     import jax
@@ -71,8 +76,14 @@ def main(argv=None):
         "transformers eager, patterns": lambda: eager(**torch_batch, output_attentions=True),
     }
     with torch.inference_mode():
-        times = cpu_times(cases, args.repeats, warmup=2)
-    print(f"{args.model} {args.batch}×{args.length}, one core ({harness.cpu_model()}), torch 1 thread, "
+        times = cpu_times(cases, args.repeats, warmup=0 if args.smoke else 2)
+        if args.smoke:
+            check_forwards(model, batch, sdpa(**torch_batch).last_hidden_state.numpy())
+    os.sched_setaffinity(0, affinity)  # a smoke run inside pytest leaves its process as it found it
+    if args.smoke:
+        assert all(np.isfinite(t) and t >= 0 for t in times.values()), times
+    print(f"{'smoke run: ' if args.smoke else ''}{args.model} {args.batch}×{args.length}, "
+          f"one core ({harness.cpu_model()}), torch 1 thread, "
           f"load average {harness.load_average()}\n")
     print(harness.markdown_table(["case", "CPU ms per forward"], [[n, f"{t * 1e3:.0f}"] for n, t in times.items()]))
     print()
@@ -82,6 +93,17 @@ def main(argv=None):
         ["minibert patterns vs transformers eager + attentions",
          f"{times['transformers eager, patterns'] / times['minibert, patterns']:.2f}×"],
     ]))
+    return 0
+
+
+def check_forwards(model, batch, peer_hidden) -> None:
+    """Both timed implementations return a finite last hidden state of shape [B, T, D]."""
+    import numpy as np
+
+    ours = np.asarray(model.run(batch)[0].last_hidden_state)
+    expected = (*batch["input_ids"].shape, model.config.hidden_size)
+    assert ours.shape == peer_hidden.shape == expected, (ours.shape, peer_hidden.shape, expected)
+    assert np.isfinite(ours).all() and np.isfinite(peer_hidden).all()
 
 
 if __name__ == "__main__":

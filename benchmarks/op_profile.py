@@ -4,6 +4,7 @@ torch.profiler, grouped into the same categories so the two can be read side by 
     python benchmarks/op_profile.py                              # bundled MiniLM, 8×128, nothing captured
     python benchmarks/op_profile.py --model bert-base --names "blocks.*.attn.hook_pattern" --ops 25
     python benchmarks/op_profile.py --torch sdpa                 # the same for transformers
+    python benchmarks/op_profile.py --smoke       # MiniLM 1×16, minibert and transformers eager, one run (CI)
 
 XLA's CPU runtime may run independent ops at once (q, k and v projections), so op times can add up to a
 little more than the wall time; shares are of the summed op time.
@@ -166,7 +167,11 @@ def main(argv=None):
     parser.add_argument("--names", default="", help="hook names to capture (glob); empty: nothing")
     parser.add_argument("--torch", choices=("eager", "sdpa"), help="profile transformers instead of minibert")
     parser.add_argument("--ops", type=int, default=15, help="also list the slowest N ops")
+    parser.add_argument("--smoke", action="store_true",
+                        help="MiniLM at 1×16, one profiled run of minibert and of transformers eager, checked (CI)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke()
 
     directory = (harness.bundled_dir() if args.model == "minilm"
                  else harness.make_bert_base(harness.scratch_dir() / "bert-base-random"))
@@ -188,6 +193,27 @@ def main(argv=None):
     print()
     print(harness.markdown_table(["op", "ms", "output", "computes"],
                                  [[n, f"{t * 1e3:.1f}", s, f] for n, t, s, f in detail[:args.ops]]))
+    return 0
+
+
+def smoke() -> int:
+    """Both profilers on MiniLM at 1×16 (one run each): every op time is finite and non-negative, some time
+    lands in the dense-matmul category, and the grouped table prints."""
+    import minibert
+
+    directory, batch = harness.bundled_dir(), harness.random_ids(1, 16)
+    columns = {
+        "minibert, patterns": profile_minibert(minibert.load(directory), batch, "blocks.*.attn.hook_pattern", runs=1),
+        "transformers eager + attentions": profile_transformers(harness.hf_model(directory, "eager"), batch, True,
+                                                                runs=1),
+    }
+    for name, (by_category, wall, detail) in columns.items():
+        assert set(by_category) <= set(CATEGORIES), (name, by_category)
+        assert by_category.get(CATEGORIES[0], 0) > 0, (name, "no dense matmul profiled", by_category)
+        assert all(np.isfinite(t) and t >= 0 for _, t, _, _ in detail) and np.isfinite(wall) and wall > 0, name
+    print("smoke run: all-MiniLM-L6-v2 1×16, one profiled forward each\n")
+    print(category_table({name: column[:2] for name, column in columns.items()}))
+    return 0
 
 
 if __name__ == "__main__":

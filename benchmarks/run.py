@@ -10,6 +10,9 @@ same mode on the same CPU, keeping every other section). Sections:
   compile   programs compiled over mixed-length workloads
   memory    peak memory capturing everything, offload=True vs not
   gpu       bert-base bf16 MFU (only where a GPU is present)
+
+`--smoke` (CI) runs the driver with the cheap sections (core, hooks; others with --only) at their smoke sizes
+and leaves RESULTS.md alone; each section's own smoke is `python benchmarks/{dense,memory,survey}.py --smoke`.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def run_section(name: str, settings: harness.Settings, corpus_texts) -> tuple[st
 
 def header(info: dict, settings: harness.Settings, load_before: str) -> str:
     lines = [f"- {key}: {value}" for key, value in info.items()]
-    lines.append(f"- mode: {'--quick' if settings.quick else 'full'} ({settings.repeats} timed runs per case, "
+    mode = "--smoke" if settings.smoke else "--quick" if settings.quick else "full"
+    lines.append(f"- mode: {mode} ({settings.repeats} timed runs per case, "
                  f"median, after {settings.warmup} warm-up; cases interleaved round-robin)")
     lines.append(f"- load average (1, 5, 15 min) at start: {load_before}; at end: {harness.load_average()}")
     return "\n".join(lines)
@@ -84,12 +88,16 @@ def main(argv=None) -> None:
     parser.add_argument("--segments", type=int, help="corpus size for survey/compile (default 1000, quick 128)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="sections core and hooks (or --only) at smoke size, one run per case; nothing written")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.only, args.no_write = args.only or ["core", "hooks"], True
 
-    settings = harness.Settings.make(args.quick)
+    settings = harness.Settings.make(args.quick, args.smoke)
     load_before = harness.load_average()
     info = harness.machine()
-    segments = args.segments or (128 if args.quick else 1000)
+    segments = args.segments or (8 if args.smoke else 128 if args.quick else 1000)
     corpus_texts = harness.english_like_texts(segments)
     parts, raw = [], {"machine": info}
     for name in args.only or SECTIONS:
@@ -100,7 +108,7 @@ def main(argv=None) -> None:
         print(f"[bench] {name} done in {took:.0f} s", file=sys.stderr, flush=True)
         parts.append(f"### {TITLES[name]}\n\n{text}")
         raw[name] = numbers
-    mode = "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if settings.quick else "full"
     block = (f"## {mode} run, {info['cpu']} ({info['cores']} cores), {info['date']}\n\n"
              + header(info, settings, load_before) + "\n\n" + "\n\n".join(parts) + "\n")
     print(block)
@@ -108,6 +116,7 @@ def main(argv=None) -> None:
         update_results(f"{mode} {info['cpu']} {info['jax devices']}", block)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1, default=float))
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ processes in lockstep (reduce="global"), two independent processes merged (reduc
 Ray with two actors, on the same corpus file. Then the arithmetic of 10^8 sentences on N workers.
 
     python benchmarks/scale_out.py [--segments 1000] [--no-write]
+    python benchmarks/scale_out.py --smoke      # 8 segments, every configuration once, checked; nothing written (CI)
 
 Every configuration uses both cores of the machine once: one process with XLA's default thread pool,
 or two workers of one thread each. Each runs in fresh interpreters; models are loaded and the programs
@@ -121,6 +122,7 @@ def measure(segments: int) -> dict:
     numbers["Ray, two actors"] = dict(ray, seconds=min(ray["seconds"]))
     for name, n in numbers.items():
         assert n["documents"] == segments, (name, n)
+    harness.check_times({name: n["seconds"] for name, n in numbers.items()})
     return numbers
 
 
@@ -166,10 +168,14 @@ def main(argv=None) -> None:
     parser.add_argument("--core-rate", type=float, help="segments/s of one core for the 10^8 arithmetic: the "
                                                         "one-core rate of RESULTS.md's survey section, measured on a "
                                                         "quiet machine (default: this run's local + merge rate)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="8 segments, every configuration once, its counts checked; nothing written (CI)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.smoke:
+        args.segments, args.no_write, args.numbers = 8, True, None
     import run
 
     info, load_before = harness.machine(), harness.load_average()
@@ -188,7 +194,8 @@ def main(argv=None) -> None:
         text += (f"\n\nThe machine ran other jobs during this run (load average {load_before} on {info['cores']} "
                  f"cores): absolute rates are several times below a quiet machine's, and the ratios between rows "
                  f"are noisy too.")
-    block = (f"## Scale-out (issue 14), {info['cpu']} ({info['cores']} cores), {info['date']} "
+    block = (f"## {'smoke run of ' if args.smoke else ''}Scale-out (issue 14), "
+             f"{info['cpu']} ({info['cores']} cores), {info['date']} "
              f"(`python benchmarks/scale_out.py {' '.join(argv or sys.argv[1:])}`)\n\n"
              + "\n".join(f"- {key}: {value}" for key, value in info.items())
              + f"\n- load average (1, 5, 15 min) at start: {load_before}; at end: {load_after}\n\n"
@@ -198,6 +205,7 @@ def main(argv=None) -> None:
     print(block)
     if not args.no_write:
         run.update_results(f"scale-out {info['cpu']}", block)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The corpus survey (Clark et al. head statistics over many segments) against the seeds' pipeline, and
-how many programs a mixed-length workload compiles."""
+how many programs a mixed-length workload compiles. The sections run from benchmarks/run.py;
+`python benchmarks/survey.py --smoke` runs both on 8 segments, once, and checks their numbers (CI)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ import sys
 import time
 
 import numpy as np
-from harness import Settings, block, bundled_dir, hf_model, markdown_table, random_ids, timed
+from harness import (
+    Settings,
+    block,
+    bundled_dir,
+    check_times,
+    english_like_texts,
+    hf_model,
+    markdown_table,
+    random_ids,
+    timed,
+)
 
 import minibert
 from minibert.analysis import corpus, heads
@@ -116,6 +127,7 @@ def measure(texts, pairs, rounds: int, ablation: bool = True) -> dict:
     out = {"wall_s": {k: statistics.median(s[0] for s in v) for k, v in samples.items()},
            "cpu_s": {k: statistics.median(s[1] for s in v) for k, v in samples.items()},
            "samples": samples, "seeds_split": spent, "counts": result.counts, "settings": result.settings,
+           "documents": result.documents,
            "traces_first_call": traces,
            "max_abs_diff": max(float(np.abs(result.mean[k] - reference[k]).max()) for k in heads.STATISTICS),
            "tokenize_s": clocked(lambda: model.tokenize(texts, pairs, max_length=128))[1]}
@@ -242,7 +254,7 @@ def compile_counts(settings: Settings, texts, pairs) -> tuple[str, dict]:
     out["survey"] = {"traces": model.traces, "first_s": first, "again_s": again}
 
     rng = np.random.default_rng(0)
-    lengths = rng.choice(np.arange(8, 129), size=8 if settings.quick else 24, replace=False)
+    lengths = rng.choice(np.arange(8, 129), size=2 if settings.smoke else 8 if settings.quick else 24, replace=False)
     batches = [random_ids(8, int(T), seed=i) for i, T in enumerate(lengths)]
     for label, pad in (("model.run, 8 rows each, lengths as they come", False),
                        ("model.run, the same batches padded up to a power of two", True)):
@@ -264,10 +276,41 @@ def padded_to_bucket(batch: dict) -> dict:
     return {k: np.pad(v, ((0, 0), (0, size - T))) for k, v in batch.items()}
 
 
-if __name__ == "__main__":  # the one-core worker: survey.py --one-core SEGMENTS ROUNDS → one JSON line
+SMOKE_SEGMENTS = 8
+
+
+def check_measured(numbers: dict, segments: int) -> None:
+    """A smoke run's check of measure(): every pipeline timed, every segment surveyed, and the two pipelines'
+    statistics finite (their agreement is tests/test_analysis_corpus.py's business, not a smoke run's)."""
+    check_times(numbers["wall_s"])
+    assert numbers["documents"] == segments, (numbers["documents"], segments)
+    assert np.isfinite(numbers["max_abs_diff"]), numbers["max_abs_diff"]
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", required=True,
+                        help=f"both sections on {SMOKE_SEGMENTS} segments, one round, numbers checked")
+    parser.parse_args(argv)
+    settings = Settings.make(quick=True, smoke=True)
+    texts, pairs = english_like_texts(SMOKE_SEGMENTS)
+    text, numbers = survey(settings, texts, pairs)
+    for run in (numbers["default_threads"], numbers["one_core"]):
+        check_measured(run, SMOKE_SEGMENTS)
+    compiled, counts = compile_counts(settings, texts, pairs)
+    check_times({name: entry["again_s"] for name, entry in counts.items()})
+    print(f"smoke run of the survey and compile sections, {SMOKE_SEGMENTS} segments\n\n{text}\n\n{compiled}")
+    return 0
+
+
+if __name__ == "__main__":  # survey.py --smoke, or the one-core worker: survey.py --one-core SEGMENTS ROUNDS
     import harness
     import torch
 
+    if sys.argv[1:2] == ["--smoke"]:
+        sys.exit(main(sys.argv[1:]))
     torch.set_num_threads(1)
     _, _, segments, rounds = sys.argv
     print(json.dumps(measure(*harness.english_like_texts(int(segments)), int(rounds), ablation=False), default=float))

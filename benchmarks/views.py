@@ -2,6 +2,7 @@
 inflated on demand, lines rasterised on a canvas): page size, time to draw, time to follow a click.
 
     python benchmarks/views.py [--quick] [--before COMMIT]
+    python benchmarks/views.py --smoke     # 128 tokens only, one page per case, timings checked (CI)
 
 "before" is minibert/viz as of COMMIT (default: the last commit before the change), extracted with
 `git show` into a scratch package and given the same arrays. Times are wall seconds in headless
@@ -26,7 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from harness import ROOT, cpu_model, english_like_texts, fmt, load_average, markdown_table  # noqa: E402
+import numpy as np  # noqa: E402
+from harness import ROOT, check_times, cpu_model, english_like_texts, fmt, load_average, markdown_table  # noqa: E402
 
 BEFORE = "132b55f"  # minibert/viz just before the packed views
 OLD_FILES = ("__init__.py", "views.py", "_html.py", "_check.py", "static/views.js", "static/views.css")
@@ -55,6 +57,12 @@ def old_views(commit: str, directory: Path):
     from oldviz import views
 
     return views
+
+
+def has_commit(commit: str) -> bool:
+    """Whether this checkout holds `commit` (a shallow CI clone may not)."""
+    found = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+    return found.returncode == 0
 
 
 def long_text(tokens: int) -> str:
@@ -88,12 +96,16 @@ def browse(browser, path: Path, kind: str) -> tuple[float, float]:
     return draw, click
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one timed page per case instead of three")
     parser.add_argument("--before", default=BEFORE, help="the commit whose minibert/viz is 'before'")
-    args = parser.parse_args()
-    repeats = 1 if args.quick else 3
+    parser.add_argument("--smoke", action="store_true",
+                        help="128 tokens, one page per case, timings checked; 'before' is today's views when the "
+                             "checkout lacks --before (CI)")
+    args = parser.parse_args(argv)
+    repeats = 1 if args.quick or args.smoke else 3
+    lengths = LENGTHS[:1] if args.smoke else LENGTHS
 
     from playwright.sync_api import sync_playwright
 
@@ -101,15 +113,17 @@ def main() -> None:
     from minibert import viz
 
     scratch = Path(tempfile.mkdtemp(prefix="minibert-views-"))
-    versions = {"before": old_views(args.before, scratch), "after": viz.views}
+    stand_in = args.smoke and not has_commit(args.before)
+    old = viz.views if stand_in else old_views(args.before, scratch)
+    versions = {"before": old, "after": viz.views}
     model = minibert.load()
-    text = long_text(max(LENGTHS))
+    text = long_text(max(lengths))
     load_start = load_average()
     rows = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium",
                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-        for n_tokens in LENGTHS:
+        for n_tokens in lengths:
             doc = viz.document(model, text, max_length=n_tokens)
             assert len(doc.tokens) == n_tokens, len(doc.tokens)
             for kind in KINDS:
@@ -124,6 +138,10 @@ def main() -> None:
                         draw, click = browse(browser, result[version]["path"], kind)
                         result[version]["draw"].append(draw)
                         result[version]["click"].append(click)
+                if args.smoke:
+                    check_times({f"{v} {m} {i}": t for v in versions for m in ("build", "draw", "click")
+                                 for i, t in enumerate(np.atleast_1d(result[v][m]))})
+                    assert all(result[v]["size"] > 0 for v in versions), result
                 b, a = result["before"], result["after"]
                 med = {v: {m: statistics.median(result[v][m]) for m in ("draw", "click")} for v in versions}
                 rows.append([kind, n_tokens, f"{b['size'] / 1e6:.1f}", f"{a['size'] / 1e6:.2f}",
@@ -135,15 +153,19 @@ def main() -> None:
                     result[version]["path"].unlink()
         browser.close()
     print()
+    if args.smoke:
+        print(f"smoke run: {', '.join(KINDS)} views at {lengths[0]} tokens, one page each")
     print(f"- cpu: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; chromium headless "
           f"({subprocess.run(['/usr/bin/chromium', '--version'], capture_output=True, text=True).stdout.strip()}), "
           "--disable-gpu")
-    print(f"- before: minibert/viz at {args.before}; repeats: {repeats} pages per case (median)")
+    before = "today's minibert/viz (this checkout lacks --before)" if stand_in else f"minibert/viz at {args.before}"
+    print(f"- before: {before}; repeats: {repeats} pages per case (median)")
     print(f"- load average (1, 5, 15 min) at start: {load_start}; at end: {load_average()}")
     print()
     print(markdown_table(["view", "tokens", "MB before", "MB after", "smaller", "build s before", "build s after",
                           "draw s before", "draw s after", "click s before", "click s after"], rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
