@@ -44,7 +44,7 @@ import minibert
 from minibert import accounting, training
 from minibert.hooks import writers_for
 from minibert.training import optim
-from minibert.training.finetune import Parameters, Step, compiled_step
+from minibert.training.finetune import Step, compiled_step
 
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM = 2e-5, 0.01, 1.0
 LABELS = ("negative", "positive")
@@ -65,15 +65,12 @@ def inputs(batch: int, length: int, vocab: int) -> dict[str, np.ndarray]:
 def minibert_step(directory: Path, rows: dict):
     """A function doing one step of finetune's compiled program on `rows`, carrying its parameters and state."""
     model = minibert.load(directory)
-    layout = Parameters(model.config, jnp.float32)
-    flat = dict(zip(optim.parameter_names(model.state), jax.tree_util.tree_leaves(model.state)))
-    params = {name: jnp.array(value, copy=True) for name, value in flat.items()}
+    params = {name: jnp.array(value, copy=True) for name, value in model.named_parameters().items()}
     optimizer = optim.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY, mask=optim.decay_mask(params),
                             max_grad_norm=MAX_GRAD_NORM)
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names,
                                                                        model.config.architecture))
-    step = Step(layout, "sequence-classification", {}, model.config.num_attention_heads,
-                          model.config.head_dim, writer_def, jnp.dtype(jnp.float32))
+    step = Step(model, "sequence-classification", {}, writer_def, jnp.dtype(jnp.float32))
     train = compiled_step(step, optimizer)
     state = {"params": params, "opt": optimizer.init(params)}
     batch = {name: jnp.asarray(value) for name, value in rows.items()}

@@ -27,7 +27,7 @@ from minibert.hooks import (
     site_axes,
     writers_for,
 )
-from minibert.model import Bert, Output, position_rows
+from minibert.model import NO_DROPOUT, Bert, Dropout, Output, parameter_names, position_rows
 from minibert.tokenizer import BaseTokenizer, Batch
 from minibert.tokenizers_hf import tokenizer_for
 
@@ -224,6 +224,23 @@ class Model:
     def param_count(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
 
+    # ---- parameters by name: what an optimiser sees ---------------------------------------------------------
+
+    @classmethod
+    def from_parameters(cls, config: Config, parameters: Mapping[str, jax.Array], tokenizer=None, **kwargs) -> Model:
+        """A Model of `config` whose weights are `parameters`, {dotted name: array} as named_parameters gives them
+        (kwargs: Model's own)."""
+        shapes = _shape_state(config, kwargs.get("dtype", jnp.float32))
+        return cls(config, nnx.to_pure_dict(_state_of(shapes, parameters)), tokenizer, **kwargs)
+
+    def named_parameters(self) -> dict[str, jax.Array]:
+        """{dotted name: array} ("blocks.0.attn.W_Q", "classifier.b"), in the state's leaf order."""
+        return dict(zip(parameter_names(self.state), jax.tree_util.tree_leaves(self.state)))
+
+    def state_from(self, parameters: Mapping[str, jax.Array]):
+        """The state forward_fn takes, from {dotted name: array} (traced ones inside a jit or grad)."""
+        return _state_of(self.state, parameters)
+
     def save(self, directory: str | Path) -> Path:
         """Write this model as a Hugging Face directory — config.json with `architectures`, model.safetensors
         with transformers' key names, the tokenizer files — that AutoModelFor… and minibert.load read."""
@@ -419,10 +436,10 @@ class Model:
         count_compiles(writers, self._hook_compiles)
         return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
 
-    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def):
+    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def, dropout=NO_DROPOUT):
         hooks = self._hook_points(writer_leaves, writer_def, capture)
         out = self._module(state)(inputs.input_ids, inputs.token_type_ids, inputs.attention_mask, hooks,
-                                  inputs.position_ids)
+                                  inputs.position_ids, dropout)
         return out, hooks.captured
 
     def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
@@ -436,12 +453,26 @@ class Model:
             out = self.block(state, stage, x, inputs, hooks)
         return out, hooks.captured
 
-    def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None) -> Callable:
+    def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None, *,
+                   dropout: Mapping[str, float] | None = None) -> Callable:
         """A pure function `(state, inputs) -> (Output, {name: value})` to compose inside your own
-        jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state."""
+        jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state or
+        model.state_from(named parameters).
+
+        `dropout`: training's rates {"hidden": …, "attention": …, "classifier": …} (model.Dropout); the function
+        then takes a third argument, the PRNG key its masks are drawn from, so one step is reproducible."""
         capture = frozenset(self._names(names)) if names != () else frozenset()
         leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
-        return self._counted(lambda state, inputs: self._forward(state, as_inputs(inputs), leaves, capture, writer_def))
+        rates = _dropout_rates(dropout)
+
+        def forward(state, inputs, dropout_key=None):
+            if (rates is None) != (dropout_key is None):
+                raise InputError("forward_fn: a dropout key goes with dropout rates: pass both "
+                                 "(forward_fn(dropout={...}) then fn(state, inputs, key)) or neither.")
+            drop = NO_DROPOUT if rates is None else Dropout(dropout_key, **rates)
+            return self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop)
+
+        return self._counted(forward)
 
     # ---- stages: pure functions of (state, ...) to compose inside a jit, vmap or grad -----------------------
 
@@ -590,6 +621,39 @@ class Model:
         if normalize:
             pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         return pooled
+
+
+def parameter_shapes(config: Config, dtype=jnp.float32) -> dict[str, jax.ShapeDtypeStruct]:
+    """{dotted name: shape and dtype} of the parameters a Model of `config` holds, without making them."""
+    state = _shape_state(config, dtype)
+    return dict(zip(parameter_names(state), jax.tree_util.tree_leaves(state)))
+
+
+def _shape_state(config: Config, dtype):
+    return nnx.state(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
+
+
+def _state_of(like, parameters: Mapping[str, jax.Array]):
+    """A state shaped as `like` holding `parameters` {dotted name: array}."""
+    names = parameter_names(like)
+    missing = [name for name in names if name not in parameters]
+    if missing:
+        raise InputError(f"{len(missing)} of the model's parameters are missing ({', '.join(missing[:3])}, …): "
+                         f"pass every name of model.named_parameters().")
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), [parameters[name] for name in names])
+
+
+DROPOUT_SITES = ("hidden", "attention", "classifier")  # model.Dropout's rates, as Hugging Face's configs name them
+
+
+def _dropout_rates(dropout: Mapping[str, float] | None) -> dict[str, float] | None:
+    if dropout is None:
+        return None
+    unknown = set(dropout) - set(DROPOUT_SITES)
+    bad = {k: v for k, v in dropout.items() if k not in unknown and not 0.0 <= float(v) < 1.0}
+    if unknown or bad:
+        raise InputError(f"dropout={dict(dropout)!r}: pass rates in [0, 1) for any of {DROPOUT_SITES}.")
+    return dict(dropout)
 
 
 def _weight_names(tree: Mapping, prefix: str = "") -> str:

@@ -150,6 +150,12 @@ class LayerNorm(nnx.Module):
         return hooks(out or f"{name}.hook_out", y.astype(x.dtype))
 
 
+def parameter_names(state) -> list[str]:
+    """The dotted names of a model's parameters (`model.state`), in the state's leaf order."""
+    paths = jax.tree_util.tree_flatten_with_path(state)[0]
+    return [jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value") for path, _ in paths]
+
+
 def position_rows(input_ids, pad_token_id: int, offset: bool):
     """The position-table row of every token of input_ids [B, T]: [1, T] rows 0…T−1, or with `offset`
     (RoBERTa, config.Family.position_offset) [B, T] counting real tokens from pad_token_id + 1, with

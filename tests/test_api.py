@@ -15,7 +15,7 @@ import pytest
 from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings, forward_rtol
 
 from minibert import Batch, Config, InputError, Model
-from minibert.api import POOLINGS, Inputs, is_text
+from minibert.api import POOLINGS, Inputs, is_text, parameter_shapes
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +199,42 @@ def test_a_forward_fn_traced_inside_a_model_jit_counts_once(tiny):
     assert tiny.traces == before + 1
     jax.jit(forward)(tiny.state, inputs)  # traced alone, it counts itself
     assert tiny.traces == before + 2
+
+
+def test_named_parameters_rebuild_the_same_model(tiny):
+    named = tiny.named_parameters()
+    assert sum(int(np.prod(p.shape)) for p in named.values()) == tiny.param_count()
+    assert named["blocks.1.attn.W_Q"] is tiny.params["blocks"][1]["attn"]["W_Q"]
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: a is b, tiny.state_from(named), tiny.state))
+    rebuilt = Model.from_parameters(tiny.config, named)
+    assert list(rebuilt.named_parameters()) == list(named)
+    assert all(np.array_equal(rebuilt.named_parameters()[n], p) for n, p in named.items())
+    assert list(parameter_shapes(tiny.config)) == list(named)
+    with pytest.raises(InputError, match="missing"):
+        tiny.state_from({n: p for n, p in named.items() if n != "blocks.0.ln1.scale"})
+
+
+def test_forward_fn_with_dropout_drops_and_rescales_each_value(tiny):
+    """Inverted dropout at rate 1/2 (torch.nn.Dropout's): each value of the embedding's output entering block 0 is
+    0 or twice the value (exact in floating point); hooks see the value before its dropout. Rate 0 is the plain
+    forward, to the bit, and one key gives one mask."""
+    inputs = tiny.inputs({"input_ids": IDS, "attention_mask": MASK})
+    names = ["embed.ln.hook_out", "blocks.0.hook_resid_pre"]
+    plain = jax.jit(tiny.forward_fn(names))(tiny.state, inputs)
+    key = jax.random.key(3)
+    none = jax.jit(tiny.forward_fn(names, dropout={"hidden": 0.0}))(tiny.state, inputs, key)
+    assert np.array_equal(none[0].last_hidden_state, plain[0].last_hidden_state)
+    dropped = jax.jit(tiny.forward_fn(names, dropout={"hidden": 0.5}))
+    out, captured = dropped(tiny.state, inputs, key)
+    before, after = np.asarray(captured["embed.ln.hook_out"]), np.asarray(captured["blocks.0.hook_resid_pre"])
+    assert np.array_equal(before, plain[1]["embed.ln.hook_out"])
+    kept = after == 2 * before
+    assert np.all(kept | (after == 0)) and 0 < kept.mean() < 1
+    assert np.array_equal(dropped(tiny.state, inputs, key)[0].last_hidden_state, out.last_hidden_state)
+    with pytest.raises(InputError, match="dropout key"):
+        tiny.forward_fn(dropout={"hidden": 0.1})(tiny.state, inputs)
+    with pytest.raises(InputError, match=r"\[0, 1\)"):
+        tiny.forward_fn(dropout={"hiden": 0.1})
 
 
 def test_head_reads_any_hidden_state(tiny_mlm):

@@ -22,14 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from minibert import checkpoint
-from minibert.api import Model
+from minibert.api import Inputs, Model, parameter_shapes
 from minibert.config import ARCHITECTURES, Config
 from minibert.errors import InputError
-from minibert.hooks import HookPoints, writers_for
-from minibert.model import Bert, Dropout
+from minibert.hooks import writers_for
 from minibert.training import data as data_
 from minibert.training import optim
 from minibert.training.resume import Checkpoints
@@ -78,34 +76,16 @@ def source_settings(model: Model) -> dict:
     return settings
 
 
-class Parameters:
-    """A Bert's parameters as {dotted name: array} (what optax and trainable= see) and back into its state."""
-
-    def __init__(self, cfg: Config, dtype):
-        shapes = nnx.eval_shape(lambda: Bert(cfg, dtype=dtype))
-        self.graphdef, state = nnx.split(shapes)
-        self.names = optim.parameter_names(state)
-        leaves, self.treedef = jax.tree_util.tree_flatten(state)
-        self.shapes = dict(zip(self.names, leaves))
-
-    def state(self, flat: Mapping[str, jax.Array]):
-        return jax.tree_util.tree_unflatten(self.treedef, [flat[n] for n in self.names])
-
-    def module(self, flat: Mapping[str, jax.Array]) -> Bert:
-        return nnx.merge(self.graphdef, self.state(flat))
-
-    def nested(self, flat: Mapping[str, jax.Array]) -> dict:
-        return nnx.to_pure_dict(self.state(flat))
-
-
-def initial_parameters(model: Model, layout: Parameters, seed: int, initializer_range: float):
-    """The base model's parameters where the task model has the same name and shape; the rest initialised as
-    transformers' _init_weights does: weights N(0, initializer_range), LayerNorm gains 1, biases 0."""
-    have = dict(zip(optim.parameter_names(model.state), jax.tree_util.tree_leaves(model.state)))
+def initial_parameters(model: Model, shapes: Mapping[str, jax.ShapeDtypeStruct], seed: int,
+                       initializer_range: float):
+    """The base model's parameters where the task model (its parameters' `shapes`) has the same name and shape;
+    the rest initialised as transformers' _init_weights does: weights N(0, initializer_range), LayerNorm gains 1,
+    biases 0."""
+    have = model.named_parameters()
     flat, new = {}, []
-    keys = iter(jax.random.split(jax.random.key(seed), len(layout.names)))
-    for name in layout.names:
-        shape, key = layout.shapes[name], next(keys)
+    keys = iter(jax.random.split(jax.random.key(seed), len(shapes)))
+    for name, shape in shapes.items():
+        key = next(keys)
         if name in have and have[name].shape == shape.shape:
             flat[name] = jnp.asarray(have[name], jnp.float32)
             continue
@@ -126,9 +106,8 @@ def with_head(model: Model, task: str = "sequence-classification", labels: tuple
 
 def _task_model(model: Model, task: str, labels: tuple[str, ...], seed: int) -> tuple[Model, list[str]]:
     cfg = task_config(model.config, task, labels)
-    layout = Parameters(cfg, jnp.float32)
-    flat, new = initial_parameters(model, layout, seed, source_settings(model)["initializer_range"])
-    return Model(cfg, layout.nested(flat), model.tokenizer, pooling=model.pooling, source=model.source), new
+    flat, new = initial_parameters(model, parameter_shapes(cfg), seed, source_settings(model)["initializer_range"])
+    return Model.from_parameters(cfg, flat, model.tokenizer, pooling=model.pooling, source=model.source), new
 
 
 # ---- loss and step ----------------------------------------------------------------------------------------
@@ -150,22 +129,20 @@ def task_loss(logits, batch, task: str):
 class Step:
     """Everything one compiled training step closes over (static: a new Step is a new program)."""
 
-    layout: Parameters
+    model: Model  # the task model: its forward, and the layout of its named parameters
     task: str
-    rates: Mapping[str, float]
-    n_heads: int
-    d_head: int
+    rates: Mapping[str, float]  # forward_fn's dropout rates
     writer_def: object
     compute_dtype: object
 
     def logits(self, flat, batch, key, writer_leaves):
         if self.compute_dtype != jnp.float32:  # bf16 compute, fp32 master weights: the cast is differentiated
             flat = {n: p.astype(self.compute_dtype) for n, p in flat.items()}
-        hooks = HookPoints(frozenset(), jax.tree_util.tree_unflatten(self.writer_def, writer_leaves),
-                           self.n_heads, self.d_head)
-        dropout = Dropout(key, **self.rates)
-        out = self.layout.module(flat)(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], hooks,
-                                       dropout=dropout)
+        # The hooks' leaves are the step's arguments (traced), so new hook values reuse the compiled step.
+        writers = jax.tree_util.tree_unflatten(self.writer_def, writer_leaves)
+        forward = self.model.forward_fn(hooks=writers, dropout=self.rates)
+        inputs = Inputs(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        out, _ = forward(self.model.state_from(flat), inputs, key)
         return out.logits
 
     def loss(self, trainable, frozen, batch, key, writer_leaves):
@@ -285,9 +262,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     names = data_.label_names(rows, task, num_labels)
     start, new = _task_model(model, task, names, seed)
     cfg, settings = start.config, source_settings(model)
-    layout = Parameters(cfg, jnp.float32)
-    flat = dict(zip(optim.parameter_names(start.state), jax.tree_util.tree_leaves(start.state)))
-    moving = optim.selected(layout.names, trainable)
+    flat = start.named_parameters()
+    moving = optim.selected(flat, trainable)
     # Copies: the step donates its parameters' buffers, which must not be the caller's model's.
     trainable_params = {n: jnp.array(p, copy=True) for n, p in flat.items() if n in moving}
     frozen = {n: p for n, p in flat.items() if n not in moving}
@@ -300,10 +276,9 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                             max_grad_norm=max_grad_norm, accumulate=accumulate)
     opt_state = optimizer.init(trainable_params)
 
-    writers = writers_for(hooks, model.hook_names, model.config.architecture)
+    writers = writers_for(hooks, start.hook_names, cfg.architecture)  # the task model's names: its head's too
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers)
-    step = Step(layout, task, dropout_rates(settings, dropout), cfg.num_attention_heads, cfg.head_dim, writer_def,
-                jnp.dtype(compute_dtype))
+    step = Step(start, task, dropout_rates(settings, dropout), writer_def, jnp.dtype(compute_dtype))
     train = compiled_step(step, optimizer)
     devices = DataParallel(jax.local_devices())
     trainable_params, frozen, opt_state = devices.replicated((trainable_params, frozen, opt_state))
@@ -323,8 +298,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     if checkpoints is not None:
         found = checkpoints.restore({"params": trainable_params, "opt": opt_state}, run_settings)
         if found is not None:
-            micro, state, meta = found
-            trainable_params, opt_state = devices.replicated((state["params"], state["opt"]))
+            micro, saved, meta = found
+            trainable_params, opt_state = devices.replicated((saved["params"], saved["opt"]))
             history = History(**meta["history"])
 
     def save():
@@ -364,8 +339,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     if checkpoints is not None:
         checkpoints.close()
 
-    trained = Model(cfg, layout.nested(trainable_params | frozen), model.tokenizer, pooling=model.pooling,
-                    source=model.source)
+    trained = Model.from_parameters(cfg, trainable_params | frozen, model.tokenizer, pooling=model.pooling,
+                                    source=model.source)
     return Result(trained, history, new)
 
 

@@ -26,6 +26,7 @@ import optax
 from tqdm.auto import tqdm
 
 from minibert.errors import InputError
+from minibert.model import parameter_names  # noqa: F401 (the Model's names are the optimiser's; kept here)
 
 SCHEDULES = ("linear", "constant")
 # Leaf names of the parameters that do not decay: biases (b, b_Q, …, the decoder's bias, the discriminator's c)
@@ -42,12 +43,6 @@ def decays(name: str) -> bool:
 def decay_mask(params: Mapping[str, jax.Array]) -> dict[str, bool]:
     """{name: decays(name)} for a dict of named parameters: the mask `adamw` takes."""
     return {name: decays(name) for name in params}
-
-
-def parameter_names(state) -> list[str]:
-    """The dotted names of a model's parameters (`model.state`), in the state's leaf order."""
-    paths = jax.tree_util.tree_flatten_with_path(state)[0]
-    return [jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value") for path, _ in paths]
 
 
 def selected(names: Iterable[str], patterns: str | Iterable[str] | None) -> set[str]:
