@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -119,11 +118,20 @@ def _minibert_like(name: str) -> str:
 
 
 def child_peak(implementation: str, directory: Path, batch: int, length: int, steps: int) -> dict:
-    """Peak resident memory growth of `steps` steps, in a fresh process (ru_maxrss never goes down)."""
+    """Peak resident memory growth of `steps` steps, in a fresh process (a process's peak never goes down)."""
     command = [sys.executable, __file__, "--child", implementation, str(directory), str(batch), str(length),
                str(steps)]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory (VmHWM). Not getrusage's ru_maxrss: that survives execve, so a child
+    started by a large parent reports the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status: peak memory is measured on Linux only")
 
 
 def child(implementation: str, directory: str, batch: str, length: str, steps: str) -> int:
@@ -133,10 +141,10 @@ def child(implementation: str, directory: str, batch: str, length: str, steps: s
         run = minibert_step(Path(directory), rows)[0]
     else:
         run = torch_step(Path(directory), rows)
-    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    loaded = peak_resident_bytes()
     for _ in range(int(steps)):
         run()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_resident_bytes()
     print(json.dumps({"loaded": loaded, "peak": peak}))
     return 0
 
