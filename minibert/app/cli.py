@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -162,64 +161,21 @@ def _report_skipped(counts: dict, max_length: int) -> None:
 
 
 def _hooks(args) -> int:
-    from minibert.hooks import hook_table
+    from minibert import sites
 
     if args.output:
         _checked_outputs([Path(args.output)])
-    if args.model is None:
-        names, n_layers = all_hook_names(), "L"
+    if args.model is None:  # every architecture's sites; --output writes docs/hooks.md's whole page
+        text = sites.hooks_page() if args.output else sites.hook_table(sites.all_hook_names(), "L")
     else:
         model = _load(args.model, args.download)
-        names, n_layers = model.hook_names, model.config.num_hidden_layers
-    text = hook_table(names, n_layers)
+        text = sites.hook_table(model.hook_names, model.config.num_hidden_layers)
     if args.output:
-        Path(args.output).write_text(_hooks_header() + text)
+        Path(args.output).write_text(text)
         print(f"wrote {args.output}")
     else:
         print(text, end="")
     return 0
-
-
-def all_hook_names() -> list[str]:
-    """The hook points of every architecture minibert loads, in forward order (heads last)."""
-    from minibert import BertConfig, Model
-    from minibert.config import ARCHITECTURES
-
-    names: list[str] = []
-    for architecture in ARCHITECTURES:
-        cfg = BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
-                         intermediate_size=4, max_position_embeddings=4, architecture=architecture)
-        previous = None
-        for name in Model(cfg).hook_names:  # a name new to the list goes right after its predecessor in this model
-            if name not in names:
-                names.insert(0 if previous is None else names.index(previous) + 1, name)
-            previous = name
-    return names
-
-
-def _hooks_header() -> str:
-    """docs/hooks.md's introduction; which classes have which sites is read off config's tables."""
-    from minibert.config import FAMILIES, architectures_with
-
-    def on(part: str) -> str:
-        return ", ".join(architectures_with(part))
-
-    segments = ", ".join(f.name for f in FAMILIES.values() if f.token_types)
-    projecting = ", ".join(f.name + (" (when embedding_size ≠ hidden_size)" if f.projection == "when_sizes_differ"
-                                     else "") for f in FAMILIES.values() if f.projection)
-    paragraphs = [
-        f"Generated from the code by `minibert hooks --output docs/hooks.md`: every hook point of every "
-        f"architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}). "
-        f"`model.hook_names` lists one model's.",
-        f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "
-        f"`nsp_head.*` on {on('nsp')}; "
-        f"`discriminator.*` on {on('discriminator')}; `classifier.*` on {on('classifier')}. "
-        f"`embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in {projecting}.",
-        "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
-        "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
-    ]
-    wrapped = (textwrap.fill(text, 100, break_on_hyphens=False) for text in paragraphs)
-    return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped)
 
 
 def _serve(args) -> int:
