@@ -94,7 +94,8 @@ def gelu(x):
     """x·Φ(x), Φ the normal CDF (1 + erf(x/√2))/2: Hugging Face's "gelu", the exact erf form.
 
     Written with erf as Hugging Face writes it: XLA:CPU evaluates erf as one polynomial, while
-    jax.nn.gelu(approximate=False) goes through erfc (exp, division, branches), 2.5× the cost.
+    jax.nn.gelu(approximate=False) goes through erfc (exp, division, branches), several times the cost
+    (benchmarks/RESULTS.md).
     """
     return x * (0.5 + 0.5 * jax.lax.erf(x * (1 / math.sqrt(2))))
 
