@@ -9,7 +9,8 @@ bfloat16, at B ∈ {64, 256} × T ∈ {128, 512}: tokens/s, MFU against the card
 captured / every pattern captured / everything captured and offloaded to host, and transformers' sdpa
 and eager attention. Also: whether the fused attention lowered to cuDNN (the compiled HLO names a
 cudnn call), the corpus survey, analysis.ablation_sweep when it exists, and one fp32 training step of a
-classifier on the random bert-base at 16×128 (minibert vs transformers + torch.optim.AdamW, benchmarks/training.py).
+classifier on the random bert-base at 16×128 (minibert vs transformers + torch.optim.AdamW, benchmarks/training.py),
+and TopK SAE training throughput with the bundled model's forward (benchmarks/sae.py).
 Writes a Markdown report.
 """
 
@@ -165,6 +166,17 @@ def training_rows(directory: Path, sizes: dict, device: str) -> list[list[str]]:
     return rows
 
 
+def sae_rows(directory: Path, smoke: bool, device: str) -> list[list[str]]:
+    """TopK SAE training throughput with the model's forward (benchmarks/sae.py): minibert's streamed activations
+    and compiled step against transformers' forward hook + a torch SAE step, on the same device."""
+    import sae
+
+    rates = sae.throughput(directory, sae.SMOKE if smoke else sae.FULL, device)
+    base = rates[sae.PYTORCH][1]
+    return [[f"SAE training, {name}", str(tokens), harness.fmt(rate, 0), harness.fmt(rate / base)]
+            for name, (tokens, rate) in rates.items()]
+
+
 def tiny_checkpoint(directory: Path) -> Path:
     """A small random BertModel for --smoke (bert-base's layout, a fraction of its size)."""
     import torch
@@ -203,6 +215,8 @@ def report(args) -> str:
                                     survey_rows(random_dir if args.smoke else Path(args.bundled), sizes)),
              "", harness.markdown_table(["workload", "B×T", "ms", "throughput"],
                                         training_rows(random_dir, sizes, device)),
+             "", harness.markdown_table(["workload", "tokens", "tokens/s", "× PyTorch"],
+                                        sae_rows(random_dir if args.smoke else Path(args.bundled), args.smoke, device)),
              "", "Peak memory of minibert rows is the device's running peak (JAX cannot reset it): read it as an "
              "upper bound per row; torch rows reset the peak per case."]
     return "\n".join(lines) + "\n"

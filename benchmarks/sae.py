@@ -36,21 +36,22 @@ def minibert_pass(model, texts, sizes, trainer):
 class TorchPipeline:
     """transformers forward + forward hook + a torch TopK SAE (the same algorithm as minibert's Trainer)."""
 
-    def __init__(self, directory, tokenizer, sizes, d_in):
+    def __init__(self, directory, tokenizer, sizes, d_in, device="cpu"):
         import torch
 
-        self.torch, self.sizes, self.tokenizer = torch, sizes, tokenizer
-        self.model = hf_model(directory, "sdpa")
+        self.torch, self.sizes, self.tokenizer, self.device = torch, sizes, tokenizer, device
+        self.model = hf_model(directory, "sdpa").to(device)
         self.captured = []
         self.model.encoder.layer[sizes["layer"]].register_forward_hook(
             lambda module, args, output: self.captured.append(output[0] if isinstance(output, tuple) else output))
         generator = torch.Generator().manual_seed(0)
-        W_dec = torch.randn(sizes["width"], d_in, generator=generator)
+        W_dec = torch.randn(sizes["width"], d_in, generator=generator).to(device)
         W_dec /= W_dec.norm(dim=-1, keepdim=True)
-        self.p = {"W_enc": W_dec.T.clone().requires_grad_(), "b_enc": torch.zeros(sizes["width"], requires_grad=True),
-                  "W_dec": W_dec.requires_grad_(), "b_dec": torch.zeros(d_in, requires_grad=True)}
+        self.p = {"W_enc": W_dec.T.clone().requires_grad_(),
+                  "b_enc": torch.zeros(sizes["width"], device=device, requires_grad=True),
+                  "W_dec": W_dec.requires_grad_(), "b_dec": torch.zeros(d_in, device=device, requires_grad=True)}
         self.optimizer = torch.optim.Adam(list(self.p.values()), lr=2e-4)
-        self.since_fired = torch.zeros(sizes["width"], dtype=torch.int64)
+        self.since_fired = torch.zeros(sizes["width"], dtype=torch.int64, device=device)
         self.rng = np.random.default_rng(0)
 
     def top_k(self, values, k):
@@ -65,7 +66,7 @@ class TorchPipeline:
         dead = self.since_fired >= 1_000_000
         loss = (error**2).sum(-1).mean()
         if dead.any():
-            z = self.top_k(torch.where(dead, pre, torch.tensor(-torch.inf)), x.shape[1] // 2)
+            z = self.top_k(torch.where(dead, pre, torch.tensor(-torch.inf, device=x.device)), x.shape[1] // 2)
             loss = loss + ((error.detach() - z @ p["W_dec"]) ** 2).sum(-1).mean() / 32
         self.optimizer.zero_grad()
         loss.backward()
@@ -80,7 +81,8 @@ class TorchPipeline:
         for start in range(0, len(texts), self.sizes["per_forward"]):
             encoded = self.tokenizer(texts[start:start + self.sizes["per_forward"]], padding=True, truncation=True,
                                      max_length=128, return_tensors="pt", return_special_tokens_mask=True)
-            special = encoded.pop("special_tokens_mask")
+            special = encoded.pop("special_tokens_mask").to(self.device)
+            encoded = encoded.to(self.device)
             self.captured.clear()
             with torch.no_grad():
                 self.model(**encoded)
@@ -92,7 +94,7 @@ class TorchPipeline:
 
     def drain(self, pool, keep):
         x = self.torch.cat(pool)
-        x = x[self.torch.from_numpy(self.rng.permutation(len(x)))]
+        x = x[self.torch.from_numpy(self.rng.permutation(len(x))).to(x.device)]
         out = (len(x) - keep) // self.sizes["batch"] * self.sizes["batch"]
         for start in range(0, out, self.sizes["batch"]):
             self.step(x[start:start + self.sizes["batch"]])
@@ -106,28 +108,42 @@ def smoke_checkpoint():
     return tiny_checkpoint(scratch_dir() / "tiny-bert")
 
 
-def main(argv=None) -> int:
+def throughput(directory, sizes: dict, device: str = "cpu") -> dict[str, tuple[int, float]]:
+    """{pipeline: (tokens trained on, tokens per second)} for minibert and the PyTorch pipeline on `directory`."""
     import transformers
 
+    model = minibert.load(directory)
+    d_in = model.config.hidden_size
+    warm, timed = english_like_texts(sizes["texts"], seed=1)[0], english_like_texts(sizes["texts"], seed=2)[0]
+    trainer = sae.Trainer(sae.SAEConfig(d_in=d_in, d_sae=sizes["width"], k=sizes["k"]), learning_rate=2e-4)
+    torch_side = TorchPipeline(directory, transformers.BertTokenizerFast.from_pretrained(str(directory)), sizes, d_in,
+                               device)
+    rates = {}
+    for name, run in ((MINIBERT, lambda t: minibert_pass(model, t, sizes, trainer)), (PYTORCH, torch_side.run)):
+        run(warm)
+        start = time.perf_counter()
+        tokens = run(timed)
+        if device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        rates[name] = (tokens, tokens / (time.perf_counter() - start))
+    return rates
+
+
+MINIBERT, PYTORCH = "minibert (activations + compiled step)", "transformers hook + torch SAE step"
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script runs")
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
     directory = smoke_checkpoint() if args.smoke else bundled_dir()
-    model = minibert.load(directory)
-    d_in = model.config.hidden_size
-    warm, timed = english_like_texts(sizes["texts"], seed=1)[0], english_like_texts(sizes["texts"], seed=2)[0]
-    trainer = sae.Trainer(sae.SAEConfig(d_in=d_in, d_sae=sizes["width"], k=sizes["k"]), learning_rate=2e-4)
-    torch_side = TorchPipeline(directory, transformers.BertTokenizerFast.from_pretrained(str(directory)), sizes, d_in)
-    rates = {}
-    for name, run in (("minibert (activations + compiled step)", lambda t: minibert_pass(model, t, sizes, trainer)),
-                      ("transformers hook + torch SAE step", torch_side.run)):
-        run(warm)
-        start = time.perf_counter()
-        tokens = run(timed)
-        rates[name] = (tokens, tokens / (time.perf_counter() - start))
+    d_in = minibert.load(directory).config.hidden_size
+    rates = throughput(directory, sizes)
     facts = machine()
-    base = rates["transformers hook + torch SAE step"][1]
+    base = rates[PYTORCH][1]
     print(f"## SAE training throughput ({'smoke' if args.smoke else 'full'})\n")
     print(f"{facts['cpu']}, {facts['cores']} cores, load {load_average()}; {facts['versions']}\n")
     print(f"{'tiny random BERT' if args.smoke else 'bundled all-MiniLM-L6-v2'}, block {sizes['layer']}'s output, "

@@ -25,4 +25,6 @@ def test_gpu_benchmark_smoke_writes_its_tables(tmp_path, monkeypatch):
     assert "fused attention lowered to cuDNN: no" in text  # a CPU program has no cuDNN call
     assert "corpus.survey, 4 segments" in text
     assert "| training step, minibert | 2×16 |" in text and "| training step, transformers + torch AdamW |" in text
+    assert "| SAE training, minibert (activations + compiled step) |" in text
+    assert "| SAE training, transformers hook + torch SAE step |" in text
     sys.modules.pop("gpu", None)
