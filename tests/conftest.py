@@ -116,3 +116,15 @@ def malicious_bin(path, marker):
     assert marker.exists()
     marker.unlink()
     return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium driven by Playwright (the browser tests' one launch)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
+        yield launched
+        launched.close()

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 
+import anywidget  # noqa: F401 (viz.explore imports it lazily; the test needs it installed)
 import pytest
+from starlette.testclient import TestClient
 
 from minibert import viz
 from minibert.app import serve
 from minibert.viz.explore import Workbench
-
-pytest.importorskip("anywidget")
-pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
 
 TOKEN = "t"
 

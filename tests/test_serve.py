@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import make_hf_model
+from starlette.testclient import TestClient
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
@@ -23,9 +24,6 @@ from minibert.analysis import interventions
 from minibert.app import serve
 from minibert.viz._html import UNIT_BYTE_ERROR
 from minibert.viz.explore import MAX_CHARS, Workbench
-
-pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
 
 PORT = 8765
 BASE = f"http://127.0.0.1:{PORT}"

@@ -17,16 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import uvicorn
+from test_serve import MASKED, head_rtol, softmax
+from tolerances import assert_close_to_scale, forward_rtol
 
-pytest.importorskip("uvicorn")
-import uvicorn  # noqa: E402
-from playwright.sync_api import sync_playwright  # noqa: E402
-from test_serve import MASKED, head_rtol, softmax  # noqa: E402
-from tolerances import assert_close_to_scale, forward_rtol  # noqa: E402
-
-from minibert.analysis import interventions  # noqa: E402
-from minibert.app import serve  # noqa: E402
-from minibert.viz.explore import Workbench  # noqa: E402
+from minibert.analysis import interventions
+from minibert.app import serve
+from minibert.viz.explore import Workbench
 
 TOKEN = "browser-token"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
@@ -59,15 +56,6 @@ def server(tiny_mlm):
     running = Server([tiny_mlm[0]])
     yield running
     running.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-        yield browser
-        browser.close()
 
 
 class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
@@ -215,8 +203,10 @@ def test_tour_walks_the_story(browser, tiny_mlm):
         running.stop()
 
 
-@pytest.mark.skipif(not os.environ.get("MINIBERT_WRITE_SCREENSHOTS"), reason="writes docs/images/workbench.png")
-def test_readme_picture(browser, bundled):
+@pytest.mark.slow
+def test_readme_picture(browser, bundled, tmp_path):
+    """The README's picture, drawn by this browser: written to docs/images/ when MINIBERT_WRITE_SCREENSHOTS is set."""
+    picture = IMAGES / "workbench.png" if os.environ.get("MINIBERT_WRITE_SCREENSHOTS") else tmp_path / "workbench.png"
     running = Server([bundled])
     try:
         page = Workbench_page(browser, running)
@@ -225,7 +215,8 @@ def test_readme_picture(browser, bundled):
         page.page.click("#wb-heads-0 .wb-head[data-layer='2'][data-head='5']")
         page.page.wait_for_selector("#wb-outputs-0 .wb-output[data-side=after]")
         page.settle()
-        page.page.screenshot(path=str(IMAGES / "workbench.png"), clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
+        page.page.screenshot(path=str(picture), clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
         assert page.problems == []
+        assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         running.stop()

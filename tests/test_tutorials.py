@@ -103,7 +103,7 @@ def test_the_package_ships_every_tutorial():
 
 @pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda path: path.stem)
 def test_notebook_has_the_cells_jupytext_makes(tutorial):
-    jupytext = pytest.importorskip("jupytext")
+    import jupytext
     expected = jupytext.read(tutorial)
     ours = tutorials.notebook(tutorial.read_text(encoding="utf-8"))
     assert [c["cell_type"] for c in ours["cells"]] == [c.cell_type for c in expected.cells]
@@ -112,7 +112,7 @@ def test_notebook_has_the_cells_jupytext_makes(tutorial):
 
 
 def test_minibert_tutorial_writes_a_valid_notebook_and_never_overwrites(tmp_path, capsys):
-    nbformat = pytest.importorskip("nbformat")
+    import nbformat
     output = tmp_path / "six.ipynb"
     assert cli.main(["tutorial", "6", "--output", str(output)]) == 0
     notebook = nbformat.reads(output.read_text(encoding="utf-8"), as_version=4)

@@ -17,7 +17,6 @@ import xml.etree.ElementTree as ElementTree
 import matplotlib.image
 import numpy as np
 import pytest
-from playwright.sync_api import sync_playwright
 from tolerances import score_delta
 
 import minibert
@@ -137,15 +136,6 @@ def assert_edges(drawn: dict, expected: dict):
     assert drawn.keys() == expected.keys()
     np.testing.assert_allclose([drawn[e] for e in expected], list(expected.values()), rtol=0,
                                atol=UNIT_BYTE_ERROR + 1e-12)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-        yield browser
-        browser.close()
 
 
 def test_head_view_saved_page_is_offline_and_interactive(browser, tmp_path):

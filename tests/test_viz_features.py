@@ -82,19 +82,15 @@ def test_browser_refuses_a_mismatched_hook(browsed):
 
 
 @pytest.mark.browser
-def test_browser_page_draws_a_latent(browsed, tmp_path):
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    *_, browser = browsed
-    path = browser.save(tmp_path / "features.html")
-    busiest = max(range(len(browser.data["latents"])), key=lambda j: browser.data["latents"][j]["fires"])
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-        page = chromium.new_page()
-        page.goto(path.as_uri())
-        page.fill("#fb-pick", str(busiest))
-        page.wait_for_selector("#fb-view .ctx")
-        assert page.locator("#fb-view h2").inner_text() == f"latent {busiest}"
-        assert page.locator("#fb-view .ctx").count() == len(browser.data["latents"][busiest]["contexts"])
-        assert page.locator(".bar").count() == len(HISTOGRAM_EDGES) - 1
-        chromium.close()
+def test_browser_page_draws_a_latent(browsed, tmp_path, browser):
+    *_, features = browsed
+    path = features.save(tmp_path / "features.html")
+    busiest = max(range(len(features.data["latents"])), key=lambda j: features.data["latents"][j]["fires"])
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    page.fill("#fb-pick", str(busiest))
+    page.wait_for_selector("#fb-view .ctx")
+    assert page.locator("#fb-view h2").inner_text() == f"latent {busiest}"
+    assert page.locator("#fb-view .ctx").count() == len(features.data["latents"][busiest]["contexts"])
+    assert page.locator(".bar").count() == len(HISTOGRAM_EDGES) - 1
+    page.close()
