@@ -295,8 +295,10 @@ def test_invalid_utf8_in_a_corpus_names_file_and_line(tmp_path):
 def test_survey_checks_a_list_before_any_batch_runs(bundled, monkeypatch):
     """One bad item at the end of a list of 600: refused before the first batch (it used to run and discard
     two chunks' batches first)."""
+    from minibert.analysis.corpus import packing
+
     batches = []
-    monkeypatch.setattr(corpus, "_packed_rows", lambda *args: batches.append(args) or {})
+    monkeypatch.setattr(packing, "packed_rows", lambda *args: batches.append(args) or {})
     texts = ["A short text."] * 600 + [None]
     with pytest.raises(minibert.MinibertError, match=r"texts\[600\] is not a string but NoneType; pass text"):
         corpus.survey(bundled, texts, progress=False)

@@ -267,10 +267,17 @@ def test_get_act_name_follows_transformerlens(args, name):
     assert minibert.get_act_name(*args) == name
 
 
-@pytest.mark.parametrize("args", [("scale",), ("rot_q", 1), ("embed",)])
+@pytest.mark.parametrize("args", [("q_input", 1), ("mlp_in", 2), ("embed",)])
 def test_get_act_name_refuses_names_minibert_lacks(args):
+    """TL builds these (hook_q_input, hook_mlp_in, a bare hook_embed); no minibert family has them."""
     with pytest.raises(minibert.HookError, match="minibert does not have"):
         minibert.get_act_name(*args)
+
+
+def test_get_act_name_gives_the_pre_layernorm_families_sites():
+    """ln_final and the rotary sites exist since ModernBERT's family module (names are model-free, as in TL)."""
+    assert minibert.get_act_name("scale") == "ln_final.hook_scale"
+    assert minibert.get_act_name("rot_q", 1) == "blocks.1.attn.hook_rot_q"
 
 
 def test_cache_takes_transformerlens_keys(bundled, reference):
