@@ -258,6 +258,30 @@ def test_compare_serves_two_models(mlm, tmp_path):
     assert first != second
 
 
+def test_the_printed_url_accepts_connections_before_the_server_starts(mlm, monkeypatch):
+    """The URL is printed only once the socket listens: a client that follows it at once waits in the backlog
+    instead of being refused while uvicorn starts (CI found the refusal on a slow machine)."""
+    import io
+    import socket
+    from urllib.parse import urlsplit
+
+    import uvicorn
+
+    connected, printed = [], io.StringIO()
+
+    def instead_of_running(self, sockets):
+        port = urlsplit(printed.getvalue().strip()).port
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            connected.append(port)
+        sockets[0].close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", instead_of_running)
+    monkeypatch.setattr(serve, "warm_up", lambda workbenches, step: None)
+    monkeypatch.setattr(sys, "stdout", printed)
+    serve.serve([Workbench(mlm, max_tokens=16)], port=0, open_browser=False)
+    assert len(connected) == 1 and connected[0] > 0
+
+
 @pytest.mark.slow
 def test_serve_command_prints_the_url_first(tmp_path):
     make_hf_model(tmp_path, "BertForMaskedLM")

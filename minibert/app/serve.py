@@ -196,6 +196,9 @@ def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: in
     except OSError as error:
         raise InputError(f"cannot listen on {host}:{port} ({error.strerror or error}); choose another --port "
                          f"(0 picks a free one).") from None
+    # Listen before printing the URL: a client that follows it at once (a script, a fast click) then waits in
+    # the backlog until uvicorn accepts, instead of being refused while the server is still starting.
+    sock.listen(128)
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
     shown = f"[{host}]" if ":" in host else host
