@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_hf_model
@@ -20,7 +21,8 @@ from starlette.testclient import TestClient
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert.analysis import interventions
+from minibert import HookFn
+from minibert.analysis import flow, interventions, mixing
 from minibert.app import serve
 from minibert.viz._html import UNIT_BYTE_ERROR
 from minibert.viz.explore import MAX_CHARS, Workbench
@@ -29,6 +31,7 @@ PORT = 8765
 BASE = f"http://127.0.0.1:{PORT}"
 TOKEN = "test-token"
 MASKED = "a b [MASK] d e f."
+EPS32 = float(np.finfo(np.float32).eps)
 
 
 def client_for(*models, limiter=None, max_tokens: int = 64) -> TestClient:
@@ -125,19 +128,26 @@ def softmax(logits):
     return e / e.sum(-1, keepdims=True)
 
 
+def ablation(model, batch, heads, mode) -> tuple[np.ndarray, dict]:
+    """The [L, H] mask of `heads` and `interventions.ablate_heads`' hooks for it (mean: over `batch`'s tokens)."""
+    cfg = model.config
+    mask = np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads), np.float32)
+    for layer, head in heads:
+        mask[layer, head] = 1
+    mean = interventions.mean_z(model, batch) if mode == "mean" else None
+    return mask, interventions.ablate_heads(mask, mean)
+
+
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_ablation_outputs_equal_run_with_hooks(mlm, client, mode):
     cfg = mlm.config
     heads = [[0, 1], [1, 2]]
     answer = post(client, "run", {"text": MASKED, "ablate": heads, "mode": mode}).json()
     batch = mlm.tokenize([MASKED])
-    mask = np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads))
-    for layer, head in heads:
-        mask[layer, head] = 1
-    mean = interventions.mean_z(mlm, batch) if mode == "mean" else None
+    _, ablating = ablation(mlm, batch, heads, mode)
     position = answer["tokens"].index("[MASK]")
     rtol = head_rtol(cfg, len(answer["tokens"]))
-    for side, hooks in (("before", {}), ("after", interventions.ablate_heads(mask, mean))):
+    for side, hooks in (("before", {}), ("after", ablating)):
         logits = np.asarray(mlm.run_with_hooks(batch, hooks=hooks).logits[0, position], np.float64)
         top = answer["outputs"][side]["mlm"][0]
         assert top["position"] == position
@@ -200,12 +210,18 @@ def test_step_through_values_are_the_hooks(mlm, client):
 
 
 def test_one_program_per_length_bucket(mlm, client):
-    """New texts of the same bucket, other heads, another ablation mode: the compiled program is reused."""
-    post(client, "run", {"text": "a b c", "ablate": [[0, 0]]})
+    """New texts of the same bucket, other heads, another ablation mode: the compiled programs are reused, the
+    mixing maps' too."""
+    first = {"text": "a b c", "ablate": [[0, 0]]}
+    post(client, "run", first)
+    for method in ("value_zeroing", "alti"):
+        post(client, "mixing", {**first, "method": method})
     traces = mlm.traces
     for body in ({"text": "c d e f", "ablate": [[1, 3]]}, {"text": "e f", "ablate": [[0, 2], [1, 1]], "mode": "mean"},
                  {"text": "f g h"}):
         assert post(client, "run", body).status_code == 200
+        for method in ("value_zeroing", "alti"):
+            assert post(client, "mixing", {**body, "method": method}).status_code == 200
     assert mlm.traces == traces
 
 
@@ -232,8 +248,6 @@ def unpacked(view_data: dict) -> np.ndarray:
 
 @pytest.mark.parametrize("method", ["rollout", "value_zeroing", "alti"])
 def test_mixing_views_show_the_analyses_maps(mlm, client, method):
-    from minibert.analysis import flow, mixing
-
     text, pair = "a b c d", "e f"
     answer = post(client, "mixing", {"text": text, "pair": pair, "method": method}).json()
     batch = mlm.tokenize([text], [pair])
@@ -247,6 +261,89 @@ def test_mixing_views_show_the_analyses_maps(mlm, client, method):
         # the page's byte packing (≤ 1/510) plus the two runs' rounding (the workbench's is padded to a bucket)
         rtol = forward_rtol(mlm.config, batch.input_ids.shape[1])
         np.testing.assert_allclose(shown, expected, rtol=0, atol=UNIT_BYTE_ERROR + rtol)
+
+
+def rollout_reference(model, batch, mask, hooks) -> np.ndarray:
+    """Rollout of the ablated run's patterns, the ablated heads' as zeros (they move nothing), float64 [L, T, T]."""
+    _, cache = model.run(batch, names="blocks.*.attn.hook_pattern", hooks=hooks)
+    patterns = np.asarray(cache.stack("attn.hook_pattern"), np.float64)[:, 0]  # [L, H, T, T]
+    return flow.attention_rollout(patterns * (1 - mask)[:, :, None, None])
+
+
+def value_zeroing_reference(model, batch, hooks) -> np.ndarray:
+    """Raw 1 − cos [L, T, S] from L × T literal forwards under `hooks`, each zeroing one token's values in one
+    block after them (test_analysis_mixing's loop with the ablation added), the cosine in float64."""
+    from test_analysis_mixing import zero_value_at
+
+    L, T = model.config.num_hidden_layers, batch.input_ids.shape[1]
+    outputs = [f"blocks.{layer}.hook_normalized_resid_post" for layer in range(L)]
+    _, clean = model.run(batch, names=outputs, hooks=hooks)
+    distances = np.zeros((L, T, T))
+    for layer, token in np.ndindex(L, T):
+        zeroing = (f"blocks.{layer}.attn.hook_v", HookFn(zero_value_at, token=jnp.int32(token)))
+        _, cache = model.run(batch, names=[outputs[layer]], hooks=[*hooks.items(), zeroing])
+        x, y = (np.asarray(c[outputs[layer]], np.float64)[0] for c in (clean, cache))
+        distances[layer, :, token] = 1 - (x * y).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(y, axis=-1)
+    return distances
+
+
+ALTI_SITES = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
+
+
+def alti_reference(model, batch, mask, hooks) -> tuple[np.ndarray, np.ndarray]:
+    """ALTI's definition (docs/context_mixing.md) in float64 on the ablated run's captures, the ablated heads
+    carrying no token's term: z_ts = Σ_h (1 − mask_lh) α^h_ts f^h(x_s) + [t = s] x_s. Also the tolerance of each
+    entry, test_analysis_mixing's per-head ALTI bound: the float32 terms' rounding (atol), × 2D / the row sum."""
+    _, cache = model.run(batch, names=[f"blocks.*.{site}" for site in ALTI_SITES], hooks=hooks)
+    maps, bounds = [], []
+    for layer in range(model.config.num_hidden_layers):
+        x, v, pattern, scale, y = (np.asarray(cache[f"blocks.{layer}.{site}"][0], np.float64) for site in ALTI_SITES)
+        p = model.params["blocks"][layer]
+        gamma, W_O = (np.asarray(a, np.float64) for a in (p["ln1"]["scale"], p["attn"]["W_O"]))
+        f = np.einsum("SHK,HKD->HSD", v, W_O)
+        z = np.einsum("HTS,HSD->TSD", pattern * (1 - mask[layer])[:, None, None], f) + np.eye(len(x))[..., None] * x
+        terms = gamma * (z - z.mean(-1, keepdims=True)) / scale[:, :, None]
+        c = np.maximum(0, np.abs(y).sum(-1)[:, None] - np.abs(y[:, None] - terms).sum(-1))
+        rows = c.sum(-1, keepdims=True)
+        maps.append(c / rows)
+        magnitude = np.abs(gamma).max() * (np.abs(x).max() + np.abs(v).max() * np.sqrt(v.shape[-1])) / scale.min()
+        atol = 8 * EPS32 * magnitude * np.sqrt(model.config.hidden_size * len(x))
+        bounds.append(np.broadcast_to(2 * model.config.hidden_size * atol / rows + 4 * EPS32, c.shape))
+    return np.stack(maps), np.stack(bounds)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+@pytest.mark.parametrize("method", ["rollout", "value_zeroing", "alti"])
+def test_mixing_maps_are_the_ablated_models(mlm, client, method, mode):
+    """With heads ablated, the mixing views show the ablated model's map: the analysis under the same
+    `ablate_heads` HookFn equals a brute-force reference (value zeroing: a loop of literal hooked forwards; ALTI:
+    its definition on the hooked run's captures), and the page's bytes equal it."""
+    from test_analysis_mixing import block_noise
+
+    text, pair, heads = "a b c d", "e f", [[0, 1], [1, 2]]
+    batch = mlm.tokenize([text], [pair])
+    mask, hooks = ablation(mlm, batch, heads, mode)
+    if method == "rollout":
+        expected, unablated = (rollout_reference(mlm, batch, m, h) for m, h in ((mask, hooks), (0 * mask, {})))
+    elif method == "value_zeroing":
+        raw = value_zeroing_reference(mlm, batch, hooks)
+        got = mixing.value_zeroing(mlm, batch, hooks=hooks, normalize=False)[:, 0]
+        eps = block_noise(mlm)  # 1 − cos = ½‖x̂ − ŷ‖²: a relative error ε in either output moves it ≤ 2√d·ε + ε²
+        np.testing.assert_array_less(np.abs(got - raw), 2 * np.sqrt(raw) * eps + eps**2 + 1e-30)
+        expected = raw / raw.sum(-1, keepdims=True)
+        unablated = mixing.value_zeroing(mlm, batch)[:, 0]
+    else:
+        expected, bound = alti_reference(mlm, batch, mask, hooks)
+        silenced = {"blocks.*.attn.hook_pattern": lambda pattern, ctx: pattern * (1 - mask[ctx.layer])[:, None, None]}
+        got = mixing.alti(mlm, batch, hooks={**hooks, **silenced})[:, 0]  # as mixing.alti asks of an ablation
+        np.testing.assert_array_less(np.abs(got - expected), bound)
+        unablated = mixing.alti(mlm, batch)[:, 0]
+    answer = post(client, "mixing", {"text": text, "pair": pair, "method": method, "ablate": heads, "mode": mode})
+    # the page's byte packing (≤ 1/510) plus the two runs' rounding (the workbench's is padded to a bucket)
+    atol = UNIT_BYTE_ERROR + forward_rtol(mlm.config, batch.input_ids.shape[1])
+    for kind in ("head", "model"):
+        np.testing.assert_allclose(unpacked(answer.json()["views"][kind])[:, 0], expected, rtol=0, atol=atol)
+    assert np.abs(expected - unablated).max() > 4 * atol  # the ablation moved the map: the test can fail
 
 
 def test_compare_serves_two_models(mlm, tmp_path):

@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.accounting import EXACT, activation_bytes, items_per_chunk
-from minibert.analysis.interventions import Keyed, metric_values, residual_streams, traced_call
+from minibert.analysis.interventions import Keyed, metric_values, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
+from minibert.hooks import HookFn, writers_for
 from minibert.model import Output
 from minibert.sites import PATTERNS
 
@@ -63,22 +63,28 @@ def cosine_distance(x, y) -> jax.Array:
     return 0.5 * jnp.sum((unit(x) - unit(y)) ** 2, axis=-1)
 
 
-def _value_zeroing_distances(model, state, resid_pre, inputs, *, chunk: int, per_head: bool) -> jax.Array:
+def _value_zeroing_distances(model, state, resid_pre, inputs, writers, *, chunk: int, per_head: bool) -> jax.Array:
     """resid_pre [L, B, T, D] (each block's captured input) → 1 − cos(x̃_t^¬s, x̃_t), [L, B, T, S], or with
-    per_head [L, H, B, T, S], one head's value zeroed at a time (model.jit)."""
+    per_head [L, H, B, T, S], one head's value zeroed at a time (model.jit). writers: the caller's hooks
+    ({hook name: (HookFn, …)}, traced), applied in every block run before the zeroing."""
     S = resid_pre.shape[2]
     heads = model.config.num_attention_heads if per_head else 1
     per_layer = []
+
+    def with_zeroing(layer, zeroing):
+        """Block `layer`'s output [B, T, D] under the caller's hooks, then `zeroing` on its values."""
+        hooks = [*writers.items(), (f"blocks.{layer}.attn.hook_v", zeroing)]
+        return model.block(state, layer, resid_pre[layer], inputs, hooks)
+
     for layer in range(model.config.num_hidden_layers):
         def output(item, layer=layer):
             """Block `layer`'s output [B, T, D] with the value of key item % S zeroed in head item // S (every
             head unless per_head)."""
             head = item // S if per_head else jnp.int32(-1)
-            hooks = {f"blocks.{layer}.attn.hook_v": HookFn(_zero_value, token=item % S, head=head)}
-            return model.block(state, layer, resid_pre[layer], inputs, hooks)
+            return with_zeroing(layer, HookFn(_zero_value, token=item % S, head=head))
 
         nothing = HookFn(_zero_value, token=jnp.int32(-1), head=jnp.int32(-1))  # the same hook, zeroing nothing
-        clean = model.block(state, layer, resid_pre[layer], inputs, {f"blocks.{layer}.attn.hook_v": nothing})  # x̃
+        clean = with_zeroing(layer, nothing)  # x̃
         distances = jax.lax.map(lambda item, clean=clean: cosine_distance(output(item), clean),
                                 jnp.arange(heads * S), batch_size=chunk)  # [H·S, B, T]
         per_layer.append(distances.reshape(heads, S, *distances.shape[1:]).transpose(0, 2, 3, 1))  # [H, B, T, S]
@@ -86,7 +92,7 @@ def _value_zeroing_distances(model, state, resid_pre, inputs, *, chunk: int, per
     return stacked if per_head else stacked[:, 0]
 
 
-def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = False) -> np.ndarray:
+def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = False, hooks=None) -> np.ndarray:
     """Value zeroing (Mohebbi et al. 2023): C [L, B, T, S], NumPy float32; per_head=True: C [L, H, B, T, S].
 
     In block l, the value vector of key token s is set to zero in every head — the attention pattern
@@ -97,14 +103,18 @@ def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = Fals
     compiled program runs every block over every zeroed token (chunked to accounting.MEMORY_BUDGET).
     per_head=True zeroes token s's value in head h only (the other heads keep it), H times the work: C[l, h]
     is head h's map, each row normalised on its own — to set beside head h's attention pattern.
+    hooks ({name or glob: fn} or (name, fn) pairs, as run_with_hooks takes them): the map of the model as they
+    change it (e.g. interventions.ablate_heads) — they act in the captured forward and in every block run, the
+    zeroing after them; HookFn arrays are traced, so other ablations reuse the program.
     """
     inputs = model.inputs(batch)
-    resid_pre = residual_streams(model, inputs)  # [L, B, T, D]
+    resid_pre = model.run(inputs, names="blocks.*.hook_resid_pre", hooks=hooks)[1].stack("hook_resid_pre")
     _, B, T, _ = resid_pre.shape
     items = T * (model.config.num_attention_heads if per_head else 1)
     chunk = items_per_chunk(activation_bytes(model.config, B, T), items)  # one zeroed value runs one block
     program = model.jit(_value_zeroing_distances, static_argnames=("chunk", "per_head"))
-    distances = program(model.state, resid_pre, inputs, chunk=chunk, per_head=bool(per_head))
+    writers = writers_for(hooks, model.hook_names, model.config.architecture)
+    distances = program(model.state, resid_pre, inputs, writers, chunk=chunk, per_head=bool(per_head))
     distances = distances * _real_pairs(inputs.attention_mask)
     return np.asarray(normalize_rows(distances) if normalize else distances)
 
@@ -161,7 +171,7 @@ def _alti(resid_pre, v, pattern, scale, y, gamma, W_O, attention_mask, chunk: in
     return contributions * _real_pairs(attention_mask)
 
 
-def alti(model, batch, *, per_head: bool = False) -> np.ndarray:
+def alti(model, batch, *, per_head: bool = False, hooks=None) -> np.ndarray:
     """ALTI (Ferrando et al. 2022): C [L, B, T, S], NumPy float32, rows over real tokens summing to 1;
     per_head=True: C [L, H, B, T, S], each head's terms (alti_head_terms) measured against y_t the same way
     and each head's rows normalised on their own — to set beside head h's attention pattern.
@@ -173,6 +183,10 @@ def alti(model, batch, *, per_head: bool = False) -> np.ndarray:
     ‖y_t − T_t(x_s)‖₁), rows normalised — measured against y_t itself, as the authors' released code does.
     Computed from one captured forward pass (resid_pre, v, pattern, LN1's σ and output) in one compiled
     program over layers and documents. Padding rows and columns are 0.
+    hooks (as run_with_hooks takes them): the map of the model as they change it. They act on that captured
+    forward, and the terms are built from its (hooked) patterns and values: a hook that replaces a head's output
+    z with something no token feeds (an ablation) must also zero that head's `attn.hook_pattern`, so that the
+    head carries no token's term and its replacement, like b_O, belongs to no token.
     """
     if model.config.family.norm != "post":
         raise AnalysisError(f"ALTI is defined on post-LN blocks (the attention output, its residual and the LayerNorm "
@@ -180,7 +194,7 @@ def alti(model, batch, *, per_head: bool = False) -> np.ndarray:
                             f"decompose that way. value_zeroing and attention_norms run on every family.")
     inputs = model.inputs(batch)
     sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
-    _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{site}" for site in sites])
+    _, cache = model.run(inputs, names=[f"blocks.*.{site}" for site in sites], hooks=hooks)
     captured = [cache.stack(site) for site in sites]
     gamma, W_O = model.layer_weights("ln1.scale"), model.layer_weights("attn.W_O")
     _, _, T, D = captured[0].shape

@@ -31,7 +31,8 @@ from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
 from minibert.api import bucket_length, length_buckets
 from minibert.errors import InputError, MinibertError
-from minibert.hooks import site_axes
+from minibert.hooks import HookFn, site_axes
+from minibert.sites import PATTERNS
 from minibert.viz import views
 
 MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
@@ -166,12 +167,12 @@ class Workbench:
 
     def mixing(self, body: Mapping) -> dict:
         """The head and model views of a context-mixing map instead of raw attention (one map per layer:
-        shown as a single head). Of the model as loaded: ablations do not apply here."""
+        shown as a single head), of the model as the request's ablation leaves it (`_mixing_maps`)."""
         request = self._request(body)
         method = body.get("method", "attention")
         if method not in MIXING_METHODS:
             raise InputError(f"method {method!r} is not one of {', '.join(MIXING_METHODS)}.")
-        run = self._run(dataclasses.replace(request, ablate=()))
+        run = self._run(request)
         if method == "attention":
             return {"method": method, "views": self._views(run)}
         maps = self._mixing_maps(run, request, method)[:, None]  # [L, 1, T, T]
@@ -219,13 +220,17 @@ class Workbench:
         return {"input_ids": np.pad(ids, extra, constant_values=self.model.config.pad_token_id),
                 "token_type_ids": np.pad(types, extra), "attention_mask": mask}
 
-    def _hooks(self, heads: tuple, replacement: np.ndarray) -> dict:
-        """Ablation hooks with the same shapes whatever is ablated (an empty mask changes nothing): one program."""
+    def _head_mask(self, heads: tuple) -> np.ndarray:
+        """[L, H] float32: 1 at each (layer, head) in `heads`."""
         cfg = self.model.config
         mask = np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads), np.float32)
         for layer, head in heads:
             mask[layer, head] = 1
-        return ablate_heads(mask, mean=replacement)
+        return mask
+
+    def _hooks(self, heads: tuple, replacement: np.ndarray) -> dict:
+        """Ablation hooks with the same shapes whatever is ablated (an empty mask changes nothing): one program."""
+        return ablate_heads(self._head_mask(heads), mean=replacement)
 
     def _run(self, request: Request) -> Run:
         key = (request.text, request.pair, request.ablate, request.mode if request.ablate else "zero")
@@ -271,15 +276,22 @@ class Workbench:
         return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
     def _mixing_maps(self, run: Run, request: Request, method: str) -> np.ndarray:
-        """[L, T, T] context-mixing maps of one document (minibert.analysis; docs/context_mixing.md)."""
+        """[L, T, T] context-mixing maps of one document (minibert.analysis; docs/context_mixing.md) of the model
+        under the request's ablation (`run` is its run). An ablated head outputs a replacement no token feeds, so
+        it moves nothing between tokens: its pattern counts as zeros — in rollout's mean over heads and, through a
+        pattern hook beside the ablation's, in ALTI's terms (as mixing.alti asks); value zeroing runs under the
+        same hooks (the ablated head's values are unused there anyway)."""
+        silenced = self._head_mask(request.ablate)
         if method == "rollout":
-            return flow.attention_rollout(run.stack("attn.hook_pattern"))
+            return flow.attention_rollout(run.stack("attn.hook_pattern") * (1 - silenced)[:, :, None, None])
+        hooks = self._hooks(request.ablate, self._replacement(request))
+        hooks[PATTERNS] = HookFn(_silenced_heads, mask=silenced)  # the same hooks (shapes) whatever is ablated
         batch = self._batch(request)
         padded = self._padded(batch.input_ids, batch.token_type_ids)
         measure = {"value_zeroing": mixing.value_zeroing, "alti": mixing.alti}[method]
         length = len(run.tokens)
         with self._lock:
-            return measure(self.model, padded)[:, 0, :length, :length]
+            return measure(self.model, padded, hooks=hooks)[:, 0, :length, :length]
 
     # ---- answers ----------------------------------------------------------------------------------------
 
@@ -325,6 +337,11 @@ def _b_start(batch) -> int | None:
     """Index of sentence B's first token in row 0, or None (as viz.document sets it)."""
     segment_b = [i for i, sequence in enumerate(batch.sequence_ids[0]) if sequence == 1]
     return segment_b[0] if segment_b else None
+
+
+def _silenced_heads(pattern, ctx, mask):
+    """pattern [B, H, T, S] with the heads where mask[layer, h] = 1 attending to nothing (all zeros)."""
+    return (pattern * (1 - mask[ctx.layer])[None, :, None, None]).astype(pattern.dtype)
 
 
 def _cut(name: str, value: np.ndarray, length: int) -> np.ndarray:
