@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import anywidget  # noqa: F401 (viz.explore imports it lazily; the test needs it installed)
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
+from tolerances import assert_close_to_scale, forward_rtol
 
 from minibert import viz
 from minibert.app import serve
@@ -39,3 +41,26 @@ def test_widget_carries_the_pages_code(tiny_mlm):
     widget = viz.explore(tiny_mlm[0])
     assert "function render(root, data)" in widget.views_js and "minibertTransport" in widget.workbench_js
     assert json.loads(widget.config)["models"][0]["layers"] == tiny_mlm[0].config.num_hidden_layers
+
+
+def test_step_sends_the_operands_of_its_dot_products(tiny_mlm):
+    """Each dot-product step's operands rebuild its values: Σ_i left_i · right_i (+ b) (/ √K) equals the hook's value
+    (the score q·k_s/√K against run_with_cache), within one forward's rounding (tests/tolerances.py)."""
+    model = tiny_mlm[0]
+    answer = Workbench(model).step({"text": "a b c d e", "layer": 1, "head": 2, "query": 3})
+    steps = {step["id"]: step for step in answer["steps"]}
+    assert {"qk", "scaled", "z", "q", "head_out", "ffn_pre", "ffn_out"} <= {i for i, s in steps.items() if "dot" in s}
+    batch = model.tokenize(["a b c d e"])
+    _, cache = model.run_with_cache(batch, ["blocks.1.attn.hook_q", "blocks.1.attn.hook_attn_scores"])
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    scaled = steps["scaled"]["dot"]
+    assert_close_to_scale(steps[scaled["left"]]["values"], np.asarray(cache["blocks.1.attn.hook_q"])[0, 3, 2], rtol)
+    rebuilt = np.asarray(scaled["right"]) @ np.asarray(steps["q"]["values"]) / scaled["divisor"]
+    assert scaled["divisor"] == np.sqrt(model.config.head_dim)
+    assert_close_to_scale(rebuilt, np.asarray(cache["blocks.1.attn.hook_attn_scores"])[0, 2, 3], rtol, "scores")
+    for step in (s for s in steps.values() if "dot" in s):  # every other dot product rebuilds its shown values
+        dot = step["dot"]
+        bias = np.asarray(dot["bias"]) if dot["bias"] is not None else 0.0
+        rebuilt = (np.asarray(dot["right"]) @ np.asarray(steps[dot["left"]]["values"]) + bias) / dot["divisor"]
+        assert len(rebuilt) == min(len(step["values"]), max(answer["shown"], len(answer["tokens"])))
+        assert_close_to_scale(rebuilt, step["values"][:len(rebuilt)], rtol, step["id"])

@@ -92,7 +92,12 @@ class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
         self.settle()  # typing marks the page busy at once, until the answers to the edit are drawn
 
     def values(self, selector: str) -> list[float]:
-        return [float(v) for v in self.page.eval_on_selector_all(selector, "ns => ns.map(n => n.dataset.value)")]
+        return self.values_of(selector, "value")
+
+    def values_of(self, selector: str, field: str) -> list[float]:
+        """The numbers in the data-FIELD attributes of the elements `selector` finds."""
+        return [float(v) for v in self.page.eval_on_selector_all(selector, "(ns, f) => ns.map(n => n.dataset[f])",
+                                                                 field)]
 
 
 def test_typed_text_gives_tokens_and_views(browser, server, tiny_mlm):
@@ -128,6 +133,35 @@ def test_clicking_a_head_shows_the_ablated_outputs(browser, server, tiny_mlm):
     assert page.problems == []
 
 
+def test_ablation_shows_the_views_before_and_after(browser, server, tiny_mlm):
+    """Both sides are drawn; each neuron view's softmax column (layer 1, after the ablated layer-0 head) equals the
+    pattern of its run: run_with_cache's unablated, and the run under the ablation hooks."""
+    model = tiny_mlm[0]
+    page = Workbench_page(browser, server)
+    page.type("a b c d e")
+    page.page.click("#wb-heads-0 .wb-head[data-layer='0'][data-head='2']")
+    page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
+    page.settle()
+    batch = model.tokenize(["a b c d e"])
+    mask = interventions.head_mask(0, 2, model.config.num_hidden_layers, model.config.num_attention_heads)
+    name = "blocks.1.attn.hook_pattern"
+    ablated = model.run(batch, names=[name], hooks=interventions.ablate_heads(mask))[1]  # run_with_hooks + capture
+    expected = {"before": np.asarray(model.run_with_cache(batch, [name])[1][name])[0, 0, 1],  # head 0, query 1
+                "after": np.asarray(ablated[name])[0, 0, 1]}
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    assert np.abs(expected["before"] - expected["after"]).max() > 10 * rtol  # the two sides must differ to tell
+    for side, pattern in expected.items():
+        neuron = f"#wb-views-0 .wb-view-side[data-side={side}] .mbv[data-mbv-kind=neuron]"
+        page.page.select_option(f"{neuron} .mbv-controls select >> nth=0", index=1)  # layer 2 (1-indexed)
+        page.settle()
+        assert_close_to_scale(page.values(f"{neuron} .mbv-num[data-col=softmax]"), pattern, rtol, side)
+    page.page.select_option("#wb-mixing", "rollout")  # a mixing map, before and after the ablation too
+    page.settle()
+    for side in ("before", "after"):
+        assert page.page.locator(f"#wb-views-0 .wb-view-side[data-side={side}] .mbv").count() == 2  # head, model
+    assert page.problems == []
+
+
 def test_step_through_shows_the_hooks_values(browser, server, tiny_mlm):
     model = tiny_mlm[0]
     page = Workbench_page(browser, server)
@@ -149,6 +183,14 @@ def test_step_through_shows_the_hooks_values(browser, server, tiny_mlm):
         assert_close_to_scale(shown, value[:len(shown)], rtol, step)
     hover = page.page.get_attribute("#wb-step-0 .wb-step[data-step=resid_mid] .wb-num", "title")
     assert "block 1 input[0]" in hover and "attention output[0]" in hover  # the operands of x + a
+    page.page.hover("#wb-step-0 .wb-step[data-step=scaled] .wb-num[data-index='2']")  # the score of key 2
+    terms = page.page.locator("#wb-step-0 .wb-step[data-step=scaled] .wb-term")
+    assert terms.count() == model.config.head_dim  # q_i × k_i for every i
+    products = page.values_of("#wb-step-0 .wb-step[data-step=scaled] .wb-term", "product")
+    q, k = (np.asarray(cache[f"blocks.1.attn.hook_{name}"])[0, :, 3] for name in ("q", "k"))
+    assert_close_to_scale(products, q[3] * k[2], forward_rtol(model.config, 7), "q_i × k_i")
+    total = page.values_of("#wb-step-0 .wb-step[data-step=scaled] .wb-terms-sum", "value")
+    assert_close_to_scale(total, [np.asarray(cache["blocks.1.attn.hook_attn_scores"])[0, 3, 3, 2]], rtol, "score")
     assert page.problems == []
 
 

@@ -163,7 +163,7 @@ class Workbench:
         run = self._run(request)
         query = _index(body, "query", len(run.tokens), "tokens here", min(1, len(run.tokens) - 1))
         return {"layer": layer, "head": head, "query": query, "tokens": run.tokens,
-                "steps": _steps(run, layer, head, query, cfg.head_dim)}
+                "shown": SHOWN, "steps": _steps(run, layer, head, query, cfg.head_dim, self.model)}
 
     def mixing(self, body: Mapping) -> dict:
         """The head and model views of a context-mixing map instead of raw attention (one map per layer:
@@ -376,6 +376,9 @@ def _top_k(logits: np.ndarray, position: int, tokenizer) -> dict:
                                                 "p": float(probabilities[i])} for i in best]}
 
 
+SHOWN = 8  # values the page shows of a vector (the rest behind "…"), and whose dot-product operands a step sends
+
+
 def _vector(value: np.ndarray) -> list[float]:
     return np.asarray(value, np.float64).ravel().tolist()
 
@@ -428,10 +431,12 @@ def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
             _HEAD_ROW: lambda: value[head, query]}[pick]()
 
 
-def _steps(run: Run, layer: int, head: int, query: int, d_head: int) -> list[dict]:
+def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> list[dict]:
     """The walk through block `layer` for head `head` and query token `query` (STEPS), each step
-    {id, label, equation, values (the hook's numbers), shape, from (the ids of its operands)}."""
+    {id, label, equation, values (the hook's numbers), shape, from (the ids of its operands)}; a step whose
+    values are dot products also has `dot` (see `_dot_products`)."""
     fields = {"layer": layer, "next": layer + 1, "d_head": d_head}
+    dots = _dot_products(run, layer, head, d_head, model.named_parameters())
     steps = []
     for step_id, label, equation, site, pick, operands in STEPS:
         name = _hook_name(site, layer)
@@ -442,7 +447,45 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int) -> list[dic
         steps.append({"id": step_id, "label": label.format(**fields), "equation": equation.format(**fields),
                       "shape": list(values.shape), "values": _vector(values),
                       "from": [operand for operand in operands if operand in shown]})
+        if step_id in dots and dots[step_id]["left"] in shown:
+            steps[-1]["dot"] = dots[step_id]
     return steps
+
+
+def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping) -> dict[str, dict]:
+    """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
+    left vector, right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or None, divisor}}, so
+    that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row (the scores), else
+    the SHOWN values the page shows. Weights are read by name; a family without one (no bias, other names) goes
+    without."""
+    captured = {site: run.captures.get(_hook_name(site, layer)) for site in ("attn.hook_k", "attn.hook_v")}
+
+    def weight(name: str):
+        value = weights.get(f"blocks.{layer}.{name}")
+        return None if value is None else np.asarray(value)  # sliced before dot() widens it to float64
+
+    def dot(left: str, right_name: str, right, bias=None, divisor: float = 1.0, n: int = SHOWN) -> dict:
+        return {"left": left, "right_name": right_name, "right": np.asarray(right, np.float64)[:n].tolist(),
+                "bias": None if bias is None else np.asarray(bias, np.float64)[:n].tolist(), "divisor": divisor}
+
+    dots = {}
+    keys, values = captured["attn.hook_k"], captured["attn.hook_v"]
+    if keys is not None:  # score_s = q·k_s (then / √K; the mask adds 0 on the real keys shown)
+        dots["qk"] = dot("q", "k_s", keys[:, head], n=len(keys))
+        dots["scaled"] = dot("q", "k_s", keys[:, head], divisor=float(np.sqrt(d_head)), n=len(keys))
+    if values is not None:  # z_i = Σ_s α_s v_s,i
+        dots["z"] = dot("pattern", "v_s[i] (column i of v)", values[:, head].T)
+    w_q, w_o, w_in, w_out = (weight(name) for name in ("attn.W_Q", "attn.W_O", "mlp.W_in", "mlp.W_out"))
+    if w_q is not None and w_q.ndim == 3:  # [D, H, K]: q_j = x · W_Q[:, h, j] + b_Q[h, j]
+        bias = weight("attn.b_Q")
+        dots["q"] = dot("x", "W_Q[:, h, j]", w_q[:, head].T, None if bias is None else bias[head])
+    if w_o is not None and w_o.ndim == 3:  # [H, K, D]: (z W_O[h])_j = z · W_O[h, :, j]
+        dots["head_out"] = dot("z", "W_O[h, :, j]", w_o[head].T)
+    if w_in is not None:  # [D, F]
+        dots["ffn_pre"] = dot("ln1", "W_in[:, j]", w_in.T, weight("mlp.b_in"))
+    if w_out is not None:  # [F, D]
+        dots["ffn_out"] = dot("ffn_post", "W_out[:, j]", w_out.T, weight("mlp.b_out"))
+    return dots
 
 
 # ---- the notebook widget ----------------------------------------------------------------------------------

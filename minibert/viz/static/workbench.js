@@ -8,9 +8,9 @@
   var config = JSON.parse(document.getElementById("wb-config").textContent);
   var app = document.getElementById("workbench");
   var token = new URLSearchParams(window.location.search).get("token") || "";
-  var SHOWN = 8;  // values shown per vector before "…"; all of them are in the hover text and data-value
+  // baseline: the text and sentence B before the first token replacement since the last edit (the "before" side)
   var state = {ablate: config.models.map(function () { return []; }), query: 1, layer: 0, head: 0, timer: null,
-               runs: 0};
+               runs: 0, baseline: null};
 
   function el(tag, attrs, text) {
     var node = document.createElement(tag);
@@ -138,9 +138,8 @@
         showTokens(panel, answer);
         showHeads(panel);
         showOutputs(panel, answer.outputs);
-        var views = mixing.node.value === "attention" ? Promise.resolve(answer)
-          : send("mixing", body(panel.n, {method: mixing.node.value}));
-        return Promise.all([views.then(function (v) { if (ticket === state.runs) showViews(panel, v.views); }),
+        var sides = viewSides(panel, answer);
+        return Promise.all([sides.then(function (s) { if (ticket === state.runs) showViews(panel, s); }),
                             stepThrough(panel, ticket)]);
       });
     });
@@ -157,7 +156,49 @@
     });
   }
 
+  /** The views to draw (raw attention from the run's answer, or the chosen mixing maps): this run's alone, or,
+      after an ablation or a token replacement, the run before it (the text before any replacement, no head
+      ablated) beside this one. A run without ablation is kept as the "before" of its text and method, so
+      clicking a head asks the server for nothing more. */
+  function viewSides(panel, answer) {
+    var method = mixing.node.value;
+    var now = [text.value, pair.value.trim()];
+    var then = state.baseline ? [state.baseline.text, state.baseline.pair.trim()] : now;
+    var replaced = then[0] !== now[0] || then[1] !== now[1], key = JSON.stringify([method, then]);
+    var after = viewsOf(panel, method, {}, answer);
+    if (!answer.ablated.length && !replaced) {
+      return after.then(function (views) {
+        panel.before = {key: key, views: views};
+        return [{side: "only", views: views}];
+      });
+    }
+    var before = panel.before && panel.before.key === key ? Promise.resolve(panel.before.views)
+      : viewsOf(panel, method, {ablate: [], text: then[0], pair: then[1] || null}).then(function (views) {
+        panel.before = {key: key, views: views};
+        return views;
+      });
+    var changes = replaced ? ["the token replaced"] : [];
+    if (answer.ablated.length) {
+      changes.push("ablated (" + answer.mode + "): " + answer.ablated.map(function (p) {
+        return (p[0] + 1) + "-" + (p[1] + 1);
+      }).join(", "));
+    }
+    return Promise.all([before, after]).then(function (both) {
+      return [{side: "before", title: "Before" + (replaced ? ": " + then[0] : ""), views: both[0]},
+              {side: "after", title: "After: " + changes.join("; "), views: both[1]}];
+    });
+  }
+
+  /** The views of one run: the run's own answer's for raw attention (asked for when not given), else its mixing. */
+  function viewsOf(panel, method, extra, answer) {
+    if (method === "attention" && answer) return Promise.resolve(answer.views);
+    var action = method === "attention" ? "run" : "mixing";
+    if (action === "mixing") extra.method = method;
+    return send(action, body(panel.n, extra)).then(function (reply) { return reply.views; });
+  }
+
   function later() {
+    state.baseline = null;  // an edit of the text starts a new comparison
     app.setAttribute("aria-busy", "true");  // from the keystroke on: the panels are about to change
     state.runs++;  // answers still coming for the text before this edit are dropped
     clearTimeout(state.timer);
@@ -232,14 +273,22 @@
 
   // ---- views ----------------------------------------------------------------------------------------
 
-  function showViews(panel, views) {
+  /** sides: [{side: "only" | "before" | "after", title, views}], drawn next to each other (stacked when narrow). */
+  function showViews(panel, sides) {
     var part = panel.views;
     while (part.childNodes.length > 1) part.removeChild(part.lastChild);
-    Object.keys(views).forEach(function (kind) {
-      var root = el("div", {"class": "mbv mbv-light wb-view", "data-mbv-kind": kind});
-      part.appendChild(root);
-      window.minibertViews.render(root, views[kind]);
+    var row = el("div", {"class": "wb-view-sides"});
+    sides.forEach(function (side) {
+      var column = el("div", {"class": "wb-view-side", "data-side": side.side});
+      if (side.title) column.appendChild(el("h3", {}, side.title));
+      Object.keys(side.views).forEach(function (kind) {
+        var root = el("div", {"class": "mbv mbv-light wb-view", "data-mbv-kind": kind});
+        column.appendChild(root);
+        window.minibertViews.render(root, side.views[kind]);
+      });
+      row.appendChild(column);
     });
+    part.appendChild(row);
   }
 
   // ---- step-through ---------------------------------------------------------------------------------
@@ -270,11 +319,11 @@
     var byId = {};
     answer.steps.forEach(function (step) { byId[step.id] = step; });
     var list = el("ol", {"class": "wb-steps"});
-    answer.steps.forEach(function (step) { list.appendChild(stepItem(step, byId, answer.tokens)); });
+    answer.steps.forEach(function (step) { list.appendChild(stepItem(step, byId, answer.tokens, answer.shown)); });
     part.appendChild(list);
   }
 
-  function stepItem(step, byId, tokens) {
+  function stepItem(step, byId, tokens, shown) {
     var item = el("li", {"class": "wb-step", "data-step": step.id});
     item.appendChild(el("span", {"class": "wb-step-label"}, step.label + ": "));
     item.appendChild(el("code", {"class": "wb-equation"}, step.equation));
@@ -282,22 +331,57 @@
     var perToken = step.shape.length === 1 && step.shape[0] === tokens.length && /qk|scaled|pattern/.test(step.id);
     var width = step.shape.length === 2 ? step.shape[1] : step.values.length;
     var rows = step.shape.length === 2 ? step.shape[0] : 1;
+    var terms = el("div", {"class": "wb-terms", hidden: ""});
     for (var r = 0; r < rows; r++) {
       var line = el("div", {"class": "wb-number-row"});
       if (rows > 1 || perToken) line.appendChild(el("span", {"class": "wb-row-label"}, rows > 1 ? tokens[r] : ""));
-      for (var i = 0; i < width && i < (perToken ? width : SHOWN); i++) {
+      for (var i = 0; i < width && i < (perToken ? width : shown); i++) {
         var at = r * width + i;
         var value = step.values[at];
         var label = perToken ? tokens[i] + " " : "";
         var cell = el("span", {"class": "wb-num", tabindex: "0", "data-index": at, "data-value": String(value),
                                title: operands(step, at, byId)}, label + number(value));
+        if (step.dot && rows === 1 && at < step.dot.right.length && byId[step.dot.left]) {
+          var show = showTerms.bind(null, terms, step, at, byId, tokens);
+          cell.addEventListener("mouseenter", show);
+          cell.addEventListener("focus", show);
+        }
         line.appendChild(cell);
       }
-      if (width > SHOWN && !perToken) line.appendChild(el("span", {"class": "wb-more"}, "… (" + width + " values)"));
+      if (width > shown && !perToken) line.appendChild(el("span", {"class": "wb-more"}, "… (" + width + " values)"));
       values.appendChild(line);
     }
     item.appendChild(values);
+    item.appendChild(terms);
     return item;
+  }
+
+  /** Every term of a dot-product value j: left_i × right_i for each i, their sum, the bias, the divisor. */
+  function showTerms(box, step, j, byId, tokens) {
+    var dot = step.dot, left = byId[dot.left].values, right = dot.right[j], sum = 0;
+    while (box.firstChild) box.removeChild(box.firstChild);
+    var name = step.id === "qk" || step.id === "scaled" ? "key " + tokens[j] + " (s = " + j + ")" : "j = " + j;
+    box.appendChild(el("div", {"class": "wb-terms-head"}, step.label + ", " + name + " = (Σ_i " + byId[dot.left].label
+      + "_i × " + dot.right_name + "_i" + (dot.bias ? " + b_j" : "") + ")" + (dot.divisor !== 1 ? " / "
+      + number(dot.divisor) : "") + ": " + left.length + " terms"));
+    var table = el("table", {"class": "wb-terms-table"});
+    var header = el("tr");
+    ["i", byId[dot.left].label, dot.right_name, "product"].forEach(function (h) { header.appendChild(el("th", {}, h)); });
+    table.appendChild(header);
+    left.forEach(function (a, i) {
+      var product = a * right[i];
+      sum += product;
+      var row = el("tr", {"class": "wb-term", "data-left": String(a), "data-right": String(right[i]),
+                          "data-product": String(product)});
+      [String(i), number(a), number(right[i]), number(product)].forEach(function (t) { row.appendChild(el("td", {}, t)); });
+      table.appendChild(row);
+    });
+    box.appendChild(el("div", {"class": "wb-terms-scroll"})).appendChild(table);
+    var total = (sum + (dot.bias ? dot.bias[j] : 0)) / dot.divisor;
+    box.appendChild(el("div", {"class": "wb-terms-sum", "data-sum": String(sum), "data-value": String(total)},
+                       "Σ = " + sum + (dot.bias ? "; + b_j (" + dot.bias[j] + ")" : "") + (dot.divisor !== 1
+                         ? "; / " + dot.divisor : "") + " = " + total + "  (the hook's value: " + step.values[j] + ")"));
+    box.hidden = false;
   }
 
   /** The hover text of one number: the values it came from (same index where the operand has the same size). */
@@ -323,6 +407,7 @@
     var span = panel.offsets && panel.offsets[state.query];
     if (!span || span[0] === span[1]) { status.textContent = "choose a word token (not [CLS] or [SEP]) first"; return; }
     var target = panel.sentenceB != null && state.query >= panel.sentenceB ? pair : text;
+    if (!state.baseline) state.baseline = {text: text.value, pair: pair.value};
     target.value = target.value.slice(0, span[0]) + replacement + target.value.slice(span[1]);
     refresh();
   }
