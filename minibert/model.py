@@ -305,16 +305,20 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
+    attention = Attention  # a family whose blocks differ from BERT's in attention only swaps this (DeBERTa)
+
     def __init__(self, cfg: Config, dtype, rngs, layer: int = 0):
         """layer: this block's index; BERT's blocks are alike, a family's own Block may differ by layer."""
-        self.attn = Attention(cfg, dtype, rngs)
+        self.attn = self.attention(cfg, dtype, rngs)
         self.ln1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype, rngs)
         self.ln2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
 
-    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
+    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT, **shared):
+        """shared: the encoder-level state of a family that has some (Family.shared), for its attention."""
         resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
-        attn_out = hooks(f"{name}.hook_attn_out", self.attn(resid_pre, key_mask, hooks, f"{name}.attn", dropout))
+        attn_out = hooks(f"{name}.hook_attn_out",
+                         self.attn(resid_pre, key_mask, hooks, f"{name}.attn", dropout, **shared))
         resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
         normalized_mid = self.ln1(resid_mid, hooks, f"{name}.ln1")
         mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(normalized_mid, hooks, f"{name}.mlp"))
@@ -397,6 +401,8 @@ class Bert(nnx.Module):
             self.blocks = nnx.List([block(cfg, dtype, rngs, 0)] * cfg.num_hidden_layers)
         else:
             self.blocks = nnx.List([block(cfg, dtype, rngs, i) for i in range(cfg.num_hidden_layers)])
+        shared = cfg.family.code("shared", None)  # state every block reads (Family.shared), stored once
+        self.shared = shared(cfg, dtype, rngs) if shared is not None else None
         # A family whose heads are not BERT's (ModernBERT: a final LayerNorm, then its own heads) names its own
         # head stage (Family.head); it replaces every part below.
         family_head = cfg.family.code("head", None)
@@ -434,7 +440,8 @@ class Bert(nnx.Module):
 
     def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT) -> jax.Array:
         """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D]."""
-        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout)
+        shared = {} if self.shared is None else {"shared": self.shared}
+        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout, **shared)
 
     def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, key_mask=None) -> Output:
         """Last stage: the pooler and task head on the last hidden state [B, T, D]. key_mask (Bert.key_mask):

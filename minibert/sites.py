@@ -26,6 +26,7 @@ VARIATION_NEEDS = {  # need → (what exists on it, for docs/hooks.md; whether a
     "pooler_norm": ("ModernBERT's sequence classifiers", lambda c: c.family.head is not None and c.heads.pooler),
     "token_norm": ("ModernBERT's token classifiers",
                    lambda c: c.family.head is not None and c.heads.classifier == "token"),
+    "disentangled": ("disentangled-attention families (DeBERTa-v2/v3)", lambda c: c.family.attention == "disentangled"),
 }
 NEEDS = (*HEAD_PARTS, "token_types", "projection", *VARIATION_NEEDS)
 
@@ -102,7 +103,15 @@ SITES: tuple[Site, ...] = (
          "use", per_block=True, needs="rotary"),
     Site("attn.hook_rot_k", BSHK, "k rotated by position s (rotary)", per_block=True, needs="rotary"),
     Site("attn.hook_qk", BHTS, "q·k — raw dot products, before scaling and mask", per_block=True),
-    Site("attn.hook_attn_scores", BHTS, "q·k/√K, −inf at padding keys (TransformerLens' meaning)", per_block=True),
+    # DeBERTa's scores are three terms (families/deberta_v2_model.py), each already divided by √(K·m), m = 1 + the
+    # number of position terms; a term the config's pos_att_type omits is 0. Their sum is hook_attn_scores.
+    Site("attn.hook_c2c", BHTS, "q_t·k_s/√(K·m) — content→content", per_block=True, needs="disentangled"),
+    Site("attn.hook_c2p", BHTS, "q_t·(r W_K')[δ(t,s)]/√(K·m) — content→position, r the relative table",
+         per_block=True, needs="disentangled"),
+    Site("attn.hook_p2c", BHTS, "k_s·(r W_Q')[δ(t,s)]/√(K·m) — position→content", per_block=True,
+         needs="disentangled"),
+    Site("attn.hook_attn_scores", BHTS, "q·k/√K (DeBERTa: c2c + c2p + p2c), −inf at padding keys (TransformerLens' "
+         "meaning)", per_block=True),
     Site("attn.hook_pattern", BHTS, "softmax over S of the scores — rows sum to 1", per_block=True),
     Site("attn.hook_z", BTHK, "z = pattern · v — each head's mix of values", per_block=True),
     Site("attn.hook_result", ("B", "T", "H", "D"), "z_h W_O[h] — each head's output, before summing heads and "

@@ -18,7 +18,7 @@ from minibert.config import Config, Family
 from minibert.errors import TokenizerError
 from minibert.tokenizer import BaseTokenizer, Tokenizer, _read_json, configured_max_length, configured_special_tokens
 
-SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model")
+SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")  # spm.model: DeBERTa-v3
 
 
 def tokenizer_for(directory: str | Path, config: Config) -> BaseTokenizer:

@@ -105,6 +105,10 @@ class Family:
     # head(hidden, word_embeddings, hooks, dropout, key_mask) → model.Output. For a family whose heads are not
     # BERT's pooler / MLM / classifier (ModernBERT: a final LayerNorm, then dense → act → norm before each head).
     head: str | None = None
+    # "module:Class" of encoder-level state every block reads (DeBERTa's relative-position table): built once as
+    # Class(cfg, dtype, rngs) into model.Bert.shared, its weights stored once, and passed to each block call as
+    # block(…, shared=it).
+    shared: str | None = None
 
     def __post_init__(self):
         if self.tokenizer not in TOKENIZER_FILES:

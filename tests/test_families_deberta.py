@@ -1,0 +1,306 @@
+"""DeBERTa-v2/v3 against transformers' own classes.
+
+Tiny random models with odd sizes (D = 30, 5 heads of 6, F = 37, vocabulary 99), built with transformers,
+every weight redrawn, saved with save_pretrained and loaded by minibert; fp32. Rows of 19 tokens are longer than
+position_buckets (8), so distances land in log buckets and past the table's clamp. Compared: every layer's
+hidden state, every attention pattern, each head's logits, on padded batches, at real tokens (transformers zeroes
+padding positions' embeddings; no real token reads them), within deberta_rtol below. The three score terms are
+checked against a loop over (b, h, t, s) written from transformers' functions. Full-size configurations:
+parameter counts from shapes alone (jax.eval_shape against torch's meta device).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+import torch
+from conftest import write_vocab
+from flax import nnx
+from test_families import CORPUS, fuzz_texts, hf_rows
+from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings
+
+import minibert
+from minibert import families
+from minibert.config import Config
+from minibert.errors import ConfigError, TokenizerError
+from minibert.families import deberta_v2
+from minibert.families.deberta_v2_model import log_buckets
+from minibert.model import Bert
+from minibert.tokenizers_hf import tokenizer_for
+
+pytestmark = pytest.mark.usefixtures("deberta_registered")
+
+
+@pytest.fixture(scope="module")
+def deberta_registered():
+    """Registered for these tests whether or not families.MODULES lists it yet."""
+    registered = "deberta-v2" in families.FAMILIES
+    if not registered:
+        families.register(deberta_v2.FAMILIES[0])
+    yield
+    if not registered:
+        families.unregister("deberta-v2")
+
+
+VOCAB = 99
+PAD = 0
+LENGTH = 19  # longer than position_buckets: distances beyond ±4 go to log buckets, beyond the largest to the clamp
+# DeBERTa-v3's layout (shared keys, no absolute positions, normalised relative table, no segments) at tiny sizes.
+V3 = dict(vocab_size=VOCAB, hidden_size=30, num_hidden_layers=3, num_attention_heads=5, intermediate_size=37,
+          max_position_embeddings=64, relative_attention=True, position_buckets=8, max_relative_positions=12,
+          pos_att_type="p2c|c2p", norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
+          type_vocab_size=0, pad_token_id=PAD, layer_norm_eps=1e-7)
+# DeBERTa-v2's older layout: own position projections, absolute positions too, no buckets (distances clamped at ±6).
+V2 = dict(share_att_key=False, position_biased_input=True, norm_rel_ebd="none", position_buckets=-1,
+          max_relative_positions=6, type_vocab_size=1, hidden_act="gelu_new")
+
+
+def make_deberta(directory, suffix: str = "Model", *, seed: int = 0, scale: float = 0.3, **config):
+    """A tiny random transformers DebertaV2<suffix>, every weight redrawn (LayerNorm gains near 1), saved."""
+    import transformers
+
+    cfg = transformers.DebertaV2Config(**(V3 | config), architectures=["DebertaV2" + suffix], num_labels=3)
+    torch.manual_seed(seed)
+    model = getattr(transformers, "DebertaV2" + suffix)(cfg).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.copy_(1 + 0.2 * torch.randn_like(module.weight))
+                module.bias.copy_(scale * torch.randn_like(module.bias))
+            else:
+                for p in module.parameters(recurse=False):
+                    p.copy_(scale * torch.randn_like(p))
+    model.save_pretrained(directory)
+    write_vocab(directory, VOCAB)
+    return model
+
+
+def padded_batch(rng, batch: int, length: int = LENGTH) -> dict:
+    """Random ids, right padding; row 0 full length, the others shorter."""
+    lengths = rng.integers(2, length + 1, size=batch)
+    lengths[0] = length
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
+    return {"input_ids": np.where(mask == 1, rng.integers(5, VOCAB, size=(batch, length)), PAD),
+            "attention_mask": mask}
+
+
+def deberta_rtol(config: Config, S: int, stages: int) -> float:
+    """tolerances.forward_rtol's bound (λ·√N·u over the N roundings of both programs) with the roundings a
+    disentangled block adds to BERT's: the relative table's LayerNorm (D), its projection by W_K' and W_Q' (D
+    each) and the two position dot products q·(r W_K') and k·(r W_Q') (K each); `stages` blocks and the
+    embedding LayerNorm (one stage more for a head's reductions)."""
+    D, F, K = config.hidden_size, config.intermediate_size, config.head_dim
+    per_block = block_roundings(D, F, K, S) + 3 * D + 2 * K
+    return LAMBDA * math.sqrt(2 * stages * per_block) * U32
+
+
+def assert_deberta_parity(model, hf_model, batch):
+    """Every layer's hidden state and pattern at real query rows within deberta_rtol; returns (ours, theirs, the
+    head's tolerance)."""
+    L = model.config.num_hidden_layers
+    tol, head_tol = deberta_rtol(model.config, LENGTH, L + 1), deberta_rtol(model.config, LENGTH, L + 2)
+    out, cache = model.run_with_cache(batch, names=["hook_full_embed", "blocks.*.hook_normalized_resid_post",
+                                                    "blocks.*.attn.hook_pattern"])
+    with torch.no_grad():
+        ref = hf_model(**{k: torch.tensor(v) for k, v in batch.items()}, output_hidden_states=True,
+                       output_attentions=True)
+    real = batch["attention_mask"] > 0
+    ours = [cache["hook_full_embed"], *cache.stack("hook_normalized_resid_post")]
+    assert len(ours) == len(ref.hidden_states) == L + 1
+    for layer, (mine, theirs) in enumerate(zip(ours, ref.hidden_states)):
+        assert_close_to_scale(mine, theirs, tol, f"hidden state {layer}", where=real)
+    patterns = np.asarray(cache.stack("hook_pattern"))
+    rows = np.broadcast_to(real[:, None, :, None], patterns.shape[1:])
+    for layer, theirs in enumerate(ref.attentions):
+        assert_close_to_scale(patterns[layer], theirs, tol, f"attention {layer}", where=rows)
+    return out, ref, head_tol
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [
+    {},
+    V2,
+    dict(V2, pos_att_type=["c2p"], share_att_key=True),  # one position term: scale √(2K)
+    dict(pos_att_type="p2c", position_buckets=6, max_relative_positions=-1),  # the largest: max_position_embeddings
+], ids=["v3", "v2-own-projections", "c2p-only-shared", "p2c-only"])
+def test_deberta_encoder_parity(tmp_path, config):
+    hf_model = make_deberta(tmp_path, **config)
+    model = minibert.load(tmp_path)
+    assert model.config.model_type == "deberta-v2"
+    batch = padded_batch(np.random.default_rng(1), 3)
+    if model.config.setting("type_vocab_size"):
+        batch["token_type_ids"] = np.zeros_like(batch["input_ids"])
+    assert_deberta_parity(model, hf_model, batch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix,config", [
+    ("ForMaskedLM", {}),  # transformers' default legacy head: cls.predictions…
+    ("ForMaskedLM", dict(legacy=False)),  # lm_predictions.lm_head…
+    ("ForSequenceClassification", {}),
+    ("ForSequenceClassification", V2),
+    ("ForTokenClassification", {}),
+], ids=["mlm-legacy", "mlm", "sequence-cls", "sequence-cls-v2", "token"])
+def test_deberta_head_parity(tmp_path, suffix, config):
+    hf_model = make_deberta(tmp_path, suffix, seed=2, **config)
+    model = minibert.load(tmp_path)
+    assert model.config.architecture == "DebertaV2" + suffix
+    batch = padded_batch(np.random.default_rng(2), 4)
+    out, ref, head_tol = assert_deberta_parity(model, hf_model, batch)
+    real = batch["attention_mask"] > 0
+    assert_close_to_scale(out.logits, ref.logits.numpy(), head_tol, f"{suffix} logits",
+                          where=real if np.ndim(out.logits) == 3 else None)
+
+
+def test_log_buckets_are_transformers(tmp_path):
+    """Bucket of every distance up to ±2000 equals transformers' make_log_bucket_position, at DeBERTa-v3's
+    (256 buckets, 512) and the tiny configs' settings: the float32 ceil must land on the same integer."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    distances = np.arange(-2000, 2001)
+    for buckets, largest in ((256, 512), (8, 12), (6, 64)):
+        theirs = make_log_bucket_position(torch.tensor(distances), buckets, largest).long().numpy()
+        np.testing.assert_array_equal(log_buckets(distances, buckets, largest), theirs)
+
+
+@pytest.mark.slow
+def test_score_terms_sum_to_the_scores_and_are_what_they_say(tmp_path):
+    """attn.hook_c2c + hook_c2p + hook_p2c = hook_attn_scores at real keys (−inf at padding), and each term is, at
+    sampled (b, h, t, s), the dot product its equation names: q_t·k_s, q_t·(LN(r) W_K + b_K)[δ] and
+    k_s·(LN(r) W_Q + b_Q)[δ] over √(3K), with δ = clamp(bucket(t − s) + A) from transformers' bucket function."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    make_deberta(tmp_path, seed=4)
+    model = minibert.load(tmp_path)
+    batch = padded_batch(np.random.default_rng(5), 2)
+    names = [f"blocks.1.attn.hook_{part}" for part in ("q", "k", "c2c", "c2p", "p2c", "attn_scores")]
+    _, cache = model.run_with_cache(batch, names=names)
+    q, k, c2c, c2p, p2c, scores = (np.asarray(cache[name], np.float64) for name in names)
+    real_key = np.broadcast_to(batch["attention_mask"][:, None, None, :] > 0, scores.shape)
+    np.testing.assert_array_equal(np.isneginf(scores), ~real_key)
+    tol = deberta_rtol(model.config, LENGTH, 2)
+    assert_close_to_scale((c2c + c2p + p2c)[real_key], scores[real_key], tol, "sum of the terms")
+
+    params = model.params
+    table = np.asarray(params["shared"]["table"], np.float64)
+    ln = params["shared"]["ln"]
+    centered = table - table.mean(-1, keepdims=True)
+    r = centered / np.sqrt((centered**2).mean(-1, keepdims=True) + V3["layer_norm_eps"]) * ln["scale"] + ln["bias"]
+    attn = params["blocks"][1]["attn"]
+    pos_k = np.einsum("RD,DHK->RHK", r, attn["W_K"]) + attn["b_K"]  # share_att_key: the block's own W_K, W_Q
+    pos_q = np.einsum("RD,DHK->RHK", r, attn["W_Q"]) + attn["b_Q"]
+    A, K = V3["position_buckets"], model.config.head_dim
+    scale = math.sqrt(3 * K)
+    for b, h, t, s in [(0, 0, 0, 18), (0, 3, 17, 2), (1, 4, 5, 5), (0, 2, 9, 13), (1, 1, 1, 0)]:
+        bucket = int(make_log_bucket_position(torch.tensor(t - s), A, V3["max_relative_positions"]))
+        row = min(max(bucket + A, 0), 2 * A - 1)
+        expected = {"c2c": q[b, t, h] @ k[b, s, h], "c2p": q[b, t, h] @ pos_k[row, h],
+                    "p2c": k[b, s, h] @ pos_q[row, h]}
+        for term, value in (("c2c", c2c), ("c2p", c2p), ("p2c", p2c)):
+            assert abs(value[b, h, t, s] - expected[term] / scale) <= tol * np.abs(value).max(), (term, b, h, t, s)
+
+
+def test_stages_and_named_parameters_go_through_the_shared_table(tmp_path):
+    """The relative table is one parameter (shared.table), not one per block; embed → blocks → head (api's stages)
+    and a model rebuilt from named_parameters give run's output."""
+    make_deberta(tmp_path, "ForSequenceClassification", seed=6)
+    model = minibert.load(tmp_path)
+    names = list(model.named_parameters())
+    assert names.count("shared.table") == 1 and not [n for n in names if n.endswith(".table") and n != "shared.table"]
+    batch = padded_batch(np.random.default_rng(7), 2)
+    inputs = model.inputs(batch)
+    x = model.embed(model.state, inputs)
+    for layer in range(model.config.num_hidden_layers):
+        x = model.block(model.state, layer, x, inputs)
+    staged, whole = model.head(model.state, x).logits, model(batch).logits
+    tol = deberta_rtol(model.config, LENGTH, model.config.num_hidden_layers + 2)
+    assert_close_to_scale(staged, whole, tol, "stages vs run")
+    rebuilt = minibert.Model.from_parameters(model.config, model.named_parameters())
+    np.testing.assert_array_equal(rebuilt(batch).logits, whole)
+
+
+@pytest.mark.parametrize("change,named", [
+    (dict(conv_kernel_size=3), "conv_kernel_size"),
+    (dict(relative_attention=False), "relative_attention"),
+    (dict(norm_rel_ebd="layer_norm|other"), "norm_rel_ebd"),
+    (dict(pos_att_type="p2c|c2p|p2p"), "pos_att_type"),
+    (dict(type_vocab_size=2), "type_vocab_size"),
+    (dict(pooler_hidden_act="relu"), "pooler_hidden_act"),
+    (dict(embedding_size=20), "embedding_size"),
+])
+def test_unsupported_settings_are_refused(tmp_path, change, named):
+    make_deberta(tmp_path, num_hidden_layers=1)
+    config = json.loads((tmp_path / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=named):
+        minibert.load(tmp_path)
+
+
+FULL_SIZE = {  # microsoft/deberta-v3-base and -large, config.json's values
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+V3_RELEASED = dict(vocab_size=128100, max_position_embeddings=512, relative_attention=True, position_buckets=256,
+                   norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type="p2c|c2p", layer_norm_eps=1e-7,
+                   max_relative_positions=-1, position_biased_input=False, type_vocab_size=0)
+
+
+@pytest.mark.parametrize("size", list(FULL_SIZE))
+@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM", "ForSequenceClassification"])
+def test_full_size_parameter_counts(size, suffix):
+    import transformers
+
+    hf_config = transformers.DebertaV2Config(**FULL_SIZE[size], **V3_RELEASED, architectures=["DebertaV2" + suffix])
+    with torch.device("meta"):
+        hf_model = getattr(transformers, "DebertaV2" + suffix)(hf_config)
+    theirs = sum(p.numel() for p in hf_model.parameters())  # tied weights (the MLM decoder) counted once
+    config = Config.from_hf(hf_config.to_dict())
+    shapes = nnx.state(nnx.eval_shape(lambda: Bert(config)), nnx.Param)
+    ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+    assert ours == theirs
+
+
+def write_deberta_tokenizer(directory):
+    """A SentencePiece-style Unigram learnt here on test_families' CORPUS, handed to transformers' DebertaV2Tokenizer
+    (its normalizer, Metaspace pre-tokenizer and [CLS] A [SEP] B [SEP] template), saved as tokenizer.json."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    learner = Tokenizer(models.Unigram())
+    learner.pre_tokenizer = pre_tokenizers.Metaspace()
+    learner.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=150, special_tokens=specials,
+                                                                unk_token="[UNK]"))
+    vocab = [tuple(piece) for piece in json.loads(learner.to_str())["model"]["vocab"]]
+    tokenizer = transformers.DebertaV2Tokenizer(vocab=vocab)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def test_deberta_tokenizer_matches_transformers(tmp_path):
+    import transformers
+
+    write_deberta_tokenizer(tmp_path)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert (tmp_path / "tokenizer.json").exists() and not (tmp_path / "vocab.txt").exists()
+    ours = tokenizer_for(tmp_path, Config.from_hf(dict(V3, max_position_embeddings=512, model_type="deberta-v2")))
+    rng = np.random.default_rng(12)
+    texts, pairs = fuzz_texts(rng, 200), fuzz_texts(rng, 200)
+    for first, second in [(texts, None), (texts[:100], pairs[:100])]:
+        batch, theirs = ours(first, second), hf_rows(hf_tokenizer, first, second)
+        assert batch.input_ids.tolist() == theirs["input_ids"]
+        assert batch.attention_mask.tolist() == theirs["attention_mask"]
+        assert batch.offsets == [[tuple(span) for span in row] for row in theirs["offsets"]]
+        assert batch.word_ids == theirs["word_ids"]
+        assert batch.sequence_ids == theirs["sequence_ids"]
+    assert (ours.cls_token, ours.mask_token, ours.pad_token_id) == ("[CLS]", "[MASK]", hf_tokenizer.pad_token_id)
+
+
+def test_a_directory_with_only_spm_model_says_how_to_convert(tmp_path):
+    (tmp_path / "spm.model").write_bytes(b"\x00")  # DeBERTa-v3's SentencePiece file name
+    with pytest.raises(TokenizerError, match=r"spm\.model.*save_pretrained"):
+        tokenizer_for(tmp_path, Config.from_hf(dict(V3, model_type="deberta-v2")))
