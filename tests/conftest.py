@@ -118,6 +118,27 @@ def malicious_bin(path, marker):
     return path
 
 
+# How long a page action (goto, click, a wait_for_* condition) may take before the test fails: a guard against
+# a hang, not a speed limit. Playwright's own default of 30 s is too short for a 15 MB page inflating and drawing
+# on a loaded 2-core CI machine; every wait still ends as soon as its condition holds.
+PAGE_HANG_GUARD_MS = 180_000
+
+
+class Browser:
+    """The launched chromium, whose pages wait for their conditions up to PAGE_HANG_GUARD_MS."""
+
+    def __init__(self, launched):
+        self.launched = launched
+
+    def new_page(self, **options):
+        page = self.launched.new_page(**options)
+        page.set_default_timeout(PAGE_HANG_GUARD_MS)
+        return page
+
+    def __getattr__(self, name):  # everything else is Playwright's Browser
+        return getattr(self.launched, name)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Debian chromium driven by Playwright (the browser tests' one launch)."""
@@ -126,5 +147,5 @@ def browser():
     with sync_playwright() as p:
         launched = p.chromium.launch(executable_path="/usr/bin/chromium",
                                      args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-        yield launched
+        yield Browser(launched)
         launched.close()

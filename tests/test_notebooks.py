@@ -16,7 +16,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def executed(tmp_path, *sources: str) -> list[list[dict]]:
     """Each code cell's outputs after running the cells in a fresh kernel of this Python."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
-    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+    # The timeouts guard against a hang; each wait ends when its message arrives. nbclient's default waits only
+    # 4 s for a cell's outputs after its reply and then drops them with a log line (on a loaded CI machine the
+    # figure's display_data can come later): wait longer, and fail saying so rather than with a missing image.
+    client = nbclient.NotebookClient(notebook, timeout=300, startup_timeout=300, iopub_timeout=120,
+                                     raise_on_iopub_timeout=True, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     return [cell.outputs for cell in notebook.cells]
