@@ -39,7 +39,7 @@ def test_widget_messages_match_the_server(tiny_mlm, action, body):
 
 def test_widget_carries_the_pages_code(tiny_mlm):
     widget = viz.explore(tiny_mlm[0])
-    assert "function render(root, data)" in widget.views_js and "minibertTransport" in widget.workbench_js
+    assert "function render(root, data)" in widget.views_js and "function minibertWorkbench(" in widget.workbench_js
     assert json.loads(widget.config)["models"][0]["layers"] == tiny_mlm[0].config.num_hidden_layers
 
 
@@ -64,3 +64,68 @@ def test_step_sends_the_operands_of_its_dot_products(tiny_mlm):
         rebuilt = (np.asarray(dot["right"]) @ np.asarray(steps[dot["left"]]["values"]) + bias) / dot["divisor"]
         assert len(rebuilt) == min(len(step["values"]), max(answer["shown"], len(answer["tokens"])))
         assert_close_to_scale(rebuilt, step["values"][:len(rebuilt)], rtol, step["id"])
+
+
+# Two views of anywidget's model API (get, on/off "msg:custom", send) on one blank page, each widget's messages
+# answered by its Python widget, as the kernel would: the page needs no server and requests nothing.
+TWO_WIDGETS = """async ([esm, widgets]) => {
+  const module = await import(URL.createObjectURL(new Blob([esm], {type: "text/javascript"})));
+  widgets.forEach((values, n) => {
+    const heard = [];
+    const model = {
+      get: (name) => values[name],
+      on: (event, handler) => heard.push(handler),
+      off: (event, handler) => heard.splice(heard.indexOf(handler), 1),
+      send: (message) => window.kernel(n, message).then((answer) => heard.forEach((h) => h(answer))),
+    };
+    const el = document.createElement("div");
+    el.id = "widget-" + n;
+    document.body.append(el);
+    module.default.render({model, el});
+  });
+}"""
+
+
+def test_two_widgets_on_one_page_are_independent(browser, tiny_mlm):
+    widgets = [viz.explore(tiny_mlm[0]) for _ in range(2)]
+
+    def kernel(n: int, message: dict) -> dict:  # the widget's own message handler, its answer returned
+        sent = []
+        widgets[n].send = sent.append
+        widgets[n]._handle_custom_msg(message, [])
+        return sent[0]
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    problems = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.route("**/*", lambda route: (problems.append(route.request.url), route.abort()))  # nothing to fetch
+    page.expose_function("kernel", kernel)
+    fields = ("css", "views_js", "workbench_js", "config")
+    page.evaluate(TWO_WIDGETS, [widgets[0]._esm, [{f: getattr(w, f) for f in fields} for w in widgets]])
+
+    def settle():
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-app')].length === 2 && [...document."
+                               "querySelectorAll('.wb-app')].every(a => a.getAttribute('aria-busy') === 'false') && "
+                               "!document.querySelector('.mbv[aria-busy=true]')", polling=20)
+
+    def tokens(n: int) -> list[str]:
+        return page.eval_on_selector_all(f"#widget-{n} .wb-token", "ns => ns.map(n => n.textContent)")
+
+    settle()
+    first = tokens(1)
+    assert tokens(0) == first and len(first) > 2
+    page.fill("#widget-0 textarea", "a b c")
+    page.wait_for_function("() => document.querySelectorAll('#widget-0 .wb-token').length === 5")
+    settle()
+    page.click("#widget-0 .wb-head[data-layer='1'][data-head='2']")
+    page.wait_for_selector("#widget-0 .wb-view-side[data-side=after]")
+    settle()
+    assert tokens(0) == tiny_mlm[0].tokenize(["a b c"]).tokens[0] and tokens(1) == first
+    assert page.locator("#widget-1 .wb-head[aria-pressed=true], #widget-1 [data-side=after]").count() == 0
+    ids = page.eval_on_selector_all("[id]", "ns => ns.map(n => n.id)")
+    assert len(ids) == len(set(ids))  # every id once: each widget's under its own tag
+    page.click("#widget-1 label:has-text('Text')")  # a label focuses its own widget's field, not the first one
+    assert page.evaluate("() => document.activeElement.closest('#widget-1') !== null")
+    assert problems == []
+    page.close()

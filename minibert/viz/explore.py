@@ -490,34 +490,36 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
 
 # ---- the notebook widget ----------------------------------------------------------------------------------
 
-# The widget's front end: the workbench page's own scripts, run inside the widget's element, with the page's
-# requests sent to the kernel as messages {id, action, body} and answered with {id, answer} or {id, error}.
+# The widget's front end: the workbench page's own scripts (views.js's render, workbench.js's minibertWorkbench,
+# both read into this view alone: no globals), built inside the widget's element, with the page's requests sent
+# to the kernel as messages {id, action, body} and answered with {id, answer} or {id, error}. Each view of a
+# widget numbers its messages under its own random tag (a widget shown twice hears both views' answers) and gives
+# its elements ids under it, so any number of widgets, and views of one, live on one notebook page.
 _WIDGET_ESM = """
 function render({ model, el }) {
+  const tag = "wb" + Math.random().toString(36).slice(2, 10) + "-";
   const waiting = new Map();
   let next = 0;
-  model.on("msg:custom", (message) => {
+  const answered = (message) => {
     const pending = waiting.get(message.id);
     if (!pending) return;
     waiting.delete(message.id);
     if (message.error) pending.reject(new Error(message.error)); else pending.resolve(message.answer);
-  });
-  window.minibertTransport = (action, body) => new Promise((resolve, reject) => {
-    const id = next++;
+  };
+  model.on("msg:custom", answered);
+  const send = (action, body) => new Promise((resolve, reject) => {
+    const id = tag + next++;
     waiting.set(id, { resolve, reject });
     model.send({ id, action, body });
   });
   const style = document.createElement("style");
   style.textContent = model.get("css");
-  const config = document.createElement("script");
-  config.type = "application/json";
-  config.id = "wb-config";
-  config.textContent = model.get("config");
   const root = document.createElement("div");
-  root.id = "workbench";
-  el.append(style, config, root);
-  new Function(model.get("views_js") + "\\nwindow.minibertViews = {render: render};")();
-  new Function(model.get("workbench_js"))();
+  el.append(style, root);
+  const views = new Function(model.get("views_js") + "\\nreturn render;")();
+  const workbench = new Function(model.get("workbench_js") + "\\nreturn minibertWorkbench;")();
+  workbench(root, JSON.parse(model.get("config")), { send, render: views, prefix: tag });
+  return () => model.off("msg:custom", answered);
 }
 export default { render };
 """
@@ -530,7 +532,7 @@ def _static_text(name: str) -> str:
 def explore(model, *, max_tokens: int = MAX_TOKENS):
     """The workbench as a notebook widget (JupyterLab, Notebook 7, VS Code): the page `minibert serve` shows,
     its requests answered by this kernel with `Workbench.answer`. Needs anywidget (pip install
-    'minibert[notebook]'). One workbench per notebook page: the page's element ids are fixed."""
+    'minibert[notebook]'). A notebook page holds any number of them, each on its own."""
     try:
         import anywidget
         import traitlets

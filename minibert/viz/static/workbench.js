@@ -1,13 +1,16 @@
-/* minibert workbench page (minibert serve): text in, tokens, the views (drawn by views.js's render), the
-   outputs before and after ablating heads, and a step-through of one head. Talks only to its own server
-   (POST /api/ACTION with the token from the page's URL, docs/serve.md) or, in a notebook, to the kernel
-   (window.minibertTransport, set by explore.py's widget). User text reaches the page through textContent
-   and value only, never as markup. Every control is a button, select or input: reachable by keyboard. */
-(function () {
+/* minibert workbench (minibert serve's page, and viz.explore's widget): text in, tokens, the views (drawn by
+   views.js's render), the outputs before and after ablating heads, and a step-through of one head.
+   minibertWorkbench(app, config, options) builds one workbench inside the element `app`; everything it
+   keeps is in that call (no globals), its element ids start with options.prefix, and it finds its
+   elements through `app`: a notebook page holds as many as it likes. It talks through options.send(action,
+   body) → a promise of the answer: POST /api/ACTION to its own server on the page (the boot at the end), a
+   message to the kernel in the widget (explore.py). User text reaches the page through textContent and
+   value only, never as markup. Every control is a button, select or input: reachable by keyboard. */
+/** config: {models: [info answers], tour}; options: {send, render (views.js's render), prefix}. */
+function minibertWorkbench(app, config, options) {
   "use strict";
-  var config = JSON.parse(document.getElementById("wb-config").textContent);
-  var app = document.getElementById("workbench");
-  var token = new URLSearchParams(window.location.search).get("token") || "";
+  var prefix = options.prefix, send = options.send;
+  app.classList.add("wb-app");
   // baseline: the text and sentence B before the first token replacement since the last edit (the "before" side)
   var state = {ablate: config.models.map(function () { return []; }), query: 1, layer: 0, head: 0, timer: null,
                runs: 0, baseline: null};
@@ -17,18 +20,6 @@
     for (var name in attrs || {}) if (attrs[name] != null) node.setAttribute(name, attrs[name]);
     if (text != null) node.textContent = text;
     return node;
-  }
-
-  function send(action, body) {
-    if (window.minibertTransport) return window.minibertTransport(action, body);
-    return fetch("/api/" + action, {method: "POST", body: JSON.stringify(body),
-                                    headers: {"Content-Type": "application/json", "X-Minibert-Token": token}})
-      .then(function (response) {
-        return response.json().then(function (answer) {
-          if (!response.ok) throw new Error(answer.error || ("the server answered " + response.status));
-          return answer;
-        });
-      });
   }
 
   function number(value) {
@@ -41,18 +32,18 @@
 
   var status = el("div", {"class": "wb-status", role: "status", "aria-live": "polite"});
   var controls = el("div", {"class": "wb-controls"});
-  var textLabel = el("label", {"for": "wb-text"}, "Text");
-  var text = el("textarea", {id: "wb-text", rows: 2, maxlength: config.models[0].max_chars});
+  var textLabel = el("label", {"for": prefix + "text"}, "Text");
+  var text = el("textarea", {id: prefix + "text", rows: 2, maxlength: config.models[0].max_chars});
   text.value = "The cat sat on the mat because it was tired.";
-  var pairLabel = el("label", {"for": "wb-pair"}, "Sentence B (optional)");
-  var pair = el("input", {id: "wb-pair", type: "text", maxlength: config.models[0].max_chars});
-  var mode = select("wb-mode", "Ablation", config.models[0].ablation_modes);
-  var mixing = select("wb-mixing", "Views show", config.models[0].mixing_methods);
-  var clearButton = el("button", {id: "wb-clear", type: "button"}, "Clear ablations");
-  var maskButton = el("button", {id: "wb-mask", type: "button"}, "[MASK] the chosen token");
-  var replaceLabel = el("label", {"for": "wb-replace"}, "Replace the chosen token with");
-  var replace = el("input", {id: "wb-replace", type: "text", size: 10});
-  var replaceButton = el("button", {id: "wb-replace-go", type: "button"}, "Replace");
+  var pairLabel = el("label", {"for": prefix + "pair"}, "Sentence B (optional)");
+  var pair = el("input", {id: prefix + "pair", "class": "wb-pair", type: "text", maxlength: config.models[0].max_chars});
+  var mode = select(prefix + "mode", "Ablation", config.models[0].ablation_modes);
+  var mixing = select(prefix + "mixing", "Views show", config.models[0].mixing_methods);
+  var clearButton = el("button", {id: prefix + "clear", type: "button"}, "Clear ablations");
+  var maskButton = el("button", {id: prefix + "mask", type: "button"}, "[MASK] the chosen token");
+  var replaceLabel = el("label", {"for": prefix + "replace"}, "Replace the chosen token with");
+  var replace = el("input", {id: prefix + "replace", type: "text", size: 10});
+  var replaceButton = el("button", {id: prefix + "replace-go", type: "button"}, "Replace");
   [textLabel, text, pairLabel, pair, mode.wrap, mixing.wrap, clearButton, maskButton, replaceLabel, replace,
    replaceButton].forEach(function (node) { controls.appendChild(node); });
   app.appendChild(el("h1", {}, "minibert workbench"));
@@ -79,22 +70,22 @@
   }
 
   function modelPanel(info, n) {
-    var column = el("div", {"class": "wb-column", id: "wb-model-" + n});
+    var column = el("div", {"class": "wb-column", id: prefix + "model-" + n});
     column.appendChild(el("div", {"class": "wb-model-name"}, info.architecture + " · " + info.model));
     columns.appendChild(column);
     var panel = {info: info, n: n};
-    panel.tokens = section(column, "Tokens", "wb-tokens-" + n);
-    panel.heads = section(column, "Heads (click to ablate)", "wb-heads-" + n);
-    panel.outputs = section(column, "Outputs", "wb-outputs-" + n);
-    panel.step = section(column, "Step through one head", "wb-step-" + n);
-    panel.views = section(column, "Views", "wb-views-" + n);
+    panel.tokens = section(column, "Tokens", prefix + "tokens-" + n);
+    panel.heads = section(column, "Heads (click to ablate)", prefix + "heads-" + n);
+    panel.outputs = section(column, "Outputs", prefix + "outputs-" + n);
+    panel.step = section(column, "Step through one head", prefix + "step-" + n);
+    panel.views = section(column, "Views", prefix + "views-" + n);
     panel.headButtons = [];
     var grid = el("div", {"class": "wb-grid", role: "group", "aria-label": "heads of model " + n});
     grid.style.gridTemplateColumns = "repeat(" + info.heads + ", max-content)";  // one row per layer
     for (var layer = 0; layer < info.layers; layer++) {
       for (var head = 0; head < info.heads; head++) {
         var button = el("button", {type: "button", "class": "wb-head", "data-layer": layer, "data-head": head,
-                                   id: "wb-head-" + n + "-" + layer + "-" + head,
+                                   id: prefix + "head-" + n + "-" + layer + "-" + head,
                                    "aria-pressed": "false",
                                    title: "layer " + layer + ", head " + head + " (0-indexed): click to ablate"},
                         (layer + 1) + "-" + (head + 1));
@@ -129,7 +120,7 @@
     clearTimeout(state.timer);
     state.timer = null;
     var ticket = ++state.runs;
-    var focused = document.activeElement && document.activeElement.id;  // redrawn controls get focus back
+    var focused = app.contains(document.activeElement) && document.activeElement.id;  // redrawn ones get it back
     app.setAttribute("aria-busy", "true");
     var work = panels.map(function (panel) {
       return send("run", body(panel.n)).then(function (answer) {
@@ -146,7 +137,7 @@
     Promise.all(work).then(function () {
       if (ticket !== state.runs) return;
       status.textContent = "";
-      var again = focused && document.getElementById(focused);
+      var again = focused && app.querySelector("#" + focused);
       if (again && !app.contains(document.activeElement)) again.focus();
       app.setAttribute("aria-busy", "false");
     }, function (error) {
@@ -213,7 +204,7 @@
     var row = el("div", {"class": "wb-token-row", role: "group", "aria-label": "tokens"});
     answer.tokens.forEach(function (tokenText, i) {
       var button = el("button", {type: "button", "class": "wb-token" + (i === state.query ? " wb-chosen" : ""),
-                                 id: "wb-token-" + panel.n + "-" + i, "data-index": i, "aria-pressed": String(i === state.query),
+                                 id: prefix + "token-" + panel.n + "-" + i, "data-index": i, "aria-pressed": String(i === state.query),
                                  title: "position " + i + ": click to step through it as the query"}, tokenText);
       if (answer.sentence_b_start != null && i >= answer.sentence_b_start) button.classList.add("wb-b");
       button.addEventListener("click", function () { state.query = i; refresh(); });
@@ -284,7 +275,7 @@
       Object.keys(side.views).forEach(function (kind) {
         var root = el("div", {"class": "mbv mbv-light wb-view", "data-mbv-kind": kind});
         column.appendChild(root);
-        window.minibertViews.render(root, side.views[kind]);
+        options.render(root, side.views[kind]);
       });
       row.appendChild(column);
     });
@@ -305,8 +296,8 @@
     var layers = [], heads = [];
     for (var l = 0; l < panel.info.layers; l++) layers.push(String(l));
     for (var h = 0; h < panel.info.heads; h++) heads.push(String(h));
-    var layer = select("wb-step-layer-" + panel.n, "Layer (0-indexed)", layers);
-    var head = select("wb-step-head-" + panel.n, "Head", heads);
+    var layer = select(prefix + "step-layer-" + panel.n, "Layer (0-indexed)", layers);
+    var head = select(prefix + "step-head-" + panel.n, "Head", heads);
     layer.node.value = String(answer.layer);
     head.node.value = String(answer.head);
     layer.node.addEventListener("change", function () { state.layer = Number(layer.node.value); refresh(); });
@@ -423,30 +414,30 @@
   // ---- the tour (tutorial 1, "One head by hand", on the student's own sentence) -------------------------
 
   var TOUR = [
-    ["wb-text", "Type any sentence. Everything below is recomputed from it, live."],
-    ["wb-tokens-0", "The tokenizer cuts it into tokens; [CLS] and [SEP] are added. Click a token: it becomes the " +
+    ["text", "Type any sentence. Everything below is recomputed from it, live."],
+    ["tokens-0", "The tokenizer cuts it into tokens; [CLS] and [SEP] are added. Click a token: it becomes the " +
      "query whose computation the step-through shows."],
-    ["wb-step-0", "One head by hand: the block input x gives q = xW_Q + b_Q, k and v the same way, for this layer " +
+    ["step-0", "One head by hand: the block input x gives q = xW_Q + b_Q, k and v the same way, for this layer " +
      "and head. Hover a number to see what it came from."],
-    ["wb-step-0", "q·k for every key, divided by √K, masked, then the softmax: the attention pattern, a row " +
+    ["step-0", "q·k for every key, divided by √K, masked, then the softmax: the attention pattern, a row " +
      "summing to 1. z = Σ α_s v_s mixes the values."],
-    ["wb-step-0", "Every head's z goes through W_O; their sum plus b_O is added to the residual stream, then " +
+    ["step-0", "Every head's z goes through W_O; their sum plus b_O is added to the residual stream, then " +
      "LayerNorm, the FFN, another residual and LayerNorm: the block's output."],
-    ["wb-views-0", "The head view draws the same patterns as lines; the model view shows every head at once."],
-    ["wb-heads-0", "Now intervene: click a head to ablate it and watch the outputs change, before vs after."]
+    ["views-0", "The head view draws the same patterns as lines; the model view shows every head at once."],
+    ["heads-0", "Now intervene: click a head to ablate it and watch the outputs change, before vs after."]
   ];
 
   function tour() {
     var box = el("div", {"class": "wb-tour", role: "dialog", "aria-label": "guided tour"});
     var says = el("p", {"aria-live": "polite"});
-    var back = el("button", {type: "button", id: "wb-tour-back"}, "Back");
-    var next = el("button", {type: "button", id: "wb-tour-next"}, "Next");
-    var close = el("button", {type: "button", id: "wb-tour-close"}, "Close the tour");
+    var back = el("button", {type: "button", id: prefix + "tour-back"}, "Back");
+    var next = el("button", {type: "button", id: prefix + "tour-next"}, "Next");
+    var close = el("button", {type: "button", id: prefix + "tour-close"}, "Close the tour");
     var at = 0;
     function show() {
       says.textContent = (at + 1) + "/" + TOUR.length + ": " + TOUR[at][1];
-      document.querySelectorAll(".wb-spotlight").forEach(function (n) { n.classList.remove("wb-spotlight"); });
-      var target = document.getElementById(TOUR[at][0]);
+      app.querySelectorAll(".wb-spotlight").forEach(function (n) { n.classList.remove("wb-spotlight"); });
+      var target = app.querySelector("#" + prefix + TOUR[at][0]);
       if (target) { target.classList.add("wb-spotlight"); target.scrollIntoView({block: "nearest"}); }
     }
     back.addEventListener("click", function () { at = Math.max(0, at - 1); show(); });
@@ -457,6 +448,28 @@
     show();
   }
 
-  if (config.tour || new URLSearchParams(window.location.search).get("tour")) tour();
+  if (config.tour) tour();
   refresh();
-})();
+}
+
+// The served page: one workbench in #workbench, its config in #wb-config, requests to its own server with the
+// token from the page's URL. (The widget has no #wb-config: it calls minibertWorkbench itself.)
+if (document.getElementById("wb-config")) {
+  (function () {
+    var query = new URLSearchParams(window.location.search), token = query.get("token") || "";
+    var config = JSON.parse(document.getElementById("wb-config").textContent);
+    config.tour = config.tour || Boolean(query.get("tour"));
+    function send(action, body) {
+      return fetch("/api/" + action, {method: "POST", body: JSON.stringify(body),
+                                      headers: {"Content-Type": "application/json", "X-Minibert-Token": token}})
+        .then(function (response) {
+          return response.json().then(function (answer) {
+            if (!response.ok) throw new Error(answer.error || ("the server answered " + response.status));
+            return answer;
+          });
+        });
+    }
+    minibertWorkbench(document.getElementById("workbench"), config,
+                      {send: send, render: window.minibertViews.render, prefix: "wb-"});
+  })();
+}
