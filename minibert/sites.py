@@ -23,12 +23,30 @@ VARIATION_NEEDS = {  # need → (what exists on it, for docs/hooks.md; whether a
     "rotary": ("rotary families (ModernBERT)", lambda c: c.family.positions == "rotary"),
     "glu": ("gated-MLP families (ModernBERT)", lambda c: c.family.mlp == "glu"),
     "pre_norm": ("pre-LN families (ModernBERT)", lambda c: c.family.norm == "pre"),
+    "post_norm": ("post-LN families (all but ModernBERT)", lambda c: c.family.norm == "post"),
+    "position_table": ("families with a position table (all but ModernBERT)", lambda c: c.family.positions == "table"),
     "pooler_norm": ("ModernBERT's sequence classifiers", lambda c: c.family.head is not None and c.heads.pooler),
     "token_norm": ("ModernBERT's token classifiers",
                    lambda c: c.family.head is not None and c.heads.classifier == "token"),
     "disentangled": ("disentangled-attention families (DeBERTa-v2/v3)", lambda c: c.family.attention == "disentangled"),
 }
-NEEDS = (*HEAD_PARTS, "token_types", "projection", *VARIATION_NEEDS)
+# Needs that differ between the blocks of one model: need → (where the site exists, for docs/hooks.md; whether
+# block `layer` of a config has it).
+BLOCK_NEEDS = {
+    "first_ln1": ("every block but ModernBERT's block 0 (its embeddings end with a LayerNorm)",
+                  lambda c, layer: layer != 0 or c.family.first_ln1),
+}
+NEEDS = (*HEAD_PARTS, "token_types", "projection", *VARIATION_NEEDS, *BLOCK_NEEDS)
+# The order in which a block runs its sites, by the family's norm (Family.norm), as groups: a per-block site is in
+# the group of its first name part ("attn.hook_q" → "attn", "ln1.hook_scale" → "ln1") or else of its name. Within
+# a group, SITES' order. Post-LN (BERT): ln1 after attention, ln2 on the block's output; pre-LN (TransformerLens'
+# meanings): ln1 before attention, ln2 before the MLP.
+BLOCK_ORDER = {
+    "post": ("hook_resid_pre", "attn", "hook_attn_out", "hook_resid_mid", "ln1", "mlp", "hook_mlp_out",
+             "hook_resid_post", "ln2", "hook_normalized_resid_post"),
+    "pre": ("hook_resid_pre", "ln1", "attn", "hook_attn_out", "hook_resid_mid", "ln2", "mlp", "hook_mlp_out",
+            "hook_resid_post"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +73,12 @@ class Site:
         """"[B, T, H, K]", or both forms: "[B, C] or [B, T, C]"."""
         return " or ".join(f"[{', '.join(shape)}]" for shape in self.shapes)
 
-    def exists_in(self, config: Config) -> bool:
-        """Whether a model with this config has the site."""
+    def exists_in(self, config: Config, layer: int | None = None) -> bool:
+        """Whether a model with this config has the site (a per-block site: in block `layer`; None: in some)."""
         if self.needs is None:
             return True
+        if self.needs in BLOCK_NEEDS:
+            return layer is None or BLOCK_NEEDS[self.needs][1](config, layer)
         if self.needs == "token_types":
             return config.family.token_types
         if self.needs == "projection":
@@ -69,14 +89,14 @@ class Site:
 
 
 def _layernorm(prefix: str, width: str, *, per_block: bool = False, needs: str | None = None,
-               out: str | None = None) -> tuple[Site, ...]:
-    """The three sites of one layernorm over `width`-wide vectors; `out` names its output where that is not
-    <prefix>.hook_out (the MLM head's, TransformerLens' unembed.hook_in)."""
+               out: str | None = None, rows: tuple[str, ...] = ("B", "T")) -> tuple[Site, ...]:
+    """The three sites of one layernorm over `width`-wide vectors, one per `rows` (a pooled vector: ("B",));
+    `out` names its output where that is not <prefix>.hook_out (the MLM head's, TransformerLens' unembed.hook_in)."""
     return (
-        Site(f"{prefix}.hook_scale", ("B", "T", "1"), "σ = sqrt(mean((x − μ)²) + eps)", per_block, needs),
-        Site(f"{prefix}.hook_normalized", ("B", "T", width),
+        Site(f"{prefix}.hook_scale", (*rows, "1"), "σ = sqrt(mean((x − μ)²) + eps)", per_block, needs),
+        Site(f"{prefix}.hook_normalized", (*rows, width),
              "(x − μ)/σ — before gain and bias (TransformerLens' meaning)", per_block, needs),
-        Site(out or f"{prefix}.hook_out", ("B", "T", width), "(x − μ)/σ · γ + β — the layernorm's output",
+        Site(out or f"{prefix}.hook_out", (*rows, width), "(x − μ)/σ · γ + β — the layernorm's output",
              per_block, needs),
     )
 
@@ -84,11 +104,12 @@ def _layernorm(prefix: str, width: str, *, per_block: bool = False, needs: str |
 BTD, BTE, BTHK, BSHK, BHTS = ("B", "T", "D"), ("B", "T", "E"), ("B", "T", "H", "K"), ("B", "S", "H", "K"), \
     ("B", "H", "T", "S")
 
-# In forward order: the embeddings, one block, then the heads.
+# In forward order: the embeddings, one post-LN block (BLOCK_ORDER orders a pre-LN one), then the heads in the
+# order the head stage runs them (the pooler before the heads that read it).
 SITES: tuple[Site, ...] = (
     Site("embed.hook_embed", BTE, "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
     Site("embed.hook_pos_embed", BTE, "W_pos[positions] — absolute position embeddings: rows 0…T−1 (RoBERTa's from "
-         "pad_token_id + 1), or the position_ids given"),
+         "pad_token_id + 1), or the position_ids given", needs="position_table"),
     Site("embed.hook_token_type_embed", BTE, "W_type[token_type_ids] — segment embeddings", needs="token_types"),
     *_layernorm("embed.ln", "E"),
     Site("embed.hook_project", BTD, "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
@@ -118,28 +139,29 @@ SITES: tuple[Site, ...] = (
          "adding b_O", per_block=True),
     Site("hook_attn_out", BTD, "Σ_h z_h W_O[h] + b_O", per_block=True),
     Site("hook_resid_mid", BTD, "x + attn_out", per_block=True),
-    *_layernorm("ln1", "D", per_block=True),
-    Site("mlp.hook_pre", ("B", "T", "F"), "ln1 W_in + b_in (GeGLU: the half that goes through the activation)",
-         per_block=True),
+    *_layernorm("ln1", "D", per_block=True, needs="first_ln1"),  # post-LN: after attention; pre-LN: before it
+    Site("mlp.hook_pre", ("B", "T", "F"), "x W_in + b_in, x the normalised MLP input (ln1 post-LN, ln2 pre-LN; "
+         "GeGLU: the half that goes through the activation)", per_block=True),
     Site("mlp.hook_pre_linear", ("B", "T", "F"), "ln2 W_in[:, 1] (+ b) — GeGLU's linear half; post = act(pre) ⊙ "
          "pre_linear", per_block=True, needs="glu"),
     Site("mlp.hook_post", ("B", "T", "F"), "act(pre) (gelu, gelu_new or relu, per config)", per_block=True),
     Site("hook_mlp_out", BTD, "post W_out + b_out", per_block=True),
-    Site("hook_resid_post", BTD, "ln1 + mlp_out", per_block=True),
-    *_layernorm("ln2", "D", per_block=True),
-    Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output", per_block=True),
+    Site("hook_resid_post", BTD, "ln1 + mlp_out (pre-LN: resid_mid + mlp_out, the block's output)", per_block=True),
+    *_layernorm("ln2", "D", per_block=True),  # post-LN: on the block's output; pre-LN: before the MLP
+    Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output", per_block=True,
+         needs="post_norm"),
     *_layernorm("ln_final", "D", needs="pre_norm"),  # pre-LN: after the last block; its output is last_hidden_state
-    Site("discriminator.hook_logits", ("B", "T"), "act(h W + b) · w + c — ELECTRA's replaced-token logits",
-         needs="discriminator"),
+    *_layernorm("pooler.ln", "D", needs="pooler_norm", rows=("B",)),  # on the pooled vector
+    Site("pooler.hook_pooler_out", ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
+         "for DistilBERT's sequence classifiers)", needs="pooler"),
     *_layernorm("mlm_head.ln", "E", needs="mlm", out="unembed.hook_in"),
     Site("unembed.hook_out", ("B", "T", "V"), "unembed.hook_in W_Eᵀ + bias — masked-LM logits", needs="mlm"),
     Site("nsp_head.hook_nsp_out", ("B", "2"), "pooled W + b — next-sentence logits", needs="nsp"),
-    *_layernorm("pooler.ln", "D", needs="pooler_norm"),
-    Site("pooler.hook_pooler_out", ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
-         "for DistilBERT's sequence classifiers)", needs="pooler"),
     *_layernorm("classifier.ln", "D", needs="token_norm"),
     Site("classifier.hook_logits", ("B", "C"), "pooled W + b (sequence) or h W + b (token classification)",
          needs="classifier", other_axes=("B", "T", "C")),
+    Site("discriminator.hook_logits", ("B", "T"), "act(h W + b) · w + c — ELECTRA's replaced-token logits",
+         needs="discriminator"),
 )
 _BY_NAME = {site.name: site for site in SITES}
 
@@ -189,13 +211,27 @@ def site_axes(name: str, ndim: int | None = None) -> list[str]:
     return list(next((shape for shape in shapes if len(shape) == ndim), shapes[0]))
 
 
+def _block_group(name: str) -> str:
+    """The BLOCK_ORDER group of a per-block site: "attn.hook_q" → "attn", "hook_mlp_out" → "hook_mlp_out"."""
+    return name.split(".")[0] if "." in name else name
+
+
+def block_sites(config: Config, layer: int) -> list[Site]:
+    """The sites of block `layer` of a model with this config, in the order the block runs them."""
+    order = BLOCK_ORDER[config.family.norm]
+    present = [entry for entry in SITES if entry.per_block and entry.exists_in(config, layer)]
+    unordered = [entry.name for entry in present if _block_group(entry.name) not in order]
+    if unordered:
+        raise ValueError(f"sites {unordered} have no place in BLOCK_ORDER[{config.family.norm!r}]; add their group.")
+    return sorted(present, key=lambda entry: order.index(_block_group(entry.name)))
+
+
 def hook_names(config: Config) -> list[str]:
-    """Every hook name of a model with this config, from the table: the embeddings, each block's sites block
-    by block, then the heads (in the table's order; a model's own order among its heads may differ)."""
+    """Every hook name of a model with this config, from the table, in the order its forward pass runs them: the
+    embeddings, each block's sites block by block (block_sites), then the final norm and heads."""
     present = [entry for entry in SITES if entry.exists_in(config)]
-    blocks = [f"blocks.{i}.{entry.name}" for i in range(config.num_hidden_layers) for entry in present
-              if entry.per_block]
     first_block = next(i for i, entry in enumerate(present) if entry.per_block)
+    blocks = [f"blocks.{i}.{entry.name}" for i in range(config.num_hidden_layers) for entry in block_sites(config, i)]
     return ([entry.name for entry in present[:first_block]] + blocks
             + [entry.name for entry in present[first_block:] if not entry.per_block])
 
@@ -227,6 +263,8 @@ def _exists_on(needs: str | None) -> str:
         return "ELECTRA, ALBERT (projected embeddings)"
     if needs in VARIATION_NEEDS:
         return VARIATION_NEEDS[needs][0]
+    if needs in BLOCK_NEEDS:
+        return BLOCK_NEEDS[needs][0]
     return {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
             "classifier": "a classifier", "discriminator": "ELECTRA's discriminator"}[needs]
 
@@ -248,6 +286,9 @@ def hooks_page() -> str:
         f"`nsp_head.*` on {on('nsp')}; `discriminator.*` on {on('discriminator')}; `classifier.*` on "
         f"{on('classifier')}. `embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in "
         f"{projecting}.",
+        "The table lists a post-LN block (BERT) in its order. A pre-LN block (ModernBERT) runs ln1 before attention "
+        "and ln2 before the MLP, has no hook_normalized_resid_post (its blocks end at hook_resid_post), and "
+        "ln_final follows the last block; `model.hook_names` gives each model's own order.",
         "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
         "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
     ]

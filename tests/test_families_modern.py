@@ -23,28 +23,11 @@ from test_families import CORPUS, fuzz_texts, hf_rows
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import families
 from minibert.config import Config
 from minibert.errors import AnalysisError, ConfigError, InputError
-from minibert.families import modernbert
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
 from minibert.model import Bert
 from minibert.tokenizers_hf import tokenizer_for
-
-# ModernBERT is registered here, for these tests, until the hook-site table (minibert/sites.py) knows its
-# pre-LN, rotary and GeGLU sites; then "modernbert" joins families.MODULES.
-pytestmark = pytest.mark.usefixtures("modernbert_registered")
-
-
-@pytest.fixture(scope="module")
-def modernbert_registered():
-    registered = "modernbert" in families.FAMILIES
-    if not registered:
-        families.register(modernbert.FAMILIES[0])
-    yield
-    if not registered:
-        families.unregister("modernbert")
-
 
 VOCAB = 99
 PAD = 0

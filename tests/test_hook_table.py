@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 
 from minibert import BertConfig, Model
@@ -14,10 +15,19 @@ from minibert.config import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES
 from minibert.sites import SITES, Site, all_hook_names, hook_names, site, site_axes, site_doc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
-# Distinct sizes so every axis letter maps to one number (hook_sites traces a 2 × 3 batch); E is D's 20
-# unless the family projects the embeddings.
-SIZES = {"B": 2, "T": 3, "S": 3, "H": 4, "K": 5, "D": 20, "E": 20, "F": 7, "V": 11, "C": 3, "1": 1, "2": 2}
+# Distinct sizes so every axis letter maps to one number (hook_sites traces a 2 × 3 batch); E is D's 24
+# unless the family projects the embeddings. K is even: rotary families rotate pairs of dimensions.
+SIZES = {"B": 2, "T": 3, "S": 3, "H": 4, "K": 6, "D": 24, "E": 24, "F": 7, "V": 11, "C": 3, "1": 1, "2": 2}
 PROJECTED_E = 9
+
+
+def tiny_config(architecture: str, layers: int = 2) -> BertConfig:
+    """A tiny config of any registered architecture at SIZES (projected embeddings where the family has them)."""
+    projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
+    return BertConfig(vocab_size=SIZES["V"], hidden_size=SIZES["D"], num_hidden_layers=layers,
+                      num_attention_heads=SIZES["H"], intermediate_size=SIZES["F"], max_position_embeddings=8,
+                      architecture=architecture, id2label=("a", "b", "c"),
+                      embedding_size=PROJECTED_E if projects else None)
 
 
 def test_docs_table_is_what_the_code_generates(tmp_path):
@@ -28,10 +38,7 @@ def test_docs_table_is_what_the_code_generates(tmp_path):
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_documented_axes_match_traced_shapes(architecture):
-    projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
-    cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=2, num_attention_heads=4, intermediate_size=7,
-                     max_position_embeddings=8, architecture=architecture, id2label=("a", "b", "c"),
-                     embedding_size=PROJECTED_E if projects else None)
+    cfg = tiny_config(architecture)
     sizes = SIZES | {"E": cfg.embed_dim}
     documented = set(all_hook_names())
     for name, (shape, _) in Model(cfg).hook_sites.items():
@@ -51,28 +58,41 @@ def test_documented_names_keep_every_models_forward_order():
     encoder = [n for n in documented if not n.startswith(heads)]
     assert documented[:len(encoder)] == encoder
     for architecture in ARCHITECTURES:
-        projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
-        cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=1, num_attention_heads=4,
-                         intermediate_size=7, max_position_embeddings=8, architecture=architecture,
-                         embedding_size=PROJECTED_E if projects else None)
-        names = [n for n in Model(cfg).hook_names if not n.startswith(heads)]
+        if tiny_config(architecture).family.norm != "post":
+            continue  # a pre-LN block runs ln1 and ln2 elsewhere (sites.BLOCK_ORDER; checked below)
+        names = [n for n in Model(tiny_config(architecture, 1)).hook_names if not n.startswith(heads)]
         assert sorted(names, key=documented.index) == names, architecture
     assert documented.index("embed.ln.hook_out") + 1 == documented.index("embed.hook_project")
     assert documented.index("embed.hook_project") + 1 == documented.index("hook_full_embed")
 
 
+class CallOrder:
+    """Hooks that watch every site (so attention takes its explicit path) and write down each call, in order."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def __call__(self, name, value):
+        self.names.append(name)
+        return value
+
+    def active(self, name):
+        return True
+
+
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_the_table_knows_which_sites_each_model_has(architecture):
-    """The names the table derives for a config are the names the traced forward passes through: the same set,
-    the encoder's in the same order (a model's heads may run in another order than the table lists them)."""
-    projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
-    cfg = BertConfig(vocab_size=11, hidden_size=20, num_hidden_layers=2, num_attention_heads=4, intermediate_size=7,
-                     max_position_embeddings=8, architecture=architecture, id2label=("a", "b", "c"),
-                     embedding_size=PROJECTED_E if projects else None)
-    traced, derived = Model(cfg).hook_names, hook_names(cfg)
-    assert set(derived) == set(traced)
-    encoder = lambda names: [n for n in names if n.startswith(("embed.", "hook_full_embed", "blocks."))]  # noqa: E731
-    assert encoder(derived) == encoder(traced)
+def test_the_table_lists_each_models_sites_in_the_order_its_forward_runs_them(architecture):
+    """For every registered family and head, sites.hook_names(config) is the list of hook calls of a real
+    forward pass (eager, every site watched), in the same order: ModernBERT's pre-LN blocks (ln1 before
+    attention and none in block 0, ln2 before the MLP, ln_final), its rotary and GeGLU sites, BERT's post-LN
+    ones, and every head."""
+    cfg = tiny_config(architecture, layers=3)
+    model = Model(cfg)
+    calls = CallOrder()
+    ids = jnp.ones((SIZES["B"], SIZES["T"]), jnp.int32)
+    model.module(ids, jnp.zeros_like(ids), ids, calls)
+    assert hook_names(cfg) == calls.names
+    assert model.hook_names == calls.names  # what run_with_hooks and the analyses resolve names against
 
 
 def test_sites_with_two_forms_pick_by_rank_and_unknown_names_are_named():

@@ -92,6 +92,9 @@ class Family:
     pretraining: Heads | None = None  # what <prefix>ForPreTraining puts on top, if the family has one
     # The variations of VARIATIONS this family computes. Any but BERT's needs the family's own code:
     norm: str = "post"
+    # Pre-LN: whether block 0 normalises its attention input (ln1). ModernBERT's embeddings end with a LayerNorm,
+    # so its block 0 has none; model code, key table and hook table (minibert.sites) read this.
+    first_ln1: bool = True
     positions: str = "table"
     mlp: str = "dense"
     attention: str = "full"

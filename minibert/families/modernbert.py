@@ -116,7 +116,7 @@ def key_table(cfg: Config) -> dict[str, Rule]:
     table |= norm("embeddings.norm", "embed.ln", D, norm_bias)
     for i in range(cfg.num_hidden_layers):
         hf, ours = f"layers.{i}", f"blocks.{i}"
-        if i:  # layer 0's attention norm is the identity (the embeddings end with a norm)
+        if i or cfg.family.first_ln1:  # layer 0's attention norm is the identity (the embeddings end with a norm)
             table |= norm(f"{hf}.attn_norm", f"{ours}.ln1", D, norm_bias)
         table |= dense(f"{hf}.attn.Wqkv", f"{ours}.attn.W_QKV", f"{ours}.attn.b_QKV", (3 * D, D), to_CDHK, to_CHK,
                        attention_bias)
@@ -152,5 +152,5 @@ FAMILIES = (Family(
     key_table=key_table,
     tokenizer="bpe",
     token_types=False, base_pooler=False,
-    norm="pre", positions="rotary", mlp="glu", attention="local_global",
+    norm="pre", first_ln1=False, positions="rotary", mlp="glu", attention="local_global",
     block=f"{CODE}:ModernBlock", embeddings=f"{CODE}:ModernEmbeddings", head=f"{CODE}:ModernHead"),)

@@ -127,10 +127,10 @@ class GeGLU(nnx.Module):
 
 
 class ModernBlock(nnx.Module):
-    """x + Attn(ln1(x)), then + MLP(ln2(·)); layer 0 has no ln1."""
+    """x + Attn(ln1(x)), then + MLP(ln2(·)); layer 0 has no ln1 (Family.first_ln1)."""
 
     def __init__(self, cfg: Config, dtype, rngs, layer: int):
-        self.ln1 = norm(cfg, dtype) if layer else None
+        self.ln1 = norm(cfg, dtype) if layer or cfg.family.first_ln1 else None
         self.attn = ModernAttention(cfg, dtype, rngs, layer)
         self.ln2 = norm(cfg, dtype)
         self.mlp = GeGLU(cfg, dtype, rngs)
