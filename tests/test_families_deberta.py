@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import jax
 import numpy as np
@@ -304,3 +305,49 @@ def test_a_directory_with_only_spm_model_says_how_to_convert(tmp_path):
     (tmp_path / "spm.model").write_bytes(b"\x00")  # DeBERTa-v3's SentencePiece file name
     with pytest.raises(TokenizerError, match=r"spm\.model.*save_pretrained"):
         tokenizer_for(tmp_path, Config.from_hf(dict(V3, model_type="deberta-v2")))
+
+
+def unpacked(packed: dict) -> np.ndarray:
+    """The layers of one float32 array a view embeds ([L, ...]), decoded as viz._html packs them."""
+    import base64
+    import zlib
+
+    layers = [np.frombuffer(zlib.decompress(base64.b64decode(layer)), np.uint8).reshape(4, -1).T.copy().view("<f4")
+              for layer in packed["layers"]]
+    return np.stack([layer.reshape(packed["shape"]) for layer in layers])
+
+
+@pytest.mark.slow
+def test_neuron_view_shows_the_three_terms(tmp_path, browser):
+    """viz.document of a DeBERTa model keeps attn.hook_c2c/c2p/p2c; its neuron view embeds them exactly (float32),
+    their sum's softmax is the model's pattern (so the pattern is not carried), and the page shows each term's
+    column, their sum as the scores and its softmax for the query."""
+    from test_views import Loaded, page_of, shown_column
+
+    from minibert import viz
+
+    make_deberta(tmp_path, seed=8)
+    model = minibert.load(tmp_path)
+    doc = viz.document(model, "abc def ghi jkl mno pqr stu vwx")
+    names = [f"blocks.*.attn.hook_{part}" for part in ("c2c", "c2p", "p2c", "pattern")]
+    _, cache = model.run_with_cache(model.tokenize(["abc def ghi jkl mno pqr stu vwx"]), names=names)
+    layer, head, query = 1, 2, 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # softmax(c2c + c2p + p2c) is the pattern: no mismatch warning
+        view = doc.neuron_view(layer=layer, head=head, query_index=query)
+    assert "attention" not in view.data["arrays"] and view.data["meta"]["terms"] == ["c2c", "c2p", "p2c"]
+    for term in ("c2c", "c2p", "p2c"):
+        hooked = np.asarray(cache.stack(f"hook_{term}"))[:, 0]  # [L, H, T, S]
+        np.testing.assert_array_equal(unpacked(view.data["arrays"][term]), hooked)
+    page = Loaded(browser, content=page_of(view))
+    page.settle()
+    terms = [np.asarray(cache.stack(f"hook_{term}"))[layer, 0, head, query].astype(np.float64)
+             for term in ("c2c", "c2p", "p2c")]
+    for term, row in zip(("c2c", "c2p", "p2c"), terms):
+        np.testing.assert_array_equal(shown_column(page.page, term), row)
+    scores = sum(terms)  # the page adds the three float32 values in float64: 2 roundings of 2⁻⁵³ each
+    np.testing.assert_allclose(shown_column(page.page, "scaled"), scores, rtol=0,
+                               atol=2 * np.finfo(np.float64).eps * np.abs(terms).sum(axis=0).max())
+    pattern = np.asarray(cache.stack("hook_pattern"))[layer, 0, head, query]
+    np.testing.assert_allclose(shown_column(page.page, "softmax"), pattern, rtol=0, atol=viz.views.SOFTMAX_TOLERANCE)
+    assert page.problems == []

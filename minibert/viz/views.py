@@ -105,16 +105,33 @@ def neuron_softmax(scaled: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-def _softmax_gap(q: np.ndarray, k: np.ndarray, attention: np.ndarray) -> float:
-    """Largest |softmax(q·k/√K) − attention| over all entries: q, k [L, T, H, K], attention [L, H, T, S]."""
-    scaled = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(q.shape[-1])
-    return float(np.abs(neuron_softmax(scaled) - attention).max())
+def _softmax_gap(scores: np.ndarray, attention: np.ndarray) -> float:
+    """Largest |softmax(scores) − attention| over all entries, both [L, H, T, S]."""
+    return float(np.abs(neuron_softmax(scores) - attention).max())
+
+
+TERMS = ("c2c", "c2p", "p2c")  # DeBERTa's score terms (attn.hook_c2c, hook_c2p, hook_p2c), in the page's order
+
+
+def _score_terms(terms, attention: np.ndarray) -> dict[str, np.ndarray] | None:
+    """DeBERTa's terms {c2c, c2p, p2c}, each [L, H, T, S] like attention (float64), or None."""
+    if terms is None:
+        return None
+    if set(terms) != set(TERMS):
+        raise _check.VizError(f"terms must hold {', '.join(TERMS)} (DeBERTa's attn.hook_c2c, hook_c2p, hook_p2c); "
+                              f"got {sorted(terms)}.")
+    arrays = {name: np.asarray(terms[name], np.float64) for name in TERMS}
+    for name, value in arrays.items():
+        if value.shape != attention.shape:
+            raise _check.VizError(f"terms[{name!r}] must be [L, H, T, S] = {list(attention.shape)} like attention; "
+                                  f"got shape {value.shape}.")
+    return arrays
 
 
 def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | None = None, *,
                 layer: int = 0, head: int = 0, query_index: int = 0,
                 layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                theme: str = "light", title: str | None = None, level: int = ZLIB_LEVEL) -> View:
+                theme: str = "light", title: str | None = None, level: int = ZLIB_LEVEL, terms=None) -> View:
     """How one query's attention is computed: q, each key's k, q×k (elementwise), q·k, q·k/√K, softmax.
 
     q, k: [L, T, H, K]; attention: [L, H, T, T], the model's own pattern, which the softmax column
@@ -125,6 +142,10 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     that softmax differs from `attention` by more than 1e-5 (a bfloat16 run, a mask, another
     scale, arrays from different documents), a warning is issued, the page says so and its
     softmax column shows `attention` (then carried as float32 too: pages grow as L·H·T²).
+
+    terms: DeBERTa's three score terms {"c2c", "c2p", "p2c"}, each [L, H, T, S] (attn.hook_c2c, hook_c2p,
+    hook_p2c, already scaled): the page shows them side by side after q·k, their sum as the scores and the
+    softmax of that sum (carried as float32; the check above compares that softmax with `attention`).
     """
     tokens = _check.token_list(tokens)
     a = _check.attention_array(tokens, attention)
@@ -137,20 +158,28 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     layer = _shown_first("layer", layer, rows, a.shape[0], "layers")
     head = _shown_first("head", head, cols, a.shape[1], "heads")
     n_heads = a.shape[1]
+    score_terms = _score_terms(terms, a)
     q, k, a = q[rows][:, :, cols], k[rows][:, :, cols], a[np.ix_(rows, cols)]
-    gap = _softmax_gap(q, k, a)
+    if score_terms is None:
+        scores = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(q.shape[-1])
+    else:
+        score_terms = {name: value[np.ix_(rows, cols)] for name, value in score_terms.items()}
+        scores = sum(score_terms.values())
+    gap = _softmax_gap(scores, a)
     if gap > SOFTMAX_TOLERANCE:
-        warnings.warn(f"softmax(q·k/√K) differs from the given attention by up to {gap:.3g}; the neuron view's "
+        scored = "c2c + c2p + p2c" if terms is not None else "q·k/√K"
+        warnings.warn(f"softmax({scored}) differs from the given attention by up to {gap:.3g}; the neuron view's "
                       "softmax column shows the given attention. That is expected from a bfloat16 or float16 run; "
                       "otherwise, were q, k and attention captured from the same document, in the same layer and "
                       "head order?", stacklevel=2)
     arrays = {"q": (q, "float32"), "k": (k, "float32")}
+    arrays |= {name: (value, "float32") for name, value in (score_terms or {}).items()}
     if gap > SOFTMAX_TOLERANCE:
         arrays["attention"] = (a, "float32")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)), layers=rows,
                 heads=cols, n_heads=n_heads, d_head=q.shape[-1], layer=layer, head=head,
                 query=_check.index("query_index", query_index, len(tokens), "tokens"),
-                mismatch=gap if gap > SOFTMAX_TOLERANCE else None)
+                mismatch=gap if gap > SOFTMAX_TOLERANCE else None, terms=list(TERMS) if score_terms else None)
     return View("neuron", meta, arrays, title=title or "Neuron view", theme=_check.theme(theme), level=level)
 
 
@@ -167,6 +196,7 @@ class Document:
     q: np.ndarray
     k: np.ndarray
     sentence_b_start: int | None
+    terms: dict[str, np.ndarray] | None = None  # DeBERTa's score terms {c2c, c2p, p2c}, each [L, H, T, T]
 
     def head_view(self, **options) -> View:
         """`head_view` of this document; options: layer, heads, layers, theme, title."""
@@ -178,7 +208,8 @@ class Document:
 
     def neuron_view(self, **options) -> View:
         """`neuron_view` of this document; options: layer, head, query_index, layers, heads, theme, title."""
-        return neuron_view(self.tokens, self.q, self.k, self.attention, self.sentence_b_start, **options)
+        return neuron_view(self.tokens, self.q, self.k, self.attention, self.sentence_b_start, terms=self.terms,
+                           **options)
 
 
 _HOOKS = ("attn.hook_pattern", "attn.hook_q", "attn.hook_k")
@@ -207,8 +238,11 @@ def document(model, text, pair: str | None = None, *, index: int = 0, max_length
     real = np.flatnonzero(np.asarray(batch.attention_mask)[row])
     inputs = {name: np.asarray(getattr(batch, name))[row:row + 1, real]
               for name in ("input_ids", "token_type_ids", "attention_mask")}
-    _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in _HOOKS])
-    attention, q, k = (np.asarray(cache.stack(hook))[:, 0] for hook in _HOOKS)
+    disentangled = model.config.family.attention == "disentangled"  # DeBERTa: its three score terms too
+    hooks = _HOOKS + tuple(f"attn.hook_{term}" for term in TERMS if disentangled)
+    _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in hooks])
+    attention, q, k, *terms = (np.asarray(cache.stack(hook))[:, 0] for hook in hooks)
     segment_b = np.flatnonzero(inputs["token_type_ids"][0] == 1)
     return Document(tokens=[batch.tokens[row][i] for i in real], attention=attention, q=q, k=k,
-                    sentence_b_start=int(segment_b[0]) if segment_b.size else None)
+                    sentence_b_start=int(segment_b[0]) if segment_b.size else None,
+                    terms=dict(zip(TERMS, terms)) if terms else None)

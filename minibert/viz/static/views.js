@@ -756,6 +756,9 @@ function softmax(scores) {
 function neuronView(body, meta, arrays, root) {
   var T = meta.tokens.length, H = meta.heads.length, K = meta.d_head, busy = busyTracker(root, body);
   var given = arrays.attention;  // present only when it is not softmax(q·k/√K): then the page shows it
+  // DeBERTa: its three score terms (c2c, c2p, p2c, each [H, T, T] per layer) side by side; their sum is the scores.
+  var terms = meta.terms ? meta.terms.map(function (name) { return arrays[name]; }) : [];
+  var scoresName = terms.length ? meta.terms.join(" + ") : "q\u00b7k/\u221a" + K;
   var st = {layer: meta.layer, head: meta.head, query: meta.query};
   var controls = div("mbv-controls");
   controls.appendChild(selectControl("Layer", oneIndexed(meta.layers),
@@ -771,7 +774,7 @@ function neuronView(body, meta, arrays, root) {
   var status = div("mbv-sub"), readout = div("mbv-readout");
   body.appendChild(status);
   if (meta.mismatch != null) {
-    body.appendChild(div("mbv-warn", "softmax(q\u00b7k/\u221ad) computed from q and k differs from the model's attention " +
+    body.appendChild(div("mbv-warn", "softmax(" + scoresName + ") computed here differs from the model's attention " +
                                      "by up to " + meta.mismatch.toPrecision(3) + "; the softmax column shows the model's attention."));
   }
   body.appendChild(div("mbv-help", "Click a query token on the left. Blue: positive, orange: negative, stronger colour: " +
@@ -783,6 +786,7 @@ function neuronView(body, meta, arrays, root) {
   var x = {label: 4, k: 18, qk: 18 + vectorW + 16};
   x.dot = x.qk + vectorW + 16;
   x.scaled = x.dot + 74;
+  (meta.terms || []).forEach(function (name) { x[name] = x.scaled; x.scaled += 74; });
   x.bar = x.scaled + 80;
   x.softmax = x.bar + 40;
   var tableW = x.softmax + 72, tableH = 2 * ROW + T * ROW + 4;
@@ -869,7 +873,7 @@ function neuronView(body, meta, arrays, root) {
   }
 
   function draw() {
-    var l = st.layer, needed = [arrays.q, arrays.k].concat(given ? [given] : []);
+    var l = st.layer, needed = [arrays.q, arrays.k].concat(terms, given ? [given] : []);
     if (needed.some(function (a) { return !a.here[l]; })) {
       busy.after(Promise.all(needed.map(function (a) { return a.layer(l); })), draw);
       return;
@@ -880,6 +884,9 @@ function neuronView(body, meta, arrays, root) {
     var products = kv.map(function (row) { return row.map(function (v, d) { return qv[d] * v; }); });
     var dots = products.map(function (row) { return row.reduce(function (sum, v) { return sum + v; }, 0); });
     var sqrtK = Math.sqrt(K), scaled = dots.map(function (v) { return v / sqrtK; });
+    // The terms' row of this head and query, [T] each; with them, the scores are their sum (already scaled).
+    var termRows = terms.map(function (a) { return Array.from(a.here[l].subarray((h * T + i) * T, (h * T + i + 1) * T)); });
+    if (termRows.length) scaled = keys.map(function (j) { return termRows.reduce(function (sum, row) { return sum + row[j]; }, 0); });
     var p = given ? Array.from(given.here[l].subarray((h * T + i) * T, (h * T + i + 1) * T)) : softmax(scaled);
     // q and k cells share one scale per vector kind over all tokens, so queries compare with each other.
     var flat = function (rows) { return [].concat.apply([], rows); };
@@ -907,14 +914,21 @@ function neuronView(body, meta, arrays, root) {
     header(fragment, "k", x.k);
     header(fragment, "q \u00d7 k", x.qk);
     header(fragment, "q\u00b7k", x.dot + 62, "end");
-    header(fragment, "q\u00b7k/\u221a" + K, x.scaled + 62, "end");
+    (meta.terms || []).forEach(function (name) { header(fragment, name, x[name] + 62, "end"); });
+    header(fragment, terms.length ? "scores" : "q\u00b7k/\u221a" + K, x.scaled + 62, "end");
     header(fragment, "softmax", x.bar);
     fragment.appendChild(svg("text", {x: x.label, y: ROW * 1.5, "class": "mbv-colhead"}, "q"));
     keys.forEach(function (j) {
       number(fragment, "dot", j, dots[j], dots[j].toFixed(2), signed(dots[j], dotScale),
              "q\u00b7k for key " + token(j) + " = " + dots[j]);
-      number(fragment, "scaled", j, scaled[j], scaled[j].toFixed(2), signed(dots[j], dotScale),
-             "q\u00b7k/\u221a" + K + " for key " + token(j) + " = " + scaled[j]);
+      (meta.terms || []).forEach(function (name, n) {
+        var value = termRows[n][j];
+        number(fragment, name, j, value, value.toFixed(2), signed(value, maxAbs(termRows[n])),
+               name + " for key " + token(j) + " = " + value);
+      });
+      number(fragment, "scaled", j, scaled[j], scaled[j].toFixed(2),
+             terms.length ? signed(scaled[j], maxAbs(scaled)) : signed(dots[j], dotScale),
+             scoresName + " for key " + token(j) + " = " + scaled[j]);
       fragment.appendChild(svg("rect", {x: x.bar, y: rowTop(j) + 4, width: Math.max(60 * p[j], 0.5), height: ROW - 8,
                                         fill: POSITIVE, "class": "mbv-bar"}));
       number(fragment, "softmax", j, p[j], p[j].toFixed(3), null, "softmax for key " + token(j) + " = " + p[j]);
