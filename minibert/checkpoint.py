@@ -237,34 +237,120 @@ def convert_bin_to_safetensors(bin_path: str | Path, out_path: str | Path | None
     return out_path
 
 
-POOLING_MODES = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}  # sentence-transformers → ours
+# sentence-transformers' pooling modes, which are also sentence_embeddings' modes, in the order in which it
+# concatenates several; before v5 its Pooling config said `pooling_mode_<old name>: true` for each.
+POOLING_MODES = {"cls_token": "cls", "max_tokens": "max", "mean_tokens": "mean",
+                 "mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "weightedmean_tokens": "weightedmean",
+                 "lasttoken": "lasttoken"}
+# The modules minibert computes, in the only order it computes them (Dropout is the identity at inference).
+SENTENCE_MODULES = ("Transformer", "Pooling", "Normalize")
+# Where sentence-transformers looks for the Transformer module's settings, first found wins.
+TRANSFORMER_SETTINGS = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                        "sentence_distilbert_config.json", "sentence_camembert_config.json",
+                        "sentence_albert_config.json", "sentence_xlm-roberta_config.json")
 
 
 def sentence_transformers_layout(directory: Path) -> tuple[Path, dict | None]:
-    """(directory of the encoder weights, pooling settings) of a checkpoint directory.
+    """(directory of the encoder weights, sentence-embedding settings) of a checkpoint directory.
 
     A sentence-transformers directory has a `modules.json` listing a Transformer module (the encoder,
     often the directory itself), a Pooling module and maybe Normalize; a plain checkpoint has none
-    and no pooling settings (None).
+    and no settings (None). The settings always hold "mode" (a pooling mode, a tuple of modes to
+    concatenate, or None without a Pooling module) and "normalize"; the others only where the directory
+    states them: "max_seq_length", "lower_case", "include_prompt" (False), "prompts", "default_prompt",
+    and "unsupported" (the modules minibert does not compute, which sentence_embeddings then refuses).
     """
     modules_file = directory / "modules.json"
     if not modules_file.exists():
         return directory, None
-    modules = _read_modules(modules_file)
-    model_dir, pooling = directory, {"mode": "mean", "normalize": False}
-    for module in modules:
+    model_dir, settings, kinds, unsupported = directory, {"mode": None, "normalize": False}, [], []
+    for module in _read_modules(modules_file):
         kind = module.get("type", "").rsplit(".", 1)[-1]
         path = directory / module.get("path", "")
         if kind == "Transformer":
-            model_dir = path
-        elif kind == "Pooling" and (path / "config.json").exists():
-            settings = read_json_object(path / "config.json", "sentence-transformers' Pooling module needs it",
-                                        CheckpointError)
-            modes = [m for m in POOLING_MODES if settings.get(f"pooling_mode_{m}")]
-            pooling["mode"] = POOLING_MODES[modes[0]] if modes else "mean"
+            model_dir, found = path, _transformer_settings(path)
+        elif kind == "Pooling":
+            found = _pooling_settings(path / "config.json")
         elif kind == "Normalize":
-            pooling["normalize"] = True
-    return model_dir, pooling
+            found = _normalize_settings(path / "config.json")
+        else:
+            found = {} if kind == "Dropout" else {"unsupported": f"a {kind} module"}
+        unsupported += [found.pop("unsupported")] if "unsupported" in found else []
+        settings |= found
+        kinds += [kind] if kind != "Dropout" else []
+    known = [kind for kind in kinds if kind in SENTENCE_MODULES]
+    if known[:1] != ["Transformer"] or known != [kind for kind in SENTENCE_MODULES if kind in known]:
+        unsupported.append(f"the modules in the order {' → '.join(kinds)}")
+    settings |= {"unsupported": tuple(unsupported)} if unsupported else {}
+    return model_dir, settings | _prompt_settings(directory / "config_sentence_transformers.json")
+
+
+def _transformer_settings(path: Path) -> dict:
+    """max_seq_length and do_lower_case of the Transformer module (absent in sentence-transformers ≥ 5, which
+    keeps the length in tokenizer_config.json's model_max_length), and whether it yields token embeddings."""
+    found = [path / name for name in TRANSFORMER_SETTINGS if (path / name).exists()]
+    if not found:
+        return {}
+    config = read_json_object(found[0], "sentence-transformers' Transformer module reads it", CheckpointError)
+    settings = {}
+    length = config.get("max_seq_length")
+    if length is not None:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise CheckpointError(f"{found[0]}: max_seq_length must be a positive whole number such as 512, got "
+                                  f"{length!r}. Fix it, or remove it to use the tokenizer's model_max_length.")
+        settings["max_seq_length"] = length
+    if config.get("do_lower_case"):
+        settings["lower_case"] = True
+    text = (config.get("modality_config") or {}).get("text") or {}  # sentence-transformers ≥ 5 writes it
+    output = text.get("method_output_name", "last_hidden_state") if isinstance(text, dict) else text
+    if config.get("transformer_task", "feature-extraction") != "feature-extraction" or output != "last_hidden_state":
+        settings["unsupported"] = (f"a Transformer module yielding {output!r} for the task "
+                                   f"{config.get('transformer_task', 'feature-extraction')!r}")
+    return settings
+
+
+def _pooling_settings(path: Path) -> dict:
+    """The Pooling module's mode (or modes, concatenated in sentence-transformers' order) and include_prompt,
+    from its current config (`pooling_mode`) or the one before v5 (`pooling_mode_<name>: true`)."""
+    config = read_json_object(path, "sentence-transformers' Pooling module needs it", CheckpointError)
+    if "pooling_mode" in config:
+        named = config["pooling_mode"]
+        modes = tuple(named) if isinstance(named, list) else (named,)
+    else:  # no mode at all is sentence-transformers' default, mean
+        modes = tuple(new for old, new in POOLING_MODES.items() if config.get(f"pooling_mode_{old}")) or ("mean",)
+    wrong = [mode for mode in modes if mode not in POOLING_MODES.values()]
+    if wrong or not modes:
+        raise CheckpointError(f"{path}: pooling_mode {config.get('pooling_mode')!r} is not one of "
+                              f"sentence-transformers' modes {', '.join(map(repr, POOLING_MODES.values()))} "
+                              f"(or a list of them); fix it.")
+    settings = {"mode": modes[0] if len(modes) == 1 else modes}
+    if config.get("include_prompt", True) is False:
+        settings["include_prompt"] = False
+    return settings
+
+
+def _normalize_settings(path: Path) -> dict:
+    """L2 normalisation of the sentence embedding; a Normalize of token embeddings (multi-vector models) is one
+    minibert does not compute."""
+    config = read_json_object(path, "", CheckpointError) if path.exists() else {}
+    if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        return {"unsupported": f"a Normalize module of {config['module_input_name']!r}"}
+    return {"normalize": True}
+
+
+def _prompt_settings(path: Path) -> dict:
+    """config_sentence_transformers.json's prompts {name: text prepended to each input} and the default one."""
+    if not path.exists():
+        return {}
+    config = read_json_object(path, "", CheckpointError)
+    prompts, default = config.get("prompts") or {}, config.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(text, str) for text in prompts.values()):
+        raise CheckpointError(f"{path}: prompts must be an object {{name: text}}, got {str(prompts)[:80]}; fix it.")
+    if default is not None and default not in prompts:
+        raise CheckpointError(f"{path}: default_prompt_name {default!r} is not one of its prompts {list(prompts)}; "
+                              f"fix it or set it to null.")
+    settings = {"prompts": dict(prompts)} if prompts else {}
+    return settings | ({"default_prompt": default} if default is not None else {})
 
 
 def _read_modules(path: Path) -> list[dict]:

@@ -58,7 +58,10 @@ def numpy_pooling(hidden, mask, mode):
     rows = []
     for h, m in zip(np.asarray(hidden, np.float64), mask):
         real = h[m > 0]
-        rows.append({"mean": real.mean(0), "cls": h[0], "max": real.max(0)}[mode])
+        n = len(real)
+        weighted = sum((i + 1) * token for i, token in enumerate(real)) / (n * (n + 1) / 2)  # weights 1, 2, …, n
+        rows.append({"mean": real.mean(0), "cls": h[0], "max": real.max(0), "lasttoken": real[-1],
+                     "mean_sqrt_len_tokens": real.sum(0) / n**0.5, "weightedmean": weighted}[mode])
     return np.array(rows)
 
 
@@ -72,15 +75,18 @@ def test_sentence_embeddings_pool_the_last_hidden_state(tiny, mode, normalize):
         expected /= np.linalg.norm(expected, axis=-1, keepdims=True)
     got = np.asarray(tiny.sentence_embeddings(batch, mode=mode, normalize=normalize))
     # float32 roundings (u = 2⁻²⁴) of values ≤ max|hidden|: the mean's 5 additions and division, then the
-    # norm's 8 squares summed, its square root and the division: 16.
-    np.testing.assert_allclose(got, expected, rtol=0, atol=16 * 2.0**-24 * max(1.0, float(np.abs(hidden).max())))
+    # norm's 8 squares summed, its square root and the division: 16 (the weighted mean's 6 products and 5
+    # additions fit too); mean_sqrt_len_tokens is √n times a mean, n ≤ 6 real tokens.
+    grows = np.sqrt(MASK.sum(1).max()) if mode == "mean_sqrt_len_tokens" and not normalize else 1.0
+    np.testing.assert_allclose(got, expected, rtol=0,
+                               atol=16 * 2.0**-24 * grows * max(1.0, float(np.abs(hidden).max())))
 
 
 def test_sentence_embeddings_default_to_the_checkpoints_setting(bundled, tiny):
     batch = {"input_ids": IDS, "attention_mask": MASK}
     assert tiny.pooling is None  # no sentence-transformers folder: mean, not normalised
     np.testing.assert_array_equal(tiny.sentence_embeddings(batch), tiny.sentence_embeddings(batch, "mean", False))
-    assert bundled.pooling == {"mode": "mean", "normalize": True}
+    assert (bundled.pooling["mode"], bundled.pooling["normalize"]) == ("mean", True)
     norms = np.linalg.norm(np.asarray(bundled.sentence_embeddings(["It's fine.", "Fine."]), np.float64), axis=-1)
     # The float32 normalisation sums D = 384 squares (≤ 384 roundings), takes a root and divides: 386 · u.
     np.testing.assert_allclose(norms, 1.0, rtol=0, atol=386 * 2.0**-24)
@@ -88,7 +94,7 @@ def test_sentence_embeddings_default_to_the_checkpoints_setting(bundled, tiny):
 
 def test_unknown_pooling_mode_fails_before_running(tiny):
     traces = tiny.traces
-    with pytest.raises(InputError, match="pooling mode 'first' is not one of 'mean', 'cls', 'max'"):
+    with pytest.raises(InputError, match="pooling mode 'first' is not one of 'cls', 'max', 'mean'"):
         tiny.sentence_embeddings({"input_ids": IDS[:, :3]}, mode="first")  # a new shape: a run would trace
     assert tiny.traces == traces
 

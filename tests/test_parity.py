@@ -147,7 +147,7 @@ def test_bundled_sentence_embeddings_match_sentence_transformers_recipe(bundled,
     """Mean pooling over real tokens then L2 normalisation, as modules.json of all-MiniLM-L6-v2 says."""
     import transformers
 
-    assert bundled.pooling == {"mode": "mean", "normalize": True}
+    assert bundled.pooling == {"mode": "mean", "normalize": True, "max_seq_length": 256}
     hf_model = transformers.BertModel.from_pretrained(bundled_dir).eval()
     batch = bundled.tokenize(SENTENCES)
     ref = hf_outputs(hf_model, batch.to_dict()).last_hidden_state.numpy()
