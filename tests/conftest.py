@@ -118,9 +118,9 @@ def malicious_bin(path, marker):
     return path
 
 
-# How long a page action (goto, click, a wait_for_* condition) may take before the test fails: a guard against
-# a hang, not a speed limit. Playwright's own default of 30 s is too short for a 15 MB page inflating and drawing
-# on a loaded 2-core CI machine; every wait still ends as soon as its condition holds.
+# How long chromium's start or a page action (goto, click, a wait_for_* condition) may take before the test
+# fails: a guard against a hang, not a speed limit. Playwright's own default of 30 s is too short for a 15 MB
+# page inflating and drawing on a loaded 2-core CI machine; every wait still ends when its condition holds.
 PAGE_HANG_GUARD_MS = 180_000
 
 
@@ -145,7 +145,7 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path="/usr/bin/chromium",
+        launched = p.chromium.launch(executable_path="/usr/bin/chromium", timeout=PAGE_HANG_GUARD_MS,
                                      args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
         yield Browser(launched)
         launched.close()
