@@ -222,7 +222,8 @@ def test_every_family_class_is_in_the_tables():
     for name, model_type in ((n, Config(architecture=n).model_type) for n in ARCHITECTURES):
         assert hasattr(transformers, name), name
         assert getattr(transformers, name).config_class.model_type == model_type
-    assert set(FAMILIES) == {"bert", *HF_CLASSES, "modernbert"}  # ModernBERT's parity: test_families_modern.py
+    # ModernBERT's and DeBERTa's parity: test_families_modern.py, test_families_deberta.py
+    assert set(FAMILIES) == {"bert", *HF_CLASSES, "modernbert", "deberta-v2"}
 
 
 @pytest.mark.parametrize("model_type", list(HF_CLASSES))

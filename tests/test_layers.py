@@ -26,6 +26,7 @@ LAYERS = {  # module (or subpackage) → layer, lowest first
     "minibert.families": 1,  # one module per family; config reads the registry
     # a family's forward code stands on model.py; model.Bert imports it by path (Family.code) when it builds
     "minibert.families.modernbert_model": 2,
+    "minibert.families.deberta_v2_model": 2,
     **{f"minibert.{name}": 2 for name in ("model", "hooks", "sites", "tokenizer", "tokenizers_hf", "checkpoint",
                                           "sources", "accounting")},
     "minibert.api": 3,

@@ -19,7 +19,7 @@ from minibert.families.base import VARIATIONS, Family, Heads
 from minibert.families.keys import HeadKeys, LayerKeys
 
 # The registry: each module's FAMILIES are loaded, in this order (the order error messages list them in).
-MODULES = ("bert", "roberta", "distilbert", "electra", "albert", "modernbert")
+MODULES = ("bert", "roberta", "distilbert", "electra", "albert", "modernbert", "deberta_v2")
 
 FAMILIES: dict[str, Family] = {}  # model_type (config.json) → Family
 ARCHITECTURES: dict[str, Heads] = {}  # class name of config.json's architectures → the heads on top
