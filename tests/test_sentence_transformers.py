@@ -24,6 +24,7 @@ from conftest import make_hf_model
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import Dense, Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
+from test_families import CORPUS, make_family_model
 
 import minibert
 from minibert import checkpoint
@@ -54,10 +55,11 @@ def generated_texts(seed: int, count: int = 5, longest: int = 30) -> list[str]:
 
 
 def save_sentence_transformer(directory, encoder, mode, *, normalize=True, extra=(), transformer=None,
-                              pooling=None, **model):
-    """Save a SentenceTransformer of `encoder` → Pooling(mode) → Normalize (where asked) → `extra` modules."""
+                              pooling=None, width=HIDDEN, **model):
+    """Save a SentenceTransformer of `encoder` (`width` wide) → Pooling(mode) → Normalize (where asked) → `extra`
+    modules."""
     modules = [Transformer(str(encoder), **(transformer or {})),
-               Pooling(HIDDEN, pooling_mode=mode, **(pooling or {})), *([Normalize()] if normalize else []), *extra]
+               Pooling(width, pooling_mode=mode, **(pooling or {})), *([Normalize()] if normalize else []), *extra]
     SentenceTransformer(modules=modules, device="cpu", **model).save(str(directory))
     return directory
 
@@ -124,12 +126,24 @@ def test_max_seq_length_truncates_as_sentence_transformers(tmp_path, encoder):
     assert_encodes_alike(models, texts)
 
 
+@pytest.mark.slow  # a 256-token row through the bundled model in both programs: about 10 s on two cores
 def test_bundled_checkpoint_matches_sentence_transformers(bundled, bundled_dir):
     """all-MiniLM-L6-v2 as shipped (files written by sentence-transformers 2.0: mean pooling, Normalize,
     max_seq_length 256), with a generated text of about 300 tokens that both cut to 256."""
     texts = ["It's fine.", "The food was great but the service was slow.", " ".join(["ab cde f"] * 100)]
     assert len(bundled.tokenizer.tokenize(texts[-1])) > 256
     assert_encodes_alike((SentenceTransformer(str(bundled_dir), device="cpu"), bundled), texts)
+
+
+@pytest.mark.parametrize("model_type, width, max_seq_length", [("xlm-roberta", 20, 38), ("distilbert", 30, None)])
+def test_other_families(tmp_path, model_type, width, max_seq_length):
+    """The E5 layout over XLM-R (as multilingual-E5 is) and DistilBERT (as the msmarco-distilbert models are),
+    with test_families' tiny models and tokenizers (trained there on its CORPUS). XLM-R's 40 positions hold 38
+    tokens (its positions start at 2): its max_seq_length says so, as 512 of 514 does in the real models."""
+    make_family_model(tmp_path / "encoder", model_type, seed=2)
+    directory = save_sentence_transformer(tmp_path / "st", tmp_path / "encoder", "mean", width=width,
+                                          transformer={"max_seq_length": max_seq_length}, prompts=E5_PROMPTS)
+    assert_encodes_alike(both_models(directory), CORPUS[:6], prompt_name="query")
 
 
 def write_older_layout(directory, modes: dict[str, bool], transformer: dict) -> None:
