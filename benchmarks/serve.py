@@ -8,8 +8,9 @@ Three measurements, after warm-up (every length bucket compiled, as minibert ser
   ablate   one more head ablated on the same text: /api/run with the head, then /api/step
   load     8 clients at once × 50 requests each (texts and ablations varied): errors, and the server's
            resident memory after each tenth of the requests (flat: no growth beyond the first tenth)
-Latencies are wall-clock per edit as a client sees them (p50, p95). Only the public API is used:
-minibert.load, viz.explore.Workbench, app.serve.create_app.
+Latencies are wall-clock per edit as a client sees them (p50, p95), beside the CPU seconds the process spent
+on it (server and client together: the process time, all threads), which other processes' load changes far
+less than the wall time. Only the public API is used: minibert.load, viz.explore.Workbench, app.serve.create_app.
 """
 
 from __future__ import annotations
@@ -75,16 +76,23 @@ def post(client: httpx.Client, action: str, body: dict) -> dict:
     return answer.json()
 
 
-def edit(client, text: str, ablate: list) -> float:
-    """Seconds until every panel of an edit has its data: the run (tokens, views, outputs), then the step."""
-    begin = time.perf_counter()
+def edit(client, text: str, ablate: list) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) until every panel of an edit has its data: the run (tokens, views,
+    outputs), then the step."""
+    begin, cpu = time.perf_counter(), time.process_time()
     post(client, "run", {"text": text, "ablate": ablate})
     post(client, "step", {"text": text, "ablate": ablate, "layer": 2, "head": 5, "query": 3})
-    return time.perf_counter() - begin
+    return time.perf_counter() - begin, time.process_time() - cpu
 
 
 def percentiles(seconds: list[float]) -> tuple[float, float]:
     return float(np.percentile(seconds, 50) * 1000), float(np.percentile(seconds, 95) * 1000)
+
+
+def row(what: str, timings: list[tuple[float, float]]) -> list[str]:
+    """A table row: the count, wall p50 and p95, CPU p50 and p95 (ms)."""
+    walls, cpus = zip(*timings)
+    return [what, str(len(timings)), *map(harness.fmt, percentiles(walls) + percentiles(cpus))]
 
 
 def load(url: str, texts: list[str], clients: int, requests: int, n_layers: int, n_heads: int):
@@ -130,14 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     memory_before = resident_mib()
     errors, memory = load(url, texts, clients, requests, cfg.num_hidden_layers, cfg.num_attention_heads)
     server.should_exit = True
-    rows = [[f"edit → every panel ({tokens} tokens)", str(len(edit_times)), *map(harness.fmt, percentiles(edit_times))],
-            [f"ablate one head ({tokens} tokens)", str(len(ablate_times)),
-             *map(harness.fmt, percentiles(ablate_times))]]
+    rows = [row(f"edit → every panel ({tokens} tokens)", edit_times),
+            row(f"ablate one head ({tokens} tokens)", ablate_times)]
     machine = harness.machine()
     text = "\n".join([
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}; {machine['versions']}; "
         f"load average {harness.load_average()}. Command: `benchmarks/serve.py{' --smoke' if args.smoke else ''}`.",
-        "", harness.markdown_table(["what", "edits", "p50 ms", "p95 ms"], rows), "",
+        "", harness.markdown_table(["what", "edits", "p50 ms", "p95 ms", "CPU p50 ms", "CPU p95 ms"], rows), "",
         f"{clients} concurrent clients × {requests} requests: {len(errors)} errors; resident memory "
         f"{memory_before:.0f} MiB before, then after each tenth: {', '.join(f'{m:.0f}' for m in memory)} MiB.",
     ])

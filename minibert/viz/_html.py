@@ -16,6 +16,7 @@ it is shown. Two codecs (`PACKINGS`):
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import uuid
@@ -99,7 +100,11 @@ class View:
         # (minibert serve, viz.explore) sends it as JSON to a page that renders it with the same code.
         packed = {name: _packed(array, packing, level) for name, (array, packing) in arrays.items()}
         self.data = {"kind": kind, "meta": dict(meta), "arrays": packed}
-        self._data = _safe_json(self.data)
+
+    @functools.cached_property
+    def _data(self) -> str:
+        """`data` as JSON safe inside <script>, encoded at the first rendering (the workbench sends `data` only)."""
+        return _safe_json(self.data)
 
     @property
     def html(self) -> str:

@@ -161,7 +161,7 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     score_terms = _score_terms(terms, a)
     q, k, a = q[rows][:, :, cols], k[rows][:, :, cols], a[np.ix_(rows, cols)]
     if score_terms is None:
-        scores = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(q.shape[-1])
+        scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1) / np.sqrt(q.shape[-1])  # [L, H, T, S]; BLAS
     else:
         score_terms = {name: value[np.ix_(rows, cols)] for name, value in score_terms.items()}
         scores = sum(score_terms.values())
@@ -188,7 +188,8 @@ class Document:
     """One document's tokens and attention arrays, as the views take them (real tokens only).
 
     tokens: T strings. attention: [L, H, T, T] (attn.hook_pattern). q, k: [L, T, H, K]
-    (attn.hook_q, attn.hook_k). sentence_b_start: index of sentence B's first token, or None.
+    (attn.hook_q, attn.hook_k; a rotary family's rotated attn.hook_rot_q, hook_rot_k, which its scores use).
+    sentence_b_start: index of sentence B's first token, or None.
     """
 
     tokens: list[str]
@@ -213,6 +214,7 @@ class Document:
 
 
 _HOOKS = ("attn.hook_pattern", "attn.hook_q", "attn.hook_k")
+_ROTARY_HOOKS = ("attn.hook_pattern", "attn.hook_rot_q", "attn.hook_rot_k")  # the q, k a rotary model's scores use
 
 
 def _one_batch(model, text, pair: str | None, max_length: int | None):
@@ -239,7 +241,8 @@ def document(model, text, pair: str | None = None, *, index: int = 0, max_length
     inputs = {name: np.asarray(getattr(batch, name))[row:row + 1, real]
               for name in ("input_ids", "token_type_ids", "attention_mask")}
     disentangled = model.config.family.attention == "disentangled"  # DeBERTa: its three score terms too
-    hooks = _HOOKS + tuple(f"attn.hook_{term}" for term in TERMS if disentangled)
+    rotary = model.config.family.positions == "rotary"  # ModernBERT
+    hooks = (_ROTARY_HOOKS if rotary else _HOOKS) + tuple(f"attn.hook_{term}" for term in TERMS if disentangled)
     _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in hooks])
     attention, q, k, *terms = (np.asarray(cache.stack(hook))[:, 0] for hook in hooks)
     segment_b = np.flatnonzero(inputs["token_type_ids"][0] == 1)
