@@ -207,6 +207,27 @@ def test_stages_and_named_parameters_go_through_the_shared_table(tmp_path):
     np.testing.assert_array_equal(rebuilt(batch).logits, whole)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix,config", [("ForMaskedLM", dict(legacy=False)), ("ForSequenceClassification", V2)],
+                         ids=["mlm", "sequence-cls-v2"])
+def test_saved_model_loads_in_transformers(tmp_path, suffix, config):
+    """Model.save writes config.json and transformers' key names: transformers' Auto class reads the directory
+    and computes the same logits (within deberta_rtol), and minibert reads it back to the same weights."""
+    import transformers
+
+    make_deberta(tmp_path / "original", suffix, seed=9, **config)
+    model = minibert.load(tmp_path / "original")
+    model.save(tmp_path / "saved")
+    auto = transformers.AutoModelForMaskedLM if suffix == "ForMaskedLM" else \
+        transformers.AutoModelForSequenceClassification
+    assert_deberta_parity(model, auto.from_pretrained(tmp_path / "saved").eval(),
+                          padded_batch(np.random.default_rng(9), 2, LENGTH))
+    reloaded = minibert.load(tmp_path / "saved").named_parameters()
+    assert reloaded.keys() == model.named_parameters().keys()
+    for name, value in model.named_parameters().items():
+        np.testing.assert_array_equal(reloaded[name], value, err_msg=name)
+
+
 @pytest.mark.parametrize("change,named", [
     (dict(conv_kernel_size=3), "conv_kernel_size"),
     (dict(relative_attention=False), "relative_attention"),

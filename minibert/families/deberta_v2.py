@@ -26,14 +26,15 @@ TERMS = ("c2p", "p2c")  # the position terms pos_att_type may list
 SETTINGS = (
     ("relative_attention", False), ("max_relative_positions", -1), ("position_buckets", -1),
     ("position_biased_input", True), ("pos_att_type", None), ("share_att_key", False), ("norm_rel_ebd", "none"),
-    ("pooler_hidden_act", "gelu"), ("pooler_hidden_size", None), ("legacy", True),
+    ("pooler_hidden_act", "gelu"), ("legacy", True),
     # DeBERTa-v3 has no segment table (type_vocab_size 0), which Config's field cannot hold: read here instead.
     ("type_vocab_size", 0),
-    # Refused unless they leave the computation BERT-shaped (check() says which).
-    ("embedding_size", None), ("attention_head_size", None), ("conv_kernel_size", 0), ("conv_groups", 1),
-    ("conv_act", "tanh"),
+    ("conv_kernel_size", 0), ("conv_groups", 1), ("conv_act", "tanh"),  # refused unless conv_kernel_size is 0
 )
-IGNORED = frozenset({"pooler_dropout"})  # training only
+# Training only (pooler_dropout), or checked by the checkpoint's shapes (pooler_hidden_size: the pooler's width,
+# which transformers writes into every config). embedding_size and attention_head_size, which released DeBERTa
+# configs do not have, are refused by name as keys minibert does not implement.
+IGNORED = frozenset({"pooler_dropout", "pooler_hidden_size"})
 
 
 def position_terms(cfg: Config) -> tuple[str, ...]:
@@ -88,11 +89,6 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"{where}type_vocab_size = {segment_rows(cfg)}: minibert's DeBERTa reads a segment table of "
                           f"at most one row (its tokenizer gives every token segment 0); released DeBERTa-v2/v3 "
                           f"models have none (type_vocab_size = 0).")
-    for key, value in (("embedding_size", cfg.hidden_size), ("pooler_hidden_size", cfg.hidden_size),
-                       ("attention_head_size", cfg.head_dim)):
-        if cfg.setting(key) not in (None, value):
-            raise ConfigError(f"{where}{key} = {cfg.setting(key)!r} differs from {value}; minibert's DeBERTa computes "
-                              f"the released models' shapes only. Remove {key} from config.json.")
     if cfg.setting("pooler_hidden_act") != "gelu":  # model.Pooler applies the family's one activation
         raise ConfigError(f"{where}pooler_hidden_act {cfg.setting('pooler_hidden_act')!r} is not implemented; "
                           f"minibert's DeBERTa pooler applies gelu (transformers' default, as released models use).")
