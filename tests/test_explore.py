@@ -8,10 +8,13 @@ import anywidget  # noqa: F401 (viz.explore imports it lazily; the test needs it
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
+from test_families_modern import make_modernbert
 from tolerances import assert_close_to_scale, forward_rtol
 
-from minibert import viz
+import minibert
+from minibert import families, viz
 from minibert.app import serve
+from minibert.families import modernbert
 from minibert.viz.explore import Workbench
 
 TOKEN = "t"
@@ -43,27 +46,92 @@ def test_widget_carries_the_pages_code(tiny_mlm):
     assert json.loads(widget.config)["models"][0]["layers"] == tiny_mlm[0].config.num_hidden_layers
 
 
-def test_step_sends_the_operands_of_its_dot_products(tiny_mlm):
+@pytest.fixture(scope="module")
+def tiny_modernbert(tmp_path_factory):
+    """A tiny random ModernBertForMaskedLM (4 layers: global, local, local, global; a 6-token window), loaded with
+    ModernBERT registered (it joins families.MODULES when the site table orders pre-LN blocks; until then here)."""
+    added = "modernbert" not in families.FAMILIES
+    if added:
+        families.register(modernbert.FAMILIES[0])
+    try:
+        directory = tmp_path_factory.mktemp("tiny-modernbert")
+        make_modernbert(directory, "ForMaskedLM")
+        yield minibert.load(directory)
+    finally:
+        if added:
+            families.unregister("modernbert")
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_step_sends_the_operands_of_its_dot_products(request, family):
     """Each dot-product step's operands rebuild its values: Σ_i left_i · right_i (+ b) (/ √K) equals the hook's value
     (the score q·k_s/√K against run_with_cache), within one forward's rounding (tests/tolerances.py)."""
-    model = tiny_mlm[0]
-    answer = Workbench(model).step({"text": "a b c d e", "layer": 1, "head": 2, "query": 3})
+    model = request.getfixturevalue("tiny_mlm")[0] if family == "bert" else request.getfixturevalue("tiny_modernbert")
+    text, query = "a b c d e f g h i j k", 3  # 13 tokens: ModernBERT's local layer 1 masks keys beyond ±3
+    answer = Workbench(model).step({"text": text, "layer": 1, "head": 2, "query": query})
     steps = {step["id"]: step for step in answer["steps"]}
-    assert {"qk", "scaled", "z", "q", "head_out", "ffn_pre", "ffn_out"} <= {i for i, s in steps.items() if "dot" in s}
-    batch = model.tokenize(["a b c d e"])
-    _, cache = model.run_with_cache(batch, ["blocks.1.attn.hook_q", "blocks.1.attn.hook_attn_scores"])
-    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    products = {"qk", "scaled", "z", "q", "head_out", "ffn_pre", "ffn_out"} | ({"ffn_linear"} if family != "bert"
+                                                                             else set())  # GeGLU's second half
+    assert products == {i for i, step in steps.items() if "dot" in step}
     scaled = steps["scaled"]["dot"]
-    assert_close_to_scale(steps[scaled["left"]]["values"], np.asarray(cache["blocks.1.attn.hook_q"])[0, 3, 2], rtol)
-    rebuilt = np.asarray(scaled["right"]) @ np.asarray(steps["q"]["values"]) / scaled["divisor"]
+    assert scaled["left"] == ("q" if family == "bert" else "rot_q")  # the scores use the rotated q and k
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch, ["blocks.1.attn.hook_attn_scores", f"blocks.1.attn.hook_{scaled['left']}"])
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    assert_close_to_scale(steps[scaled["left"]]["values"],
+                          np.asarray(cache[f"blocks.1.attn.hook_{scaled['left']}"])[0, query, 2], rtol)
+    rebuilt = np.asarray(scaled["right"]) @ np.asarray(steps[scaled["left"]]["values"]) / scaled["divisor"]
     assert scaled["divisor"] == np.sqrt(model.config.head_dim)
-    assert_close_to_scale(rebuilt, np.asarray(cache["blocks.1.attn.hook_attn_scores"])[0, 2, 3], rtol, "scores")
+    scores = np.asarray(cache["blocks.1.attn.hook_attn_scores"])[0, 2, query]
+    assert_close_to_scale(rebuilt, scores, rtol, "scores", where=np.isfinite(scores))  # −∞: keys out of reach
     for step in (s for s in steps.values() if "dot" in s):  # every other dot product rebuilds its shown values
         dot = step["dot"]
         bias = np.asarray(dot["bias"]) if dot["bias"] is not None else 0.0
         rebuilt = (np.asarray(dot["right"]) @ np.asarray(steps[dot["left"]]["values"]) + bias) / dot["divisor"]
-        assert len(rebuilt) == min(len(step["values"]), max(answer["shown"], len(answer["tokens"])))
-        assert_close_to_scale(rebuilt, step["values"][:len(rebuilt)], rtol, step["id"])
+        per_key = step["id"] in ("qk", "scaled")  # every key's score; else the values the page shows
+        assert len(rebuilt) == (len(answer["tokens"]) if per_key else min(answer["shown"], len(step["values"])))
+        hooked = np.array([-np.inf if v is None else v for v in step["values"][:len(rebuilt)]])
+        assert_close_to_scale(rebuilt, hooked, rtol, step["id"], where=np.isfinite(hooked))
+
+
+# ModernBERT's step-through, in its order (pre-LN: ln1 before attention, rotary q and k, GeGLU's two halves, no
+# LayerNorm after the residual, ln_final after the last block), each step's hook as the family defines it
+# (minibert/families/modernbert_model.py), and what of the hook's [B, …] value the step shows.
+PRE_LN_WALK = [("word", "embed.hook_embed", "t"), ("embed_ln", "hook_full_embed", "t"),
+               ("x", "hook_resid_pre", "t"), ("ln1", "ln1.hook_out", "t"), ("q", "attn.hook_q", "t,h"),
+               ("k", "attn.hook_k", ":,h"), ("v", "attn.hook_v", ":,h"), ("rot_q", "attn.hook_rot_q", "t,h"),
+               ("rot_k", "attn.hook_rot_k", ":,h"), ("qk", "attn.hook_qk", "h,t"),
+               ("scaled", "attn.hook_attn_scores", "h,t"), ("pattern", "attn.hook_pattern", "h,t"),
+               ("z", "attn.hook_z", "t,h"), ("concat", "attn.hook_z", "t"), ("head_out", "attn.hook_result", "t,h"),
+               ("attn_out", "hook_attn_out", "t"), ("resid_mid", "hook_resid_mid", "t"), ("ln2", "ln2.hook_out", "t"),
+               ("ffn_pre", "mlp.hook_pre", "t"), ("ffn_linear", "mlp.hook_pre_linear", "t"),
+               ("ffn_post", "mlp.hook_post", "t"), ("ffn_out", "hook_mlp_out", "t"),
+               ("resid_post", "hook_resid_post", "t"), ("ln_final", "ln_final.hook_out", "t")]
+SHOWS = {"t": lambda v, t, h: v[0, t].ravel(), "t,h": lambda v, t, h: v[0, t, h], ":,h": lambda v, t, h: v[0, :, h],
+         "h,t": lambda v, t, h: v[0, h, t]}
+
+
+def test_step_through_follows_modernberts_computation(tiny_modernbert):
+    """Block 0 (no ln1), a local block and the last block (ln_final): the steps come in ModernBERT's order, and every
+    value is its hook's from run_with_cache (−∞ masked scores as null), within one forward's rounding."""
+    model, text, query, head = tiny_modernbert, "a b c d e f g h i j k", 3, 1
+    workbench = Workbench(model)
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch)
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    for layer in (0, 1, model.config.num_hidden_layers - 1):
+        answer = workbench.step({"text": text, "layer": layer, "head": head, "query": query})
+        walk = [row for row in PRE_LN_WALK if (row[0] != "ln1" or layer > 0)
+                and (row[0] != "ln_final" or layer == model.config.num_hidden_layers - 1)]
+        assert [step["id"] for step in answer["steps"]] == [row[0] for row in walk], layer
+        for step, (step_id, site, shows) in zip(answer["steps"], walk):
+            name = site if site.startswith(("embed.", "hook_full_embed", "ln_final.")) else f"blocks.{layer}.{site}"
+            hooked = SHOWS[shows](np.asarray(cache[name], np.float64), query, head)
+            assert step["shape"] == list(hooked.shape), (layer, step_id)
+            shown = np.array([-np.inf if v is None else v for v in step["values"]]).reshape(hooked.shape)
+            assert np.array_equal(np.isinf(shown), np.isinf(hooked)), (layer, step_id)  # the masked keys
+            assert_close_to_scale(shown, hooked, rtol, f"{layer} {step_id}", where=np.isfinite(hooked))
+    assert np.isinf(cache["blocks.1.attn.hook_attn_scores"][0, head, query]).any()  # a local layer was walked
 
 
 # Two views of anywidget's model API (get, on/off "msg:custom", send) on one blank page, each widget's messages

@@ -63,7 +63,6 @@ class Run:
     captures: dict[str, np.ndarray]
     logits: np.ndarray | None
     similarity: float | None
-    views: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # its views' data, once built
 
     def stack(self, site: str) -> np.ndarray:
         """One block site over every layer, [L, …]."""
@@ -299,14 +298,7 @@ class Workbench:
 
     def _views(self, run: Run) -> dict:
         """The head, model and neuron views' data (View.data, drawn in the page by views.js), packed without
-        compression (level 0): on a local connection, compressing costs more time than the bytes it saves.
-        Built once per run and kept with it in the run cache: clicking a token or a head of the step-through asks
-        for the same run again."""
-        if not run.views:
-            run.views.update(self._built_views(run))
-        return run.views
-
-    def _built_views(self, run: Run) -> dict:
+        compression (level 0): on a local connection, compressing costs more time than the bytes it saves."""
         attention = run.stack("attn.hook_pattern")
         q, k = run.stack("attn.hook_q"), run.stack("attn.hook_k")
         tokens, b_start = run.tokens, run.sentence_b_start
@@ -353,23 +345,6 @@ def _silenced_heads(pattern, ctx, mask):
     return (pattern * (1 - mask[ctx.layer])[None, :, None, None]).astype(pattern.dtype)
 
 
-SIGNIFICANT = 8  # digits of each number a step sends: float32 holds ~7.2, so rounding to 8 moves a hook's value by
-# at most 5e-8 (relative), under one float32 step, and halves the characters of float64's 17: the step's JSON is
-# encoded and parsed in about half the time (RESULTS.md, "Live workbench")
-
-
-def _rounded(value) -> np.ndarray:
-    """float64 `value` rounded to SIGNIFICANT significant digits (zeros and non-finite values as they are)."""
-    x = np.asarray(value, np.float64)
-    with np.errstate(all="ignore"):  # log10(0) = −inf, inf·0: those entries are put back below
-        places = SIGNIFICANT - 1 - np.floor(np.log10(np.abs(x)))  # decimal places kept
-        # Powers of ten up to 1e22 are exact doubles, so m / 10^p is the double nearest to the decimal m·10^−p and
-        # prints as it: scale up by 10^p, or down by 10^−p, never by an inexact 10^−p.
-        up, down = 10.0 ** np.maximum(places, 0), 10.0 ** np.maximum(-places, 0)
-        rounded = np.round(x * up / down) * down / up
-    return np.where(np.isfinite(rounded), rounded, x)
-
-
 def _cut(name: str, value: np.ndarray, length: int) -> np.ndarray:
     """A captured value (batch axis dropped) cut back to the real tokens on its T and S axes."""
     axes = site_axes(name, value.ndim + 1)[1:]
@@ -401,15 +376,19 @@ def _top_k(logits: np.ndarray, position: int, tokenizer) -> dict:
 SHOWN = 8  # values the page shows of a vector (the rest behind "…"), and whose dot-product operands a step sends
 
 
-def _vector(value: np.ndarray) -> list[float]:
-    return _rounded(value).ravel().tolist()
+def _vector(value: np.ndarray) -> list[float | None]:
+    """The values as JSON numbers; −∞ (a masked score) as null, which JSON has no number for."""
+    flat = np.asarray(value, np.float64).ravel()
+    return [None if v == -np.inf else v for v in flat.tolist()]
 
 
-# The step-through of one block, in the order of post-LN BERT's computation: (id, label, equation, hook — "embed…"
-# and "hook_full_embed" as named, the rest within block l —, what of its value the step shows, its operands).
-# A step whose hook a family lacks (segments, position rows) is left out, and so are its mentions as an operand.
+# The step-through of one block, in the order of its family's computation: (id, label, equation, hook — "embed…",
+# "hook_full_embed" and "ln_final…" as named, the rest within block l —, what of its value the step shows, its
+# operands; "a|b" is a, or b where a is left out). A step whose hook a family or layer lacks (segments, position
+# rows, ModernBERT's ln1 in layer 0) is left out, and so are its mentions as an operand; ln_final shows in the last
+# block only. Post-LN BERT (every family with norm "post"):
 _QUERY, _QUERY_HEAD, _KEYS_HEAD, _HEAD_ROW = "t", "t,h", ":,h", "h,t"
-STEPS = (
+POST_LN_STEPS = (
     ("word", "token embedding", "e_word = W_E[id_t]", "embed.hook_embed", _QUERY, ()),
     ("position", "position embedding", "e_pos = W_pos[t]", "embed.hook_pos_embed", _QUERY, ()),
     ("segment", "segment embedding", "e_seg = W_type[type_t]", "embed.hook_token_type_embed", _QUERY, ()),
@@ -437,11 +416,52 @@ STEPS = (
     ("resid_post", "residual", "y + m", "hook_resid_post", _QUERY, ("ln1", "ffn_out")),
     ("ln2", "LayerNorm 2 (the block's output)", "h^{next} = LN(y + m)", "ln2.hook_out", _QUERY, ("resid_post",)),
 )
+# Pre-LN (norm "pre": ModernBERT): LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm
+# after the residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
+PRE_LN_STEPS = (
+    ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
+     "embed.hook_embed", _QUERY, ()),
+    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", _QUERY, ("word",)),
+    ("x", "block {layer} input", "x = h^{layer} (the residual stream entering block {layer})", "hook_resid_pre",
+     _QUERY, ("embed_ln",)),
+    ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", _QUERY,
+     ("x",)),
+    ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", "attn.hook_q", _QUERY_HEAD, ("ln1|x",)),
+    ("k", "keys (every token s)", "k_s = x̂_s W_K[h] (+ b_K[h])", "attn.hook_k", _KEYS_HEAD, ("ln1|x",)),
+    ("v", "values (every token s)", "v_s = x̂_s W_V[h] (+ b_V[h])", "attn.hook_v", _KEYS_HEAD, ("ln1|x",)),
+    ("rot_q", "rotary query", "q̃ = R(t) q (each pair of coordinates i turned by the angle t·θ_i)",
+     "attn.hook_rot_q", _QUERY_HEAD, ("q",)),
+    ("rot_k", "rotary keys", "k̃_s = R(s) k_s", "attn.hook_rot_k", _KEYS_HEAD, ("k",)),
+    ("qk", "dot products", "q̃·k̃_s (through the rotations: depends on s − t)", "attn.hook_qk", _HEAD_ROW,
+     ("rot_q", "rot_k")),
+    ("scaled", "scaled and masked", "(q̃·k̃_s)/√{d_head} + mask_s (mask: 0 on keys in reach, −∞ on padding and, "
+     "in a local layer, on keys beyond its window)", "attn.hook_attn_scores", _HEAD_ROW, ("qk",)),
+    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", _HEAD_ROW, ("scaled",)),
+    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", _QUERY_HEAD, ("pattern", "v")),
+    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
+     _QUERY, ("z",)),
+    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
+    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", _QUERY, ("concat", "head_out")),
+    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
+    ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r)", "ln2.hook_out", _QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", _QUERY, ("ln2",)),
+    ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", "mlp.hook_pre_linear", _QUERY, ("ln2",)),
+    ("ffn_post", "gated activation", "act(g) ⊙ u", "mlp.hook_post", _QUERY, ("ffn_pre", "ffn_linear")),
+    ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", "hook_mlp_out", _QUERY, ("ffn_post",)),
+    ("resid_post", "residual (the block's output)", "h^{next} = r + m", "hook_resid_post", _QUERY,
+     ("resid_mid", "ffn_out")),
+    ("ln_final", "final LayerNorm (after the last block)", "LN_final(h^{next}): the last hidden state",
+     "ln_final.hook_out", _QUERY, ("resid_post",)),
+)
+STEPS_BY_NORM = {"post": POST_LN_STEPS, "pre": PRE_LN_STEPS}
+STEPS = POST_LN_STEPS + PRE_LN_STEPS  # every step some family shows: what a run captures
+_MODEL_SITES = ("embed.", "hook_full_embed", "ln_final.")  # hooks outside the blocks
+_AFTER_BLOCKS = "ln_final."  # shown with the last block only
 
 
 def _hook_name(site: str, layer: int) -> str:
-    """A STEPS hook's full name: the embedding's as it is, a block's in block `layer`."""
-    return site if site.startswith(("embed.", "hook_full_embed")) else f"blocks.{layer}.{site}"
+    """A STEPS hook's full name: the embedding's and the final LayerNorm's as they are, a block's in block `layer`."""
+    return site if site.startswith(_MODEL_SITES) else f"blocks.{layer}.{site}"
 
 
 def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
@@ -453,58 +473,83 @@ def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
             _HEAD_ROW: lambda: value[head, query]}[pick]()
 
 
+def _first_shown(operand: str, shown) -> str | None:
+    """An operand "a|b": a where it is shown, else b; None where none is."""
+    return next((choice for choice in operand.split("|") if choice in shown), None)
+
+
 def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> list[dict]:
-    """The walk through block `layer` for head `head` and query token `query` (STEPS), each step
-    {id, label, equation, values (the hook's numbers), shape, from (the ids of its operands)}; a step whose
-    values are dot products also has `dot` (see `_dot_products`)."""
+    """The walk through block `layer` for head `head` and query token `query` (its family's table in
+    STEPS_BY_NORM), each step {id, label, equation, values (the hook's numbers; null where −∞: a masked score),
+    shape, from (the ids of its operands)}; a step whose values are dot products also has `dot` (see
+    `_dot_products`)."""
+    cfg = model.config
     fields = {"layer": layer, "next": layer + 1, "d_head": d_head}
-    dots = _dot_products(run, layer, head, d_head, model.named_parameters())
-    steps = []
-    for step_id, label, equation, site, pick, operands in STEPS:
+    last = layer == cfg.num_hidden_layers - 1
+    steps, shown = [], set()
+    for step_id, label, equation, site, pick, operands in STEPS_BY_NORM[cfg.family.norm]:
         name = _hook_name(site, layer)
-        if name not in run.captures:
+        if name not in run.captures or (site.startswith(_AFTER_BLOCKS) and not last):
             continue
         values = _picked(run.captures[name], pick, query, head)
-        shown = {step["id"] for step in steps}
+        sources = [_first_shown(operand, shown) for operand in operands]
         steps.append({"id": step_id, "label": label.format(**fields), "equation": equation.format(**fields),
                       "shape": list(values.shape), "values": _vector(values),
-                      "from": [operand for operand in operands if operand in shown]})
-        if step_id in dots and dots[step_id]["left"] in shown:
-            steps[-1]["dot"] = dots[step_id]
+                      "from": [source for source in sources if source is not None]})
+        shown.add(step_id)
+    dots = _dot_products(run, layer, head, d_head, model.named_parameters(), pre_ln=cfg.family.norm == "pre")
+    for step in steps:
+        dot = dots.get(step["id"])
+        left = dot and _first_shown(dot["left"], shown)
+        if left:
+            step["dot"] = {**dot, "left": left}
     return steps
 
 
-def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping) -> dict[str, dict]:
+def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, pre_ln: bool) -> dict[str, dict]:
     """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
-    left vector, right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or None, divisor}}, so
-    that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row (the scores), else
-    the SHOWN values the page shows. Weights are read by name; a family without one (no bias, other names) goes
-    without."""
-    captured = {site: run.captures.get(_hook_name(site, layer)) for site in ("attn.hook_k", "attn.hook_v")}
+    left vector ("a|b" as in STEPS), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
+    None, divisor}}, so that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row
+    (the scores), else the SHOWN values the page shows. Weights are read by name, fused ones (ModernBERT's W_QKV
+    [3, D, H, K], GeGLU's W_in [D, 2, F]) split; a family without a bias goes without."""
+    def captured(site: str):
+        return run.captures.get(_hook_name(site, layer))
 
-    def weight(name: str):
+    def weight(name: str, part: int | None = None):
         value = weights.get(f"blocks.{layer}.{name}")
-        return None if value is None else np.asarray(value)  # sliced before dot() widens it to float64
+        if value is None:
+            return None
+        value = np.asarray(value)  # sliced before dot() widens it to float64
+        return value if part is None else value[part]
 
     def dot(left: str, right_name: str, right, bias=None, divisor: float = 1.0, n: int = SHOWN) -> dict:
-        return {"left": left, "right_name": right_name, "right": _rounded(np.asarray(right)[:n]).tolist(),
-                "bias": None if bias is None else _rounded(np.asarray(bias)[:n]).tolist(), "divisor": divisor}
+        return {"left": left, "right_name": right_name, "right": np.asarray(right, np.float64)[:n].tolist(),
+                "bias": None if bias is None else np.asarray(bias, np.float64)[:n].tolist(), "divisor": divisor}
 
     dots = {}
-    keys, values = captured["attn.hook_k"], captured["attn.hook_v"]
-    if keys is not None:  # score_s = q·k_s (then / √K; the mask adds 0 on the real keys shown)
-        dots["qk"] = dot("q", "k_s", keys[:, head], n=len(keys))
-        dots["scaled"] = dot("q", "k_s", keys[:, head], divisor=float(np.sqrt(d_head)), n=len(keys))
+    rotated = captured("attn.hook_rot_k") is not None  # the scores use the rotated q and k
+    keys, values = captured("attn.hook_rot_k" if rotated else "attn.hook_k"), captured("attn.hook_v")
+    query, key = ("rot_q", "k̃_s") if rotated else ("q", "k_s")
+    if keys is not None:  # score_s = q·k_s (then / √K; the mask adds 0 on the keys in reach)
+        dots["qk"] = dot(query, key, keys[:, head], n=len(keys))
+        dots["scaled"] = dot(query, key, keys[:, head], divisor=float(np.sqrt(d_head)), n=len(keys))
     if values is not None:  # z_i = Σ_s α_s v_s,i
         dots["z"] = dot("pattern", "v_s[i] (column i of v)", values[:, head].T)
-    w_q, w_o, w_in, w_out = (weight(name) for name in ("attn.W_Q", "attn.W_O", "mlp.W_in", "mlp.W_out"))
-    if w_q is not None and w_q.ndim == 3:  # [D, H, K]: q_j = x · W_Q[:, h, j] + b_Q[h, j]
-        bias = weight("attn.b_Q")
-        dots["q"] = dot("x", "W_Q[:, h, j]", w_q[:, head].T, None if bias is None else bias[head])
-    if w_o is not None and w_o.ndim == 3:  # [H, K, D]: (z W_O[h])_j = z · W_O[h, :, j]
+    fused = weights.get(f"blocks.{layer}.attn.W_QKV") is not None
+    w_q = weight("attn.W_QKV", 0) if fused else weight("attn.W_Q")  # [D, H, K]
+    b_q = weight("attn.b_QKV", 0) if fused else weight("attn.b_Q")  # [H, K]
+    if w_q is not None:
+        dots["q"] = dot("ln1|x" if pre_ln else "x", "W_Q[:, h, j]", w_q[:, head].T, None if b_q is None else b_q[head])
+    w_o = weight("attn.W_O")
+    if w_o is not None:  # [H, K, D]: (z W_O[h])_j = z · W_O[h, :, j]
         dots["head_out"] = dot("z", "W_O[h, :, j]", w_o[head].T)
-    if w_in is not None:  # [D, F]
-        dots["ffn_pre"] = dot("ln1", "W_in[:, j]", w_in.T, weight("mlp.b_in"))
+    w_in, b_in, ffn_in = weight("mlp.W_in"), weight("mlp.b_in"), "ln2" if pre_ln else "ln1"
+    if w_in is not None and w_in.ndim == 3:  # GeGLU [D, 2, F]: the gate half, then the linear half
+        for part, step_id in enumerate(("ffn_pre", "ffn_linear")):
+            dots[step_id] = dot(ffn_in, f"W_in[:, {part}, j]", w_in[:, part].T, None if b_in is None else b_in[part])
+    elif w_in is not None:  # [D, F]
+        dots["ffn_pre"] = dot(ffn_in, "W_in[:, j]", w_in.T, b_in)
+    w_out = weight("mlp.W_out")
     if w_out is not None:  # [F, D]
         dots["ffn_out"] = dot("ffn_post", "W_out[:, j]", w_out.T, weight("mlp.b_out"))
     return dots

@@ -23,6 +23,7 @@ function minibertWorkbench(app, config, options) {
   }
 
   function number(value) {
+    if (value === null) return "−∞";  // a masked score (JSON has no number for it)
     var text = Math.abs(value) >= 1e4 || (value !== 0 && Math.abs(value) < 1e-3) ? value.toExponential(2)
       : value.toFixed(3);
     return text;
@@ -369,9 +370,10 @@ function minibertWorkbench(app, config, options) {
     });
     box.appendChild(el("div", {"class": "wb-terms-scroll"})).appendChild(table);
     var total = (sum + (dot.bias ? dot.bias[j] : 0)) / dot.divisor;
+    var hook = step.values[j] === null ? "−∞: a masked key" : step.values[j];
     box.appendChild(el("div", {"class": "wb-terms-sum", "data-sum": String(sum), "data-value": String(total)},
                        "Σ = " + sum + (dot.bias ? "; + b_j (" + dot.bias[j] + ")" : "") + (dot.divisor !== 1
-                         ? "; / " + dot.divisor : "") + " = " + total + "  (the hook's value: " + step.values[j] + ")"));
+                         ? "; / " + dot.divisor : "") + " = " + total + "  (the hook's value: " + hook + ")"));
     box.hidden = false;
   }
 
