@@ -81,7 +81,7 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32
             f"{cfg.num_hidden_layers} layers needs, first {missing[:3]}. Check that config.json "
             f"(architectures, num_hidden_layers) describes these weights."
         )
-    unused = _unused_pooler(cfg)
+    unused = _unused_pooler(cfg) | {k for k in by_key if any(re.match(p, k) for p in cfg.family.unused_keys)}
     unexpected = [by_key[k][0] for k in by_key
                   if k not in table and k not in IGNORED and k not in tied and k not in unused]
     if unexpected:

@@ -228,6 +228,32 @@ def test_saved_model_loads_in_transformers(tmp_path, suffix, config):
         np.testing.assert_array_equal(reloaded[name], value, err_msg=name)
 
 
+def test_released_checkpoints_extra_keys_are_left_unused(tmp_path):
+    """microsoft/deberta-v3-* files carry their pretraining heads (lm_predictions.*, mask_predictions.*) and an
+    unused position table beside the encoder, and their config.json names no architecture (DebertaV2Model): such a
+    file loads, to the same encoder, and a key of no known use is still refused."""
+    from safetensors.numpy import load_file, save_file
+
+    make_deberta(tmp_path, "ForMaskedLM", num_hidden_layers=1, legacy=False)
+    with_head = minibert.load(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    extra = {"mask_predictions.dense.weight": np.ones((30, 30), np.float32),
+             "deberta.embeddings.position_embeddings.weight": np.ones((64, 30), np.float32)}
+    save_file(tensors | extra, tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    bare = minibert.load(tmp_path)
+    assert bare.config.architecture == "DebertaV2Model"
+    encoder, everything = bare.named_parameters(), with_head.named_parameters()
+    assert encoder.keys() == {name for name in everything if not name.startswith("mlm.")}
+    for name, value in encoder.items():
+        np.testing.assert_array_equal(value, everything[name], err_msg=name)
+    save_file(tensors | {"deberta.encoder.extra.weight": np.ones(3, np.float32)}, tmp_path / "model.safetensors")
+    with pytest.raises(minibert.CheckpointError, match="unexpected key.*encoder.extra.weight"):
+        minibert.load(tmp_path)
+
+
 @pytest.mark.parametrize("change,named", [
     (dict(conv_kernel_size=3), "conv_kernel_size"),
     (dict(relative_attention=False), "relative_attention"),

@@ -70,6 +70,9 @@ class Family:
                                       "attention.self.value", "attention.output.dense", "attention.output.LayerNorm",
                                       "intermediate.dense", "output.dense", "output.LayerNorm")
     head_keys: HeadKeys = HeadKeys()
+    # Patterns (re.match, on keys without the encoder prefix) of keys released checkpoints carry beyond what the
+    # architecture reads and transformers leaves unused too (DeBERTa-v3's pretraining heads): ignored, not refused.
+    unused_keys: tuple[str, ...] = ()
     # Config → {checkpoint key: (minibert parameter, shape, converter)}: keys.bert_layout reads layer_keys
     # and head_keys; a family with other parameters gives its own function (keys.py has the pieces).
     key_table: Callable = bert_layout

@@ -150,6 +150,9 @@ FAMILIES = (Family(
     settings=SETTINGS,
     layer_keys=LAYER_KEYS,
     key_table=key_table,
+    # microsoft/deberta-v3-* hold their pretraining heads and an unused position table (transformers' DeBERTa
+    # ignores them when it loads): DebertaV2Model and its task heads load from those files.
+    unused_keys=(r"mask_predictions\.", r"lm_predictions\.", r"embeddings\.position_embeddings\."),
     tokenizer="unigram",
     token_types=False, base_pooler=False, pooler_activation="gelu",
     positions="relative", attention="disentangled",
