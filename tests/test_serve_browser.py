@@ -23,7 +23,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 from minibert.analysis import interventions
 from minibert.app import serve
-from minibert.viz.explore import Workbench
+from minibert.viz.explore import TOP_K, Workbench
 
 TOKEN = "browser-token"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
@@ -94,6 +94,13 @@ class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
     def values(self, selector: str) -> list[float]:
         return self.values_of(selector, "value")
 
+    def neuron_softmax(self, side: str, layer: int) -> list[float]:
+        """The softmax column of the neuron view on one side of the views ("before", "after") at `layer`."""
+        neuron = f"#wb-views-0 .wb-view-side[data-side={side}] .mbv[data-mbv-kind=neuron]"
+        self.page.select_option(f"{neuron} .mbv-controls select >> nth=0", index=layer)
+        self.settle()
+        return self.values(f"{neuron} .mbv-num[data-col=softmax]")
+
     def values_of(self, selector: str, field: str) -> list[float]:
         """The numbers in the data-FIELD attributes of the elements `selector` finds."""
         return [float(v) for v in self.page.eval_on_selector_all(selector, "(ns, f) => ns.map(n => n.dataset[f])",
@@ -151,14 +158,36 @@ def test_ablation_shows_the_views_before_and_after(browser, server, tiny_mlm):
     rtol = forward_rtol(model.config, batch.input_ids.shape[1])
     assert np.abs(expected["before"] - expected["after"]).max() > 10 * rtol  # the two sides must differ to tell
     for side, pattern in expected.items():
-        neuron = f"#wb-views-0 .wb-view-side[data-side={side}] .mbv[data-mbv-kind=neuron]"
-        page.page.select_option(f"{neuron} .mbv-controls select >> nth=0", index=1)  # layer 2 (1-indexed)
-        page.settle()
-        assert_close_to_scale(page.values(f"{neuron} .mbv-num[data-col=softmax]"), pattern, rtol, side)
+        assert_close_to_scale(page.neuron_softmax(side, layer=1), pattern, rtol, side)
     page.page.select_option("#wb-mixing", "rollout")  # a mixing map, before and after the ablation too
     page.settle()
     for side in ("before", "after"):
         assert page.page.locator(f"#wb-views-0 .wb-view-side[data-side={side}] .mbv").count() == 2  # head, model
+    assert page.problems == []
+
+
+def test_masking_a_token_compares_with_the_text_before(browser, server, tiny_mlm):
+    """After [MASK] replaces a token, the "before" side is the text as typed: its views' pattern is the typed text's
+    (run_with_cache), the "after" side's the masked text's, and only the after side has the masked-LM guesses."""
+    model = tiny_mlm[0]
+    page = Workbench_page(browser, server)
+    page.type("a b c d e")
+    page.page.click("#wb-tokens-0 .wb-token[data-index='3']")
+    page.settle()
+    page.page.click("#wb-mask")
+    page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
+    page.settle()
+    assert page.page.input_value("#wb-text") == "a b [MASK] d e"
+    rtol = forward_rtol(model.config, 7)
+    name = "blocks.0.attn.hook_pattern"
+    expected = {side: np.asarray(model.run_with_cache(model.tokenize([text]), [name])[1][name])[0, 0, 1]
+                for side, text in (("before", "a b c d e"), ("after", "a b [MASK] d e"))}  # head 0, query 1
+    assert np.abs(expected["before"] - expected["after"]).max() > 10 * rtol  # the two sides must differ to tell
+    for side, pattern in expected.items():
+        assert_close_to_scale(page.neuron_softmax(side, layer=0), pattern, rtol, side)
+    guesses = {side: page.page.locator(f"#wb-outputs-0 .wb-output[data-side={side}] .wb-value[data-kind=mlm]").count()
+               for side in ("before", "after")}
+    assert guesses == {"before": 0, "after": TOP_K}
     assert page.problems == []
 
 

@@ -129,10 +129,12 @@ function minibertWorkbench(app, config, options) {
         state.query = Math.min(state.query, answer.tokens.length - 1);
         showTokens(panel, answer);
         showHeads(panel);
-        showOutputs(panel, answer.outputs);
-        var sides = viewSides(panel, answer);
-        return Promise.all([sides.then(function (s) { if (ticket === state.runs) showViews(panel, s); }),
-                            stepThrough(panel, ticket)]);
+        var shown = comparison(panel, answer).then(function (compared) {
+          if (ticket !== state.runs) return;
+          showOutputs(panel, compared.outputs, compared.titles);
+          showViews(panel, compared.sides);
+        });
+        return Promise.all([shown, stepThrough(panel, ticket)]);
       });
     });
     Promise.all(work).then(function () {
@@ -148,37 +150,58 @@ function minibertWorkbench(app, config, options) {
     });
   }
 
-  /** The views to draw (raw attention from the run's answer, or the chosen mixing maps): this run's alone, or,
-      after an ablation or a token replacement, the run before it (the text before any replacement, no head
-      ablated) beside this one. A run without ablation is kept as the "before" of its text and method, so
-      clicking a head asks the server for nothing more. */
-  function viewSides(panel, answer) {
+  /** What refresh draws: the outputs and the views (raw attention from the run's answer, or the chosen mixing
+      maps) of this run alone, or, after an ablation or a token replacement, those of the run before it (the text
+      before any replacement, no head ablated) beside this one's. An ablation's outputs both come in the run's
+      answer; a replacement's "before" is the earlier text's own run. */
+  function comparison(panel, answer) {
     var method = mixing.node.value;
     var now = [text.value, pair.value.trim()];
     var then = state.baseline ? [state.baseline.text, state.baseline.pair.trim()] : now;
-    var replaced = then[0] !== now[0] || then[1] !== now[1], key = JSON.stringify([method, then]);
+    var replaced = then[0] !== now[0] || then[1] !== now[1];
     var after = viewsOf(panel, method, {}, answer);
     if (!answer.ablated.length && !replaced) {
+      keep(panel, now, "run", Promise.resolve(answer));
+      keep(panel, now, method, after);
       return after.then(function (views) {
-        panel.before = {key: key, views: views};
-        return [{side: "only", views: views}];
+        return {sides: [{side: "only", views: views}], outputs: answer.outputs, titles: {}};
       });
     }
-    var before = panel.before && panel.before.key === key ? Promise.resolve(panel.before.views)
-      : viewsOf(panel, method, {ablate: [], text: then[0], pair: then[1] || null}).then(function (views) {
-        panel.before = {key: key, views: views};
-        return views;
-      });
+    var earlier = unablated(panel, then, "run");
+    var before = method === "attention" ? earlier.then(function (run) { return run.views; })
+      : unablated(panel, then, method);
+    var outputs = !replaced ? Promise.resolve(answer.outputs) : earlier.then(function (run) {
+      return {before: run.outputs.before, after: answer.outputs.after || answer.outputs.before};
+    });
     var changes = replaced ? ["the token replaced"] : [];
     if (answer.ablated.length) {
       changes.push("ablated (" + answer.mode + "): " + answer.ablated.map(function (p) {
         return (p[0] + 1) + "-" + (p[1] + 1);
       }).join(", "));
     }
-    return Promise.all([before, after]).then(function (both) {
-      return [{side: "before", title: "Before" + (replaced ? ": " + then[0] : ""), views: both[0]},
-              {side: "after", title: "After: " + changes.join("; "), views: both[1]}];
+    var titles = {before: "Before" + (replaced ? ": " + then[0] : ""), after: "After: " + changes.join("; ")};
+    return Promise.all([before, after, outputs]).then(function (all) {
+      return {sides: [{side: "before", title: titles.before, views: all[0]},
+                      {side: "after", title: titles.after, views: all[1]}], outputs: all[2], titles: titles};
     });
+  }
+
+  /** A promise of `what` ("run": the run's answer; a mixing method: its views) for the text `words` ([text,
+      sentence B]) with no head ablated: asked for once and kept while that text is the one compared against,
+      so clicking heads asks the server for nothing more than the ablated run. */
+  function unablated(panel, words, what) {
+    var kept = panel.kept && panel.kept.text === JSON.stringify(words) && panel.kept[what];
+    return kept || keep(panel, words, what, what === "run"
+      ? send("run", body(panel.n, {ablate: [], text: words[0], pair: words[1] || null}))
+      : viewsOf(panel, what, {ablate: [], text: words[0], pair: words[1] || null}));
+  }
+
+  function keep(panel, words, what, promise) {
+    var textKey = JSON.stringify(words);
+    if (!panel.kept || panel.kept.text !== textKey) panel.kept = {text: textKey};
+    panel.kept[what] = promise;
+    promise.catch(function () { if (panel.kept[what] === promise) delete panel.kept[what]; });  // ask again
+    return promise;
   }
 
   /** The views of one run: the run's own answer's for raw attention (asked for when not given), else its mixing. */
@@ -224,14 +247,15 @@ function minibertWorkbench(app, config, options) {
     });
   }
 
-  function showOutputs(panel, outputs) {
+  /** outputs: {before} alone, or {before, after} with their titles. */
+  function showOutputs(panel, outputs, titles) {
     var part = panel.outputs;
     while (part.childNodes.length > 1) part.removeChild(part.lastChild);
     var sides = Object.keys(outputs);
     var any = false;
     sides.forEach(function (side) {
       var block = el("div", {"class": "wb-output", "data-side": side});
-      block.appendChild(el("h3", {}, side === "before" ? (sides.length > 1 ? "Before" : "Output") : "After ablation"));
+      block.appendChild(el("h3", {}, sides.length > 1 ? titles[side] : "Output"));
       var result = outputs[side];
       (result.mlm || []).forEach(function (masked) {
         block.appendChild(el("div", {}, "[MASK] at position " + masked.position + ":"));
