@@ -24,7 +24,9 @@ from tests.conftest import make_hf_model
 
 SETTINGS = dict(task="sequence-classification", num_labels=2, epochs=3, batch_size=4, learning_rate=1e-3,
                 dropout=0.1, seed=5, progress=False)
-KILLED_AT = 20  # the update during which the run dies: in its second epoch (15 updates each), after 19 saves
+# The run saves every 2 updates (2, 4, 6) and dies at the save of update 8, in its first epoch of 15 updates:
+# updates 7 and 8 are lost, and the resumed run does them again.
+CHECKPOINT_EVERY, KILLED_AT = 2, 8
 RUN = """
 import json, os, signal, sys
 import minibert
@@ -38,7 +40,7 @@ def save_unless_killed(self, micro, state, meta):  # SIGKILL: no exception, no c
         os.kill(os.getpid(), signal.SIGKILL)
     save(self, micro, state, meta)
 Checkpoints.save = save_unless_killed
-training.finetune(minibert.load(sys.argv[1]), rows, resume=sys.argv[2], checkpoint_every=1, **settings)
+training.finetune(minibert.load(sys.argv[1]), rows, resume=sys.argv[2], checkpoint_every=int(sys.argv[6]), **settings)
 """
 
 
@@ -66,10 +68,11 @@ def test_a_killed_run_resumes_to_the_same_bits(tmp_path):
 
     run_dir = tmp_path / "run"
     killed = subprocess.run([sys.executable, "-c", RUN, str(tmp_path / "hf"), str(run_dir), json.dumps(SETTINGS),
-                             json.dumps(rows), str(KILLED_AT)], env=os.environ | {"PYTHONPATH": os.getcwd()},
+                             json.dumps(rows), str(KILLED_AT), str(CHECKPOINT_EVERY)],
+                            env=os.environ | {"PYTHONPATH": os.getcwd()},
                             capture_output=True, text=True, timeout=600)  # the timeout guards against a hang
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert _checkpoints(run_dir) == [KILLED_AT - 2, KILLED_AT - 1]  # the saves before it (two are kept)
+    assert _checkpoints(run_dir) == [4, 6]  # the newest two saves are kept
 
     resumed = training.finetune(model, examples, resume=run_dir, **SETTINGS)
     assert resumed.history.loss == whole.history.loss
