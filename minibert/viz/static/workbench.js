@@ -37,7 +37,8 @@ function minibertWorkbench(app, config, options) {
   var text = el("textarea", {id: prefix + "text", rows: 2, maxlength: config.models[0].max_chars});
   text.value = "The cat sat on the mat because it was tired.";
   var pairLabel = el("label", {"for": prefix + "pair"}, "Sentence B (optional)");
-  var pair = el("input", {id: prefix + "pair", "class": "wb-pair", type: "text", maxlength: config.models[0].max_chars});
+  var pair = el("input", {id: prefix + "pair", "class": "wb-pair", type: "text",
+                          maxlength: config.models[0].max_chars});
   var mode = select(prefix + "mode", "Ablation", config.models[0].ablation_modes);
   var mixing = select(prefix + "mixing", "Views show", config.models[0].mixing_methods);
   var clearButton = el("button", {id: prefix + "clear", type: "button"}, "Clear ablations");
@@ -228,7 +229,8 @@ function minibertWorkbench(app, config, options) {
     var row = el("div", {"class": "wb-token-row", role: "group", "aria-label": "tokens"});
     answer.tokens.forEach(function (tokenText, i) {
       var button = el("button", {type: "button", "class": "wb-token" + (i === state.query ? " wb-chosen" : ""),
-                                 id: prefix + "token-" + panel.n + "-" + i, "data-index": i, "aria-pressed": String(i === state.query),
+                                 id: prefix + "token-" + panel.n + "-" + i, "data-index": i,
+                                 "aria-pressed": String(i === state.query),
                                  title: "position " + i + ": click to step through it as the query"}, tokenText);
       if (answer.sentence_b_start != null && i >= answer.sentence_b_start) button.classList.add("wb-b");
       button.addEventListener("click", function () { state.query = i; refresh(); });
@@ -382,14 +384,18 @@ function minibertWorkbench(app, config, options) {
       + number(dot.divisor) : "") + ": " + left.length + " terms"));
     var table = el("table", {"class": "wb-terms-table"});
     var header = el("tr");
-    ["i", byId[dot.left].label, dot.right_name, "product"].forEach(function (h) { header.appendChild(el("th", {}, h)); });
+    ["i", byId[dot.left].label, dot.right_name, "product"].forEach(function (h) {
+      header.appendChild(el("th", {}, h));
+    });
     table.appendChild(header);
     left.forEach(function (a, i) {
       var product = a * right[i];
       sum += product;
       var row = el("tr", {"class": "wb-term", "data-left": String(a), "data-right": String(right[i]),
                           "data-product": String(product)});
-      [String(i), number(a), number(right[i]), number(product)].forEach(function (t) { row.appendChild(el("td", {}, t)); });
+      [String(i), number(a), number(right[i]), number(product)].forEach(function (t) {
+        row.appendChild(el("td", {}, t));
+      });
       table.appendChild(row);
     });
     box.appendChild(el("div", {"class": "wb-terms-scroll"})).appendChild(table);
@@ -408,7 +414,8 @@ function minibertWorkbench(app, config, options) {
       var source = byId[id];
       if (!source) return;
       if (source.values.length === step.values.length) parts.push(source.label + "[" + at + "] = " + source.values[at]);
-      else parts.push(source.label + " (" + source.shape.join("×") + "): ‖·‖ = " + norm(source.values).toFixed(4));
+      else parts.push(source.label + " (" + source.shape.join("×") + "): ‖·‖ = "
+                      + norm(source.values).toFixed(4));
     });
     return parts.join("\n");
   }
@@ -433,9 +440,14 @@ function minibertWorkbench(app, config, options) {
   pair.addEventListener("input", later);
   mode.node.addEventListener("change", refresh);
   mixing.node.addEventListener("change", refresh);
-  clearButton.addEventListener("click", function () { state.ablate = state.ablate.map(function () { return []; }); refresh(); });
+  clearButton.addEventListener("click", function () {
+    state.ablate = state.ablate.map(function () { return []; });
+    refresh();
+  });
   maskButton.addEventListener("click", function () { replaceChosen(config.models[0].mask_token); });
-  replaceButton.addEventListener("click", function () { if (replace.value.trim()) replaceChosen(replace.value.trim()); });
+  replaceButton.addEventListener("click", function () {
+    if (replace.value.trim()) replaceChosen(replace.value.trim());
+  });
 
   // ---- the tour (tutorial 1, "One head by hand", on the student's own sentence) -------------------------
 
