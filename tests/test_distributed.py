@@ -46,7 +46,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str, argument: dict, processes: int = 2, timeout: float = 900) -> list[subprocess.CompletedProcess]:
+def launch(script: str, argument: dict, processes: int = 2, timeout: float = 600) -> list[subprocess.CompletedProcess]:
     """Run `script` in `processes` processes of one jax.distributed job (2 CPU devices each); every one
     gets JSON `argument` as argv[1]. Returns the finished processes in process order; `timeout` guards
     against a hang, and a process still running then is killed with its test."""
