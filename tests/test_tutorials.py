@@ -43,7 +43,7 @@ def test_tutorial_runs(tutorial, tmp_path):
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     # The timeout guards against a hang only: tutorial 7 fine-tunes MiniLM twice, many minutes on a loaded machine.
     result = subprocess.run([sys.executable, str(tutorial)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=2400)
+                            timeout=1800)
     assert result.returncode == 0, (f"{tutorial.name} exited with {result.returncode}\n"
                                     f"--- stdout (end) ---\n{result.stdout[-3000:]}\n"
                                     f"--- stderr (end) ---\n{result.stderr[-6000:]}")
