@@ -26,7 +26,6 @@ from minibert import HookFn, analysis, training, viz
 from minibert.analysis import corpus, probes
 from minibert.api import Inputs
 from minibert.config import Config
-from minibert.errors import AnalysisError
 from minibert.sites import PATTERNS
 from minibert.tokenizer import Tokenizer
 
@@ -229,12 +228,25 @@ def test_value_zeroing_is_the_distance_a_zeroed_value_makes(model):
     np.testing.assert_allclose(C[layer, 0, :, key], expected, rtol=0, atol=2 * tol)  # cos of unit-scale vectors
 
 
-def test_alti_refuses_pre_ln_blocks_naming_the_family(model):
-    if model.config.family.norm == "post":
-        assert analysis.alti(model, TEXTS).shape == (L, 3, clean_length(model), clean_length(model))
-    else:
-        with pytest.raises(AnalysisError, match="ModernBERT's blocks are pre-LN"):
-            analysis.alti(model, TEXTS)
+@pytest.mark.parametrize("model", ["modernbert"], indirect=True)  # BERT's ALTI: tests/test_analysis_mixing.py
+def test_alti_splits_a_pre_ln_attention_sub_block_into_token_terms(model):
+    """Pre-LN: y_t = resid_mid_t = Σ_s z_ts (no b_O in this model) with z_ts = Σ_h α^h_ts v^h_s W_O^h + [t = s] x_s;
+    C[t, s] ∝ max(0, ‖y_t‖₁ − ‖y_t − z_ts‖₁), written out in float64 from the captures."""
+    batch = model.tokenize(TEXTS[:1])
+    C = analysis.alti(model, batch)  # [L, B, T, S]
+    names = ["blocks.*.hook_resid_pre", "blocks.*.attn.hook_v", PATTERNS, "blocks.*.hook_resid_mid"]
+    _, cache = model.run_with_cache(batch, names=names)
+    W_O = np.asarray(model.layer_weights("attn.W_O"), np.float64)
+    tol, _ = rtols(model, batch.input_ids.shape[1])
+    for layer in range(L):
+        x, v, pattern, y = (np.asarray(cache[f"blocks.{layer}.{site}"][0], np.float64)
+                            for site in ("hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "hook_resid_mid"))
+        z = np.einsum("HTS,SHK,HKD->TSD", pattern, v, W_O[layer]) + np.eye(len(x))[:, :, None] * x[None]
+        assert_close_to_scale(z.sum(1), y, tol, "Σ_s z_ts = resid_mid")
+        c = np.maximum(0, np.abs(y).sum(-1)[:, None] - np.abs(y[:, None] - z).sum(-1))  # [T, S]
+        # c's rounding: tol of ‖y_t‖₁ in each of its two norms; normalising divides it by the row's sum.
+        bound = 2 * tol * np.abs(y).sum(-1) / c.sum(-1)
+        assert (np.abs(C[layer, 0] - c / c.sum(-1, keepdims=True)) <= bound[:, None]).all(), layer
 
 
 # ---- fine-tuning and probes -----------------------------------------------------------------------------------

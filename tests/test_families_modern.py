@@ -24,7 +24,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.config import Config
-from minibert.errors import AnalysisError, ConfigError, InputError
+from minibert.errors import ConfigError, InputError
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
 from minibert.model import Bert
 from minibert.tokenizers_hf import tokenizer_for
@@ -270,14 +270,6 @@ def test_logit_lens_reads_each_block_through_ln_final(tmp_path):
     real = batch["attention_mask"] > 0
     for stream, expected in enumerate(theirs):
         assert_close_to_scale(lens[stream], expected, head_tol, f"lens stream {stream}", where=real)
-
-
-def test_alti_names_the_pre_ln_family(tmp_path):
-    from minibert.analysis import alti
-
-    make_modernbert(tmp_path)
-    with pytest.raises(AnalysisError, match="ModernBERT's blocks are pre-LN"):
-        alti(minibert.load(tmp_path), padded_batch(np.random.default_rng(5), 2, 5))
 
 
 def test_no_position_table_is_said(tmp_path):

@@ -121,47 +121,51 @@ def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = Fals
 
 # ---- ALTI -----------------------------------------------------------------------------------------------
 
-def alti_terms(x, v, pattern, scale, gamma, W_O) -> jax.Array:
+def alti_terms(x, v, pattern, scale, gamma, W_O, normalized: bool = True) -> jax.Array:
     """ALTI's per-token terms T_t(x_s) of one document and layer, [T, S, D].
 
     x [S, D] the block input, v [S, H, K] (with b_V), pattern [H, T, S], scale [T, 1] the σ LN1 divided
     by, gamma [D] LN1's gain, W_O [H, K, D]. z_ts = Σ_h α^h_ts f^h(x_s) + [t = s] x_s with
-    f^h(x) = (x W_V + b_V) W_O^h (b_O excluded); T_t(x_s) = γ ⊙ (z_ts − mean z_ts) / σ_t.
+    f^h(x) = (x W_V + b_V) W_O^h (b_O excluded); T_t(x_s) = γ ⊙ (z_ts − mean z_ts) / σ_t. normalized=False
+    (a pre-LN block, where no LayerNorm follows the residual; its v is computed from LN1(x_s), a function of
+    x_s alone): T_t(x_s) = z_ts, and scale and gamma are unused.
     """
     f = jnp.einsum("SHK,HKD->SHD", v, W_O, precision=EXACT)
     z = jnp.einsum("HTS,SHD->TSD", pattern, f, precision=EXACT)
     z = z + jnp.eye(pattern.shape[1], x.shape[0], dtype=z.dtype)[:, :, None] * x[None]
-    return gamma * (z - z.mean(-1, keepdims=True)) / scale[:, :, None]
+    return gamma * (z - z.mean(-1, keepdims=True)) / scale[:, :, None] if normalized else z
 
 
-def alti_head_terms(v, pattern, scale, gamma, W_O) -> jax.Array:
+def alti_head_terms(v, pattern, scale, gamma, W_O, normalized: bool = True) -> jax.Array:
     """ALTI's terms split by head, [H, T, S, D]: T^h_t(x_s) = γ ⊙ (z^h_ts − mean z^h_ts) / σ_t with
     z^h_ts = α^h_ts f^h(x_s). Over heads they add up to alti_terms less the residual's own term, which belongs
     to no head: Σ_h T^h_t(x_s) + [t = s] γ ⊙ (x_s − mean x_s)/σ_t = T_t(x_s). Arguments as alti_terms."""
     f = jnp.einsum("SHK,HKD->SHD", v, W_O, precision=EXACT)
     z = jnp.einsum("HTS,SHD->HTSD", pattern, f, precision=EXACT)
-    return gamma * (z - z.mean(-1, keepdims=True)) / scale[None, :, :, None]
+    return gamma * (z - z.mean(-1, keepdims=True)) / scale[None, :, :, None] if normalized else z
 
 
-def _alti_contributions(x, v, pattern, scale, y, gamma, W_O, per_head: bool = False) -> jax.Array:
+def _alti_contributions(x, v, pattern, scale, y, gamma, W_O, per_head: bool = False,
+                        normalized: bool = True) -> jax.Array:
     """c_ts = max(0, ‖y_t‖₁ − ‖y_t − T_t(x_s)‖₁) with y [T, D] LN1's real output: [T, S], before normalising;
     per_head: the same with each head's term T^h_t(x_s), [H, T, S].
 
     y, not Σ_s T_t(x_s): the whole each term is measured against also holds β and the b_O term, as in the
     authors' released code (which asserts that y equals the post-LayerNorm states)."""
-    terms = alti_head_terms(v, pattern, scale, gamma, W_O) if per_head else alti_terms(x, v, pattern, scale, gamma,
-                                                                                        W_O)
+    terms = (alti_head_terms(v, pattern, scale, gamma, W_O, normalized) if per_head
+             else alti_terms(x, v, pattern, scale, gamma, W_O, normalized))
     l1 = lambda a: jnp.abs(a).sum(-1)
     return jnp.maximum(0.0, l1(y)[..., :, None] - l1(y[:, None] - terms))
 
 
-@partial(jax.jit, static_argnames=("chunk", "per_head"))
-def _alti(resid_pre, v, pattern, scale, y, gamma, W_O, attention_mask, chunk: int, per_head: bool) -> jax.Array:
+@partial(jax.jit, static_argnames=("chunk", "per_head", "normalized"))
+def _alti(resid_pre, v, pattern, scale, y, gamma, W_O, attention_mask, chunk: int, per_head: bool,
+          normalized: bool) -> jax.Array:
     """Stacked per-layer captures ([L, B, ...]) and weights ([L, ...]) → unnormalised c [L, B, T, S], or
     [L, H, B, T, S] per head."""
     def layer(args):
         x, v, pattern, scale, y, gamma, W_O = args
-        one = lambda doc: _alti_contributions(*doc, gamma, W_O, per_head)
+        one = lambda doc: _alti_contributions(*doc, gamma, W_O, per_head, normalized)
         return jax.lax.map(one, (x, v, pattern, scale, y), batch_size=chunk)
 
     f32 = lambda a: jnp.asarray(a, jnp.float32)
@@ -183,26 +187,33 @@ def alti(model, batch, *, per_head: bool = False, hooks=None) -> np.ndarray:
     ‖y_t − T_t(x_s)‖₁), rows normalised — measured against y_t itself, as the authors' released code does.
     Computed from one captured forward pass (resid_pre, v, pattern, LN1's σ and output) in one compiled
     program over layers and documents. Padding rows and columns are 0.
+    A pre-LN block (ModernBERT) has no LayerNorm after the residual, and its LN1 acts on each x_s alone before
+    the values, so the sub-block's output y_t = hook_resid_mid splits exactly into T_t(x_s) = z_ts (plus b_O);
+    c_ts is measured against that y_t the same way (docs/context_mixing.md).
     hooks (as run_with_hooks takes them): the map of the model as they change it. They act on that captured
     forward, and the terms are built from its (hooked) patterns and values: a hook that replaces a head's output
     z with something no token feeds (an ablation) must also zero that head's `attn.hook_pattern`, so that the
     head carries no token's term and its replacement, like b_O, belongs to no token.
     """
-    if model.config.family.norm != "post":
-        raise AnalysisError(f"ALTI is defined on post-LN blocks (the attention output, its residual and the LayerNorm "
-                            f"after them, LN1); {model.config.family.name}'s blocks are pre-LN, so its terms do not "
-                            f"decompose that way. value_zeroing and attention_norms run on every family.")
     inputs = model.inputs(batch)
-    sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "ln1.hook_scale", "ln1.hook_out"]
+    post_norm = model.config.family.norm == "post"
+    # Pre-LN: the whole is resid_mid = x_t + Σ_s Σ_h α f(LN1(x_s)) + b_O, no LayerNorm after it (σ = γ = 1, unused)
+    sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern",
+             *(("ln1.hook_scale", "ln1.hook_out") if post_norm else ("hook_resid_mid",))]
     _, cache = model.run(inputs, names=[f"blocks.*.{site}" for site in sites], hooks=hooks)
     captured = [cache.stack(site) for site in sites]
-    gamma, W_O = model.layer_weights("ln1.scale"), model.layer_weights("attn.W_O")
+    W_O = model.layer_weights("attn.W_O")
+    if post_norm:
+        gamma = model.layer_weights("ln1.scale")
+    else:
+        gamma = jnp.ones((W_O.shape[0], W_O.shape[-1]), jnp.float32)
+        captured.insert(3, jnp.ones((*captured[0].shape[:-1], 1), jnp.float32))
     _, _, T, D = captured[0].shape
     per_document = 4 * T * T * (4 * D + model.config.num_attention_heads)  # z, the terms, their differences
     if per_head:
         per_document *= model.config.num_attention_heads
     contributions = _alti(*captured, gamma, W_O, inputs.attention_mask,
-                          items_per_chunk(per_document, captured[0].shape[1]), bool(per_head))
+                          items_per_chunk(per_document, captured[0].shape[1]), bool(per_head), post_norm)
     return np.asarray(normalize_rows(contributions))
 
 
