@@ -23,6 +23,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import numpy as np
@@ -63,6 +64,7 @@ class Run:
     captures: dict[str, np.ndarray]
     logits: np.ndarray | None
     similarity: float | None
+    views: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # its views' data, once built
 
     def stack(self, site: str) -> np.ndarray:
         """One block site over every layer, [L, …]."""
@@ -113,6 +115,7 @@ class Workbench:
         self._runs: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()  # guards the run cache; one forward at a time
         self._answering = threading.Lock()  # one answer at a time: memory stays flat under concurrent clients
+        self._drawing = ThreadPoolExecutor(1, thread_name_prefix="workbench-views")  # see _built_views
 
     # ---- requests -------------------------------------------------------------------------------------
 
@@ -298,14 +301,23 @@ class Workbench:
 
     def _views(self, run: Run) -> dict:
         """The head, model and neuron views' data (View.data, drawn in the page by views.js), packed without
-        compression (level 0): on a local connection, compressing costs more time than the bytes it saves."""
+        compression (level 0): on a local connection, compressing costs more time than the bytes it saves.
+        Built once per run and kept with it in the run cache: clicking a token or a head of the step-through asks
+        for the same run again."""
+        if not run.views:
+            run.views.update(self._built_views(run))
+        return run.views
+
+    def _built_views(self, run: Run) -> dict:
+        """The neuron view is drawn on a second thread meanwhile: NumPy lets go of the GIL in its array work, so on
+        two cores the three views take about as long as the neuron view alone."""
         attention = run.stack("attn.hook_pattern")
         q, k = run.stack("attn.hook_q"), run.stack("attn.hook_k")
         tokens, b_start = run.tokens, run.sentence_b_start
+        neuron = self._drawing.submit(views.neuron_view, tokens, q, k, attention, b_start,
+                                      query_index=min(1, len(tokens) - 1), level=0)
         return {"head": views.head_view(tokens, attention, b_start, level=0).data,
-                "model": views.model_view(tokens, attention, b_start, level=0).data,
-                "neuron": views.neuron_view(tokens, q, k, attention, b_start, query_index=min(1, len(tokens) - 1),
-                                            level=0).data}
+                "model": views.model_view(tokens, attention, b_start, level=0).data, "neuron": neuron.result().data}
 
     def _output_kinds(self) -> list[str]:
         heads = self.model.config.heads
@@ -345,6 +357,23 @@ def _silenced_heads(pattern, ctx, mask):
     return (pattern * (1 - mask[ctx.layer])[None, :, None, None]).astype(pattern.dtype)
 
 
+SIGNIFICANT = 8  # digits of each number a step sends: float32 holds ~7.2, so rounding to 8 moves a hook's value by
+# at most 5e-8 (relative), under one float32 step, and halves the characters of float64's 17: the step's JSON is
+# encoded and parsed in about half the time (RESULTS.md, "Live workbench")
+
+
+def _rounded(value) -> np.ndarray:
+    """float64 `value` rounded to SIGNIFICANT significant digits (zeros and non-finite values as they are)."""
+    x = np.asarray(value, np.float64)
+    with np.errstate(all="ignore"):  # log10(0) = −inf, inf·0: those entries are put back below
+        places = SIGNIFICANT - 1 - np.floor(np.log10(np.abs(x)))  # decimal places kept
+        # Powers of ten up to 1e22 are exact doubles, so m / 10^p is the double nearest to the decimal m·10^−p and
+        # prints as it: scale up by 10^p, or down by 10^−p, never by an inexact 10^−p.
+        up, down = 10.0 ** np.maximum(places, 0), 10.0 ** np.maximum(-places, 0)
+        rounded = np.round(x * up / down) * down / up
+    return np.where(np.isfinite(rounded), rounded, x)
+
+
 def _cut(name: str, value: np.ndarray, length: int) -> np.ndarray:
     """A captured value (batch axis dropped) cut back to the real tokens on its T and S axes."""
     axes = site_axes(name, value.ndim + 1)[1:]
@@ -378,7 +407,7 @@ SHOWN = 8  # values the page shows of a vector (the rest behind "…"), and whos
 
 def _vector(value: np.ndarray) -> list[float | None]:
     """The values as JSON numbers; −∞ (a masked score) as null, which JSON has no number for."""
-    flat = np.asarray(value, np.float64).ravel()
+    flat = _rounded(value).ravel()
     return [None if v == -np.inf else v for v in flat.tolist()]
 
 
@@ -523,8 +552,8 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
         return value if part is None else value[part]
 
     def dot(left: str, right_name: str, right, bias=None, divisor: float = 1.0, n: int = SHOWN) -> dict:
-        return {"left": left, "right_name": right_name, "right": np.asarray(right, np.float64)[:n].tolist(),
-                "bias": None if bias is None else np.asarray(bias, np.float64)[:n].tolist(), "divisor": divisor}
+        return {"left": left, "right_name": right_name, "right": _rounded(np.asarray(right)[:n]).tolist(),
+                "bias": None if bias is None else _rounded(np.asarray(bias)[:n]).tolist(), "divisor": divisor}
 
     dots = {}
     rotated = captured("attn.hook_rot_k") is not None  # the scores use the rotated q and k
