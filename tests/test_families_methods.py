@@ -1,7 +1,7 @@
 """Every method on every family: each public analysis, survey, view, sweep, patching method, fine-tuning step and
-probe runs once on a tiny ModernBERT (pre-LN, rotary, local windows, GeGLU) and, as the control, on a tiny BERT,
-and gives the value its definition says — checked against a loop of hooked forward passes, the model's own
-captures, or a hand-written update — or refuses with an error naming the family.
+probe runs once on a tiny ModernBERT (pre-LN, rotary, local windows, GeGLU), a tiny DeBERTa-v3 (disentangled
+attention over relative-position buckets) and, as the control, a tiny BERT, and gives the value its definition
+says — checked against a loop of hooked forward passes, the model's own captures, or a hand-written update.
 
 The models are built here, in memory, with every weight redrawn (N(0, 0.3²); LayerNorm gains 1 + N(0, 0.2²)) so
 that patterns are far from uniform; ModernBERT's local layer (block 1) sees ±2 tokens, fewer than a text has.
@@ -33,8 +33,14 @@ VOCAB = 80
 L = 2
 SIZES = dict(vocab_size=VOCAB, hidden_size=24, num_hidden_layers=L, num_attention_heads=4, intermediate_size=20,
              max_position_embeddings=64)
-FAMILY_SETTINGS = {"bert": dict(type_vocab_size=2),  # ModernBERT: block 0 global, block 1 local (±2 tokens)
-                   "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, pad_token_id=0)}
+FAMILY_SETTINGS = {
+    "bert": dict(type_vocab_size=2),
+    "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, pad_token_id=0),  # block 1 sees ±2 tokens
+    "deberta-v2": dict(relative_attention=True, position_buckets=4, max_relative_positions=8, share_att_key=True,
+                       pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", position_biased_input=False,
+                       type_vocab_size=0),  # v3's layout; texts longer than the position buckets
+}
+PREFIX = {"bert": "Bert", "modernbert": "ModernBert", "deberta-v2": "DebertaV2"}
 TEXTS = ["the cat sat on the mat.", "a dog ran far away, fast!", "we saw it. then we left."]
 OTHER = ["a cat sat on a mat .", "the dog ran far off, fast!", "they saw us. so we left."]
 
@@ -49,16 +55,15 @@ def redrawn(model: minibert.Model, seed: int) -> dict:
 
 def tiny(model_type: str, directory, architecture: str = "ForMaskedLM", seed: int = 0) -> minibert.Model:
     """A tiny random model of the family, with a WordPiece vocabulary (the methods do not depend on it)."""
-    prefix = {"bert": "Bert", "modernbert": "ModernBert"}[model_type]
     cfg = Config.from_hf(SIZES | FAMILY_SETTINGS[model_type] | {"model_type": model_type, "num_labels": 3,
-                                                                  "architectures": [prefix + architecture]})
+                                                                  "architectures": [PREFIX[model_type] + architecture]})
     write_vocab(directory, VOCAB)
     tokenizer = Tokenizer.from_dir(directory, segments=cfg.family.token_types)
     shapes = minibert.Model(cfg, tokenizer=tokenizer)
     return minibert.Model.from_parameters(cfg, redrawn(shapes, seed), tokenizer)
 
 
-@pytest.fixture(scope="module", params=["bert", "modernbert"])
+@pytest.fixture(scope="module", params=list(PREFIX))
 def model(request, tmp_path_factory):
     return tiny(request.param, tmp_path_factory.mktemp(request.param))
 
@@ -120,13 +125,12 @@ def test_views_show_the_models_attention_and_the_q_k_its_scores_use(model):
     assert (doc.head_view().kind, doc.model_view().kind) == ("head", "model")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the view warns where softmax(q·k/√K) is not the pattern
-        viz.neuron_view(doc.tokens, doc.q[:1], doc.k[:1], doc.attention[:1])  # layer 0 is global in both families
+        doc.neuron_view(layers=[0])  # block 0 is global in ModernBERT
 
 
 # ---- sweeps, patching, gradients, logit lens, compare -----------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_ablation_sweep_equals_a_loop_of_ablated_runs(model):
     batch = model.tokenize(TEXTS)
     grid = analysis.ablation_sweep(model, batch, metric)  # [L, H], mean over rows
@@ -137,7 +141,6 @@ def test_ablation_sweep_equals_a_loop_of_ablated_runs(model):
         assert abs(grid[layer, head] - expected) <= head_tol * np.abs(grid).max(), (layer, head)
 
 
-@pytest.mark.slow
 def test_patching_the_clean_run_into_itself_gives_the_clean_metric(model):
     clean = model.tokenize(TEXTS)
     expected = float(np.mean(metric(model(clean))))
@@ -146,7 +149,6 @@ def test_patching_the_clean_run_into_itself_gives_the_clean_metric(model):
     np.testing.assert_allclose(grid, expected, rtol=0, atol=head_tol * abs(expected))
 
 
-@pytest.mark.slow
 def test_attribution_patching_is_the_gradient_times_the_difference(model):
     """(a_clean − a_corrupt) · ∂metric/∂a on the corrupted run, summed over D and rows, written out with
     model.grad and run_with_cache."""
@@ -211,7 +213,6 @@ def test_attention_norms_are_the_norms_of_the_moved_vectors(model):
     assert_close_to_scale(norms["f_norm"], f_norm, tol, "‖f(x)‖")
 
 
-@pytest.mark.slow
 def test_value_zeroing_is_the_distance_a_zeroed_value_makes(model):
     """Mohebbi et al.: 1 − cos between block l's output with token s's value zeroed and without, brute force."""
     batch = model.tokenize(TEXTS[:1])
@@ -300,9 +301,10 @@ def test_probe_features_are_the_captured_activations(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["modernbert"], indirect=True)  # BERT's own tests check these on BERT
+@pytest.mark.parametrize("model", ["modernbert", "deberta-v2"], indirect=True)  # BERT's own tests check BERT
 def test_every_remaining_method_runs(model):
-    """Methods without a cheap closed form run on ModernBERT and give finite values of the documented shapes."""
+    """Methods without a cheap closed form run on the modern families and give finite values of the documented
+    shapes."""
     batch = model.tokenize(TEXTS)
     H, B, T = 4, 3, batch.input_ids.shape[1]
     loss = lambda out: out.logits[:, 1, 3]  # noqa: E731
@@ -313,6 +315,7 @@ def test_every_remaining_method_runs(model):
         "mean_z": (analysis.mean_z(model, batch), (L, H, model.config.head_dim)),
         "sentence_vectors": (analysis.sentence_vectors(model, TEXTS), (B, model.config.hidden_size)),
         "mlm_loss": (np.asarray(analysis.mlm_loss(model, batch)), ()),
+        "alti": (analysis.alti(model, batch), (L, B, T, T)),  # DeBERTa's: post-LN, BERT's decomposition
     }
     for name, (value, shape) in shapes.items():
         value = np.asarray(value)
