@@ -41,7 +41,8 @@ class Server:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        while not self.server.started:
+        while not self.server.started:  # a server thread that died at start fails here instead of hanging CI
+            assert self.thread.is_alive(), "uvicorn's thread ended before the server started (see its log above)"
             time.sleep(0.05)
         self.origin = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.origin}/?token={TOKEN}"
