@@ -225,6 +225,24 @@ def test_one_program_per_length_bucket(mlm, client):
     assert mlm.traces == traces
 
 
+def test_warm_up_compiles_every_program_a_request_runs(tmp_path):
+    """After serve.warm_up (every bucket, then the mixing maps), runs, steps and mixing maps of new texts with heads
+    ablated either way compile nothing: a fresh model, so no other test compiled them first."""
+    make_hf_model(tmp_path, "BertForMaskedLM")
+    model = minibert.load(tmp_path)
+    workbench, said = Workbench(model, max_tokens=16), []
+    serve.warm_up([workbench], step=said.append)
+    assert "ready" in said and said[-1].startswith("model 0: mixing maps compiled for 16 tokens")
+    traces = model.traces
+    for mode in ("zero", "mean"):
+        body = {"text": f"a b {mode} d", "pair": "e", "ablate": [[1, 2]], "mode": mode}
+        workbench.answer("run", body)
+        workbench.answer("step", {**body, "layer": 1, "head": 0, "query": 2})
+        for method in ("value_zeroing", "alti"):
+            workbench.answer("mixing", {**body, "method": method})
+    assert model.traces == traces
+
+
 def test_step_numbers_are_rounded_to_what_float32_holds():
     """The step's numbers travel with SIGNIFICANT digits: each within half a unit of the 8th digit of the float32 value
     (|x|·5e-8, below one float32 step, 2⁻²³|x|), printed in at most 8 digits (magnitudes 1e-14 … 1e14, where the

@@ -193,6 +193,19 @@ class Workbench:
                 pair = np.full((2, length), self.model.tokenizer.cls_token_id)
                 self.model.run(self._padded(pair, np.zeros_like(pair)), hooks=hooks)
 
+    def warm_up_mixing(self, length: int) -> None:
+        """Compile (by running once) the programs of the mixing maps that need their own, ALTI's and value
+        zeroing's, for a text of `length` tokens (a bucket); a family a measure refuses is skipped."""
+        ids = np.full((1, length), self.model.tokenizer.cls_token_id)
+        padded = self._padded(ids, np.zeros_like(ids))
+        hooks = self._mixing_hooks(Request("", None, (), "zero"))
+        with self._lock:
+            for measure in (mixing.alti, mixing.value_zeroing):
+                try:
+                    measure(self.model, padded, hooks=hooks)
+                except MinibertError:  # the request for it answers with the measure's own message
+                    pass
+
     # ---- checking and running ---------------------------------------------------------------------------
 
     def _request(self, body: Mapping) -> Request:
@@ -279,6 +292,13 @@ class Workbench:
         a, b = _pooled(hidden, np.asarray(batch.attention_mask), self.model.pooling["mode"])
         return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
+    def _mixing_hooks(self, request: Request) -> dict:
+        """The request's ablation with the ablated heads' patterns zeroed (`_mixing_maps`); the same hooks (shapes)
+        whatever is ablated, so one program per bucket."""
+        hooks = self._hooks(request.ablate, self._replacement(request))
+        hooks[PATTERNS] = HookFn(_silenced_heads, mask=self._head_mask(request.ablate))
+        return hooks
+
     def _mixing_maps(self, run: Run, request: Request, method: str) -> np.ndarray:
         """[L, T, T] context-mixing maps of one document (minibert.analysis; docs/context_mixing.md) of the model
         under the request's ablation (`run` is its run). An ablated head outputs a replacement no token feeds, so
@@ -288,8 +308,7 @@ class Workbench:
         silenced = self._head_mask(request.ablate)
         if method == "rollout":
             return flow.attention_rollout(run.stack("attn.hook_pattern") * (1 - silenced)[:, :, None, None])
-        hooks = self._hooks(request.ablate, self._replacement(request))
-        hooks[PATTERNS] = HookFn(_silenced_heads, mask=silenced)  # the same hooks (shapes) whatever is ablated
+        hooks = self._mixing_hooks(request)
         batch = self._batch(request)
         padded = self._padded(batch.input_ids, batch.token_type_ids)
         measure = {"value_zeroing": mixing.value_zeroing, "alti": mixing.alti}[method]
