@@ -64,8 +64,11 @@ def start(workbench: Workbench) -> tuple[uvicorn.Server, str]:
     limiter = serve.RateLimiter(rate=1e9, burst=10**9)  # the load test is one client address sending for eight
     app = serve.create_app([workbench], TOKEN, port=port, limiter=limiter)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:  # a thread that died at start ends the benchmark instead of hanging it
+        if not thread.is_alive():
+            raise RuntimeError("uvicorn's thread ended before the server started (see its log above)")
         time.sleep(0.05)
     return server, f"http://127.0.0.1:{port}"
 
