@@ -55,14 +55,26 @@ def main(argv=None):
         args.model, args.batch, args.length, args.repeats = "minilm", 1, 16, 1
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {args.core})  # before jax and torch start their thread pools
+    import torch
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = measure(args)
+    finally:  # a smoke run inside pytest leaves its process as it found it, failed or not
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+    return report(args, times)
+
+
+def measure(args) -> dict:
+    """CPU seconds per forward of each case (checked against transformers in a smoke run)."""
     import jax
     import numpy as np
     import torch
 
     import minibert
 
-    torch.set_num_threads(1)
     directory = (harness.bundled_dir() if args.model == "minilm"
                  else harness.make_bert_base(harness.scratch_dir() / "bert-base-random"))
     model = minibert.load(directory)
@@ -79,7 +91,12 @@ def main(argv=None):
         times = cpu_times(cases, args.repeats, warmup=0 if args.smoke else 2)
         if args.smoke:
             check_forwards(model, batch, sdpa(**torch_batch).last_hidden_state.numpy())
-    os.sched_setaffinity(0, affinity)  # a smoke run inside pytest leaves its process as it found it
+    return times
+
+
+def report(args, times: dict) -> int:
+    import numpy as np
+
     if args.smoke:
         assert all(np.isfinite(t) and t >= 0 for t in times.values()), times
     print(f"{'smoke run: ' if args.smoke else ''}{args.model} {args.batch}×{args.length}, "
