@@ -8,6 +8,7 @@ import anywidget  # noqa: F401 (viz.explore imports it lazily; the test needs it
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
+from test_families_methods import tiny
 from test_families_modern import make_modernbert
 from tolerances import assert_close_to_scale, forward_rtol
 
@@ -15,7 +16,9 @@ import minibert
 from minibert import families, viz
 from minibert.app import serve
 from minibert.families import modernbert
+from minibert.families.deberta_v2 import position_terms
 from minibert.viz.explore import Workbench
+from minibert.viz.views import TERMS
 
 TOKEN = "t"
 
@@ -197,3 +200,38 @@ def test_two_widgets_on_one_page_are_independent(browser, tiny_mlm):
     assert page.evaluate("() => document.activeElement.closest('#widget-1') !== null")
     assert problems == []
     page.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_deberta(tmp_path_factory):
+    """A tiny random DeBERTa-v3 (c2p and p2c, shared keys, 4 position buckets: the texts below are longer)."""
+    return tiny("deberta-v2", tmp_path_factory.mktemp("tiny-deberta"))
+
+
+def test_step_through_shows_debertas_three_score_terms(tiny_deberta):
+    """DeBERTa's scores are c2c + c2p + p2c, each already over √(K·m): the step-through shows the three terms and their
+    sum in place of q·k/√K, every value its hook's from run_with_cache, and sends operands only for c2c = q·k/√(K·m)
+    (the position terms read the relative table), which rebuild it within one forward's rounding."""
+    model, text, query, head = tiny_deberta, "a b c d e f g h i j k", 3, 2
+    answer = Workbench(model).step({"text": text, "layer": 1, "head": head, "query": query})
+    steps = {step["id"]: step for step in answer["steps"]}
+    ids = [step["id"] for step in answer["steps"]]
+    assert ids[ids.index("qk"):ids.index("pattern") + 1] == ["qk", "c2c", "c2p", "p2c", "scaled", "pattern"]
+    assert "√" not in steps["scaled"]["equation"] and steps["scaled"]["from"] == ["c2c", "c2p", "p2c"]
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch)
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    for step_id in ("q", "k", "qk", "c2c", "c2p", "p2c", "scaled", "pattern"):
+        site = "attn.hook_attn_scores" if step_id == "scaled" else f"attn.hook_{step_id}"
+        hooked = np.asarray(cache[f"blocks.1.{site}"], np.float64)[0]
+        hooked = hooked[query, head] if step_id == "q" else hooked[:, head] if step_id == "k" else hooked[head, query]
+        assert_close_to_scale(np.asarray(steps[step_id]["values"]).reshape(hooked.shape), hooked, rtol, step_id)
+    terms = sum(np.asarray(cache[f"blocks.1.attn.hook_{term}"], np.float64)[0, head, query] for term in TERMS)
+    assert_close_to_scale(steps["scaled"]["values"], terms, rtol, "c2c + c2p + p2c")  # the sum is the scores
+    assert {i for i, step in steps.items() if "dot" in step} == {"qk", "c2c", "z", "q", "head_out", "ffn_pre",
+                                                                  "ffn_out"}
+    c2c = steps["c2c"]["dot"]
+    m = 1 + len(position_terms(model.config))
+    assert c2c["left"] == "q" and c2c["divisor"] == np.sqrt(model.config.head_dim * m)
+    rebuilt = np.asarray(c2c["right"]) @ np.asarray(steps["q"]["values"]) / c2c["divisor"]
+    assert_close_to_scale(rebuilt, steps["c2c"]["values"], rtol, "c2c from its operands")

@@ -32,6 +32,7 @@ from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
 from minibert.api import bucket_length, length_buckets, pooled_tokens
 from minibert.errors import InputError, MinibertError
+from minibert.families.deberta_v2 import position_terms
 from minibert.hooks import HookFn, site_axes
 from minibert.sites import PATTERNS
 from minibert.viz import views
@@ -501,8 +502,36 @@ PRE_LN_STEPS = (
     ("ln_final", "final LayerNorm (after the last block)", "LN_final(h^{next}): the last hidden state",
      "ln_final.hook_out", _QUERY, ("resid_post",)),
 )
+# DeBERTa (attention "disentangled"): post-LN BERT whose scores are three terms, each already divided by √(K·m)
+# (m = 1 + the number of position terms; minibert/families/deberta_v2_model.py). r is the relative table, δ(t, s)
+# the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own position projections.
+_DISENTANGLED_SCORES = (
+    ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", "attn.hook_c2c",
+     _HEAD_ROW, ("qk",)),
+    ("c2p", "content → position", "q·(r W_K')[δ(t, s)] / √({d_head}·m): the query against the relative table's row "
+     "for the distance t − s (0 where pos_att_type leaves c2p out)", "attn.hook_c2p", _HEAD_ROW, ("q",)),
+    ("p2c", "position → content", "k_s·(r W_Q')[δ(t, s)] / √({d_head}·m): each key against the table's row for "
+     "t − s (0 where pos_att_type leaves p2c out)", "attn.hook_p2c", _HEAD_ROW, ("k",)),
+    ("scaled", "summed and masked", "c2c_s + c2p_s + p2c_s + mask_s (mask: 0 on real keys, −∞ on padding)",
+     "attn.hook_attn_scores", _HEAD_ROW, ("c2c", "c2p", "p2c")),
+)
+_SCORES_AT = next(i for i, step in enumerate(POST_LN_STEPS) if step[0] == "scaled")
+DISENTANGLED_STEPS = POST_LN_STEPS[:_SCORES_AT] + _DISENTANGLED_SCORES + POST_LN_STEPS[_SCORES_AT + 1:]
 STEPS_BY_NORM = {"post": POST_LN_STEPS, "pre": PRE_LN_STEPS}
-STEPS = POST_LN_STEPS + PRE_LN_STEPS  # every step some family shows: what a run captures
+STEPS = POST_LN_STEPS + PRE_LN_STEPS + _DISENTANGLED_SCORES  # every step some family shows: what a run captures
+
+
+def _step_table(family) -> tuple:
+    """The family's step-through: DeBERTa's own scores, else its norm's table."""
+    return DISENTANGLED_STEPS if family.attention == "disentangled" else STEPS_BY_NORM[family.norm]
+
+
+def _score_step(model, d_head: int) -> tuple[str, float]:
+    """(the step whose values are q·k over a divisor, that divisor): the scores q·k/√K, or DeBERTa's c2c, divided
+    by √(K·m)."""
+    if model.config.family.attention != "disentangled":
+        return "scaled", float(np.sqrt(d_head))
+    return "c2c", float(np.sqrt(d_head * (1 + len(position_terms(model.config)))))
 _MODEL_SITES = ("embed.", "hook_full_embed", "ln_final.")  # hooks outside the blocks
 _AFTER_BLOCKS = "ln_final."  # shown with the last block only
 
@@ -535,7 +564,7 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
     fields = {"layer": layer, "next": layer + 1, "d_head": d_head}
     last = layer == cfg.num_hidden_layers - 1
     steps, shown = [], set()
-    for step_id, label, equation, site, pick, operands in STEPS_BY_NORM[cfg.family.norm]:
+    for step_id, label, equation, site, pick, operands in _step_table(cfg.family):
         name = _hook_name(site, layer)
         if name not in run.captures or (site.startswith(_AFTER_BLOCKS) and not last):
             continue
@@ -545,7 +574,8 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
                       "shape": list(values.shape), "values": _vector(values),
                       "from": [source for source in sources if source is not None]})
         shown.add(step_id)
-    dots = _dot_products(run, layer, head, d_head, model.named_parameters(), pre_ln=cfg.family.norm == "pre")
+    dots = _dot_products(run, layer, head, d_head, model.named_parameters(), pre_ln=cfg.family.norm == "pre",
+                         score=_score_step(model, d_head))
     for step in steps:
         dot = dots.get(step["id"])
         left = dot and _first_shown(dot["left"], shown)
@@ -554,12 +584,14 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
     return steps
 
 
-def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, pre_ln: bool) -> dict[str, dict]:
+def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, pre_ln: bool,
+                  score: tuple[str, float]) -> dict[str, dict]:
     """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
     left vector ("a|b" as in STEPS), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
     None, divisor}}, so that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row
     (the scores), else the SHOWN values the page shows. Weights are read by name, fused ones (ModernBERT's W_QKV
-    [3, D, H, K], GeGLU's W_in [D, 2, F]) split; a family without a bias goes without."""
+    [3, D, H, K], GeGLU's W_in [D, 2, F]) split; a family without a bias goes without. score: the step whose values
+    are q·k_s / divisor (`_score_step`). DeBERTa's position terms read the relative table: shown without operands."""
     def captured(site: str):
         return run.captures.get(_hook_name(site, layer))
 
@@ -579,8 +611,9 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
     keys, values = captured("attn.hook_rot_k" if rotated else "attn.hook_k"), captured("attn.hook_v")
     query, key = ("rot_q", "k̃_s") if rotated else ("q", "k_s")
     if keys is not None:  # score_s = q·k_s (then / √K; the mask adds 0 on the keys in reach)
+        score_id, divisor = score
         dots["qk"] = dot(query, key, keys[:, head], n=len(keys))
-        dots["scaled"] = dot(query, key, keys[:, head], divisor=float(np.sqrt(d_head)), n=len(keys))
+        dots[score_id] = dot(query, key, keys[:, head], divisor=divisor, n=len(keys))
     if values is not None:  # z_i = Σ_s α_s v_s,i
         dots["z"] = dot("pattern", "v_s[i] (column i of v)", values[:, head].T)
     fused = weights.get(f"blocks.{layer}.attn.W_QKV") is not None

@@ -346,7 +346,8 @@ function minibertWorkbench(app, config, options) {
     item.appendChild(el("span", {"class": "wb-step-label"}, step.label + ": "));
     item.appendChild(el("code", {"class": "wb-equation"}, step.equation));
     var values = el("div", {"class": "wb-numbers"});
-    var perToken = step.shape.length === 1 && step.shape[0] === tokens.length && /qk|scaled|pattern/.test(step.id);
+    var perToken = step.shape.length === 1 && step.shape[0] === tokens.length
+      && /qk|c2c|c2p|p2c|scaled|pattern/.test(step.id);  // one value per key (DeBERTa's three terms too)
     var width = step.shape.length === 2 ? step.shape[1] : step.values.length;
     var rows = step.shape.length === 2 ? step.shape[0] : 1;
     var terms = el("div", {"class": "wb-terms", hidden: ""});
@@ -378,7 +379,7 @@ function minibertWorkbench(app, config, options) {
   function showTerms(box, step, j, byId, tokens) {
     var dot = step.dot, left = byId[dot.left].values, right = dot.right[j], sum = 0;
     while (box.firstChild) box.removeChild(box.firstChild);
-    var name = step.id === "qk" || step.id === "scaled" ? "key " + tokens[j] + " (s = " + j + ")" : "j = " + j;
+    var name = /^(qk|c2c|scaled)$/.test(step.id) ? "key " + tokens[j] + " (s = " + j + ")" : "j = " + j;
     box.appendChild(el("div", {"class": "wb-terms-head"}, step.label + ", " + name + " = (Σ_i " + byId[dot.left].label
       + "_i × " + dot.right_name + "_i" + (dot.bias ? " + b_j" : "") + ")" + (dot.divisor !== 1 ? " / "
       + number(dot.divisor) : "") + ": " + left.length + " terms"));
