@@ -17,6 +17,7 @@ from minibert import families, viz
 from minibert.app import serve
 from minibert.families import modernbert
 from minibert.families.deberta_v2 import position_terms
+from minibert.viz import views
 from minibert.viz.explore import Workbench
 from minibert.viz.views import TERMS
 
@@ -235,3 +236,49 @@ def test_step_through_shows_debertas_three_score_terms(tiny_deberta):
     assert c2c["left"] == "q" and c2c["divisor"] == np.sqrt(model.config.head_dim * m)
     rebuilt = np.asarray(c2c["right"]) @ np.asarray(steps["q"]["values"]) / c2c["divisor"]
     assert_close_to_scale(rebuilt, steps["c2c"]["values"], rtol, "c2c from its operands")
+
+
+def decoded(packed: dict) -> np.ndarray:
+    """The layers of one array a view carries ([L, ...]), decoded as views.js decodes them (viz._html's packings:
+    float32 as 4 byte planes, unit_byte as one byte / 255)."""
+    import base64
+    import zlib
+
+    raw = [np.frombuffer(zlib.decompress(base64.b64decode(layer)), np.uint8) for layer in packed["layers"]]
+    if packed["packing"] == "unit_byte":
+        return np.stack([layer.reshape(packed["shape"]) for layer in raw]) / 255
+    return np.stack([layer.reshape(4, -1).T.copy().view("<f4").reshape(packed["shape"]) for layer in raw])
+
+
+@pytest.mark.parametrize("family", ["modernbert", "deberta"])
+def test_served_neuron_view_softmax_is_the_models_pattern(request, family):
+    """The workbench's neuron view carries what the model's scores use — ModernBERT's rotated q and k and its local
+    layers' window (the keys −∞ in attn.hook_attn_scores), DeBERTa's three terms — so the softmax the page computes
+    from them (rebuilt here as views.js does: q·k/√K or c2c + c2p + p2c, −∞ where key_mask is 0) is the model's
+    pattern within one forward's rounding, with no mismatch warning and no pattern carried in its place."""
+    import warnings
+
+    model = request.getfixturevalue(f"tiny_{family}")
+    text = "a b c d e f g h i j k"  # 13 tokens: ModernBERT's local layers mask keys beyond ±3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        neuron = Workbench(model).run({"text": text})["views"]["neuron"]
+    meta, arrays = neuron["meta"], neuron["arrays"]
+    assert meta["mismatch"] is None and "attention" not in arrays
+    q, k = decoded(arrays["q"]).astype(np.float64), decoded(arrays["k"]).astype(np.float64)  # [L, T, H, K]
+    if meta["terms"]:
+        scores = sum(decoded(arrays[term]).astype(np.float64) for term in meta["terms"])
+    else:
+        scores = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(meta["d_head"])
+    if family == "modernbert":
+        assert "key_mask" in arrays  # a local layer's window
+        scores = np.where(decoded(arrays["key_mask"])[:, None] > 0.5, scores, -np.inf)
+    else:
+        assert meta["terms"] == list(TERMS) and "key_mask" not in arrays  # no key masked: nothing carried
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)[:, 0]
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    assert_close_to_scale(views.neuron_softmax(scores), pattern, rtol, "softmax of the served scores")
+    if family == "modernbert":  # the window was applied: a local layer's pattern has keys it cannot read
+        assert (pattern == 0).any()

@@ -332,10 +332,10 @@ class Workbench:
         """The neuron view is drawn on a second thread meanwhile: NumPy lets go of the GIL in its array work, so on
         two cores the three views take about as long as the neuron view alone."""
         attention = run.stack("attn.hook_pattern")
-        q, k = run.stack("attn.hook_q"), run.stack("attn.hook_k")
+        q, k, options = _neuron_inputs(run)
         tokens, b_start = run.tokens, run.sentence_b_start
         neuron = self._drawing.submit(views.neuron_view, tokens, q, k, attention, b_start,
-                                      query_index=min(1, len(tokens) - 1), level=0)
+                                      query_index=min(1, len(tokens) - 1), level=0, **options)
         return {"head": views.head_view(tokens, attention, b_start, level=0).data,
                 "model": views.model_view(tokens, attention, b_start, level=0).data, "neuron": neuron.result().data}
 
@@ -370,6 +370,21 @@ def _b_start(batch) -> int | None:
     """Index of sentence B's first token in row 0, or None (as viz.document sets it)."""
     segment_b = [i for i, sequence in enumerate(batch.sequence_ids[0]) if sequence == 1]
     return segment_b[0] if segment_b else None
+
+
+def _neuron_inputs(run: Run) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The neuron view's q and k — rotated where the family rotates them, as its scores use them — and its options:
+    DeBERTa's three score terms, and the keys the model masks where it masks any (a local layer's window: −∞ in
+    the captured scores; padding is cut off already), so that the view's softmax is the model's pattern."""
+    rotated = "blocks.0.attn.hook_rot_q" in run.captures
+    q, k = (run.stack(f"attn.hook_{'rot_' if rotated else ''}{name}") for name in "qk")
+    options = {}
+    if "blocks.0.attn.hook_c2c" in run.captures:
+        options["terms"] = {term: run.stack(f"attn.hook_{term}") for term in views.TERMS}
+    reach = np.isfinite(run.stack("attn.hook_attn_scores")[:, 0])  # masks are the same for every head
+    if not reach.all():
+        options["key_mask"] = reach
+    return q, k, options
 
 
 def _silenced_heads(pattern, ctx, mask):

@@ -128,10 +128,23 @@ def _score_terms(terms, attention: np.ndarray) -> dict[str, np.ndarray] | None:
     return arrays
 
 
+def _key_reach(key_mask, attention: np.ndarray) -> np.ndarray | None:
+    """key_mask as [L, T, S] booleans (None stays None), checked against attention's [L, H, T, S]."""
+    if key_mask is None:
+        return None
+    reach = np.asarray(key_mask)
+    want = (attention.shape[0], *attention.shape[2:])
+    if reach.dtype != np.bool_ or reach.shape != want:
+        raise _check.VizError(f"key_mask must be booleans [L, T, S] = {list(want)} (True where the query may read the "
+                              f"key); got {reach.dtype} of shape {reach.shape}.")
+    return reach
+
+
 def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | None = None, *,
                 layer: int = 0, head: int = 0, query_index: int = 0,
                 layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                theme: str = "light", title: str | None = None, level: int = ZLIB_LEVEL, terms=None) -> View:
+                theme: str = "light", title: str | None = None, level: int = ZLIB_LEVEL, terms=None,
+                key_mask=None) -> View:
     """How one query's attention is computed: q, each key's k, q×k (elementwise), q·k, q·k/√K, softmax.
 
     q, k: [L, T, H, K]; attention: [L, H, T, T], the model's own pattern, which the softmax column
@@ -146,6 +159,10 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     terms: DeBERTa's three score terms {"c2c", "c2p", "p2c"}, each [L, H, T, S] (attn.hook_c2c, hook_c2p,
     hook_p2c, already scaled): the page shows them side by side after q·k, their sum as the scores and the
     softmax of that sum (carried as float32; the check above compares that softmax with `attention`).
+
+    key_mask: [L, T, S] booleans, True where the query may read the key, False where the model masks it (a
+    ModernBERT local layer's keys beyond its window: −∞ in attn.hook_attn_scores): the scores there are −∞ before
+    the softmax, here and in the page (carried as one byte per entry).
     """
     tokens = _check.token_list(tokens)
     a = _check.attention_array(tokens, attention)
@@ -159,6 +176,7 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     head = _shown_first("head", head, cols, a.shape[1], "heads")
     n_heads = a.shape[1]
     score_terms = _score_terms(terms, a)
+    reach = _key_reach(key_mask, a)
     q, k, a = q[rows][:, :, cols], k[rows][:, :, cols], a[np.ix_(rows, cols)]
     if score_terms is None:
         # einsum, not a batched matmul: BLAS threads each of the L·H small products and, when another process holds
@@ -167,6 +185,9 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     else:
         score_terms = {name: value[np.ix_(rows, cols)] for name, value in score_terms.items()}
         scores = sum(score_terms.values())
+    if reach is not None:
+        reach = reach[rows]
+        scores = np.where(reach[:, None], scores, -np.inf)
     gap = _softmax_gap(scores, a)
     if gap > SOFTMAX_TOLERANCE:
         scored = "c2c + c2p + p2c" if terms is not None else "q·k/√K"
@@ -176,6 +197,8 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
                       "head order?", stacklevel=2)
     arrays = {"q": (q, "float32"), "k": (k, "float32")}
     arrays |= {name: (value, "float32") for name, value in (score_terms or {}).items()}
+    if reach is not None:
+        arrays["key_mask"] = (reach.astype(np.float32), "unit_byte")  # 1: in reach, 0: masked
     if gap > SOFTMAX_TOLERANCE:
         arrays["attention"] = (a, "float32")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)), layers=rows,

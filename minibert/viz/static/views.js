@@ -758,6 +758,7 @@ function neuronView(body, meta, arrays, root) {
   var given = arrays.attention;  // present only when it is not softmax(q·k/√K): then the page shows it
   // DeBERTa: its three score terms (c2c, c2p, p2c, each [H, T, T] per layer) side by side; their sum is the scores.
   var terms = meta.terms ? meta.terms.map(function (name) { return arrays[name]; }) : [];
+  var reach = arrays.key_mask;  // present where the model masks keys (a local layer's window): [T, S] per layer
   var scoresName = terms.length ? meta.terms.join(" + ") : "q\u00b7k/\u221a" + K;
   var st = {layer: meta.layer, head: meta.head, query: meta.query};
   var controls = div("mbv-controls");
@@ -873,7 +874,7 @@ function neuronView(body, meta, arrays, root) {
   }
 
   function draw() {
-    var l = st.layer, needed = [arrays.q, arrays.k].concat(terms, given ? [given] : []);
+    var l = st.layer, needed = [arrays.q, arrays.k].concat(terms, given ? [given] : [], reach ? [reach] : []);
     if (needed.some(function (a) { return !a.here[l]; })) {
       busy.after(Promise.all(needed.map(function (a) { return a.layer(l); })), draw);
       return;
@@ -887,6 +888,8 @@ function neuronView(body, meta, arrays, root) {
     // The terms' row of this head and query, [T] each; with them, the scores are their sum (already scaled).
     var termRows = terms.map(function (a) { return Array.from(a.here[l].subarray((h * T + i) * T, (h * T + i + 1) * T)); });
     if (termRows.length) scaled = keys.map(function (j) { return termRows.reduce(function (sum, row) { return sum + row[j]; }, 0); });
+    // a stored byte: 0 where the key is masked (−∞ before the softmax, as in the model), 255 where it is in reach
+    if (reach) scaled = scaled.map(function (v, j) { return reach.here[l][i * T + j] > 0 ? v : -Infinity; });
     var p = given ? Array.from(given.here[l].subarray((h * T + i) * T, (h * T + i + 1) * T)) : softmax(scaled);
     // q and k cells share one scale per vector kind over all tokens, so queries compare with each other.
     var flat = function (rows) { return [].concat.apply([], rows); };
@@ -926,7 +929,7 @@ function neuronView(body, meta, arrays, root) {
         number(fragment, name, j, value, value.toFixed(2), signed(value, maxAbs(termRows[n])),
                name + " for key " + token(j) + " = " + value);
       });
-      number(fragment, "scaled", j, scaled[j], scaled[j].toFixed(2),
+      number(fragment, "scaled", j, scaled[j], isFinite(scaled[j]) ? scaled[j].toFixed(2) : "\u2212\u221e",
              terms.length ? signed(scaled[j], maxAbs(scaled)) : signed(dots[j], dotScale),
              scoresName + " for key " + token(j) + " = " + scaled[j]);
       fragment.appendChild(svg("rect", {x: x.bar, y: rowTop(j) + 4, width: Math.max(60 * p[j], 0.5), height: ROW - 8,
