@@ -282,3 +282,30 @@ def test_served_neuron_view_softmax_is_the_models_pattern(request, family):
     assert_close_to_scale(views.neuron_softmax(scores), pattern, rtol, "softmax of the served scores")
     if family == "modernbert":  # the window was applied: a local layer's pattern has keys it cannot read
         assert (pattern == 0).any()
+
+
+def test_document_neuron_view_masks_a_local_layers_window(tiny_modernbert, browser):
+    """viz.document keeps the keys a ModernBERT local layer masks (|t − s| > local_attention/2, the authors' window);
+    its neuron view's page puts −∞ there before the softmax, so the page's softmax column is the model's pattern
+    (within one forward's rounding), with no mismatch warning, no pattern carried and no console error."""
+    import warnings
+
+    from test_views import Loaded, page_of, shown_column
+
+    model, text, layer, head, query = tiny_modernbert, "a b c d e f g h i j k", 1, 1, 8
+    doc = viz.document(model, text)
+    T, half = len(doc.tokens), model.config.setting("local_attention") // 2
+    distance = np.abs(np.arange(T)[:, None] - np.arange(T)[None, :])
+    np.testing.assert_array_equal(doc.key_mask[layer], distance <= half)  # block 1 is local
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        view = doc.neuron_view(layer=layer, head=head, query_index=query)
+    assert "attention" not in view.data["arrays"]
+    page = Loaded(browser, content=page_of(view))
+    page.settle()
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
+    pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)[layer, 0, head, query]
+    assert np.array_equal(np.isinf(shown_column(page.page, "scaled")), distance[query] > half)
+    assert_close_to_scale(shown_column(page.page, "softmax"), pattern, forward_rtol(model.config, T), "softmax")
+    assert page.problems == []

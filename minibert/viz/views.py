@@ -223,6 +223,7 @@ class Document:
     k: np.ndarray
     sentence_b_start: int | None
     terms: dict[str, np.ndarray] | None = None  # DeBERTa's score terms {c2c, c2p, p2c}, each [L, H, T, T]
+    key_mask: np.ndarray | None = None  # [L, T, T], False where the model masks a key (a local layer's window)
 
     def head_view(self, **options) -> View:
         """`head_view` of this document; options: layer, heads, layers, theme, title."""
@@ -235,7 +236,7 @@ class Document:
     def neuron_view(self, **options) -> View:
         """`neuron_view` of this document; options: layer, head, query_index, layers, heads, theme, title."""
         return neuron_view(self.tokens, self.q, self.k, self.attention, self.sentence_b_start, terms=self.terms,
-                           **options)
+                           key_mask=self.key_mask, **options)
 
 
 _HOOKS = ("attn.hook_pattern", "attn.hook_q", "attn.hook_k")
@@ -267,10 +268,12 @@ def document(model, text, pair: str | None = None, *, index: int = 0, max_length
               for name in ("input_ids", "token_type_ids", "attention_mask")}
     disentangled = model.config.family.attention == "disentangled"  # DeBERTa: its three score terms too
     rotary = model.config.family.positions == "rotary"  # ModernBERT
-    hooks = (_ROTARY_HOOKS if rotary else _HOOKS) + tuple(f"attn.hook_{term}" for term in TERMS if disentangled)
+    hooks = ((_ROTARY_HOOKS if rotary else _HOOKS) + ("attn.hook_attn_scores",)
+             + tuple(f"attn.hook_{term}" for term in TERMS if disentangled))
     _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in hooks])
-    attention, q, k, *terms = (np.asarray(cache.stack(hook))[:, 0] for hook in hooks)
+    attention, q, k, scores, *terms = (np.asarray(cache.stack(hook))[:, 0] for hook in hooks)
+    reach = np.isfinite(scores[:, 0])  # the keys each layer's queries read (padding is dropped; a window masks)
     segment_b = np.flatnonzero(inputs["token_type_ids"][0] == 1)
     return Document(tokens=[batch.tokens[row][i] for i in real], attention=attention, q=q, k=k,
                     sentence_b_start=int(segment_b[0]) if segment_b.size else None,
-                    terms=dict(zip(TERMS, terms)) if terms else None)
+                    terms=dict(zip(TERMS, terms)) if terms else None, key_mask=None if reach.all() else reach)
