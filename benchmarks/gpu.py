@@ -10,7 +10,8 @@ captured / every pattern captured / everything captured and offloaded to host, a
 and eager attention. Also: whether the fused attention lowered to cuDNN (the compiled HLO names a
 cudnn call), the corpus survey, analysis.ablation_sweep when it exists, and one fp32 training step of a
 classifier on the random bert-base at 16×128 (minibert vs transformers + torch.optim.AdamW, benchmarks/training.py),
-and TopK SAE training throughput with the bundled model's forward (benchmarks/sae.py).
+and TopK SAE training throughput with the bundled model's forward (benchmarks/sae.py), and linear probes on every
+layer in one program (vmap and lax.map) against a per-layer loop and scikit-learn (benchmarks/probes.py).
 Writes a Markdown report.
 """
 
@@ -177,6 +178,17 @@ def sae_rows(directory: Path, smoke: bool, device: str) -> list[list[str]]:
             for name, (tokens, rate) in rates.items()]
 
 
+def probe_rows(smoke: bool) -> list[list[str]]:
+    """Linear probes on every layer (benchmarks/probes.py): one program with the layers side by side (vmap, the
+    accelerator default) or in turn (lax.map, the CPU default), one program per layer in a loop, and scikit-learn
+    (host CPU); the last column is the share of predictions equal to scikit-learn's."""
+    import probes
+
+    rows, agreement = probes.run(probes.SMOKE if smoke else probes.FULL,
+                                 harness.Settings(quick=smoke, repeats=1 if smoke else 3, warmup=1))
+    return [[f"probes, {name}", seconds, ratio, f"{100 * agreement:.1f}%"] for name, seconds, ratio in rows]
+
+
 def tiny_checkpoint(directory: Path) -> Path:
     """A small random BertModel for --smoke (bert-base's layout, a fraction of its size)."""
     import torch
@@ -217,6 +229,8 @@ def report(args) -> str:
                                         training_rows(random_dir, sizes, device)),
              "", harness.markdown_table(["workload", "tokens", "tokens/s", "× PyTorch"],
                                         sae_rows(random_dir if args.smoke else Path(args.bundled), args.smoke, device)),
+             "", harness.markdown_table(["workload", "seconds (median)", "× lax.map", "= scikit-learn"],
+                                        probe_rows(args.smoke)),
              "", "Peak memory of minibert rows is the device's running peak (JAX cannot reset it): read it as an "
              "upper bound per row; torch rows reset the peak per case."]
     return "\n".join(lines) + "\n"

@@ -345,7 +345,8 @@ def test_probe_benchmark_smoke(capsys, monkeypatch):
 
     assert benchmark.main(["--smoke"]) == 0
     printed = capsys.readouterr().out
-    assert "| all layers, one program |" in printed and "| scikit-learn, per layer |" in printed
+    for row in ("all layers, one program (lax.map)", "all layers, one program (vmap)", "scikit-learn, per layer"):
+        assert f"| {row} |" in printed, row
     sys.modules.pop("probes", None)
 
 

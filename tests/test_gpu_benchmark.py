@@ -27,4 +27,5 @@ def test_gpu_benchmark_smoke_writes_its_tables(tmp_path, monkeypatch):
     assert "| training step, minibert | 2×16 |" in text and "| training step, transformers + torch AdamW |" in text
     assert "| SAE training, minibert (activations + compiled step) |" in text
     assert "| SAE training, transformers hook + torch SAE step |" in text
+    assert "| probes, all layers, one program (vmap) |" in text and "| probes, scikit-learn, per layer |" in text
     sys.modules.pop("gpu", None)
