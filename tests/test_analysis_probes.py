@@ -279,10 +279,50 @@ def test_root_accuracy_skips_punctuation():
     assert probes.root_accuracy([right, wrong], trees) == 0.5
 
 
+def _their_loss(kind, B, x, gold, n):
+    """Their TwoWordPSDProbe + L1DistanceLoss, or OneWordPSDProbe + L1DepthLoss, in PyTorch."""
+    import torch
+
+    t = x @ B
+    if kind == "distance":
+        predicted = ((t.unsqueeze(2) - t.unsqueeze(1)) ** 2).sum(-1)
+        return ((torch.abs(predicted - gold) * (gold != -1)).sum((1, 2)) / n**2).mean()
+    predicted = (t**2).sum(-1)
+    return ((torch.abs(predicted - gold) * (gold != -1)).sum(1) / n).mean()
+
+
+def _torch_structural_run(kind, B0, x, gold, n, dev_x, dev_gold, dev_n, learning_rate, epochs):
+    """Hewitt & Manning's probe, loss and regimen.py in PyTorch (float64), one batch per epoch: Adam, their
+    ReduceLROnPlateau(factor 0.1, patience 0) on the dev loss, parameters saved when the dev loss beats the best
+    by 1e-4, early stop once the best is more than 4 epochs old. Returns (loss per step, saved B, its dev loss)."""
+    import torch
+
+    B = torch.tensor(B0, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.Adam([B], lr=learning_rate)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=0.1, patience=0)
+    losses, saved, min_dev_loss, min_dev_loss_epoch = [], B.detach().clone(), np.inf, -1
+    for epoch in range(epochs):
+        optimizer.zero_grad()
+        loss = _their_loss(kind, B, x, gold, n)
+        losses.append(loss.item())
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            dev_loss = _their_loss(kind, B, dev_x, dev_gold, dev_n).item()
+        scheduler.step(dev_loss)
+        if dev_loss < min_dev_loss - 0.0001:
+            saved, min_dev_loss, min_dev_loss_epoch = B.detach().clone(), dev_loss, epoch
+        elif min_dev_loss_epoch < epoch - 4:
+            break
+    return losses, saved.numpy(), min_dev_loss
+
+
 @pytest.mark.parametrize("kind", ["distance", "depth"])
-def test_structural_training_matches_a_pytorch_reference(kind):
-    """Per-step losses of every layer equal a PyTorch (float64) implementation of Hewitt & Manning's probe, L1
-    loss and Adam from the same B and the same batch (all sentences: one step per epoch, so order is moot).
+def test_structural_training_matches_their_pytorch_regimen(kind):
+    """Per-step losses of every layer equal a PyTorch (float64) rendering of Hewitt & Manning's probe, L1 loss and
+    training regimen (regimen.py: Adam, the learning rate ×0.1 on each dev plateau, best-dev parameters kept,
+    early stopping) from the same B and batches (all training sentences: one step per epoch, so order is moot).
+    The run stops at the same epoch, and the kept B's dev loss equals the reference's saved one.
 
     Tolerance: our float32 loss of one step rounds x·B (dot products of length F), the squares summed over the
     rank K and |·| summed over S·W² pairs: dot_rtol(F) twice + sum_rtol(K) + sum_rtol(S·W²), relative to
@@ -293,36 +333,33 @@ def test_structural_training_matches_a_pytorch_reference(kind):
     from tolerances import dot_rtol, sum_rtol
 
     rng = np.random.default_rng(8)
-    S, W, F, K, L, steps = 6, 7, 12, 4, 2, 5
+    S, W, F, K, L, rate, epochs = 10, 7, 12, 4, 2, 0.05, 60
     lengths = rng.integers(3, W + 1, size=S)
     lengths[0] = W
     sentence_heads = [[0] + [int(rng.integers(1, i + 1)) for i in range(1, n)] for n in lengths]
-    trees = _trees(kind, sentence_heads)
+    gold = _trees(kind, sentence_heads)
     features = rng.normal(size=(L, S, W, F)).astype(np.float32)
-    trees = probes.Trees(features, trees.targets.astype(np.float32), trees.lengths, trees.punctuation, trees.roots,
-                         kind)
+    trees = probes.Trees(features, gold.targets.astype(np.float32), gold.lengths, gold.punctuation, gold.roots, kind)
+    train, dev = trees.take(np.arange(6)), trees.take(np.arange(6, S))
     init = rng.uniform(-0.05, 0.05, size=(L, F, K)).astype(np.float32)
-    _, losses = probes.fit_structural_probes(trees, rank=K, epochs=steps, batch_size=S, init=init)
-    base = 2 * dot_rtol(F) + sum_rtol(K) + sum_rtol(S * W * W)
+    kept, losses = probes.fit_structural_probes(train, learning_rate=rate, epochs=epochs, batch_size=6, dev=dev,
+                                                init=init)
+    base = 2 * dot_rtol(F) + sum_rtol(K) + sum_rtol(6 * W * W)
+
+    def tensors(part, layer):
+        return [torch.tensor(a, dtype=torch.float64) for a in (part.features[layer], part.targets, part.lengths)]
+
+    runs = []
     for layer in range(L):
-        B = torch.tensor(init[layer], dtype=torch.float64, requires_grad=True)
-        optimizer = torch.optim.Adam([B], lr=1e-3)
-        x = torch.tensor(features[layer], dtype=torch.float64)
-        gold = torch.tensor(trees.targets, dtype=torch.float64)
-        n = torch.tensor(lengths, dtype=torch.float64)
-        for step in range(steps):
-            t = x @ B
-            if kind == "distance":  # TwoWordPSDProbe + L1DistanceLoss
-                predicted = ((t.unsqueeze(2) - t.unsqueeze(1)) ** 2).sum(-1)
-                per_sentence = (torch.abs(predicted - gold) * (gold != -1)).sum((1, 2)) / n**2
-            else:  # OneWordPSDProbe + L1DepthLoss
-                predicted = (t**2).sum(-1)
-                per_sentence = (torch.abs(predicted - gold) * (gold != -1)).sum(1) / n
-            loss = per_sentence.mean()
-            assert abs(losses[step, layer] - loss.item()) <= (step + 1) * base * loss.item(), (step, layer)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        reference, _, saved_loss = _torch_structural_run(kind, init[layer], *tensors(train, layer),
+                                                         *tensors(dev, layer), rate, epochs)
+        runs.append(len(reference))
+        for step, expected in enumerate(reference):
+            assert abs(losses[step, layer] - expected) <= (step + 1) * base * expected, (step, layer)
+        ours = _their_loss(kind, torch.tensor(kept[layer], dtype=torch.float64), *tensors(dev, layer)).item()
+        assert abs(ours - saved_loss) <= len(reference) * base * saved_loss, layer
+    assert max(runs) < epochs, "no layer stopped early: the regimen's stopping rule went untested"
+    assert len(losses) == max(runs)  # training ends when the last layer stops
 
 
 @pytest.mark.slow

@@ -461,8 +461,9 @@ class Trees:
                      self.roots[chosen], self.kind)
 
 
-def tree_data(model, sentences, kind: str = "distance", site: str = "hook_resid_post", pool: str = "first") -> Trees:
-    """Features and gold targets of CoNLL-U trees (syntax.Sentence list) for a structural probe."""
+def tree_data(model, sentences, kind: str = "distance", site: str = "hook_resid_post", pool: str = "mean") -> Trees:
+    """Features and gold targets of CoNLL-U trees (syntax.Sentence list) for a structural probe; a word's feature is
+    the mean of its wordpieces' by default, as their BERT features are."""
     if kind not in STRUCTURAL_KINDS:
         raise AnalysisError(f"kind={kind!r}: a structural probe predicts 'distance' (word pairs) or 'depth' (words).")
     flat = word_features(model, [s.words for s in sentences], site, pool)
@@ -484,14 +485,15 @@ def tree_data(model, sentences, kind: str = "distance", site: str = "hook_resid_
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "optimizer"))
-def _structural_step(B, state, x, targets, lengths, *, kind, optimizer):
-    """One Adam step of every layer's probe: B [L, F, K], x [L, S, W, F] → (B, state, loss [L])."""
-    def one_layer(B, state, x):
+def _structural_step(B, state, x, targets, lengths, scale, *, kind, optimizer):
+    """One Adam step of every layer's probe: B [L, F, K], x [L, S, W, F], scale [L] (each layer's learning rate over
+    the optimiser's: Adam's step is linear in it, as when torch's scheduler lowers the rate) → (B, state, loss [L])."""
+    def one_layer(B, state, x, scale):
         loss, grad = jax.value_and_grad(structural_loss)(B, x, targets, lengths, kind)
         updates, state = optimizer.update(grad, state, B)
-        return optax.apply_updates(B, updates), state, loss
+        return optax.apply_updates(B, jax.tree.map(lambda u: u * scale, updates)), state, loss
 
-    return jax.vmap(one_layer)(B, state, x)
+    return jax.vmap(one_layer)(B, state, x, scale)
 
 
 @functools.partial(jax.jit, static_argnames="kind")
@@ -499,36 +501,71 @@ def _structural_losses(B, x, targets, lengths, *, kind):
     return jax.vmap(structural_loss, in_axes=(0, 0, None, None, None))(B, x, targets, lengths, kind)
 
 
-def fit_structural_probes(trees: Trees, *, rank: int = 64, learning_rate: float = 1e-3, epochs: int = 30,
-                          batch_size: int = 20, dev: Trees | None = None, patience: int = 3, seed: int = 0,
+@dataclasses.dataclass
+class _Regimen:
+    """Hewitt & Manning's regimen.py, per layer: ReduceLROnPlateau(mode="min", factor=0.1, patience=0) on the dev
+    loss (torch's defaults: threshold 1e-4 relative, eps 1e-8), parameters kept when the dev loss falls below the
+    best kept − 1e-4, and training stopped once the best is more than 4 epochs old."""
+
+    rate: np.ndarray  # [L] each layer's learning rate
+    plateau_best: np.ndarray  # [L] the scheduler's best dev loss
+    kept_loss: np.ndarray  # [L] dev loss of the kept parameters
+    kept_epoch: np.ndarray  # [L]
+    stopped: np.ndarray  # [L] bool
+
+    @classmethod
+    def start(cls, layers: int, learning_rate: float) -> _Regimen:
+        return cls(np.full(layers, learning_rate), np.full(layers, np.inf), np.full(layers, np.inf),
+                   np.full(layers, -1), np.zeros(layers, bool))
+
+    def epoch_end(self, epoch: int, dev_loss: np.ndarray) -> np.ndarray:
+        """Update every running layer after an epoch; returns [L] whether to keep its current parameters."""
+        running = ~self.stopped
+        plateau = running & ~(dev_loss < self.plateau_best * (1 - 1e-4))  # patience 0: one bad epoch lowers the rate
+        self.plateau_best = np.where(running & ~plateau, dev_loss, self.plateau_best)
+        lowered = self.rate * 0.1
+        self.rate = np.where(plateau & (self.rate - lowered > 1e-8), lowered, self.rate)
+        keep = running & (dev_loss < self.kept_loss - 1e-4)
+        self.kept_loss = np.where(keep, dev_loss, self.kept_loss)
+        self.kept_epoch = np.where(keep, epoch, self.kept_epoch)
+        self.stopped |= running & ~keep & (self.kept_epoch < epoch - 4)
+        return keep
+
+
+def fit_structural_probes(trees: Trees, *, rank: int | None = None, learning_rate: float = 1e-3, epochs: int = 40,
+                          batch_size: int = 20, dev: Trees | None = None, seed: int = 0,
                           init=None) -> tuple[np.ndarray, np.ndarray]:
-    """Train every layer's B [F, rank] with Adam on their L1 loss; init uniform in ±0.05 (theirs) unless given
-    ([L, F, rank]). With dev: keep each layer's B of the epoch with the lowest dev loss; stop once no layer
-    improved for `patience` epochs. Returns (B [L, F, rank], training loss per step [steps, L])."""
+    """Train every layer's B [F, rank] (rank None: F, their configs' full rank) with Adam on their L1 loss, B
+    uniform in ±0.05 (theirs) unless init [L, F, rank] is given, batches of 20 sentences, up to 40 epochs.
+
+    With dev, each layer follows their regimen (_Regimen): its learning rate drops ×0.1 after each epoch whose dev
+    loss is no better, the B of its best epoch is kept, and it stops 5 epochs after that; training ends when every
+    layer has stopped. Without dev, the last epoch's B is returned. Returns (B [L, F, rank], training loss per step
+    [steps, L]; a stopped layer's steps do not move its B)."""
     L, _, _, F = trees.features.shape
     if init is None:
-        init = jax.random.uniform(jax.random.key(seed), (L, F, rank), jnp.float32, -0.05, 0.05)
+        init = jax.random.uniform(jax.random.key(seed), (L, F, rank or F), jnp.float32, -0.05, 0.05)
     B = jnp.asarray(init, jnp.float32)
     optimizer = adamw(learning_rate, max_grad_norm=None)  # Adam: no weight decay, no clipping, as theirs
     state = jax.vmap(optimizer.init)(B)
     rng = np.random.default_rng(seed)
-    losses, best, best_loss, since_best = [], B, np.full(L, np.inf), 0
-    for _ in range(epochs):
+    regimen = _Regimen.start(L, learning_rate)
+    losses, best = [], B
+    for epoch in range(epochs):
+        scale = jnp.asarray(np.where(regimen.stopped, 0.0, regimen.rate / learning_rate), jnp.float32)
         order = rng.permutation(len(trees.lengths))
         for start in range(0, len(order), batch_size):
             part = trees.take(order[start:start + batch_size])
-            B, state, loss = _structural_step(B, state, part.features, part.targets, part.lengths, kind=trees.kind,
-                                              optimizer=optimizer)
+            B, state, loss = _structural_step(B, state, part.features, part.targets, part.lengths, scale,
+                                              kind=trees.kind, optimizer=optimizer)
             losses.append(np.asarray(loss))
         if dev is None:
             best = B
             continue
-        dev_loss = np.asarray(_structural_losses(B, dev.features, dev.targets, dev.lengths, kind=trees.kind))
-        better = dev_loss < best_loss
-        best = jnp.where(better[:, None, None], B, best)
-        best_loss = np.where(better, dev_loss, best_loss)
-        since_best = 0 if better.any() else since_best + 1
-        if since_best >= patience:
+        keep = regimen.epoch_end(epoch, np.asarray(_structural_losses(B, dev.features, dev.targets, dev.lengths,
+                                                                      kind=trees.kind)))
+        best = jnp.where(keep[:, None, None], B, best)
+        if regimen.stopped.all():
             break
     return np.asarray(best), np.array(losses)
 
@@ -642,11 +679,11 @@ def evaluate_structural(B: np.ndarray, trees: Trees) -> dict[str, np.ndarray]:
 
 
 def structural_probe(model, sentences, kind: str = "distance", *, site: str = "hook_resid_post",
-                     pool: str = "first", dev: float = 0.1, test: float = 0.2, seed: int = 0,
+                     pool: str = "mean", dev: float = 0.1, test: float = 0.2, seed: int = 0,
                      **options) -> StructuralResult:
     """Hewitt & Manning's distance or depth probe on every layer, trained on a split of the trees and scored
     on the held-out test sentences. sentences: syntax.Sentence list or a CoNLL-U path. options:
-    fit_structural_probes' (rank, learning_rate, epochs, batch_size, patience)."""
+    fit_structural_probes' (rank, learning_rate, epochs, batch_size)."""
     sentences = read_conllu(sentences) if isinstance(sentences, str) or hasattr(sentences, "read_text") else sentences
     trees = tree_data(model, sentences, kind, site, pool)
     splits = split_sentences(len(sentences), dev, test, seed)
