@@ -10,7 +10,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert.analysis import probes
 from minibert.analysis.syntax import encode_words
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing
 
 L2 = 1e-2
 
@@ -153,6 +153,51 @@ def test_sentence_features_take_cls_or_the_mean_of_real_tokens(tiny):
         rtol = forward_rtol(tiny.config, S=values.shape[1])
         assert_close_to_scale(cls.values[:, b], values[:, 0], rtol)
         assert_close_to_scale(mean.values[:, b], values.mean(1), rtol)
+
+
+def test_token_features_of_pairs_give_every_real_token_with_its_segment(tiny):
+    """Against a run of each pair alone: the non-special tokens' rows in order ([CLS] and both [SEP] left out),
+    their token texts and segments (the token type ids, 1 in the pair's second text), the pair's number."""
+    texts, pairs = ["ab cd", "e f g h"], ["fgh a", "b"]
+    features = probes.token_features(tiny, texts, pairs, site="mlp.hook_post", batch_size=1)
+    column = 0
+    for b, (text, pair) in enumerate(zip(texts, pairs)):
+        batch = tiny.tokenize([text], [pair])
+        _, cache = tiny.run_with_cache(batch, names="blocks.*.mlp.hook_post")
+        values = np.asarray(cache.stack("mlp.hook_post"))[:, 0]
+        ids = list(np.asarray(batch.input_ids)[0])
+        kept = [t for t, i in enumerate(ids) if i not in (tiny.tokenizer.cls_token_id, tiny.tokenizer.sep_token_id)]
+        n = len(kept)
+        assert_close_to_scale(features.values[:, column:column + n], values[:, kept],
+                              forward_rtol(tiny.config, S=len(ids)))
+        assert list(features.tokens[column:column + n]) == tiny.tokenizer.convert_ids_to_tokens([ids[t] for t in kept])
+        np.testing.assert_array_equal(features.segment[column:column + n],
+                                      np.asarray(batch.token_type_ids)[0, kept])
+        np.testing.assert_array_equal(features.sentence[column:column + n], b)
+        column += n
+    assert column == len(features) and set(features.segment) == {0, 1}
+    chosen = features.take(features.segment == 1)
+    assert set(chosen.segment) == {1} and len(chosen.tokens) == len(chosen) == chosen.values.shape[1]
+
+
+def test_word_and_text_labels_read_from_tsv(tmp_path):
+    words = tmp_path / "words.tsv"
+    words.write_text("# a comment\nThe\tDET\tx\ndog\tNOUN\tx\n\n\nbarks\tVERB\ty\n", encoding="utf-8")
+    assert probes.read_word_labels(words) == ([["The", "dog"], ["barks"]], [["x", "x"], ["y"]])
+    assert probes.read_word_labels(words, column=1) == ([["The", "dog"], ["barks"]], [["DET", "NOUN"], ["VERB"]])
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("a cat\tanimal\n\nthe 3 cars\tthing\n", encoding="utf-8")
+    assert probes.read_text_labels(texts) == (["a cat", "the 3 cars"], None, ["animal", "thing"])
+    texts.write_text("a cat\tsits\tyes\nno dog\there\tno\n", encoding="utf-8")
+    assert probes.read_text_labels(texts) == (["a cat", "no dog"], ["sits", "here"], ["yes", "no"])
+    texts.write_text("a cat\tsits\tyes\nno dog\tno\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match="line 2: expected text<TAB>label"):
+        probes.read_text_labels(texts)
+    words.write_text("The\tDET\ndog\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match="line 2: expected a word and its label"):
+        probes.read_word_labels(words)
+    with pytest.raises(DataFileMissing, match="no TSV file"):
+        probes.read_word_labels(tmp_path / "absent.tsv")
 
 
 @pytest.mark.slow

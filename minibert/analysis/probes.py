@@ -4,7 +4,9 @@ Linear probes (Alain & Bengio 2016; Hewitt & Liang 2019) are multinomial logisti
 on the activations of one hook site ("hook_resid_post", "mlp.hook_post", "attn.hook_z" flattened over
 heads, …). Token-level probes label words: a word's feature is its first wordpiece's activation or the
 mean of its wordpieces' ("first" | "mean", as word-level attention pools rows). Sentence-level probes
-label texts: the [CLS] position or the mean over real tokens.
+label texts: the [CLS] position or the mean over real tokens. token_features gives every token of texts or
+pairs as the model tokenizes them, for labels computed from the tokenization ("the token is in sentence B").
+Labels come as lists, or from TSV files (read_word_labels, read_text_labels); trees from CoNLL-U.
 
 Every layer's probe trains in one compiled program (`jax.vmap` over layers on accelerators, `lax.map` on CPU,
 where batched matmuls are slow) on the objective
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +39,7 @@ import optax
 import optax.tree_utils as otu
 
 from minibert.analysis.syntax import encode_words, read_conllu
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing
 from minibert.hooks import site_axes
 from minibert.training.optim import adamw
 
@@ -49,18 +52,22 @@ SENTENCE_POOLS = ("cls", "mean")
 
 @dataclasses.dataclass(frozen=True)
 class Features:
-    """Activations of one hook site for every layer: values [L, N, F] (N items: words or sentences),
-    and the sentence each item comes from ([N], for splits and the bootstrap that resample sentences)."""
+    """Activations of one hook site for every layer: values [L, N, F] (N items: words, tokens or sentences),
+    and the sentence each item comes from ([N], for splits and the bootstrap that resample sentences).
+    token_features also gives each token's text and segment (0: first text, 1: the pair's second) [N]."""
 
     values: np.ndarray
     sentence: np.ndarray
     site: str
+    tokens: np.ndarray | None = None
+    segment: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.values.shape[1]
 
     def take(self, items: np.ndarray) -> Features:
-        return Features(self.values[:, items], self.sentence[items], self.site)
+        return Features(self.values[:, items], self.sentence[items], self.site,
+                        *(None if a is None else a[items] for a in (self.tokens, self.segment)))
 
 
 def _checked_site(model, site: str) -> str:
@@ -158,7 +165,85 @@ def sentence_features(model, texts, pairs=None, site: str = "hook_resid_post", p
     return Features(np.concatenate(chunks, axis=1), np.arange(len(texts)), site)
 
 
-# ---- labels, splits, control tasks ---------------------------------------------------------------------
+def token_features(model, texts, pairs=None, site: str = "hook_resid_post", batch_size: int = 32,
+                   max_length: int | None = None) -> Features:
+    """Per-token features [L, N, F] of texts (and pairs, second texts) as the model tokenizes them: every real
+    token but the special ones ([CLS], [SEP], …), with its text (`tokens`) and segment (`segment`: 1 in the
+    pair's second text) for labels computed from the tokenization, e.g. "the token is in sentence B"."""
+    site = _checked_site(model, site)
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts or (pairs is not None and len(pairs) != len(texts)):
+        raise AnalysisError(f"pass at least one text (and one pair per text): {len(texts)} texts, "
+                            f"{'no' if pairs is None else len(pairs)} pairs.")
+    values, sentence, tokens, segment = [], [], [], []
+    for start in range(0, len(texts), batch_size):
+        batch = model.tokenize(texts[start:start + batch_size],
+                               None if pairs is None else list(pairs[start:start + batch_size]), max_length=max_length)
+        _, cache = model.run_with_cache(batch, names=f"blocks.*.{site}")
+        stacked = np.asarray(cache.stack(site), np.float32)
+        stacked = stacked.reshape(*stacked.shape[:3], -1)
+        # the tokenizer's sequence ids: 0 in the text, 1 in its pair, None on special tokens and padding
+        sequence = np.array([[-1 if i is None else i for i in row] for row in batch.sequence_ids])
+        rows, columns = np.nonzero(sequence >= 0)
+        values.append(stacked[:, rows, columns])
+        sentence.append(start + rows)
+        tokens += model.tokenizer.convert_ids_to_tokens(np.asarray(batch.input_ids)[rows, columns].tolist())
+        segment.append(sequence[rows, columns])
+    return Features(np.concatenate(values, axis=1), np.concatenate(sentence), site, np.array(tokens, dtype=object),
+                    np.concatenate(segment))
+
+
+# ---- labels from files, splits, control tasks ----------------------------------------------------------
+
+
+def _tsv_rows(path):
+    """(line number, tab-separated columns) of a TSV file's lines, blank lines as [] and '#' comments skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileMissing(f"no TSV file at {path}; pass the path of a tab-separated file.")
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.startswith("#"):
+            yield number, line.split("\t") if line.strip() else []
+
+
+def read_word_labels(path, column: int = -1) -> tuple[list[list[str]], list[list[str]]]:
+    """(sentences, labels) for token_probe from a TSV file: one word per line, the word in the first column and
+    its label in `column` (default the last; CoNLL-style files work with the column's index), a blank line
+    between sentences, lines starting with '#' ignored."""
+    sentences, labels, words, tags = [], [], [], []
+    for number, columns in _tsv_rows(path):
+        if not columns:
+            if words:
+                sentences.append(words)
+                labels.append(tags)
+            words, tags = [], []
+            continue
+        if len(columns) < 2 or not -len(columns) <= column < len(columns) or not columns[0]:
+            raise DataFileError(f"{path}, line {number}: expected a word and its label separated by a tab (label in "
+                                f"column {column}); found {len(columns)} column(s).")
+        words.append(columns[0])
+        tags.append(columns[column])
+    if words:
+        sentences.append(words)
+        labels.append(tags)
+    if not sentences:
+        raise DataFileError(f"{path} holds no labelled words; write one word<TAB>label per line.")
+    return sentences, labels
+
+
+def read_text_labels(path) -> tuple[list[str], list[str] | None, list[str]]:
+    """(texts, pairs or None, labels) for sentence_probe from a TSV file: text<TAB>label per line, or
+    text<TAB>second text<TAB>label for pairs (every line alike); blank lines and '#' lines ignored."""
+    rows = [(number, columns) for number, columns in _tsv_rows(path) if columns]
+    if not rows:
+        raise DataFileError(f"{path} holds no labelled texts; write one text<TAB>label per line.")
+    width = len(rows[0][1])
+    for number, columns in rows:
+        if len(columns) != width or width not in (2, 3):
+            raise DataFileError(f"{path}, line {number}: expected text<TAB>label or text<TAB>pair<TAB>label like "
+                                f"the first line ({width} columns); found {len(columns)} column(s).")
+    texts, labels = [c[0] for _, c in rows], [c[-1] for _, c in rows]
+    return texts, ([c[1] for _, c in rows] if width == 3 else None), labels
 
 
 def encode_labels(labels: Sequence[Hashable], classes: Sequence[Hashable] | None = None) -> tuple[np.ndarray, tuple]:
