@@ -8,24 +8,30 @@ bfloat16, at B ∈ {64, 256} × T ∈ {128, 512}: tokens/s, MFU against the card
 (minibert.accounting.GPU_PEAK_FLOPS), peak device memory, compile time, for minibert with nothing
 captured / every pattern captured / everything captured and offloaded to host, and transformers' sdpa
 and eager attention. Also: whether the fused attention lowered to cuDNN (the compiled HLO names a
-cudnn call), the corpus survey, analysis.ablation_sweep when it exists, and one fp32 training step of a
-classifier on the random bert-base at 16×128 (minibert vs transformers + torch.optim.AdamW, benchmarks/training.py),
-and TopK SAE training throughput with the bundled model's forward (benchmarks/sae.py), and linear probes on every
-layer in one program (vmap and lax.map) against a per-layer loop and scikit-learn (benchmarks/probes.py).
+cudnn call), the corpus survey, analysis.ablation_sweep when it exists, one training step of a classifier on
+the random bert-base at 16×128 and 32×512 in fp32 and bf16 compute (fp32 master weights), with MFU, minibert vs
+transformers + torch.optim.AdamW (bf16: torch.autocast, PyTorch AMP; benchmarks/training.py),
+TopK SAE training throughput with the bundled model's forward (benchmarks/sae.py), and linear probes on every layer
+in one program (vmap and lax.map) against a per-layer loop and scikit-learn (benchmarks/probes.py).
 Writes a Markdown report.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+# JAX would take 75% of the card at its first array, leaving torch's side of each comparison the rest; both grow
+# their pools as they need instead (XLA's allocator, torch's caching allocator).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,8 +41,8 @@ import harness  # noqa: E402
 import minibert  # noqa: E402
 from minibert import accounting  # noqa: E402
 
-FULL = dict(batches=(64, 256), lengths=(128, 512), repeats=5, survey=1000, training=(16, 128))
-SMOKE = dict(batches=(2,), lengths=(16,), repeats=1, survey=4, training=(2, 16))
+FULL = dict(batches=(64, 256), lengths=(128, 512), repeats=5, survey=1000, training=((16, 128), (32, 512)))
+SMOKE = dict(batches=(2,), lengths=(16,), repeats=1, survey=4, training=((2, 16),))
 DTYPES = {"fp32": (jnp.float32, "float32"), "bf16": (jnp.bfloat16, "bfloat16")}
 
 
@@ -150,20 +156,33 @@ def survey_rows(directory: Path, sizes: dict) -> list[list[str]]:
 
 
 def training_rows(directory: Path, sizes: dict, device: str) -> list[list[str]]:
-    """One fp32 training step (forward, backward, AdamW) of a 2-class classifier on `directory`: minibert's
-    compiled step against transformers + torch.optim.AdamW (benchmarks/training.py), same starting weights."""
+    """One training step (forward, backward, clipping, AdamW) of a 2-class classifier on `directory`, in fp32 and in
+    bf16 compute with fp32 master weights: minibert's compiled step (finetune's, compute_dtype=bfloat16 for bf16)
+    against transformers + torch.optim.AdamW (fp32, or torch.autocast bf16: PyTorch AMP), same starting weights
+    (benchmarks/training.py). MFU counts the step as 3 forwards (the backward does two matmuls per forward matmul:
+    one for the input's gradient, one for the weight's) against the card's dense bf16 peak."""
     import training
 
     classifier = training.classifier_dir(directory, directory.parent / f"{directory.name}-classifier")
-    B, T = sizes["training"]
-    rows_in = training.inputs(B, T, minibert.load(classifier).config.vocab_size)
-    cases = {"minibert": training.minibert_step(classifier, rows_in)[0],
-             "transformers + torch AdamW": training.torch_step(classifier, rows_in, device)}
+    config = minibert.load(classifier).config
+    peak = accounting.peak_flops(jax.devices()[0], jnp.bfloat16)
     rows = []
-    for name, fn in cases.items():
-        first, seconds = median_seconds(fn, sizes["repeats"])
-        rows.append([f"training step, {name}", f"{B}×{T}", harness.fmt(seconds * 1e3, 1),
-                     harness.fmt(B * T / seconds, 0) + " tokens/s"])
+    for B, T in sizes["training"]:
+        rows_in = training.inputs(B, T, config.vocab_size)
+        flops = 3 * accounting.flops_per_token(config, T, head=True)
+        for dtype_name, (jax_dtype, _) in DTYPES.items():
+            bf16 = dtype_name == "bf16"
+            cases = {"minibert": training.minibert_step(classifier, rows_in, jax_dtype)[0],
+                     "transformers + torch AdamW": training.torch_step(classifier, rows_in, device, amp=bf16)}
+            rates = {name: B * T / median_seconds(fn, sizes["repeats"])[1] for name, fn in cases.items()}
+            for name, rate in rates.items():
+                mfu = accounting.achieved_fraction(rate, flops, peak) if peak else None
+                rows.append([f"training step, {name}", f"{B}×{T}", dtype_name + (" AMP" if bf16 and name != "minibert"
+                                                                                   else ""),
+                             harness.fmt(B * T / rate * 1e3, 1), harness.fmt(rate, 0),
+                             harness.fmt(100 * mfu, 1) if mfu is not None else "—",
+                             harness.fmt(rate / rates["transformers + torch AdamW"], 2) + "×"])
+            del cases  # the pair's parameters and optimiser state leave the device before the next pair
     return rows
 
 
@@ -225,8 +244,8 @@ def report(args) -> str:
              harness.markdown_table(header, rows), "", *(f"- {note}" for note in notes), "",
              harness.markdown_table(["workload", "seconds", "throughput"],
                                     survey_rows(random_dir if args.smoke else Path(args.bundled), sizes)),
-             "", harness.markdown_table(["workload", "B×T", "ms", "throughput"],
-                                        training_rows(random_dir, sizes, device)),
+             "", harness.markdown_table(["workload", "B×T", "dtype", "ms / step", "tokens/s", "MFU % (bf16 peak)",
+                                         "× PyTorch (same dtype)"], training_rows(random_dir, sizes, device)),
              "", harness.markdown_table(["workload", "tokens", "tokens/s", "× PyTorch"],
                                         sae_rows(random_dir if args.smoke else Path(args.bundled), args.smoke, device)),
              "", harness.markdown_table(["workload", "seconds (median)", "× lax.map", "= scikit-learn"],

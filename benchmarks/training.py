@@ -61,15 +61,16 @@ def inputs(batch: int, length: int, vocab: int) -> dict[str, np.ndarray]:
     return rows | {"labels": np.arange(batch, dtype=np.int32) % 2, "weight": np.ones(batch, np.float32)}
 
 
-def minibert_step(directory: Path, rows: dict):
-    """A function doing one step of finetune's compiled program on `rows`, carrying its parameters and state."""
+def minibert_step(directory: Path, rows: dict, compute_dtype=jnp.float32):
+    """A function doing one step of finetune's compiled program on `rows`, carrying its parameters and state.
+    compute_dtype=jnp.bfloat16: finetune(compute_dtype=…)'s bf16 compute with fp32 master weights."""
     model = minibert.load(directory)
     params = {name: jnp.array(value, copy=True) for name, value in model.named_parameters().items()}
     optimizer = optim.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY, mask=optim.decay_mask(params),
                             max_grad_norm=MAX_GRAD_NORM)
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names,
                                                                        model.config.architecture))
-    step = Step(model, "sequence-classification", {}, writer_def, jnp.dtype(jnp.float32))
+    step = Step(model, "sequence-classification", {}, writer_def, jnp.dtype(compute_dtype))
     train = compiled_step(step, optimizer)
     state = {"params": params, "opt": optimizer.init(params)}
     batch = {name: jnp.asarray(value) for name, value in rows.items()}
@@ -82,8 +83,12 @@ def minibert_step(directory: Path, rows: dict):
     return run, model
 
 
-def torch_step(directory: Path, rows: dict, device: str = "cpu"):
-    """One step of transformers' classifier with torch.optim.AdamW (decay off biases and LayerNorm, as Trainer)."""
+def torch_step(directory: Path, rows: dict, device: str = "cpu", amp: bool = False):
+    """One step of transformers' classifier with torch.optim.AdamW (decay off biases and LayerNorm, as Trainer).
+    amp: the forward and backward under torch.autocast(bfloat16) with fp32 weights and optimiser (PyTorch's
+    mixed precision, what minibert's compute_dtype=bfloat16 does; bf16 needs no loss scaling)."""
+    import contextlib
+
     import torch
     import transformers
 
@@ -96,14 +101,19 @@ def torch_step(directory: Path, rows: dict, device: str = "cpu"):
             module.p = 0.0
     decay = [p for n, p in hf.named_parameters() if optim.decays(_minibert_like(n))]
     rest = [p for n, p in hf.named_parameters() if not optim.decays(_minibert_like(n))]
+    # fused on CUDA: one kernel for every parameter, the Trainer's default optimiser there (adamw_torch_fused)
     adamw = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}],
-                              lr=LEARNING_RATE)
+                              lr=LEARNING_RATE, fused=device == "cuda" or None)
     batch = {name: torch.as_tensor(rows[name], dtype=torch.long, device=device)
              for name in ("input_ids", "token_type_ids", "attention_mask", "labels")}
 
+    def autocast():
+        return torch.autocast(device, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+
     def run():
         adamw.zero_grad()
-        loss = hf(**batch).loss
+        with autocast():
+            loss = hf(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(hf.parameters(), MAX_GRAD_NORM)
         adamw.step()
