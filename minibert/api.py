@@ -14,7 +14,7 @@ from flax import nnx, struct
 
 from minibert import checkpoint, sources
 from minibert.config import Config
-from minibert.errors import ConfigError, InputError
+from minibert.errors import AnalysisError, ConfigError, InputError
 from minibert.hooks import (
     Cache,
     HookError,
@@ -139,6 +139,35 @@ def pooled_tokens(hidden, mask, mode: str, skip: int = 0):
 def is_text(batch) -> bool:
     """A text, or a list or tuple of texts (as opposed to a Batch or id arrays)."""
     return isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch))
+
+
+# One contract for every function that takes a metric, loss or target function (Model.grad and the analyses):
+# it is written with jax.numpy (it runs inside a compiled program) and returns floats, one value per batch row,
+# shape [B] — each row an example of its own — or one value for the whole batch, shape ().
+
+def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
+    """A metric's, loss's or target's return value checked against the one contract: float [B] or (). Integers
+    and booleans are refused everywhere, not only where a gradient of them would silently be zero: one rule,
+    and a cast (.astype(float)) is all it asks."""
+    dtype, shape = getattr(values, "dtype", None), getattr(values, "shape", None)
+    if isinstance(values, float):
+        dtype, shape = jnp.dtype(jnp.float32), ()
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or tuple(shape) not in ((), (n_rows,)):
+        got = f"shape {tuple(shape)}, dtype {dtype}" if dtype is not None else f"a {type(values).__name__}"
+        raise AnalysisError(f"the {what} must return floats written with jax.numpy: one value per batch row, shape "
+                            f"({n_rows},), or one value for the whole batch, shape (); it returned {got}. Reduce "
+                            f"the other axes inside the {what} (e.g. .mean(-1)) and cast counts with .astype(float).")
+    return jnp.asarray(values, jnp.float32)
+
+
+def traced_call(fn: Callable, output, what: str = "metric"):
+    """fn(output), which runs inside a compiled program: a NumPy-only metric gets a message, not a traceback."""
+    try:
+        return fn(output)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError) as error:
+        raise AnalysisError(f"the {what} {getattr(fn, '__name__', fn)!r} must be written with jax.numpy "
+                            f"(jnp.linalg.norm, not np.linalg.norm, no float() or np.asarray): it runs inside a "
+                            f"compiled program. JAX said: {str(error).splitlines()[0]}") from None
 
 
 def _check_whole_numbers(name: str, value: np.ndarray) -> None:
@@ -603,7 +632,11 @@ class Model:
 
     def grad(self, batch, loss_fn: Callable[[Output], jax.Array], names,
              hooks: Mapping[str, Callable] | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """(loss, {hook name: ∂loss/∂value}) for a scalar `loss_fn(output)` and the hook values `names`."""
+        """(loss, {hook name: ∂loss/∂value}) for `loss_fn(output)` and the hook values `names`.
+
+        loss_fn follows the one contract of metric_values: one value per batch row [B], or one for the whole
+        batch (). A [B] loss is differentiated as its sum — rows do not interact, so each row's values get that
+        row's own gradient — and returned as [B]."""
         inputs = self.inputs(batch)
         chosen = self._names(names)
         user_writers = writers_for(hooks, self.hook_names, self.config.architecture)
@@ -619,12 +652,10 @@ class Model:
                 writers[name] = writers.get(name, ()) + (HookFn(add_delta, delta=delta),)
             leaves, writer_def = jax.tree_util.tree_flatten(writers)
             out, _ = self._forward_jit(self.state, inputs, leaves, capture=frozenset(), writer_def=writer_def)
-            loss = loss_fn(out)
-            if jnp.shape(loss) != ():
-                raise HookError(f"loss_fn must return a scalar; it returned shape {jnp.shape(loss)}.")
-            return loss
+            loss = metric_values(traced_call(loss_fn, out, "loss_fn"), inputs.shape[0], "loss_fn")
+            return loss.sum(), loss
 
-        loss, grads = jax.value_and_grad(objective)(deltas)
+        (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(deltas)
         return loss, grads
 
     # ---- sentence embeddings --------------------------------------------------------------------------

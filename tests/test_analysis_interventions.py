@@ -305,25 +305,47 @@ BAD_RETURNS = {"None": lambda out: None, "a string": lambda out: "0.5",
 
 def metric_takers(model, clean, corrupted):
     """Every analysis that takes a metric, loss or target function, as a function of that function."""
-    from minibert.analysis import mixing
+    from minibert.analysis import gradients, mixing
     return {"ablation_sweep": lambda f: interventions.ablation_sweep(model, clean, f),
             "patch_activations": lambda f: interventions.patch_activations(model, clean, corrupted, f),
             "attribution_patching": lambda f: interventions.attribution_patching(model, clean, corrupted, f),
             "head_importance": lambda f: interventions.head_importance(model, clean, f),
-            "attention_attribution": lambda f: mixing.attention_attribution(model, clean, f, steps=1)}
+            "attention_attribution": lambda f: mixing.attention_attribution(model, clean, f, steps=1),
+            "attention_gradients": lambda f: gradients.attention_gradients(model, clean, f),
+            "Model.grad": lambda f: model.grad(clean, f, "blocks.*.attn.hook_z")}
 
 
-TAKERS = ["ablation_sweep", "patch_activations", "attribution_patching", "head_importance", "attention_attribution"]
+TAKERS = ["ablation_sweep", "patch_activations", "attribution_patching", "head_importance", "attention_attribution",
+          "attention_gradients", "Model.grad"]
 
 
 @pytest.mark.parametrize("taker", TAKERS)
 def test_every_metric_taker_refuses_a_bad_return_with_one_message(tiny, tiny_pair, taker):
-    """A metric returning None or a string used to end in a raw TypeError inside the sweep, and head_importance
-    and attention_attribution each had their own wording; now one check and one message serve all five."""
+    """A metric returning None or a string used to end in a raw TypeError inside the sweep, and head_importance,
+    attention_attribution and Model.grad (so attention_gradients) each had their own wording — Model.grad a
+    HookError refusing [B] losses; now one check and one message serve all seven."""
     run = metric_takers(tiny, *tiny_pair)[taker]
     for metric in BAD_RETURNS.values():
         with pytest.raises(AnalysisError, match=CONTRACT):
             run(metric)
+
+
+def test_model_grad_of_a_loss_per_row_gives_each_row_its_own_gradient(tiny, tiny_pair):
+    """A [B] loss (the contract's per-row form) is returned as [B], and row b's gradient is that of row b's loss
+    alone — a loop of model.grad on loss[b], whose other rows' gradients are exactly 0. Tolerance: the two
+    programs differentiate the same forward, summing the rows' cotangents in another order: gradient_atol."""
+    clean, corrupted = tiny_pair
+    per_row = pooled_metric(tiny, clean)
+    names = "blocks.*.attn.hook_pattern"
+    loss, grads = tiny.grad(corrupted, per_row, names)
+    np.testing.assert_allclose(loss, np.asarray(per_row(tiny(corrupted))), atol=metric_atol(tiny, corrupted))
+    for b in range(len(loss)):
+        _, alone = tiny.grad(corrupted, lambda out, b=b: per_row(out)[b], names)
+        for name, value in alone.items():
+            value = np.asarray(value)
+            assert (np.delete(value, b, axis=0) == 0).all(), name  # rows do not interact
+            np.testing.assert_allclose(np.asarray(grads[name])[b], value[b], atol=gradient_atol(tiny, clean, value))
+    assert max(np.abs(np.asarray(g)).max() for g in grads.values()) > 0
 
 
 def test_head_importance_of_one_loss_for_the_batch_gates_the_batch_as_one_example(tiny, tiny_pair):

@@ -30,7 +30,9 @@ IGNORE = -100  # label of positions that are not predicted (Hugging Face's conve
 def attention_gradients(model, batch, loss_fn: Callable[[Output], jax.Array]) -> np.ndarray:
     """∂ loss_fn(output) / ∂ pattern for every layer: NumPy [L, B, H, T, S].
 
-    loss_fn maps the model's Output to a scalar (e.g. mlm_loss_fn(labels), or a logit of a classifier).
+    loss_fn maps the model's Output to one loss for the batch, () (e.g. mlm_loss_fn(labels)), or one per row,
+    [B] (e.g. a logit of a classifier), each row then differentiated on its own: the metric contract of
+    `interventions` (Model.grad checks it).
     """
     _, grads = model.grad(batch, loss_fn, PATTERNS)
     return np.asarray(Cache(grads, model.hook_names).stack("attn.hook_pattern"))
@@ -117,8 +119,8 @@ def mlm_loss(model, batch, positions=None, *, rate: float = 0.15, seed: int = 0)
 
 def token_targets(model, batch) -> dict[str, np.ndarray]:
     """{"cls", "sep", "punct"}: bool [B, T] key groups for gradient_by_target (punct is "." and ",")."""
-    ids, _, mask = (np.asarray(a) for a in model.inputs(batch))
-    masks = heads.model_token_masks(model, ids, mask)
+    inputs = model.inputs(batch)
+    masks = heads.model_token_masks(model, np.asarray(inputs.input_ids), np.asarray(inputs.attention_mask))
     return {name: masks[f"is_{name}"] > 0 for name in ("cls", "sep", "punct")}
 
 

@@ -11,11 +11,12 @@ the items and chunked to a memory budget. The layer is a traced argument: the su
 block behind a `lax.cond(i >= l)`, so all layers share one compilation instead of one per suffix length
 (blocks before l are skipped at run time, not computed and discarded).
 
-One contract for every function here and in `mixing` that takes a metric, loss or target function
-(`metric_values` checks it, with one message): it is written with jax.numpy (it runs inside a compiled
-program) and returns floats, either one value per batch row, shape [B] — each row an example of its own —
-or one value for the whole batch, shape () — the batch one example. Sweeps report the mean over rows of a
-[B] value and a () value as it is; gradient analyses differentiate each row's own value, or the batch's one.
+One contract for every function here, in `mixing`, `gradients` and `Model.grad` that takes a metric, loss or
+target function (`api.metric_values` checks it, with one message): it is written with jax.numpy (it runs
+inside a compiled program) and returns floats, either one value per batch row, shape [B] — each row an
+example of its own — or one value for the whole batch, shape () — the batch one example. Sweeps report the
+mean over rows of a [B] value and a () value as it is; gradient analyses differentiate each row's own value,
+or the batch's one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert import accounting
-from minibert.api import Inputs, is_text
+from minibert.api import Inputs, is_text, metric_values, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookError, HookFn, add_delta, fingerprint, site_axes
@@ -63,9 +64,10 @@ def head_mask(layer: int, head: int, n_layers: int, n_heads: int) -> np.ndarray:
 
 def mean_z(model, batch) -> jnp.ndarray:
     """Each head's mean output z over the real tokens of `batch` → [L, H, K], for mean ablation."""
-    _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_z")
+    inputs = model.inputs(batch)
+    _, cache = model.run_with_cache(inputs, names="blocks.*.attn.hook_z")
     z = cache.stack("attn.hook_z")  # [L, B, T, H, K]
-    mask = jnp.asarray(model.inputs(batch).attention_mask, jnp.float32)[None, :, :, None, None]
+    mask = jnp.asarray(inputs.attention_mask, jnp.float32)[None, :, :, None, None]
     return (z * mask).sum((1, 2)) / mask.sum((1, 2))
 
 
@@ -88,21 +90,6 @@ SWEPT_AXIS = {"position": 2, "head": 3}
 
 # ---- the sweep engine: prefix once, suffix vmapped over the items ---------------------------------------------
 
-def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
-    """A metric's, loss's or target's return value checked against the one contract (module docstring): float
-    [B] or (). Integers and booleans are refused everywhere, not only where a gradient of them would silently be
-    zero: one rule, and a cast (.astype(float)) is all it asks."""
-    dtype, shape = getattr(values, "dtype", None), getattr(values, "shape", None)
-    if isinstance(values, float):
-        dtype, shape = jnp.dtype(jnp.float32), ()
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or tuple(shape) not in ((), (n_rows,)):
-        got = f"shape {tuple(shape)}, dtype {dtype}" if dtype is not None else f"a {type(values).__name__}"
-        raise AnalysisError(f"the {what} must return floats written with jax.numpy: one value per batch row, shape "
-                            f"({n_rows},), or one value for the whole batch, shape (); it returned {got}. Reduce "
-                            f"the other axes inside the {what} (e.g. .mean(-1)) and cast counts with .astype(float).")
-    return jnp.asarray(values, jnp.float32)
-
-
 def _row_mean(values, n_rows: int, what: str = "metric") -> jax.Array:
     """A metric's value per batch row [B] → its mean over rows; one value for the batch () → itself."""
     return metric_values(values, n_rows, what).mean()
@@ -122,16 +109,6 @@ class Keyed:
 
     def __hash__(self):
         return hash(self.key)
-
-
-def traced_call(fn: Callable, output, what: str = "metric"):
-    """fn(output), which runs inside a compiled program: a NumPy-only metric gets a message, not a traceback."""
-    try:
-        return fn(output)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError) as error:
-        raise AnalysisError(f"the {what} {getattr(fn, '__name__', fn)!r} must be written with jax.numpy "
-                            f"(jnp.linalg.norm, not np.linalg.norm, no float() or np.asarray): it runs inside the "
-                            f"compiled sweep. JAX said: {str(error).splitlines()[0]}") from None
 
 
 def _suffix_metrics(model, state, inputs, start, resid, items, shared, *, intervention, metric) -> jax.Array:
