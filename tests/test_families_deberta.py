@@ -262,6 +262,7 @@ def test_released_checkpoints_extra_keys_are_left_unused(tmp_path):
     (dict(type_vocab_size=2), "type_vocab_size"),
     (dict(pooler_hidden_act="relu"), "pooler_hidden_act"),
     (dict(embedding_size=20), "embedding_size"),
+    (dict(attention_head_size=5), "attention_head_size = 5"),  # the heads are 30 / 5 = 6 wide
 ])
 def test_unsupported_settings_are_refused(tmp_path, change, named):
     make_deberta(tmp_path, num_hidden_layers=1)
@@ -269,6 +270,29 @@ def test_unsupported_settings_are_refused(tmp_path, change, named):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=named):
         minibert.load(tmp_path)
+
+
+def test_a_head_size_of_hidden_size_over_heads_is_accepted(tmp_path):
+    make_deberta(tmp_path, num_hidden_layers=1, attention_head_size=6)
+    assert minibert.load(tmp_path).config.setting("attention_head_size") == 6
+
+
+V2_XLARGE = {  # microsoft/deberta-v2-xlarge's config.json
+    "model_type": "deberta-v2", "attention_head_size": 64, "attention_probs_dropout_prob": 0.1, "conv_act": "gelu",
+    "conv_kernel_size": 3, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 1536,
+    "initializer_range": 0.02, "intermediate_size": 6144, "layer_norm_eps": 1e-07, "max_position_embeddings": 512,
+    "max_relative_positions": -1, "norm_rel_ebd": "layer_norm", "num_attention_heads": 24, "num_hidden_layers": 24,
+    "pad_token_id": 0, "pooler_dropout": 0, "pooler_hidden_act": "gelu", "pooler_hidden_size": 1536,
+    "pos_att_type": ["p2c", "c2p"], "position_biased_input": False, "position_buckets": 256,
+    "relative_attention": True, "share_att_key": True, "type_vocab_size": 0, "vocab_size": 128100}
+
+
+def test_the_v2_xlarge_config_is_refused_for_its_convolution_layer():
+    """Its keys read (attention_head_size = 1536 / 24 included); the model is refused naming the convolution, also
+    when built from the config alone (no checkpoint, so no key table)."""
+    config = Config.from_hf(V2_XLARGE)
+    with pytest.raises(ConfigError, match="conv_kernel_size = 3: the convolution layer"):
+        nnx.eval_shape(lambda: Bert(config))
 
 
 FULL_SIZE = {  # microsoft/deberta-v3-base and -large, config.json's values
@@ -281,7 +305,7 @@ V3_RELEASED = dict(vocab_size=128100, max_position_embeddings=512, relative_atte
 
 
 @pytest.mark.parametrize("size", list(FULL_SIZE))
-@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM", "ForSequenceClassification"])
+@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification"])
 def test_full_size_parameter_counts(size, suffix):
     import transformers
 

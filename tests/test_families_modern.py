@@ -191,6 +191,13 @@ def test_unsupported_settings_are_refused(tmp_path, change, named):
         minibert.load(tmp_path)
 
 
+def test_a_model_built_from_a_config_alone_is_refused_alike():
+    """Without a checkpoint there is no key table to check the config: the model's code checks it."""
+    config = Config.from_hf(dict(MODERN, model_type="modernbert", classifier_pooling="max"))
+    with pytest.raises(ConfigError, match="classifier_pooling"):
+        nnx.eval_shape(lambda: Bert(config))
+
+
 FULL_SIZE = {  # answerdotai/ModernBERT-base and -large, config.json's sizes
     "base": dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152),
     "large": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, intermediate_size=2624),
@@ -198,7 +205,7 @@ FULL_SIZE = {  # answerdotai/ModernBERT-base and -large, config.json's sizes
 
 
 @pytest.mark.parametrize("size", list(FULL_SIZE))
-@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM"])
+@pytest.mark.parametrize("suffix", ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification"])
 def test_full_size_parameter_counts(size, suffix):
     import transformers
 

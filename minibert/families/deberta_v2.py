@@ -30,10 +30,13 @@ SETTINGS = (
     # DeBERTa-v3 has no segment table (type_vocab_size 0), which Config's field cannot hold: read here instead.
     ("type_vocab_size", 0),
     ("conv_kernel_size", 0), ("conv_groups", 1), ("conv_act", "tanh"),  # refused unless conv_kernel_size is 0
+    # The head width, which DeBERTa-v2 xlarge/xxlarge configs write out: accepted where it is hidden_size /
+    # num_attention_heads (what minibert computes), so that those configs are refused for their convolution layer.
+    ("attention_head_size", None),
 )
 # Training only (pooler_dropout), or checked by the checkpoint's shapes (pooler_hidden_size: the pooler's width,
-# which transformers writes into every config). embedding_size and attention_head_size, which released DeBERTa
-# configs do not have, are refused by name as keys minibert does not implement.
+# which transformers writes into every config). embedding_size, which released DeBERTa configs do not have, is
+# refused by name as a key minibert does not implement.
 IGNORED = frozenset({"pooler_dropout", "pooler_hidden_size"})
 
 
@@ -78,6 +81,11 @@ def check(cfg: Config) -> None:
                           f"(relative_attention = true, as every released DeBERTa-v2/v3 config sets it). Set it in "
                           f"config.json only if the weights were trained that way.")
     position_terms(cfg)
+    head_size = cfg.setting("attention_head_size")
+    if head_size is not None and head_size != cfg.head_dim:
+        raise ConfigError(f"{where}attention_head_size = {head_size!r} is not implemented; minibert's heads are "
+                          f"hidden_size / num_attention_heads = {cfg.head_dim} wide (remove the key, or make it "
+                          f"{cfg.head_dim}, if the weights were trained that way).")
     if cfg.setting("conv_kernel_size") > 0:
         raise ConfigError(f"{where}conv_kernel_size = {cfg.setting('conv_kernel_size')}: the convolution layer after "
                           f"the first block (DeBERTa-v2 xlarge/xxlarge) is not implemented in minibert; DeBERTa-v3 "

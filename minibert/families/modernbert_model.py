@@ -18,7 +18,7 @@ from flax import nnx
 
 from minibert.config import Config
 from minibert.errors import InputError
-from minibert.families.modernbert import GLOBAL, layer_kinds, rope_theta
+from minibert.families.modernbert import GLOBAL, check, layer_kinds, rope_theta
 from minibert.model import (
     ACTIVATIONS,
     NO_DROPOUT,
@@ -64,6 +64,7 @@ class ModernEmbeddings(nnx.Module):
     """LayerNorm(W_E[ids]): no position table (positions enter as rotations in attention), no segment table."""
 
     def __init__(self, cfg: Config, dtype, rngs):
+        check(cfg)  # a model built from a config alone, without the checkpoint's key table, is refused alike
         self.word = weight(rngs, (cfg.vocab_size, cfg.hidden_size), dtype)  # [V, D]
         self.ln = norm(cfg, dtype)
 

@@ -60,7 +60,10 @@ def hf_config(cfg: Config, original: dict) -> dict:
     if cfg.embedding_size is not None:
         values["embedding_size"] = cfg.embedding_size
     labels = {str(i): name for i, name in enumerate(cfg.id2label)}
-    return {**original, **values, **dict(cfg.settings), "model_type": cfg.model_type,
+    # A setting left at a default of None is not written: transformers reads an absent key as its default, but
+    # some of its code reads a written null as a value (DeBERTa's attention_head_size).
+    settings = {key: value for key, value in cfg.settings if value is not None}
+    return {**original, **values, **settings, "model_type": cfg.model_type,
             "architectures": [cfg.architecture], "id2label": labels,
             "label2id": {name: int(i) for i, name in labels.items()}}
 
