@@ -1,9 +1,10 @@
 """SAE training throughput, tokens per second including the model's forward: minibert (texts streamed through
-the compiled forward with `sae.activations`, one compiled TopK training step per batch) against the pipeline a
-PyTorch user writes (transformers' BertModel with a forward hook on block 3's output, real non-special tokens
-gathered and shuffled, a torch TopK SAE step with AuxK and Adam, decoder rows renormalised). Same texts, same
-texts per forward, same SAE batch and widths, same machine and threads; each side is timed over one pass
-after a warm-up pass on other texts (compiling, allocator warm-up).
+the compiled forward with `sae.activations`: packed several to a row, the device's default tokens per forward;
+one compiled TopK training step per batch) against the pipeline a PyTorch user writes (transformers' BertModel
+with a forward hook on block 3's output, `per_forward` texts per forward padded to the longest, real
+non-special tokens gathered and shuffled, a torch TopK SAE step with AuxK and Adam, decoder rows renormalised).
+Same texts, same SAE batch and widths, same machine and threads; each side is timed over one pass after a
+warm-up pass on other texts (compiling, allocator warm-up).
 
     python benchmarks/sae.py [--smoke]         # prints a Markdown section for benchmarks/RESULTS.md
 """
@@ -26,8 +27,7 @@ SMOKE = dict(texts=48, width=64, k=4, batch=64, per_forward=8, layer=1)
 def minibert_pass(model, texts, sizes, trainer):
     hook = f"blocks.{sizes['layer']}.hook_resid_post"
     tokens = 0
-    for x in sae.activations(model, texts, hook, batch_size=sizes["batch"], texts_per_forward=sizes["per_forward"],
-                             buffer_tokens=8 * sizes["batch"]):
+    for x in sae.activations(model, texts, hook, batch_size=sizes["batch"], buffer_tokens=8 * sizes["batch"]):
         trainer.step(x)
         tokens += len(x)
     return tokens
@@ -148,7 +148,8 @@ def main(argv=None) -> int:
     print(f"{facts['cpu']}, {facts['cores']} cores, load {load_average()}; {facts['versions']}\n")
     print(f"{'tiny random BERT' if args.smoke else 'bundled all-MiniLM-L6-v2'}, block {sizes['layer']}'s output, "
           f"TopK SAE {d_in} → {sizes['width']}, k = {sizes['k']}, batches of {sizes['batch']} tokens, "
-          f"{sizes['per_forward']} texts per forward, {sizes['texts']} generated texts.\n")
+          f"minibert packs texts into rows of 128 tokens, PyTorch runs {sizes['per_forward']} texts per forward "
+          f"padded to the longest; {sizes['texts']} generated texts.\n")
     rows = [[name, str(tokens), fmt(rate, 0), fmt(rate / base)] for name, (tokens, rate) in rates.items()]
     print(markdown_table(["pipeline", "tokens trained on", "tokens / s", "× PyTorch"], rows))
     return 0

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from tolerances import dot_rtol, sum_rtol
+from tolerances import assert_close_to_scale, dot_rtol, forward_rtol, sum_rtol
 
 from minibert.analysis import sae
 from minibert.errors import AnalysisError, DataFileError
@@ -180,18 +180,56 @@ def test_resumed_training_takes_the_same_steps(tmp_path):
     np.testing.assert_array_equal(resumed.since_fired, straight.since_fired)
 
 
+STREAM_TEXTS = [" ".join("abcdefgh"[(i + j) % 8] for j in range(3 + i % 5)) for i in range(24)]  # generated, distinct
+
+
+def _stream(model, texts, **options):
+    return list(sae.activations(model, texts, "blocks.1.mlp.hook_post", batch_size=16, buffer_tokens=48,
+                                batch_tokens=64, **options))
+
+
 def test_activation_stream_gives_every_real_token_once(tiny_mlm):
-    """The shuffled batches hold exactly the real, non-special tokens' values (the last partial batch dropped)."""
+    """Packed rows (here ~7 texts to a row of the tiny model's 64 positions) give each real, non-special token's value as the text has it
+    run alone, once each (the last partial batch dropped). Streamed rows are matched to the texts' own rows by
+    nearest distance; tolerance: the two programs' forward rounding (forward_rtol) of the values' scale."""
     model = tiny_mlm[0]
-    texts = [" ".join("abcdefgh"[(i + j) % 8] for j in range(3 + i % 5)) for i in range(24)]
-    batches = list(sae.activations(model, iter(texts), "blocks.1.mlp.hook_post", batch_size=16,
-                                   texts_per_forward=4, buffer_tokens=48))
-    expected = np.concatenate([sae.token_activations(model, texts[i:i + 4], "blocks.1.mlp.hook_post")
-                               for i in range(0, 24, 4)])
+    batches = _stream(model, iter(STREAM_TEXTS))
+    expected = np.concatenate([sae.token_activations(model, [text], "blocks.1.mlp.hook_post")
+                               for text in STREAM_TEXTS])
     got = np.concatenate(batches)
     assert all(len(b) == 16 for b in batches) and len(got) == len(expected) // 16 * 16
-    rows = {row.tobytes() for row in expected}
-    assert all(row.tobytes() in rows for row in got) and len({row.tobytes() for row in got}) == len(got)
+    nearest = ((got[:, None] - expected[None]) ** 2).sum(-1).argmin(1)
+    assert len(set(nearest.tolist())) == len(got)  # one to one
+    assert_close_to_scale(got, expected[nearest], forward_rtol(model.config, S=64))
+
+
+def test_activation_stream_reads_corpus_files_and_caches_to_disk(tiny_mlm, tmp_path, monkeypatch):
+    """A .txt corpus streams as the same texts in a list do; a finished cache gives the same batches back without
+    running the model, and refuses other texts or settings; a cache cut short is rewritten."""
+    model = tiny_mlm[0]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(STREAM_TEXTS) + "\n", encoding="utf-8")
+    listed = _stream(model, STREAM_TEXTS)
+    for got, expected in zip(_stream(model, corpus), listed, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    cut = sae.activations(model, STREAM_TEXTS, "blocks.1.mlp.hook_post", batch_size=16, buffer_tokens=48,
+                          batch_tokens=64, cache=tmp_path / "cache")
+    next(cut)  # stopped after one batch: the cache is unfinished, so the next call writes it again
+    written = _stream(model, STREAM_TEXTS, cache=tmp_path / "cache")
+
+    def not_run(*args, **kwargs):
+        raise AssertionError("the model ran although the cache holds these activations")
+
+    monkeypatch.setattr(sae.source, "_forward_batches", not_run)
+    read = _stream(model, iter(STREAM_TEXTS), cache=tmp_path / "cache")
+    for batches in (written, read):
+        for got, expected in zip(batches, listed, strict=True):
+            np.testing.assert_array_equal(got, expected)
+    with pytest.raises(DataFileError, match="other texts"):
+        _stream(model, STREAM_TEXTS[1:], cache=tmp_path / "cache")
+    with pytest.raises(DataFileError, match="other settings"):
+        list(sae.activations(model, STREAM_TEXTS, "blocks.0.mlp.hook_post", batch_size=16, buffer_tokens=48,
+                             cache=tmp_path / "cache"))
 
 
 def test_sae_errors_name_the_problem(tiny_mlm):

@@ -31,7 +31,7 @@ def survey_step(model, js: bool, sep_normalization: str) -> Callable:
     return functools.partial(step, js=js, sep_normalization=sep_normalization)
 
 
-def _within_documents(value, ctx, same):
+def within_documents(value, ctx, same):
     """attn.hook_attn_scores [B, H, T, S]: a query sees only the keys of its own document."""
     return jnp.where(same[:, None], value, jnp.finfo(value.dtype).min)
 
@@ -45,7 +45,7 @@ def _step(model, state, totals, arrays, *, js: bool, sep_normalization: str):
     names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.num_hidden_layers)]
     documents = arrays["documents"]  # [B, T]: each token's document number in its row, 0 for padding
     same = heads.same_document(documents)  # [B, T, S]
-    forward = model.forward_fn(names=names, hooks={"blocks.*.attn.hook_attn_scores": HookFn(_within_documents,
+    forward = model.forward_fn(names=names, hooks={"blocks.*.attn.hook_attn_scores": HookFn(within_documents,
                                                                                              same=same)})
     inputs = Inputs(arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"],
                     position_ids=arrays["positions"])

@@ -1,16 +1,34 @@
-"""Activations to train an SAE on, streamed: texts go through the model a chunk at a time (the model's
-compiled forward), the real tokens' values at one hook go into a bounded buffer that is shuffled, and
-batches come out of it. The corpus is never held whole: only `buffer_tokens` activations at a time.
+"""Activations to train an SAE on, streamed: texts (a list, a stream or a corpus file, read as the survey reads
+them) are tokenized a chunk at a time and packed several to a row (the survey's packing: each document keeps
+its own positions and attends only to itself, so its values are the ones it has alone), rows go through one
+compiled forward per row length, the real tokens' values at one hook go into a bounded buffer that is
+shuffled, and batches come out of it. The corpus is never held whole: only `buffer_tokens` activations at a
+time (plus one forward batch).
+
+With `cache=directory` the activations are also written there, one .npy file per forward batch; a later call
+with the same model weights, hook, max_length and texts reads them back instead of running the model.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
+import jax
 import numpy as np
 
-from minibert.errors import AnalysisError
-from minibert.hooks import site_axes
+from minibert.analysis import heads
+from minibert.analysis.corpus import packing, reading
+from minibert.analysis.corpus.result import weights_digest
+from minibert.analysis.corpus.resume import TextsDigest
+from minibert.analysis.corpus.step import within_documents
+from minibert.api import Inputs
+from minibert.errors import AnalysisError, DataFileError
+from minibert.hooks import HookFn, site_axes
+
+CACHE_INFO = "activations.json"
 
 
 def hook_width(model, hook_name: str) -> int:
@@ -26,7 +44,8 @@ def hook_width(model, hook_name: str) -> int:
 
 
 def token_activations(model, texts, hook_name: str, max_length: int = 128, special: bool = False) -> np.ndarray:
-    """[N, d] the hook's value at every real token of `texts` ([CLS]/[SEP] left out unless special)."""
+    """[N, d] the hook's value at every real token of `texts` ([CLS]/[SEP] left out unless special), each text
+    padded in one batch (no packing): for held-out sets and checks."""
     batch = model.tokenize(list(texts), max_length=max_length)
     _, cache = model.run_with_cache(batch, names=[hook_name])
     values = np.asarray(cache[hook_name], np.float32)
@@ -38,17 +57,132 @@ def token_activations(model, texts, hook_name: str, max_length: int = 128, speci
     return values[keep]
 
 
-def activations(model, texts: Iterable[str], hook_name: str, *, batch_size: int = 1024,
-                texts_per_forward: int = 32, buffer_tokens: int = 32_768, max_length: int = 128,
-                seed: int = 0) -> Iterator[np.ndarray]:
-    """Batches [batch_size, d] of shuffled token activations at `hook_name`, from a stream of texts.
+def _packed_capture(model, state, arrays, *, hook_name: str):
+    """The hook's value [B, T, ...] on packed rows, every document attending only to itself (the survey's step)."""
+    same = heads.same_document(arrays["documents"])
+    forward = model.forward_fn(names=[hook_name], hooks={"blocks.*.attn.hook_attn_scores": HookFn(within_documents,
+                                                                                                   same=same)})
+    inputs = Inputs(arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"],
+                    position_ids=arrays["positions"])
+    return forward(state, inputs)[1][hook_name]
 
-    The buffer fills to `buffer_tokens`, is shuffled, and gives out half of itself as batches before it refills,
-    so tokens of one text spread over many batches. The last, partial batch is dropped.
+
+def _rows(texts) -> tuple[Iterator[tuple[str, str | None]], bool]:
+    """((text, pair or None) rows, whether there are pairs) of a corpus file (reading.CorpusFile's formats) or an
+    iterable of strings."""
+    if isinstance(texts, str | Path):
+        corpus = reading.CorpusFile(texts)
+        return corpus.rows(), corpus.has_pairs
+    return ((text, None) for text in texts), False
+
+
+def _forward_batches(model, rows, pairs: bool, hook_name: str, max_length: int,
+                     batch_tokens: int) -> Iterator[np.ndarray]:
+    """[n, d] the real, non-special tokens' values of each packed forward batch, in the order the packer fills."""
+    buckets = packing.checked_buckets(None, max_length, model.config.max_tokens)
+    rows_per_batch = packing.batch_rows(buckets[-1], batch_tokens, 1)
+    packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
+    capture = model.jit(_packed_capture, static_argnames="hook_name")
+
+    def run(batches):
+        for size, packed in batches:
+            arrays = packing.packed_rows(model, size, packed, rows_per_batch * buckets[-1] // size, "real")
+            values = np.asarray(capture(model.state, arrays, hook_name=hook_name), np.float32)
+            keep = (arrays["attention_mask"] > 0) & (arrays["is_cls"] == 0) & (arrays["is_sep"] == 0)
+            yield values.reshape(*keep.shape, -1)[keep]
+
+    for chunk in reading.tokenized_chunks(model, rows, pairs, max_length, first=0):
+        packer.add(chunk)
+        yield from run(packer.full_batches())
+    yield from run(packer.flush())
+
+
+class _Cache:
+    """A directory of one .npy file per forward batch and a JSON record of what they were computed from; the
+    record says complete (with the texts' digest) only once every batch is written."""
+
+    def __init__(self, directory, settings: dict):
+        self.directory, self.settings = Path(directory), settings
+        self.info = self.directory / CACHE_INFO
+
+    def complete(self) -> dict | None:
+        """The record of a finished cache of the same settings; None where there is none or it was cut short.
+        A finished cache of other settings is refused rather than overwritten."""
+        if not self.info.is_file():
+            return None
+        try:
+            record = json.loads(self.info.read_text())
+        except json.JSONDecodeError:
+            return None
+        if not record.get("complete"):
+            return None
+        if record.get("settings") != self.settings:
+            raise DataFileError(f"{self.directory} caches activations of other settings ({record.get('settings')}); "
+                                f"pass another cache directory, or delete this one.")
+        return record
+
+    def read(self, record: dict, texts_digest: str) -> Iterator[np.ndarray]:
+        if record["texts"] != texts_digest:
+            raise DataFileError(f"{self.directory} caches the activations of other texts; pass the texts it was "
+                                f"written from, another cache directory, or delete this one.")
+        for index in range(record["batches"]):
+            yield np.load(self.directory / f"{index:06d}.npy")
+
+    def write(self, batches: Iterator[np.ndarray], digest: TextsDigest) -> Iterator[np.ndarray]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._record({"settings": self.settings, "complete": False})
+        count = 0
+        for values in batches:
+            temporary = self.directory / f"{count:06d}.tmp.npy"
+            np.save(temporary, values)
+            os.replace(temporary, self.directory / f"{count:06d}.npy")
+            count += 1
+            yield values
+        self._record({"settings": self.settings, "complete": True, "batches": count, "texts": digest.hexdigest()})
+
+    def _record(self, record: dict) -> None:
+        temporary = self.info.with_suffix(".tmp")
+        temporary.write_text(json.dumps(record, indent=1))
+        os.replace(temporary, self.info)
+
+
+def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, batch_size: int = 1024,
+                batch_tokens: int | None = None, buffer_tokens: int = 32_768, max_length: int | None = None,
+                seed: int = 0, cache: str | Path | None = None) -> Iterator[np.ndarray]:
+    """Batches [batch_size, d] of shuffled token activations at `hook_name` ([CLS]/[SEP] left out).
+
+    texts: a list or stream of strings, or a corpus file (.txt one text per line, .tsv pairs, .jsonl; as
+    corpus.survey reads it). Documents are packed into rows of `max_length` tokens (default 128, or the model's
+    positions if fewer; longer documents truncated),
+    `batch_tokens` tokens per forward (default: packing.default_batch_tokens of the device). The buffer fills to
+    `buffer_tokens`, is shuffled, and gives out half of itself as batches before it refills, so tokens of one
+    text spread over many batches. The last, partial batch is dropped. cache: a directory to write the
+    activations to, or to read them from when it holds a finished cache of the same weights, hook, max_length
+    and texts (the texts are then read and hashed, but not run).
     """
     hook_width(model, hook_name)
     if buffer_tokens < 2 * batch_size:
         raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
+    if batch_tokens is None:
+        batch_tokens = packing.default_batch_tokens(jax.devices()[0].platform)
+    max_length = min(128, model.config.max_tokens) if max_length is None else max_length
+    rows, pairs = _rows(texts)
+    digest = TextsDigest()
+    rows = digest.through(rows)
+    store = None
+    if cache is not None:
+        store = _Cache(cache, {"weights": weights_digest(model), "hook_name": hook_name, "max_length": max_length})
+        record = store.complete()
+        if record is not None:
+            for _ in rows:  # the texts' digest, without running the model
+                pass
+            return _shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens, seed)
+    forward = _forward_batches(model, rows, pairs, hook_name, max_length, batch_tokens)
+    return _shuffled(forward if store is None else store.write(forward, digest), batch_size, buffer_tokens, seed)
+
+
+def _shuffled(chunks: Iterator[np.ndarray], batch_size: int, buffer_tokens: int, seed: int) -> Iterator[np.ndarray]:
+    """Batches of batch_size rows from a bounded buffer of chunks' rows, shuffled each time it is drained."""
     rng = np.random.default_rng(seed)
     buffer: list[np.ndarray] = []
     held = 0
@@ -61,16 +195,10 @@ def activations(model, texts: Iterable[str], hook_name: str, *, batch_size: int 
         buffer, held = [pool[out:]], len(pool) - out
         return [pool[i:i + batch_size] for i in range(0, out, batch_size)]
 
-    chunk: list[str] = []
-    for text in texts:
-        chunk.append(text)
-        if len(chunk) == texts_per_forward:
-            buffer.append(token_activations(model, chunk, hook_name, max_length))
-            held += len(buffer[-1])
-            chunk = []
-            if held >= buffer_tokens:
-                yield from drain(keep=buffer_tokens // 2)
-    if chunk:
-        buffer.append(token_activations(model, chunk, hook_name, max_length))
+    for chunk in chunks:
+        buffer.append(chunk)
+        held += len(chunk)
+        if held >= buffer_tokens:
+            yield from drain(keep=buffer_tokens // 2)
     if buffer:
         yield from drain(keep=0)
