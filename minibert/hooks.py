@@ -47,7 +47,7 @@ import numpy as np
 
 from minibert.config import architectures_with
 from minibert.errors import HookError
-from minibert.sites import hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
+from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,9 +296,6 @@ class Recorder:
         return value
 
 
-# The head parts (config.Heads' fields): on a model without that part their hooks are valid names, just absent.
-HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
-              "classifier": "a classifier head", "discriminator": "ELECTRA's discriminator head"}
 # The hook-name prefix of each head part's sites (TransformerLens' module names where it has the part).
 HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_head": "nsp",
                  "classifier": "classifier", "discriminator": "discriminator"}

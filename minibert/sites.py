@@ -18,7 +18,9 @@ from minibert.config import ARCHITECTURES, FAMILIES, Config, architectures_with
 
 # What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
 # or a forward variation of the family (Family.positions / mlp / norm; its own head stage, Family.head).
-HEAD_PARTS = ("pooler", "mlm", "nsp", "classifier", "discriminator")
+# Head part → what a model needs for its sites, in docs/hooks.md and in hooks' unknown-name errors.
+HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
+              "classifier": "a classifier", "discriminator": "ELECTRA's discriminator"}
 VARIATION_NEEDS = {  # need → (what exists on it, for docs/hooks.md; whether a config has it)
     "rotary": ("rotary families (ModernBERT)", lambda c: c.family.positions == "rotary"),
     "glu": ("gated-MLP families (ModernBERT)", lambda c: c.family.mlp == "glu"),
@@ -265,8 +267,7 @@ def _exists_on(needs: str | None) -> str:
         return VARIATION_NEEDS[needs][0]
     if needs in BLOCK_NEEDS:
         return BLOCK_NEEDS[needs][0]
-    return {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
-            "classifier": "a classifier", "discriminator": "ELECTRA's discriminator"}[needs]
+    return HEAD_PARTS[needs]
 
 
 def hooks_page() -> str:
