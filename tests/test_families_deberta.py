@@ -28,9 +28,9 @@ from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings
 import minibert
 from minibert import families
 from minibert.config import Config, Heads
-from minibert.errors import ConfigError, TokenizerError
+from minibert.errors import ConfigError, InputError, TokenizerError
 from minibert.families import deberta_v2
-from minibert.families.deberta_v2_model import log_buckets
+from minibert.families.deberta_v2_model import enhanced_mask_decoder, log_buckets
 from minibert.model import Bert
 from minibert.tokenizers_hf import tokenizer_for
 
@@ -137,6 +137,51 @@ def test_deberta_head_parity(tmp_path, suffix, config):
     model = minibert.load(tmp_path)
     assert model.config.architecture == "DebertaV2" + suffix
     assert_deberta_parity(model, hf_model, padded_batch(np.random.default_rng(2), 4, LENGTH))
+
+
+@pytest.mark.slow
+def test_enhanced_mask_decoder_is_the_authors(tmp_path):
+    """enhanced_mask_decoder against the authors' EnhancedMaskDecoder.emd_context_layer written with transformers'
+    modules (its DebertaV2Layer takes query_states as theirs does): H = the last block's input, Q = H + P[0…T−1],
+    the last layer twice with queries Q and keys, values H, then the masked-LM head (lm_predictions.lm_head). P is
+    a random position table, as DeBERTa-v3 files carry one beside position_biased_input false. Tolerance:
+    deberta_rtol over the L blocks, two more and the head."""
+    hf_model = make_deberta(tmp_path, "ForMaskedLM", seed=10, legacy=False)
+    model = minibert.load(tmp_path)
+    table = np.random.default_rng(10).normal(0, 0.3, (V3["max_position_embeddings"], V3["hidden_size"]))
+    table = table.astype(np.float32)
+    batch = padded_batch(np.random.default_rng(10), 3, LENGTH)
+    ours = np.asarray(enhanced_mask_decoder(model, batch, table))
+    with torch.no_grad():
+        ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"])
+        hidden = hf_model.deberta(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-2]
+        encoder = hf_model.deberta.encoder
+        query = hidden + torch.tensor(table[:LENGTH])[None]
+        for _ in range(2):
+            query = encoder.layer[-1](hidden, encoder.get_attention_mask(mask), query_states=query,
+                                      relative_pos=encoder.get_rel_pos(hidden),
+                                      rel_embeddings=encoder.get_rel_embedding())[0]
+        theirs = hf_model.lm_predictions(query, hf_model.deberta.embeddings.word_embeddings).numpy()
+    real = batch["attention_mask"] > 0
+    tol = deberta_rtol(model.config, LENGTH, model.config.num_hidden_layers + 4)
+    assert_close_to_scale(ours, theirs, tol, "enhanced mask decoder logits", where=real)
+    plain = np.asarray(model(batch).logits)  # the decoder is not the plain head: they differ far beyond tol
+    assert np.abs(ours - plain)[real].max() > 100 * tol * np.abs(plain).max()
+
+
+def test_enhanced_mask_decoder_needs_the_position_table(tmp_path):
+    make_deberta(tmp_path, "ForMaskedLM", num_hidden_layers=1, legacy=False)
+    model = minibert.load(tmp_path)
+    with pytest.raises(InputError, match="position_table"):
+        enhanced_mask_decoder(model, model.tokenize(["abc def"]))
+
+
+def test_enhanced_mask_decoder_with_absolute_positions_is_the_models_head(tmp_path):
+    """position_biased_input true: the authors' decoder returns the encoder's own prediction."""
+    make_deberta(tmp_path, "ForMaskedLM", num_hidden_layers=1, **V2)
+    model = minibert.load(tmp_path)
+    batch = model.tokenize(["abc def ghi"])
+    np.testing.assert_array_equal(enhanced_mask_decoder(model, batch), model(batch).logits)
 
 
 def test_log_buckets_are_transformers(tmp_path):

@@ -158,8 +158,9 @@ FAMILIES = (Family(
     settings=SETTINGS,
     layer_keys=LAYER_KEYS,
     key_table=key_table,
-    # microsoft/deberta-v3-* hold their pretraining heads and an unused position table (transformers' DeBERTa
-    # ignores them when it loads): DebertaV2Model and its task heads load from those files.
+    # microsoft/deberta-v3-* hold their pretraining heads and a position table the encoder does not read
+    # (transformers' DeBERTa ignores them when it loads; deberta_v2_model.enhanced_mask_decoder takes the table as
+    # an argument): DebertaV2Model and its task heads load from those files.
     unused_keys=(r"mask_predictions\.", r"lm_predictions\.", r"embeddings\.position_embeddings\."),
     tokenizer="unigram",
     token_types=False, base_pooler=False, pooler_activation="gelu",

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from minibert.config import Config
+from minibert.errors import InputError
 from minibert.families.deberta_v2 import attention_span, check, max_relative_positions, position_terms, segment_rows
 from minibert.model import (
     NO_DROPOUT,
@@ -149,3 +150,61 @@ class DebertaEmbeddings(nnx.Module):
         if self.token_type is not None:
             embed = embed + self.token_type[...][token_type_ids]
         return dropout.hidden("embed", self.ln(embed, hooks, "embed.ln"))
+
+
+def enhanced_mask_decoder(model, batch, position_table=None):
+    """Masked-LM logits [B, T, V] through DeBERTa's enhanced mask decoder (He et al., 2021, §3.2), as the authors'
+    code computes it (DeBERTa's EnhancedMaskDecoder.emd_context_layer): the last block runs twice more on the
+    input H of the last block, its queries read from Q = H + P[0…T−1] (absolute positions, added only here) and
+    then from its own output, its keys and values from H; the masked-LM head reads the second output.
+
+        Q₁ = block_{L−1}(keys, values: H; queries and residual: H + P)
+        Q₂ = block_{L−1}(keys, values: H; queries and residual: Q₁)        logits = head(Q₂)
+
+    transformers' DebertaV2ForMaskedLM (which model(batch) equals) has no such decoder; this is the authors'
+    prediction of a checkpoint pretrained with it. P is the checkpoint's embeddings.position_embeddings table
+    [max_position_embeddings, D], which DeBERTa-v3 files carry and the encoder leaves unused (position_biased_input
+    false). Where position_biased_input is true the authors' decoder is the model's own prediction (their code
+    skips the two runs), so model(batch).logits is returned.
+
+    model: a DeBERTa-v2/v3 Model with a masked-LM head (DebertaV2ForMaskedLM); batch: anything model.inputs takes.
+    The block runs through the model's stage and hooks (a query input differs from the key input only in the
+    block's q and its residual): blocks.{L−1}.attn.hook_q and hook_resid_mid are rewritten.
+    """
+    cfg = model.config
+    if cfg.model_type != "deberta-v2" or not cfg.heads.mlm:
+        raise InputError(f"the enhanced mask decoder is DeBERTa's masked-LM head; this model is a "
+                         f"{cfg.architecture}. Load a DebertaV2ForMaskedLM (architecture=\"DebertaV2ForMaskedLM\").")
+    inputs = model.inputs(batch)
+    if cfg.setting("position_biased_input"):
+        return model.run(inputs)[0].logits
+    T, last = inputs.input_ids.shape[1], cfg.num_hidden_layers - 1
+    table = None if position_table is None else jnp.asarray(position_table, model.dtype)
+    if table is None or table.ndim != 2 or table.shape[1] != cfg.hidden_size or table.shape[0] < T:
+        shape = None if table is None else tuple(table.shape)
+        raise InputError(f"the enhanced mask decoder adds absolute positions: pass position_table, the checkpoint's "
+                         f"[max_position_embeddings, {cfg.hidden_size}] embeddings.position_embeddings.weight with at "
+                         f"least {T} rows (got {shape}), e.g. minibert.checkpoint.read_safetensors(path)"
+                         f"[\"deberta.embeddings.position_embeddings.weight\"].")
+    name = f"blocks.{last}"
+    _, cache = model.run_with_cache(inputs, names=[f"{name}.hook_resid_pre"])
+    hidden = cache[f"{name}.hook_resid_pre"]  # H [B, T, D]
+    W_Q, b_Q = model.layer_weights("attn.W_Q")[last], model.layer_weights("attn.b_Q")[last]  # [D, H, K], [H, K]
+    query = hidden + table[:T][None]
+    for _ in range(2):
+        q = jnp.einsum("BTD,DHK->BTHK", query, W_Q) + b_Q
+        query = model.block(model.state, last, hidden, inputs, hooks=_query_input_hooks(name, q, query))
+    return model.head(model.state, query).logits
+
+
+def _query_input_hooks(name: str, q, query) -> dict:
+    """Hooks that make block `name` read its queries q [B, T, H, K] from another input `query` [B, T, D] than its
+    keys and values, and add its attention output to that input (the authors' query_states)."""
+    attn_out = {}
+
+    def keep(value, ctx):
+        attn_out["value"] = value
+        return value
+
+    return {f"{name}.attn.hook_q": lambda value, ctx: q, f"{name}.hook_attn_out": keep,
+            f"{name}.hook_resid_mid": lambda value, ctx: query + attn_out["value"]}
