@@ -127,6 +127,49 @@ def test_identity_sae_spliced_in_changes_nothing(tiny_mlm, architecture):
     assert metrics["fvu"] == 0.0
 
 
+@pytest.mark.parametrize("mode", [None, "cls", ("max", "mean")])
+def test_sentence_fidelity_pools_as_the_checkpoint_says(tmp_path, mode):
+    """A model without a masked-LM head: the cosine of sentence vectors with and without the SAE, pooled by the
+    checkpoint's Pooling mode (None: the mean; a list: concatenated), against the definition on run_with_hooks'
+    outputs in float64; the identity SAE gives cosine 1 up to the rounding of one dot product and two norms."""
+    from conftest import make_hf_model
+
+    import minibert
+
+    make_hf_model(tmp_path, "BertModel")
+    model = minibert.load(tmp_path)
+    model.pooling = None if mode is None else {"mode": mode, "normalize": True}
+    texts = ["ab cd ef", "g h i j k"]
+    hook = "blocks.0.hook_resid_post"
+    config = sae.SAEConfig(d_in=model.config.hidden_size, d_sae=24, architecture="relu", hook_name=hook)
+    params = sae.init_params(config, seed=6)
+    batch = model.tokenize(texts)
+    mask = np.asarray(batch.attention_mask, np.float64)[..., None]
+    clean = np.asarray(model.run_with_hooks(batch).last_hidden_state, np.float64)
+    spliced = np.asarray(model.run_with_hooks(batch, hooks=sae.splice_hook(config, params)).last_hidden_state,
+                         np.float64)
+
+    def pooled(hidden, name):
+        if name == "cls":
+            return hidden[:, 0]
+        if name == "max":
+            return np.where(mask > 0, hidden, -np.inf).max(1)
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    names = ["mean"] if mode is None else [mode] if isinstance(mode, str) else list(mode)
+    a = np.concatenate([pooled(clean, name) for name in names], -1)
+    b = np.concatenate([pooled(spliced, name) for name in names], -1)
+    expected = np.mean((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+    fidelity = sae.spliced_fidelity(model, config, params, texts)
+    # ours pools the same float32 hidden states in float32: the pooling's sum over T tokens (both sides) and one dot
+    # product and two norms of length D' round, relative to a cosine of at most 1
+    assert abs(fidelity["cosine"] - expected) <= 2 * sum_rtol(mask.shape[1]) + 3 * dot_rtol(a.shape[-1])
+    assert expected < 1 - 1e-3  # the random SAE changes the vectors: the comparison means something
+    identity_config, identity = _identity_sae(model.config.hidden_size, "relu")
+    identity_config = sae.SAEConfig(**{**identity_config.__dict__, "hook_name": hook})
+    assert abs(sae.spliced_fidelity(model, identity_config, identity, texts)["cosine"] - 1) <= 3 * dot_rtol(a.shape[-1])
+
+
 def test_evaluate_by_hand():
     config = sae.SAEConfig(d_in=2, d_sae=3, architecture="relu")
     params = {"W_enc": np.array([[1.0, 0, 0], [0, 1, 0]]), "b_enc": np.array([0.0, 0, -1]),
@@ -189,9 +232,10 @@ def _stream(model, texts, **options):
 
 
 def test_activation_stream_gives_every_real_token_once(tiny_mlm):
-    """Packed rows (here ~7 texts to a row of the tiny model's 64 positions) give each real, non-special token's value as the text has it
-    run alone, once each (the last partial batch dropped). Streamed rows are matched to the texts' own rows by
-    nearest distance; tolerance: the two programs' forward rounding (forward_rtol) of the values' scale."""
+    """Packed rows (here ~7 texts to a row of the tiny model's 64 positions) give each real, non-special token's
+    value as the text has it run alone, once each (the last partial batch dropped). Streamed rows are matched to
+    the texts' own rows by nearest distance; tolerance: the two programs' forward rounding (forward_rtol) of the
+    values' scale."""
     model = tiny_mlm[0]
     batches = _stream(model, iter(STREAM_TEXTS))
     expected = np.concatenate([sae.token_activations(model, [text], "blocks.1.mlp.hook_post")

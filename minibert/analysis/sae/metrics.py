@@ -6,7 +6,8 @@ fidelity — the model run with the SAE's reconstruction written in place of the
 - dead: fraction of latents that never fire on the tokens given; dense: fraction firing on more than
   `dense_above` of them (SAELens' feature-density plots flag those above 10%).
 - fidelity, masked-LM checkpoints: masked-LM cross-entropy with the reconstruction spliced in, minus without.
-- fidelity, sentence-transformers checkpoints: cosine between the sentence embeddings with and without.
+- fidelity, sentence-transformers checkpoints: cosine between the sentence embeddings with and without (pooled
+  as the checkpoint's Pooling module says).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from minibert.analysis.gradients import mask_tokens, mlm_loss_fn
 from minibert.analysis.sae.model import SAEConfig, encode, reconstruct
+from minibert.api import pooled_tokens
 from minibert.hooks import HookFn
 
 
@@ -47,9 +49,12 @@ def splice_hook(config: SAEConfig, params, hook_name: str | None = None) -> dict
     return {name: HookFn(functools.partial(_splice, config=config), **{k: jnp.asarray(v) for k, v in params.items()})}
 
 
-def _mean_pooled(out, mask):
-    mask = jnp.asarray(mask, out.last_hidden_state.dtype)[..., None]
-    return (out.last_hidden_state * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
+def sentence_vectors(model, out, mask):
+    """[B, D] sentence vectors of a run's last hidden states pooled as the checkpoint's sentence-transformers
+    Pooling says (several modes concatenated), else by the mean; no Normalize: the cosine does not need it."""
+    mode = (model.pooling or {}).get("mode") or "mean"
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
+    return jnp.concatenate([pooled_tokens(out.last_hidden_state, jnp.asarray(mask), m) for m in modes], axis=-1)
 
 
 def _unchanged(value, ctx):
@@ -59,7 +64,8 @@ def _unchanged(value, ctx):
 def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | None = None,
                      seed: int = 0) -> dict[str, float]:
     """Masked-LM models: {"ce_clean", "ce_spliced", "ce_increase"} on texts with 15% of words masked (seed).
-    Other models: {"cosine"}, the mean cosine between mean-pooled sentence embeddings with and without the SAE.
+    Other models: {"cosine"}, the mean cosine between sentence embeddings with and without the SAE, pooled as
+    the checkpoint's sentence-transformers Pooling says (sentence_vectors; the mean where it says nothing).
     The clean run writes the hook's own value back, so both runs are the same program but for the SAE."""
     hooks = splice_hook(config, params, hook_name)
     unchanged = {name: _unchanged for name in hooks}
@@ -71,7 +77,7 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
         spliced = float(loss(model.run_with_hooks(masked, hooks=hooks)))
         return {"ce_clean": clean, "ce_spliced": spliced, "ce_increase": spliced - clean}
     mask = batch.attention_mask
-    a = _mean_pooled(model.run_with_hooks(batch, hooks=unchanged), mask)
-    b = _mean_pooled(model.run_with_hooks(batch, hooks=hooks), mask)
+    a = sentence_vectors(model, model.run_with_hooks(batch, hooks=unchanged), mask)
+    b = sentence_vectors(model, model.run_with_hooks(batch, hooks=hooks), mask)
     cosine = jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
     return {"cosine": float(jax.device_get(cosine.mean()))}
