@@ -424,10 +424,13 @@ def test_bad_command_line_exits_2(capsys):
 
 def test_wheel_ships_the_license_types_and_data(tmp_path):
     """`pip wheel .` of a copy of the project (the checkout stays clean): LICENSE, py.typed, the data files,
-    the entry point and the extras that the error messages name are in the wheel."""
+    the entry point, the extras that the error messages name and every tutorial (the content of its link to
+    docs/tutorials, for `minibert tutorial NAME`) are in the wheel."""
     root = Path(__file__).resolve().parent.parent
     source = tmp_path / "source"
-    shutil.copytree(root / "minibert", source / "minibert", ignore=shutil.ignore_patterns("__pycache__"))
+    # The tutorials' links stay links, pointing at a copy of docs/tutorials, as in the checkout the build reads.
+    shutil.copytree(root / "minibert", source / "minibert", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "docs" / "tutorials", source / "docs" / "tutorials")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(root / name, source / name)
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
@@ -441,6 +444,10 @@ def test_wheel_ships_the_license_types_and_data(tmp_path):
         metadata = archive.read(f"{info}/METADATA").decode().splitlines()
         assert archive.read(f"{info}/licenses/LICENSE") == (root / "LICENSE").read_bytes()
         assert "minibert = minibert.app.cli:main" in archive.read(f"{info}/entry_points.txt").decode()
+        tutorials = sorted((root / "docs" / "tutorials").glob("*.py"))
+        assert tutorials
+        for page in tutorials:
+            assert archive.read(f"minibert/tutorials/{page.stem}.percent") == page.read_bytes(), page.name
     assert {"minibert/py.typed", "minibert/data/demo.json", "minibert/viz/static/views.js"} <= names
     assert {"License-Expression: Apache-2.0", "License-File: LICENSE", "Provides-Extra: hub",
             "Provides-Extra: tutorials"} <= set(metadata)

@@ -62,15 +62,31 @@ def test_every_tutorial_is_in_the_nav():
 # ---- what a student meets: labels, checks, positions -------------------------------------------------------
 
 HAND_LABEL = re.compile(r"\{[^{}]*\}-\{[^{}]*\}")  # "{layer}-{head}" formatted by hand in an f-string
+TYPED_LABEL = re.compile(r"\bheads? \d+-\d+", re.IGNORECASE)  # "head 3-7" typed into code, e.g. a print
+# A token position typed as a number (query = 5, query_index=5): it points elsewhere once the text is edited.
+TYPED_POSITION = re.compile(r"^\s*(query|key|position|token)\w*\s*=\s*\d+\s*(#.*)?$|\w*_index=\d")
 EXPLAINED = [p for p in TUTORIALS if p.name[:2] in {"01", "02", "03", "04", "05", "06", "07"}]
+
+
+def code_lines(page: Path):
+    """(line number, line) of a page's code: not its comments or Markdown cells."""
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.lstrip().startswith("#"):
+            yield number, line
 
 
 def test_pages_label_heads_only_through_head_label():
     """One convention: "L-H" 1-indexed from config.head_label. Tutorials used to print "0-2" (0-indexed, by hand)
-    next to best_heads' "1-11"."""
-    offenders = [f"{page.name}:{number}: {line.strip()}" for page in PAGES
-                 for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
-                 if HAND_LABEL.search(line)]
+    next to best_heads' "1-11", and tutorial 4 printed "head 3-7" for 0-indexed (3, 7), whose label is 4-8."""
+    offenders = [f"{page.name}:{number}: {line.strip()}" for page in PAGES for number, line in code_lines(page)
+                 if HAND_LABEL.search(line) or TYPED_LABEL.search(line)]
+    assert not offenders, offenders
+
+
+def test_tutorials_find_token_positions_in_the_text():
+    """A student who edits a sentence keeps a working notebook: positions come from the tokens (tokens.index)."""
+    offenders = [f"{page.name}:{number}: {line.strip()}" for page in PAGES for number, line in code_lines(page)
+                 if TYPED_POSITION.search(line)]
     assert not offenders, offenders
 
 

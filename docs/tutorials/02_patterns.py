@@ -198,7 +198,7 @@ def head_vectors(layer, head):
     return (np.asarray(qk_cache[f"blocks.{layer}.attn.hook_{x}"])[0, :, head] for x in "qk")
 
 
-query = 5
+query = sentence.tokens[0].index("in")  # the query token, found in the text rather than typed as a position
 q, k = head_vectors(*prev_head)
 figures.neuron_figure(q, k, sentence.tokens[0], query_index=query,
                       title=f"previous-token head {figures.head_label(*prev_head)}")

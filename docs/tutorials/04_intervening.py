@@ -84,20 +84,29 @@ print(f"cosine similarity of the pair: {baseline:.4f}")
 # typical contribution, which is often a fairer test (zero may be far from anything the
 # next layers have seen).
 #
-# First, a check that the ready-made intervention is what we think it is: zeroing head
-# (3, 7) by hand gives the same output.
+# First, a check that the ready-made intervention is what we think it is: zeroing one head by
+# hand gives the same output. The head is chosen once, 0-indexed as arrays and arguments count
+# (layer 3, head 7); `head_label` prints it in the paper's 1-indexed "L-H" form. Change it here
+# and every cell below follows.
 
 # %%
-def zero_head_7(z, ctx):
-    return z.at[:, :, 7].set(0.0)
+LAYER, HEAD = 3, 7  # 0-indexed
 
 
-by_hand = model.run_with_hooks(pair, {"blocks.3.attn.hook_z": zero_head_7})
-ready_made = model.run_with_hooks(pair, ablate_heads(head_mask(3, 7, L, H)))
-np.testing.assert_allclose(ready_made.last_hidden_state, by_hand.last_hidden_state, atol=1e-6)
+def zero_one_head(z, ctx):
+    return z.at[:, :, HEAD].set(0.0)  # z [B, T, H, K]
+
+
+by_hand = model.run_with_hooks(pair, {f"blocks.{LAYER}.attn.hook_z": zero_one_head})
+ready_made = model.run_with_hooks(pair, ablate_heads(head_mask(LAYER, HEAD, L, H)))
+expect(np.allclose(ready_made.last_hidden_state, by_hand.last_hidden_state, rtol=0, atol=1e-6),
+       "ablate_heads(head_mask(LAYER, HEAD, L, H)) is the hand-written zeroing of that head",
+       "the two hooks zero different heads: check that both read LAYER and HEAD.")
 untouched = model.run_with_hooks(pair, ablate_heads(np.zeros((L, H))))
-np.testing.assert_allclose(float(similarity(untouched)), baseline, atol=1e-6)
-print(f"head 3-7 zeroed: similarity {float(similarity(by_hand)):.4f} (baseline {baseline:.4f})")
+expect(np.isclose(float(similarity(untouched)), baseline, rtol=0, atol=1e-6), "an all-zero mask changes nothing",
+       "a mask of zeros ablates no head, so the similarity should be the baseline's.")
+print(f"head {head_label(LAYER, HEAD)} (L-H, 1-indexed) zeroed: similarity {float(similarity(by_hand)):.4f} "
+      f"(baseline {baseline:.4f})")
 
 # %% [markdown]
 # Now every head in turn. A Python loop over `head_mask(layer, head)` would run the whole
@@ -108,7 +117,7 @@ print(f"head 3-7 zeroed: similarity {float(similarity(by_hand)):.4f} (baseline {
 # row, or one scalar as `similarity` does; the grid holds its mean over rows. `model.traces`
 # counts compilations.
 #
-# The sweep must agree with the hand-written ablation above: its cell (3, 7) is the same
+# The sweep must agree with the hand-written ablation above: its cell [LAYER, HEAD] is the same
 # intervention, and in mean mode the same as `ablate_heads(..., mean=mean_z(model, pair))`.
 
 # %%
@@ -123,9 +132,13 @@ expect(model.traces - before <= 4, "the whole sweep compiled at most four progra
 # Two fp32 programs that sum in different orders. The similarity (≤ 1) ends in a dot product over
 # D = 384: pairwise summation, depth log2(384) ≈ 9 roundings of ≤ 6e-8 each, ≤ 5.4e-7; 1e-6 leaves the
 # rest for the hidden states' own rounding differences (measured: 1.2e-7, one ulp at 1).
-np.testing.assert_allclose(zero_grid[3, 7], float(similarity(by_hand)), atol=1e-6)
-mean_by_hand = model.run_with_hooks(pair, ablate_heads(head_mask(3, 7, L, H), mean=mean_z(model, pair)))
-np.testing.assert_allclose(mean_grid[3, 7], float(similarity(mean_by_hand)), atol=1e-6)
+expect(np.isclose(zero_grid[LAYER, HEAD], float(similarity(by_hand)), rtol=0, atol=1e-6),
+       f"the sweep's cell [{LAYER}, {HEAD}] equals the hand-written zero ablation",
+       "the sweep and the hand-made hook ablate different heads, or their programs disagree beyond rounding.")
+mean_by_hand = model.run_with_hooks(pair, ablate_heads(head_mask(LAYER, HEAD, L, H), mean=mean_z(model, pair)))
+expect(np.isclose(mean_grid[LAYER, HEAD], float(similarity(mean_by_hand)), rtol=0, atol=1e-6),
+       f"the sweep's cell [{LAYER}, {HEAD}] equals the hand-written mean ablation",
+       "mean mode puts mean_z(model, pair) in place of the head's z; compare the two replacements.")
 
 for name, grid in (("zero", zero_grid), ("mean", mean_grid)):
     layer, head = np.unravel_index(np.abs(grid - baseline).argmax(), grid.shape)

@@ -22,7 +22,8 @@
 # - **value zeroing** (Mohebbi et al. 2023): zero *j*'s value vector in every head, rerun the rest
 #   of the block, and see how far *i*'s output turns (1 − cosine);
 # - **ALTI** (Ferrando et al. 2022): split the block's output after the residual and LN1 into one
-#   exact term per input token and measure each term's L1 share;
+#   term per input token (plus the biases, which belong to no token) and measure how close each
+#   term comes, in L1, to that real output;
 # - **attention attribution** (Hao et al. 2021): integrate the gradient of an output with respect
 #   to a layer's whole pattern, scaled from 0 to its real value.
 #
