@@ -47,7 +47,7 @@ import numpy as np
 
 from minibert.config import architectures_with
 from minibert.errors import HookError
-from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
+from minibert.sites import HEAD_PARTS, MOVED, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,11 +300,6 @@ class Recorder:
 HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_head": "nsp",
                  "classifier": "classifier", "discriminator": "discriminator"}
 
-# Head hooks renamed to TransformerLens' names (old → new). The old names still resolve, with a
-# DeprecationWarning, for one release (README, "Moved hook names").
-MOVED = {"mlm.ln.hook_scale": "mlm_head.ln.hook_scale", "mlm.ln.hook_normalized": "mlm_head.ln.hook_normalized",
-         "mlm.ln.hook_out": "unembed.hook_in", "mlm.hook_logits": "unembed.hook_out",
-         "pooler.hook_out": "pooler.hook_pooler_out", "nsp.hook_logits": "nsp_head.hook_nsp_out"}
 
 
 def _moved(pattern: str) -> list[str]:

@@ -67,6 +67,16 @@ def test_old_head_names_are_deprecated_aliases(pretraining):
     assert (np.asarray(out.nsp_logits) == 0).all()
 
 
+def test_hooks_page_lists_the_old_names_with_their_new_ones():
+    """docs/hooks.md (generated, test_hook_table checks it is current) tells a reader of old code what each old
+    name became."""
+    from pathlib import Path
+
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "hooks.md").read_text().split())
+    for old, new in MOVED.items():
+        assert f"`{old}` → `{new}`" in page, old
+
+
 def test_hook_layer_is_callable_as_in_transformerlens(pretraining):
     """`hook.layer()` (TL) and `ctx.layer` (minibert) name the same block: zeroing z where hook.layer() == 1
     on every block equals zeroing blocks.1 alone."""
