@@ -223,49 +223,75 @@ def tiny_checkpoint(directory: Path) -> Path:
     return directory
 
 
-def report(args) -> str:
-    sizes = SMOKE if args.smoke else FULL
+def sections(args):
+    """The report's Markdown sections in order, each yielded as soon as it is measured (a run cut short by a time
+    limit keeps what it measured); a section that fails gives its error in place of its table."""
+    sizes = dict(SMOKE if args.smoke else FULL)
+    sizes |= {key: value for key, value in (("batches", args.batches), ("lengths", args.lengths),
+                                            ("repeats", args.repeats)) if value}
     device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
     scratch = harness.scratch_dir()
     random_dir = tiny_checkpoint(scratch / "tiny-bert") if args.smoke else harness.make_bert_base(scratch / "bert-base")
+    bundled = random_dir if args.smoke else Path(args.bundled or harness.bundled_dir())
     # --smoke runs the tiny model only (every code path, seconds of compiling); the bundled one in full runs.
     checkpoints = {"tiny BERT (random)": random_dir} if args.smoke else {"bert-base shape (random)": random_dir,
-                                                                         "bundled": Path(args.bundled)}
-    rows, notes = [], []
-    for label, directory in checkpoints.items():
-        more_rows, more_notes = model_rows(label, directory, sizes, device)
-        rows += more_rows
-        notes += more_notes
-    header = ["model", "dtype", "B", "T", "implementation", "tokens/s", "MFU % (bf16 peak)", "peak memory GiB",
-              "compile s"]
-    machine = harness.machine()
-    lines = [f"## GPU benchmark ({'smoke' if args.smoke else 'full'})", "",
-             *(f"- {key}: {value}" for key, value in machine.items()), "",
-             harness.markdown_table(header, rows), "", *(f"- {note}" for note in notes), "",
-             harness.markdown_table(["workload", "seconds", "throughput"],
-                                    survey_rows(random_dir if args.smoke else Path(args.bundled), sizes)),
-             "", harness.markdown_table(["workload", "B×T", "dtype", "ms / step", "tokens/s", "MFU % (bf16 peak)",
-                                         "× PyTorch (same dtype)"], training_rows(random_dir, sizes, device)),
-             "", harness.markdown_table(["workload", "tokens", "tokens/s", "× PyTorch"],
-                                        sae_rows(random_dir if args.smoke else Path(args.bundled), args.smoke, device)),
-             "", harness.markdown_table(["workload", "seconds (median)", "× lax.map", "= scikit-learn"],
-                                        probe_rows(args.smoke)),
-             "", "Peak memory of minibert rows is the device's running peak (JAX cannot reset it): read it as an "
-             "upper bound per row; torch rows reset the peak per case."]
-    return "\n".join(lines) + "\n"
+                                                                         "bundled": bundled}
+    yield "\n".join([f"## GPU benchmark ({'smoke' if args.smoke else 'full'})", "",
+                     *(f"- {key}: {value}" for key, value in harness.machine().items()),
+                     f"- sizes: B ∈ {sizes['batches']}, T ∈ {sizes['lengths']}, median of {sizes['repeats']}"])
+
+    def main_table():
+        header = ["model", "dtype", "B", "T", "implementation", "tokens/s", "MFU % (bf16 peak)", "peak memory GiB",
+                  "compile s"]
+        rows, notes = [], []
+        for label, directory in checkpoints.items():
+            more_rows, more_notes = model_rows(label, directory, sizes, device)
+            rows += more_rows
+            notes += more_notes
+        return "\n".join([harness.markdown_table(header, rows), "", *(f"- {note}" for note in notes), "",
+                          "Peak memory of minibert rows is the device's running peak (JAX cannot reset it): read it "
+                          "as an upper bound per row; torch rows reset the peak per case."])
+
+    tables = [
+        main_table,
+        lambda: harness.markdown_table(["workload", "seconds", "throughput"], survey_rows(bundled, sizes)),
+        lambda: harness.markdown_table(["workload", "B×T", "dtype", "ms / step", "tokens/s", "MFU % (bf16 peak)",
+                                        "× PyTorch (same dtype)"], training_rows(random_dir, sizes, device)),
+        lambda: harness.markdown_table(["workload", "tokens", "tokens/s", "× PyTorch"],
+                                       sae_rows(bundled, args.smoke, device)),
+        lambda: harness.markdown_table(["workload", "seconds (median)", "× lax.map", "= scikit-learn"],
+                                       probe_rows(args.smoke)),
+    ]
+    for table in tables:
+        try:
+            yield table()
+        except Exception as error:  # one broken section must not cost the others their measurements
+            if args.smoke:
+                raise
+            yield f"(this section failed: {type(error).__name__}: {error})"
+
+
+def report(args) -> str:
+    return "\n\n".join(sections(args)) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundled", default=str(harness.bundled_dir()),
+    parser.add_argument("--bundled", default=None,
                         help="the bundled checkpoint directory (default: minibert.sources.resolve())")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any machine: checks the script runs")
-    parser.add_argument("--out", type=Path, help="also write the Markdown report here")
+    parser.add_argument("--batches", type=int, nargs="+", help="batch sizes of the main table (default 64 256)")
+    parser.add_argument("--lengths", type=int, nargs="+", help="lengths of the main table (default 128 512)")
+    parser.add_argument("--repeats", type=int, help="timed calls per case, after the first (default 5)")
+    parser.add_argument("--out", type=Path, help="also write the Markdown report here, section by section")
     args = parser.parse_args(argv)
-    text = report(args)
-    print(text)
     if args.out:
-        args.out.write_text(text)
+        args.out.write_text("")
+    for section in sections(args):
+        print(section + "\n", flush=True)
+        if args.out:
+            with args.out.open("a") as out:
+                out.write(section + "\n\n")
     return 0
 
 
