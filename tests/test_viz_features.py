@@ -68,11 +68,28 @@ def test_browser_page_escapes_text_and_stays_small(browsed):
     """User text reaches the page escaped (the title) or as compressed data set with textContent (tokens)."""
     *_, browser = browsed
     browser.title = "<b>features</b> & more"
-    document = browser.document()
-    assert "<b>features" not in document and "&lt;b&gt;features&lt;/b&gt; &amp; more" in document
-    assert document.count("<script") == 2  # the data and the page's script, nothing from the texts
-    assert _blob(document) == browser.data
-    assert len(document) < 40_000 + 400 * len(browser.data["latents"])  # bytes grow ~ a few hundred per latent
+    page = browser.page()
+    assert "<b>features" not in page and "&lt;b&gt;features&lt;/b&gt; &amp; more" in page
+    assert page.count("<script") == 2  # the data and the page's script, nothing from the texts
+    assert _blob(page) == browser.data
+    with pytest.deprecated_call(match=r"FeatureBrowser\.document\(\) is now \.page\(\)"):
+        assert browser.document() == page  # the page's old name, for one release
+    assert len(page) < 40_000 + 400 * len(browser.data["latents"])  # bytes grow ~ a few hundred per latent
+
+
+@pytest.mark.slow
+def test_browser_page_stays_small_at_4096_latents(tiny_mlm):
+    """4,096 latents, each firing somewhere (ReLU of random directions over 24 texts): every latent carries its
+    contexts, histogram and nearest tokens, and the page stays within 400 bytes a latent (~1.7 MB), which
+    one compressed blob holding token strings once and activations as bytes allows."""
+    model = tiny_mlm[0]
+    config = sae.SAEConfig(d_in=model.config.hidden_size, d_sae=4096, architecture="relu", hook_name=HOOK)
+    params = {k: np.asarray(v) for k, v in sae.init_params(config, seed=7).items()}
+    texts = [" ".join("abcdefgh"[(i * j) % 8] for j in range(4 + i % 6)) for i in range(24)]
+    browser = feature_browser(model, config, params, texts, batch_size=8)
+    latents = browser.data["latents"]
+    assert len(latents) == 4096 and sum(bool(latent["contexts"]) for latent in latents) > 0.9 * 4096
+    assert len(browser.document()) < 40_000 + 400 * 4096
 
 
 def test_browser_refuses_a_mismatched_hook(browsed):
