@@ -33,6 +33,16 @@ def deprecated_values(module: str, values: Mapping[str, Callable[[], object]], w
     return __getattr__
 
 
+def renamed_method(old: str, new: str) -> Callable:
+    """A method `old` kept for one release: it calls the method `new`, with a DeprecationWarning."""
+    def method(self, *args, **kwargs):
+        warnings.warn(f"{type(self).__name__}.{old}() is now .{new}(); the old name goes in the next release.",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(self, new)(*args, **kwargs)
+    method.__name__ = method.__qualname__ = old
+    return method
+
+
 def renamed_keyword(old: str, new: str) -> Callable[[Callable], Callable]:
     """A decorator: calls that still pass the keyword `old` reach the parameter `new`, with a DeprecationWarning."""
     def wrap(fn: Callable) -> Callable:

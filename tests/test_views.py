@@ -336,6 +336,20 @@ def test_views_on_one_page_are_independent(browser):
     assert view.problems == []
 
 
+def test_a_views_standalone_page_is_page_and_document_its_old_name():
+    """An HTML file is a page (View.page); "document" means one text of a batch (viz.document), so the page's
+    old name View.document() warns for one release and gives the same page."""
+    _, _, attention = hand_arrays()
+    view = viz.head_view(TOKENS, attention, title="<b>heads</b>")
+    page = view.page()
+    assert page.startswith("<!DOCTYPE html>") and "<title>&lt;b&gt;heads&lt;/b&gt;</title>" in page
+    assert view.html.split('class="mbv-data">')[1].split("</script>")[0] in page  # the data its fragment embeds
+    with pytest.deprecated_call(match=r"View\.document\(\) is now \.page\(\)"):
+        old = view.document()
+    fresh_id = re.compile(r"mbv-[0-9a-f]{12}")  # each rendering gets a new element id; nothing else differs
+    assert fresh_id.sub("ID", old) == fresh_id.sub("ID", page)
+
+
 def test_dark_theme_is_applied(browser):
     _, _, attention = hand_arrays()
     view = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, theme="dark"),
@@ -344,7 +358,7 @@ def test_dark_theme_is_applied(browser):
     assert colours == ["rgb(13, 17, 23)", "rgb(255, 255, 255)"]
     text = view.page.evaluate("getComputedStyle(document.querySelector('.mbv-tok:not(.mbv-special) text')).fill")
     assert text == "rgb(230, 237, 243)"  # light text on the dark background
-    assert "background:#0d1117" in viz.head_view(TOKENS, attention, theme="dark").document()
+    assert "background:#0d1117" in viz.head_view(TOKENS, attention, theme="dark").page()
     assert view.page.get_by_text("Attention").first.is_hidden()  # no sentence filter for one sentence
     assert view.problems == []
 
@@ -464,7 +478,7 @@ def long_views(long_doc):
 
 
 def test_512_token_pages_of_the_bundled_model_are_small(long_views):
-    sizes = {name: len(v.document().encode("utf-8")) for name, v in long_views.items()}
+    sizes = {name: len(v.page().encode("utf-8")) for name, v in long_views.items()}
     assert max(sizes.values()) <= PAGE_LIMIT, sizes
 
 

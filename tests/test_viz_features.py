@@ -89,7 +89,7 @@ def test_browser_page_stays_small_at_4096_latents(tiny_mlm):
     browser = feature_browser(model, config, params, texts, batch_size=8)
     latents = browser.data["latents"]
     assert len(latents) == 4096 and sum(bool(latent["contexts"]) for latent in latents) > 0.9 * 4096
-    assert len(browser.document()) < 40_000 + 400 * 4096
+    assert len(browser.page()) < 40_000 + 400 * 4096
 
 
 def test_browser_refuses_a_mismatched_hook(browsed):

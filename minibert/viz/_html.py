@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from minibert.deprecation import renamed_method
 from minibert.errors import VizError
 
 
@@ -84,7 +85,7 @@ def page(title: str, body: str, style: str = PAGE_STYLE) -> str:
 class View:
     """An interactive view: shows inline in Jupyter, JupyterLab and VS Code; `.save(path)` writes a page.
 
-    `.html` is an HTML fragment (a `<div>` with everything inlined), `.document()` a full page.
+    `.html` is an HTML fragment (a `<div>` with everything inlined), `.page()` a full page.
     """
 
     def __init__(self, kind: str, meta: Mapping, arrays: Mapping[str, tuple[Sequence[np.ndarray], Packing]], *,
@@ -134,7 +135,7 @@ class View:
                 f"<script>(function () {{\n{_static('views.js')}\nwindow.minibertViews = {{render: render}};\n}})();"
                 "</script>")
 
-    def document(self) -> str:
+    def page(self) -> str:
         """A standalone HTML page holding this view; it loads nothing from the network."""
         background = "#0d1117" if self.theme == "dark" else "#ffffff"
         return page(self.title, self.html, style=f"body{{margin:16px;background:{background}}}")
@@ -142,8 +143,10 @@ class View:
     def save(self, path: str | Path) -> Path:
         """Write the standalone page to `path` (e.g. 'head_view.html'); returns the path."""
         path = Path(path)
-        path.write_text(self.document(), encoding="utf-8")
+        path.write_text(self.page(), encoding="utf-8")
         return path
+
+    document = renamed_method("document", "page")  # a "document" is one text of a batch (viz.document)
 
     def __repr__(self) -> str:
         return f"<minibert View {self.kind!r}: {self.title!r}>"

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.sae.model import SAEConfig, encode
+from minibert.deprecation import renamed_method
 from minibert.errors import VizError
 from minibert.viz._html import _safe_json, page
 
@@ -55,12 +56,12 @@ def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
 
 
 class FeatureBrowser:
-    """The browser's data ({"tokens": [...], "latents": [...]}) and its page (`.document()`, `.save(path)`)."""
+    """The browser's data ({"tokens": [...], "latents": [...]}) and its page (`.page()`, `.save(path)`)."""
 
     def __init__(self, data: dict, title: str):
         self.data, self.title = data, title
 
-    def document(self) -> str:
+    def page(self) -> str:
         blob = base64.b64encode(zlib.compress(json.dumps(self.data, separators=(",", ":")).encode(), 9)).decode()
         body = (f'<div id="fb-meta"></div><label>latent <input id="fb-pick" type="number" min="0" value="0"></label> '
                 f'<select id="fb-order"></select><div id="fb-view"></div>'
@@ -69,11 +70,13 @@ class FeatureBrowser:
 
     def save(self, path) -> Path:
         path = Path(path)
-        path.write_text(self.document(), encoding="utf-8")
+        path.write_text(self.page(), encoding="utf-8")
         return path
 
     def _repr_html_(self) -> str:
-        return self.document()
+        return self.page()
+
+    document = renamed_method("document", "page")  # a "document" is one text of a batch (viz.document)
 
 
 def feature_browser(model, config: SAEConfig, params, texts, *, hook_name: str | None = None, top: int = 5,
