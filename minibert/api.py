@@ -160,6 +160,15 @@ def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
     return jnp.asarray(values, jnp.float32)
 
 
+def metric_function(fn: Callable) -> Callable:
+    """fn itself if it can be called; else the contract's message (a number where the function goes used to end
+    in "'int' object is not callable" inside the trace)."""
+    if not callable(fn):
+        raise AnalysisError(f"the metric (loss, target) must be a function fn(output) returning floats, e.g. "
+                            f"lambda out: out.logits[:, 0, 1]; got {type(fn).__name__} {fn!r}.")
+    return fn
+
+
 def traced_call(fn: Callable, output, what: str = "metric"):
     """fn(output), which runs inside a compiled program: a NumPy-only metric gets a message, not a traceback."""
     try:
@@ -637,6 +646,7 @@ class Model:
         loss_fn follows the one contract of metric_values: one value per batch row [B], or one for the whole
         batch (). A [B] loss is differentiated as its sum — rows do not interact, so each row's values get that
         row's own gradient — and returned as [B]."""
+        loss_fn = metric_function(loss_fn)
         inputs = self.inputs(batch)
         chosen = self._names(names)
         user_writers = writers_for(hooks, self.hook_names, self.config.architecture)
