@@ -66,9 +66,12 @@ def start(workbench: Workbench) -> tuple[uvicorn.Server, str]:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    while not server.started:  # a thread that died at start ends the benchmark instead of hanging it
+    deadline = time.monotonic() + 300  # a hang guard: uvicorn starts in well under a second
+    while not server.started:  # a thread that died or hangs at start ends the benchmark instead of hanging it
         if not thread.is_alive():
             raise RuntimeError("uvicorn's thread ended before the server started (see its log above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start within 300 s")
         time.sleep(0.05)
     return server, f"http://127.0.0.1:{port}"
 

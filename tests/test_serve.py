@@ -10,8 +10,10 @@ length), one stage more for the model's head.
 from __future__ import annotations
 
 import math
+import queue
 import subprocess
 import sys
+import threading
 
 import jax.numpy as jnp
 import numpy as np
@@ -177,6 +179,24 @@ def test_class_probabilities_equal_the_models(tmp_path):
         assert [c["label"] for c in classes] == list(model.config.id2label)
         got = np.array([c["p"] for c in classes])
         assert np.all(np.abs(got - softmax(logits)) <= 2 * softmax(logits) * rtol * np.abs(logits).max() + 1e-12)
+
+
+def test_token_class_probabilities_equal_the_models(tmp_path):
+    make_hf_model(tmp_path, "BertForTokenClassification", num_labels=3)
+    model = minibert.load(tmp_path)
+    answer = post(client_for(model), "run", {"text": "a b c", "ablate": [[0, 1]]}).json()
+    batch = model.tokenize(["a b c"])
+    mask = interventions.head_mask(0, 1, model.config.num_hidden_layers, model.config.num_attention_heads)
+    rtol = head_rtol(model.config, batch.input_ids.shape[1])
+    for side, hooks in (("before", {}), ("after", interventions.ablate_heads(mask))):
+        logits = np.asarray(model.run_with_hooks(batch, hooks=hooks).logits[0], np.float64)  # [T, labels]
+        per_token = answer["outputs"][side]["token_classes"]
+        assert len(per_token) == len(batch.tokens[0])
+        assert all([c["label"] for c in classes] == list(model.config.id2label) for classes in per_token)
+        got = np.array([[c["p"] for c in classes] for classes in per_token])
+        # as for the masked LM: |Δp| ≤ 2 p max|Δlogit|, max|Δlogit| ≤ rtol · max|logit| (per token)
+        delta = rtol * np.abs(logits).max(-1, keepdims=True)
+        assert np.all(np.abs(got - softmax(logits)) <= 2 * softmax(logits) * delta + 1e-12), side
 
 
 def test_step_through_values_are_the_hooks(mlm, client):
@@ -403,7 +423,7 @@ def test_the_printed_url_accepts_connections_before_the_server_starts(mlm, monke
 
     def instead_of_running(self, sockets):
         port = urlsplit(printed.getvalue().strip()).port
-        with socket.create_connection(("127.0.0.1", port), timeout=5):
+        with socket.create_connection(("127.0.0.1", port), timeout=60):  # a hang guard: the backlog accepts at once
             connected.append(port)
         sockets[0].close()
 
@@ -414,18 +434,36 @@ def test_the_printed_url_accepts_connections_before_the_server_starts(mlm, monke
     assert len(connected) == 1 and connected[0] > 0
 
 
+def first_line(process: subprocess.Popen, timeout: float) -> str:
+    """The first line `process` writes on stdout ("" if it exits first); a failure after `timeout` seconds instead of
+    a readline that blocks the suite forever."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail(f"minibert serve printed no line in {timeout} s (exit status {process.poll()})")
+
+
 @pytest.mark.slow
 def test_serve_command_prints_the_url_first(tmp_path):
-    make_hf_model(tmp_path, "BertForMaskedLM")
-    command = [sys.executable, "-m", "minibert.app.cli", "serve", "--model", str(tmp_path), "--no-browser",
-               "--port", "0", "--max-tokens", "16"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        url = process.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
-        import httpx
+    """The first line on stdout is the URL with its token, and it answers at once (the socket listens before the
+    URL is printed). Every wait is a hang guard, not a timing: the command imports JAX and loads the model before
+    printing, and its warm-up thread compiles while the requests are answered."""
+    import httpx
 
-        assert httpx.get(url, timeout=120).status_code == 200  # hang guards: the warm-up thread shares the GIL
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    make_hf_model(model_dir, "BertForMaskedLM")
+    command = [sys.executable, "-m", "minibert.app.cli", "serve", "--model", str(model_dir), "--no-browser",
+               "--port", "0", "--max-tokens", "16"]
+    log = tmp_path / "stderr.log"  # a file, not a pipe nobody reads: the child can never block on writing it
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        url = first_line(process, timeout=600).strip()
+        assert url.startswith("http://127.0.0.1:") and "/?token=" in url, (url, log.read_text())
+        assert httpx.get(url, timeout=120).status_code == 200, log.read_text()
         assert httpx.get(url.split("?")[0], timeout=120).status_code == 403
     finally:  # the warm-up thread may still be compiling on a slow machine: wait generously, then make sure
         process.terminate()

@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import uvicorn
+from conftest import make_hf_model
 from test_serve import MASKED, head_rtol, softmax
 from tolerances import assert_close_to_scale, forward_rtol
 
+import minibert
 from minibert.analysis import interventions
 from minibert.app import serve
 from minibert.viz.explore import TOP_K, Workbench
@@ -29,8 +31,11 @@ TOKEN = "browser-token"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 
 
+START_HANG_GUARD_S = 300  # uvicorn's start in its thread takes well under a second; this only stops a hang
+
+
 class Server:
-    """uvicorn serving the workbench app on a free local port, in a thread."""
+    """uvicorn serving the workbench app on a free local port, in a thread; a context manager that stops it."""
 
     def __init__(self, models, tour: bool = False):
         sock = socket.socket()
@@ -41,22 +46,44 @@ class Server:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        while not self.server.started:  # a server thread that died at start fails here instead of hanging CI
+        deadline = time.monotonic() + START_HANG_GUARD_S
+        while not self.server.started:  # a server thread that died or hangs at start fails here, not CI's limit
             assert self.thread.is_alive(), "uvicorn's thread ended before the server started (see its log above)"
+            assert time.monotonic() < deadline, f"uvicorn did not start in {START_HANG_GUARD_S} s"
             time.sleep(0.05)
         self.origin = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.origin}/?token={TOKEN}"
 
     def stop(self):
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=60)  # a daemon thread: one still ending cannot keep the tests from finishing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 @pytest.fixture(scope="module")
 def server(tiny_mlm):
-    running = Server([tiny_mlm[0]])
-    yield running
-    running.stop()
+    with Server([tiny_mlm[0]]) as running:
+        yield running
+
+
+@pytest.fixture
+def open_page(browser, server):
+    """Opens workbench tabs (on the module's server unless given another) and closes them after the test, so no
+    test leaves a page running beside the next one."""
+    opened = []
+
+    def open_(running=None, url=None):
+        opened.append(Workbench_page(browser, running or server, url))
+        return opened[-1]
+
+    yield open_
+    for page in opened:
+        page.page.close()
 
 
 class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
@@ -108,8 +135,8 @@ class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
                                                                  field)]
 
 
-def test_typed_text_gives_tokens_and_views(browser, server, tiny_mlm):
-    page = Workbench_page(browser, server)
+def test_typed_text_gives_tokens_and_views(open_page, tiny_mlm):
+    page = open_page()
     page.settle()
     page.type("a b c d", "e")
     tokens = page.page.eval_on_selector_all("#wb-tokens-0 .wb-token", "ns => ns.map(n => n.textContent)")
@@ -119,9 +146,9 @@ def test_typed_text_gives_tokens_and_views(browser, server, tiny_mlm):
     assert page.problems == []
 
 
-def test_clicking_a_head_shows_the_ablated_outputs(browser, server, tiny_mlm):
+def test_clicking_a_head_shows_the_ablated_outputs(open_page, tiny_mlm):
     model = tiny_mlm[0]
-    page = Workbench_page(browser, server)
+    page = open_page()
     page.type(MASKED)
     page.page.click("#wb-heads-0 .wb-head[data-layer='1'][data-head='2']")
     page.page.wait_for_selector("#wb-outputs-0 .wb-output[data-side=after]")
@@ -141,11 +168,11 @@ def test_clicking_a_head_shows_the_ablated_outputs(browser, server, tiny_mlm):
     assert page.problems == []
 
 
-def test_ablation_shows_the_views_before_and_after(browser, server, tiny_mlm):
+def test_ablation_shows_the_views_before_and_after(open_page, tiny_mlm):
     """Both sides are drawn; each neuron view's softmax column (layer 1, after the ablated layer-0 head) equals the
     pattern of its run: run_with_cache's unablated, and the run under the ablation hooks."""
     model = tiny_mlm[0]
-    page = Workbench_page(browser, server)
+    page = open_page()
     page.type("a b c d e")
     page.page.click("#wb-heads-0 .wb-head[data-layer='0'][data-head='2']")
     page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
@@ -167,11 +194,11 @@ def test_ablation_shows_the_views_before_and_after(browser, server, tiny_mlm):
     assert page.problems == []
 
 
-def test_masking_a_token_compares_with_the_text_before(browser, server, tiny_mlm):
+def test_masking_a_token_compares_with_the_text_before(open_page, tiny_mlm):
     """After [MASK] replaces a token, the "before" side is the text as typed: its views' pattern is the typed text's
     (run_with_cache), the "after" side's the masked text's, and only the after side has the masked-LM guesses."""
     model = tiny_mlm[0]
-    page = Workbench_page(browser, server)
+    page = open_page()
     page.type("a b c d e")
     page.page.click("#wb-tokens-0 .wb-token[data-index='3']")
     page.settle()
@@ -192,9 +219,9 @@ def test_masking_a_token_compares_with_the_text_before(browser, server, tiny_mlm
     assert page.problems == []
 
 
-def test_step_through_shows_the_hooks_values(browser, server, tiny_mlm):
+def test_step_through_shows_the_hooks_values(open_page, tiny_mlm):
     model = tiny_mlm[0]
-    page = Workbench_page(browser, server)
+    page = open_page()
     page.type("a b c d e")
     page.page.click("#wb-tokens-0 .wb-token[data-index='3']")
     page.settle()
@@ -224,9 +251,9 @@ def test_step_through_shows_the_hooks_values(browser, server, tiny_mlm):
     assert page.problems == []
 
 
-def test_hostile_text_stays_text(browser, server, tiny_mlm):
+def test_hostile_text_stays_text(open_page, tiny_mlm):
     hostile = "<img src=x onerror=alert(1)></script><b>"  # 61 tokens with B (the server takes 64)
-    page = Workbench_page(browser, server)
+    page = open_page()
     page.type(hostile, "<svg onload=alert(2)>")
     assert page.page.text_content(".wb-status") == ""
     tokens = page.page.eval_on_selector_all("#wb-tokens-0 .wb-token", "ns => ns.map(n => n.textContent)")
@@ -235,14 +262,14 @@ def test_hostile_text_stays_text(browser, server, tiny_mlm):
     assert page.problems == []
 
 
-def test_the_page_needs_the_token(browser, server):
-    page = Workbench_page(browser, server, url=server.origin + "/")
+def test_the_page_needs_the_token(open_page, server):
+    page = open_page(url=server.origin + "/")
     assert page.response.status == 403
     assert "token" in page.page.content()
 
 
-def test_keyboard_reaches_every_control(browser, server):
-    page = Workbench_page(browser, server)
+def test_keyboard_reaches_every_control(open_page):
+    page = open_page()
     page.type("a b", "c")
     page.page.evaluate("document.addEventListener('focusin', e => e.target.dataset.reached = '1')")
     stops = page.page.locator("button, select, input, textarea, [tabindex='0']").count()
@@ -259,29 +286,91 @@ def test_keyboard_reaches_every_control(browser, server):
     assert page.problems == []
 
 
-def test_tour_walks_the_story(browser, tiny_mlm):
-    running = Server([tiny_mlm[0]], tour=True)
-    try:
-        page = Workbench_page(browser, running)
+def test_tour_tells_tutorial_one_with_the_sentences_numbers(open_page, tiny_mlm):
+    """--tour walks tutorial 1 on the student's own sentence: it sets tutorial 1's head (layer 0, head 2) and query 2,
+    and every number it tells is the hook's value for that sentence (run_with_cache): q's first value, the key the
+    query attends to most, that key's q·k and scaled score, its weight, and z's cosine with that key's value."""
+    model, text = tiny_mlm[0], "a b c d e f"
+    layer, head, query = 0, 2, 2
+    with Server([model], tour=True) as running:
+        page = open_page(running)
         page.settle()
-        said = []
-        for _ in range(7):
+        page.type(text)
+        said, facts = [], {}
+        for _ in range(10):
+            page.settle()  # a step that chooses the head waits for its answer
             said.append(page.page.text_content(".wb-tour p"))
+            facts |= dict(page.page.eval_on_selector_all(".wb-tour-fact", "ns => ns.map(n => [n.dataset.fact, "
+                                                                           "Number(n.dataset.value)])"))
+            if said[-1].startswith("4/"):  # the tour's head is the step-through's now
+                assert page.page.input_value("#wb-step-layer-0") == str(layer)
+                assert page.page.input_value("#wb-step-head-0") == str(head)
             page.page.click("#wb-tour-next")
-        assert said[0].startswith("1/7") and said[-1].startswith("7/7") and "ablate" in said[-1]
+        assert said[0].startswith("1/10") and said[-1].startswith("10/10") and "click 1-3 to ablate" in said[-1]
+        assert not any("working it out" in line for line in said)
         assert page.page.locator(".wb-spotlight").count() == 1
         assert page.problems == []
-    finally:
-        running.stop()
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch)
+    at = lambda site: np.asarray(cache[f"blocks.{layer}.attn.{site}"], np.float64)[0]  # noqa: E731
+    pattern, q, z = at("hook_pattern")[head, query], at("hook_q")[query, head], at("hook_z")[query, head]
+    best = int(np.argmax(pattern))
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    assert pattern[best] - np.sort(pattern)[-2] > 2 * rtol  # one clear favourite, so the page must find this one
+    assert facts["tokens"] == len(batch.tokens[0]) and facts["query"] == query and facts["key"] == best
+    v = at("hook_v")[best, head]
+    for name, value, row in (("q0", q[0], q), ("score", at("hook_qk")[head, query, best], at("hook_qk")[head, query]),
+                             ("scaled", at("hook_attn_scores")[head, query, best], at("hook_attn_scores")[head, query]),
+                             ("weight", pattern[best], pattern)):
+        assert abs(facts[name] - value) <= rtol * np.abs(row).max(), name  # the forward bound, at the row's scale
+    # z and v each within rtol · max|·| per entry, so ‖Δ‖ ≤ √K · rtol · ‖·‖; a cosine moves by at most 2‖Δ‖/‖·‖ for
+    # each of its two vectors (and the page's 8 digits are far below that)
+    cosine = z @ v / np.linalg.norm(z) / np.linalg.norm(v)
+    assert abs(facts["cosine"] - cosine) <= 4 * np.sqrt(len(z)) * rtol
+    assert ("the token just before it" in said[5]) == (best == query - 1)  # what it says of the head is the truth
+
+
+def test_compare_shows_two_models_side_by_side(open_page, tiny_mlm, tmp_path):
+    """minibert serve --compare: one column per model, both driven by the text typed; a head clicked in the second
+    column is ablated there only, and that model's token-classification outputs (each token's most probable label)
+    equal run_with_hooks before and after."""
+    make_hf_model(tmp_path, "BertForTokenClassification", num_labels=3, seed=1)
+    tagger, text = minibert.load(tmp_path), "a b c d"
+    with Server([tiny_mlm[0], tagger]) as running:
+        page = open_page(running)
+        page.type(text)
+        tokens = [page.page.eval_on_selector_all(f"#wb-tokens-{n} .wb-token", "ns => ns.map(n => n.textContent)")
+                  for n in (0, 1)]
+        batch = tagger.tokenize([text])
+        assert tokens[0] == tokens[1] == batch.tokens[0]
+        page.page.click("#wb-heads-1 .wb-head[data-layer='1'][data-head='0']")
+        page.page.wait_for_selector("#wb-outputs-1 .wb-output[data-side=after]")
+        page.settle()
+        assert page.page.locator("#wb-model-0 [data-side=after], #wb-model-0 .wb-head[aria-pressed=true]").count() == 0
+        shown = {side: page.page.eval_on_selector_all(
+            f"#wb-outputs-1 .wb-output[data-side={side}] .wb-value[data-kind=token_class]",
+            "ns => ns.map(n => [Number(n.dataset.position), n.dataset.label, Number(n.dataset.value)])")
+            for side in ("before", "after")}
+        assert page.problems == []
+    labels = list(tagger.config.id2label)
+    mask = interventions.head_mask(1, 0, tagger.config.num_hidden_layers, tagger.config.num_attention_heads)
+    rtol = head_rtol(tagger.config, batch.input_ids.shape[1])
+    for side, hooks in (("before", {}), ("after", interventions.ablate_heads(mask))):
+        logits = np.asarray(tagger.run_with_hooks(batch, hooks=hooks).logits[0], np.float64)  # [T, labels]
+        assert [position for position, _, _ in shown[side]] == list(range(len(batch.tokens[0])))
+        for position, label, p in shown[side]:
+            expected = softmax(logits[position])
+            delta = rtol * np.abs(logits[position]).max()  # |Δp_i| ≤ 2 p_i max|Δlogit| (test_serve.py)
+            assert expected[labels.index(label)] >= expected.max() - 2 * delta, (side, position)  # the top label
+            assert abs(p - expected[labels.index(label)]) <= 2 * expected.max() * delta + 1e-12, (side, position)
 
 
 @pytest.mark.slow
-def test_readme_picture(browser, bundled, tmp_path):
+def test_readme_picture(open_page, bundled, tmp_path):
     """The README's picture, drawn by this browser: written to docs/images/ when MINIBERT_WRITE_SCREENSHOTS is set."""
     picture = IMAGES / "workbench.png" if os.environ.get("MINIBERT_WRITE_SCREENSHOTS") else tmp_path / "workbench.png"
-    running = Server([bundled])
-    try:
-        page = Workbench_page(browser, running)
+    with Server([bundled]) as running:
+        page = open_page(running)
         page.page.set_default_timeout(300_000)  # the bundled model's programs compile on the first requests
         page.type("The cat sat on the mat because it was tired.", "It slept all afternoon.")
         page.page.click("#wb-heads-0 .wb-head[data-layer='2'][data-head='5']")
@@ -290,5 +379,3 @@ def test_readme_picture(browser, bundled, tmp_path):
         page.page.screenshot(path=str(picture), clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
         assert page.problems == []
         assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    finally:
-        running.stop()

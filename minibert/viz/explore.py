@@ -653,13 +653,15 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
 
 # ---- the notebook widget ----------------------------------------------------------------------------------
 
-# The widget's front end: the workbench page's own scripts (views.js's render, workbench.js's minibertWorkbench,
-# both read into this view alone: no globals), built inside the widget's element, with the page's requests sent
-# to the kernel as messages {id, action, body} and answered with {id, answer} or {id, error}. Each view of a
-# widget numbers its messages under its own random tag (a widget shown twice hears both views' answers) and gives
-# its elements ids under it, so any number of widgets, and views of one, live on one notebook page.
-_WIDGET_ESM = """
-function render({ model, el }) {
+# The widget's front end: one ES module of the workbench page's own scripts, views.js (its `render`) and workbench.js
+# (`minibertWorkbench`), then renderWidget, which builds the workbench inside the widget's element with the page's
+# requests sent to the kernel as messages {id, action, body}, answered with {id, answer} or {id, error}. Module scope
+# keeps their names out of the page's globals, and nothing is evaluated from a string: front ends whose
+# Content-Security-Policy forbids eval run it too. Each view of a widget numbers its messages under its own random
+# tag (a widget shown twice hears both views' answers) and gives its elements ids under it, so any number of
+# widgets, and views of one, live on one notebook page.
+_WIDGET_MOUNT = """
+function renderWidget({ model, el }) {
   const tag = "wb" + Math.random().toString(36).slice(2, 10) + "-";
   const waiting = new Map();
   let next = 0;
@@ -679,12 +681,10 @@ function render({ model, el }) {
   style.textContent = model.get("css");
   const root = document.createElement("div");
   el.append(style, root);
-  const views = new Function(model.get("views_js") + "\\nreturn render;")();
-  const workbench = new Function(model.get("workbench_js") + "\\nreturn minibertWorkbench;")();
-  workbench(root, JSON.parse(model.get("config")), { send, render: views, prefix: tag });
+  minibertWorkbench(root, JSON.parse(model.get("config")), { send, render, prefix: tag });
   return () => model.off("msg:custom", answered);
 }
-export default { render };
+export default { render: renderWidget };
 """
 
 
@@ -704,10 +704,9 @@ def explore(model, *, max_tokens: int = MAX_TOKENS):
     workbench = Workbench(model, max_tokens=max_tokens)
 
     class Explorer(anywidget.AnyWidget):
-        _esm = traitlets.Unicode(_WIDGET_ESM).tag(sync=True)
+        _esm = traitlets.Unicode("\n".join([_static_text("views.js"), _static_text("workbench.js"), _WIDGET_MOUNT])
+                                 ).tag(sync=True)
         css = traitlets.Unicode(_static_text("views.css") + _static_text("workbench.css")).tag(sync=True)
-        views_js = traitlets.Unicode(_static_text("views.js")).tag(sync=True)
-        workbench_js = traitlets.Unicode(_static_text("workbench.js")).tag(sync=True)
         config = traitlets.Unicode().tag(sync=True)
 
     widget = Explorer(config=json.dumps({"models": [workbench.info()], "tour": False}))

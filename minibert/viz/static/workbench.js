@@ -217,6 +217,7 @@ function minibertWorkbench(app, config, options) {
     state.baseline = null;  // an edit of the text starts a new comparison
     app.setAttribute("aria-busy", "true");  // from the keystroke on: the panels are about to change
     state.runs++;  // answers still coming for the text before this edit are dropped
+    if (tourView) tourView.update();
     clearTimeout(state.timer);
     state.timer = setTimeout(refresh, 200);
   }
@@ -265,6 +266,14 @@ function minibertWorkbench(app, config, options) {
         any = true;
       });
       (result.classes || []).forEach(function (c) { block.appendChild(valueRow(c.label, c.p, "class")); any = true; });
+      (result.token_classes || []).forEach(function (labels, position) {  // each token's most probable label
+        var best = labels.reduce(function (a, b) { return b.p > a.p ? b : a; });
+        var row = valueRow("position " + position + ": " + best.label, best.p, "token_class");
+        row.dataset.position = String(position);
+        row.dataset.label = best.label;
+        block.appendChild(row);
+        any = true;
+      });
       if (result.similarity != null) {
         block.appendChild(valueRow("cosine similarity of A and B", result.similarity, "similarity"));
         any = true;
@@ -313,7 +322,13 @@ function minibertWorkbench(app, config, options) {
 
   function stepThrough(panel, ticket) {
     return send("step", body(panel.n, {layer: state.layer, head: state.head, query: state.query}))
-      .then(function (answer) { if (ticket === state.runs) showSteps(panel, answer); });
+      .then(function (answer) {
+        if (ticket !== state.runs) return;
+        showSteps(panel, answer);
+        panel.lastStep = answer;  // what the tour tells: the step shown, current while its ticket is
+        panel.stepTicket = ticket;
+        if (tourView && panel.n === 0) tourView.update();
+      });
   }
 
   function showSteps(panel, answer) {
@@ -450,20 +465,95 @@ function minibertWorkbench(app, config, options) {
     if (replace.value.trim()) replaceChosen(replace.value.trim());
   });
 
-  // ---- the tour (tutorial 1, "One head by hand", on the student's own sentence) -------------------------
+  // ---- the tour: tutorial 1, "One head by hand", told with the numbers of the student's own sentence ---------
+
+  // Tutorial 1's head: layer 0, head 2 (0-indexed), a previous-token head in the bundled model.
+  var TOUR_LAYER = 0, TOUR_HEAD = Math.min(2, config.models[0].heads - 1);
+  var tourView = null;  // {update} while the tour is open
+
+  /** The facts the tour tells, from one step answer: the query, the key its attention goes to most, that key's
+      score before and after /√K, its weight, z's cosine with that key's value. */
+  function tourFacts(answer) {
+    var by = {};
+    answer.steps.forEach(function (step) { by[step.id] = step; });
+    var pattern = by.pattern.values, best = 0;
+    pattern.forEach(function (p, s) { if (p > pattern[best]) best = s; });
+    var z = by.z.values, K = z.length, v = by.v.values.slice(best * K, (best + 1) * K), dot = 0;
+    z.forEach(function (zi, i) { dot += zi * v[i]; });
+    return {tokens: answer.tokens, t: answer.query, query: answer.tokens[answer.query], best: best,
+            key: answer.tokens[best], weight: pattern[best], score: by.qk.values[best],
+            scaled: by.scaled.values[best], q: by.q.values, K: K, cosine: dot / (norm(z) * norm(v)),
+            head: (answer.layer + 1) + "-" + (answer.head + 1)};
+  }
+
+  /** A number the tour tells, with its value in data-value (what the tests compare with the hooks). */
+  function fact(name, value, shown) {
+    return el("span", {"class": "wb-tour-fact", "data-fact": name, "data-value": String(value)}, shown);
+  }
+
+  function tutorialHead() {  // the tour's head and a query with a word before it
+    var tokens = panels[0].lastStep ? panels[0].lastStep.tokens.length : 3;
+    state.layer = TOUR_LAYER;
+    state.head = TOUR_HEAD;
+    state.query = Math.max(1, Math.min(2, tokens - 2));
+    refresh();
+  }
 
   var TOUR = [
-    ["text", "Type any sentence. Everything below is recomputed from it, live."],
-    ["tokens-0", "The tokenizer cuts it into tokens; [CLS] and [SEP] are added. Click a token: it becomes the " +
-     "query whose computation the step-through shows."],
-    ["step-0", "One head by hand: the block input x gives q = xW_Q + b_Q, k and v the same way, for this layer " +
-     "and head. Hover a number to see what it came from."],
-    ["step-0", "q·k for every key, divided by √K, masked, then the softmax: the attention pattern, a row " +
-     "summing to 1. z = Σ α_s v_s mixes the values."],
-    ["step-0", "Every head's z goes through W_O; their sum plus b_O is added to the residual stream, then " +
-     "LayerNorm, the FFN, another residual and LayerNorm: the block's output."],
-    ["views-0", "The head view draws the same patterns as lines; the model view shows every head at once."],
-    ["heads-0", "Now intervene: click a head to ablate it and watch the outputs change, before vs after."]
+    {target: "text", say: function () {
+      return ["Type any sentence of your own: everything below is recomputed from it, live. This tour tells " +
+              "tutorial 1, “One head by hand”, with your sentence's numbers."];
+    }},
+    {target: "tokens-0", say: function (f) {
+      return ["The tokenizer cut your text into ", fact("tokens", f.tokens.length, String(f.tokens.length)),
+              " tokens: [CLS] first, [SEP] after each sentence. Click a token to make it the query whose " +
+              "computation the step-through shows."];
+    }},
+    {target: "step-0", enter: tutorialHead, say: function (f) {
+      return ["Tutorial 1 studies head " + (TOUR_LAYER + 1) + "-" + (TOUR_HEAD + 1) + " (0-indexed: layer " +
+              TOUR_LAYER + ", head " + TOUR_HEAD + "); the step-through now shows head " + f.head + " for your token “",
+              fact("query", f.t, f.query), "”. Step 1: its query q = x W_Q + b_Q, ", fact("K", f.K, String(f.K)),
+              " numbers starting ", fact("q0", f.q[0], number(f.q[0])), "; every token gets a key k and a value " +
+              "v the same way. Hover (or focus) any number to see what it came from."];
+    }},
+    {target: "step-0", say: function (f) {
+      return ["Step 2: the raw scores q·k_s, one per key. “" + f.query + "” scores highest with “",
+              fact("key", f.best, f.key), "”: ", fact("score", f.score, number(f.score)), ". Hover a score to " +
+              "see its " + f.K + " products q_i × k_i and their sum."];
+    }},
+    {target: "step-0", say: function (f) {
+      return ["Steps 3 and 4: divided by √K = √" + f.K + " = " + number(Math.sqrt(f.K)) + " (“" + f.key + "”: ",
+              fact("scaled", f.scaled, number(f.scaled)), "), which keeps the softmax out of its saturated " +
+              "regime as K grows; the mask adds 0 on real tokens and −∞ on the padding that fills your text up to " +
+              "its length bucket (the panels show the real tokens only)."];
+    }},
+    {target: "step-0", say: function (f) {
+      var previous = f.best === f.t - 1;
+      return ["Step 5: the softmax turns the scores into weights that sum to 1. “" + f.query + "” puts ",
+              fact("weight", f.weight, number(f.weight)), " of its attention on “" + f.key + "”" + (previous
+                ? ", the token just before it: a previous-token head, as tutorial 1 finds."
+                : " (position " + f.best + "), not on the token before it (position " + (f.t - 1) + "). In the " +
+                  "bundled model tutorial 1's head sends almost all of each token's attention to the previous " +
+                  "one; try other query tokens, or see how this model differs.")];
+    }},
+    {target: "step-0", say: function (f) {
+      return ["Step 6: z = Σ_s α_s v_s mixes the values by those weights. With " + number(f.weight) + " of the " +
+              "weight on “" + f.key + "”, z's cosine with that token's value v is ", fact("cosine", f.cosine,
+                number(f.cosine)), ": the head copies what “" + f.key + "” offers into “" + f.query + "”."];
+    }},
+    {target: "step-0", say: function () {
+      return ["Step 7: every head's z goes through its W_O; their sum plus b_O is the attention output, added to " +
+              "the residual stream. Past tutorial 1 the step-through goes on: LayerNorm, the FFN, another " +
+              "residual and LayerNorm make the block's output."];
+    }},
+    {target: "views-0", say: function () {
+      return ["The neuron view draws this computation for one query (q, k, q × k, q·k, the softmax); the head " +
+              "view draws every token's pattern as lines, the model view every head at once."];
+    }},
+    {target: "heads-0", say: function (f) {
+      return ["Now intervene: click " + f.head + " to ablate this head and see the outputs and the views " +
+              "before vs after; [MASK] a token to see the model's guesses change."];
+    }}
   ];
 
   function tour() {
@@ -473,17 +563,31 @@ function minibertWorkbench(app, config, options) {
     var next = el("button", {type: "button", id: prefix + "tour-next"}, "Next");
     var close = el("button", {type: "button", id: prefix + "tour-close"}, "Close the tour");
     var at = 0;
+    function update() {  // the current step's text, with the numbers of the step answer now shown
+      var answer = panels[0].lastStep, current = answer && panels[0].stepTicket === state.runs;
+      while (says.firstChild) says.removeChild(says.firstChild);
+      says.appendChild(document.createTextNode((at + 1) + "/" + TOUR.length + ": "));
+      if (!current && at > 0) {  // an edit or the tour's own choice of head is on its way
+        says.appendChild(document.createTextNode("working it out for your sentence…"));
+        return;
+      }
+      TOUR[at].say(current ? tourFacts(answer) : null).forEach(function (part) {
+        says.appendChild(typeof part === "string" ? document.createTextNode(part) : part);
+      });
+    }
     function show() {
-      says.textContent = (at + 1) + "/" + TOUR.length + ": " + TOUR[at][1];
       app.querySelectorAll(".wb-spotlight").forEach(function (n) { n.classList.remove("wb-spotlight"); });
-      var target = app.querySelector("#" + prefix + TOUR[at][0]);
+      var target = app.querySelector("#" + prefix + TOUR[at].target);
       if (target) { target.classList.add("wb-spotlight"); target.scrollIntoView({block: "nearest"}); }
+      if (TOUR[at].enter) TOUR[at].enter();
+      update();
     }
     back.addEventListener("click", function () { at = Math.max(0, at - 1); show(); });
     next.addEventListener("click", function () { at = Math.min(TOUR.length - 1, at + 1); show(); });
-    close.addEventListener("click", function () { box.remove(); });
+    close.addEventListener("click", function () { box.remove(); tourView = null; });
     [says, back, next, close].forEach(function (n) { box.appendChild(n); });
     app.insertBefore(box, controls);
+    tourView = {update: update};
     show();
   }
 
