@@ -366,9 +366,11 @@ def test_compare_shows_two_models_side_by_side(open_page, tiny_mlm, tmp_path):
 
 
 @pytest.mark.slow
-def test_readme_picture(open_page, bundled, tmp_path):
-    """The README's picture, drawn by this browser: written to docs/images/ when MINIBERT_WRITE_SCREENSHOTS is set."""
-    picture = IMAGES / "workbench.png" if os.environ.get("MINIBERT_WRITE_SCREENSHOTS") else tmp_path / "workbench.png"
+def test_readme_pictures(open_page, bundled, tmp_path):
+    """The README's pictures, drawn by this browser: the page after ablating a head, and the terms of one score
+    shown on hover; written to docs/images/ when MINIBERT_WRITE_SCREENSHOTS is set."""
+    folder = IMAGES if os.environ.get("MINIBERT_WRITE_SCREENSHOTS") else tmp_path
+    page_picture, terms_picture = folder / "workbench.png", folder / "workbench_terms.png"
     with Server([bundled]) as running:
         page = open_page(running)
         page.page.set_default_timeout(300_000)  # the bundled model's programs compile on the first requests
@@ -376,6 +378,13 @@ def test_readme_picture(open_page, bundled, tmp_path):
         page.page.click("#wb-heads-0 .wb-head[data-layer='2'][data-head='5']")
         page.page.wait_for_selector("#wb-outputs-0 .wb-output[data-side=after]")
         page.settle()
-        page.page.screenshot(path=str(picture), clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
+        page.page.screenshot(path=str(page_picture), clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
+        page.page.click("#wb-tokens-0 .wb-token[data-index='8']")  # "it" as the query
+        page.settle()
+        score = "#wb-step-0 .wb-step[data-step=scaled]"
+        page.page.hover(f"{score} .wb-num[data-index='2']")  # its score for the key "cat": every term q_i × k_i
+        page.page.wait_for_selector(f"{score} .wb-terms:not([hidden])")
+        page.page.locator(score).screenshot(path=str(terms_picture))
         assert page.problems == []
+    for picture in (page_picture, terms_picture):
         assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

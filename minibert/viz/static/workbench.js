@@ -73,7 +73,8 @@ function minibertWorkbench(app, config, options) {
 
   function modelPanel(info, n) {
     var column = el("div", {"class": "wb-column", id: prefix + "model-" + n});
-    column.appendChild(el("div", {"class": "wb-model-name"}, info.architecture + " · " + info.model));
+    var where = info.model.split(/[\\/]/).filter(Boolean).slice(-2).join("/");  // a path's last two parts
+    column.appendChild(el("div", {"class": "wb-model-name", title: info.model}, info.architecture + " · " + where));
     columns.appendChild(column);
     var panel = {info: info, n: n};
     panel.tokens = section(column, "Tokens", prefix + "tokens-" + n);
