@@ -10,6 +10,7 @@ Imports inside functions count too: a lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +209,36 @@ out = model._forward_jit(model.state, inputs)
     public = ("out = model.suffix(model.state, layer, resid, inputs, hooks)\nW = model.layer_weights('attn.W_O')\n"
               "before = model.traces\nrows = model.position_ids(ids)\n")
     assert boundary_violations(public) == []
+
+
+# ---- docstrings say what and why (STYLE.md 19) --------------------------------------------------------------------
+
+TEST_FILE = re.compile(r"\btests/|\btest_\w+\.py")  # a pointer into the tests, which move and get renamed
+TIMING = re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|µs)\b|\b\d+(?:\.\d+)? s\b")  # a measured time: RESULTS.md's job
+
+
+def docstring_problems(source: str) -> list[str]:
+    """Docstrings that point into test files or state a measured time (the numbers of benchmarks/RESULTS.md)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node) or ""
+            where = getattr(node, "name", "the module")
+            found += [f"{where}: points into the tests ({m.group(0)})" for m in TEST_FILE.finditer(text)]
+            found += [f"{where}: a timing ({m.group(0)}; RESULTS.md's)" for m in TIMING.finditer(text)]
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_docstrings_carry_no_timings_or_test_pointers(path):
+    found = docstring_problems(path.read_text(encoding="utf-8"))
+    assert not found, f"{module_name(path)}: docstrings say what and why, RESULTS.md holds the numbers: {found}"
+
+
+def test_docstring_check_sees_timings_and_test_pointers():
+    source = ('"""Fast: 3.5 ms per call, 12 s for a corpus (tests/test_x.py)."""\n'
+              'def f():\n    """Checked in test_model.py; 2 × 3 tokens, 15% masked, 0s and 1s."""\n')
+    assert docstring_problems(source) == [
+        "the module: points into the tests (tests/)", "the module: points into the tests (test_x.py)",
+        "the module: a timing (3.5 ms; RESULTS.md's)", "the module: a timing (12 s; RESULTS.md's)",
+        "f: points into the tests (test_model.py)"]  # not 2 × 3, 15% or 0s and 1s

@@ -69,7 +69,8 @@ def attention_flow(attention, residual: float = 0.5, normalize: bool = True) -> 
     flow[l, t, s]: the maximum flow from position t after block l to input token s through the layered
     graph with capacities Â (module docstring). normalize=True divides each row by its sum, as Abnar &
     Zuidema's code does; False keeps the raw max-flow values (each ≤ 1). Cost: L·T² max-flow problems
-    on graphs of up to (L+1)·T nodes — about 1 s for 12 tokens and 6 layers on one CPU core, 9 s for 20.
+    on graphs of up to (L+1)·T nodes, in NumPy on one core: meant for short texts (timings in
+    benchmarks/RESULTS.md, "Attention flow").
     """
     mixing = mixing_matrices(_check_attention(attention, (4,)), residual)  # [L, T, T]
     n_layers, length = mixing.shape[0], mixing.shape[-1]

@@ -5,10 +5,9 @@
     result.model              # a Model with the trained weights and the task's head
     result.history.loss       # per optimisation step
 
-What one optimisation step computes is transformers' Trainer's (tests/test_training_parity.py holds the two
-side by side): the task's mean cross-entropy over the batch (classes, labelled tokens or masked tokens), its
-gradient with respect to the trainable parameters, then optim.adamw. The step is one compiled program
-(forward, backward and AdamW), compiled once per length bucket.
+What one optimisation step computes is transformers' Trainer's: the task's mean cross-entropy over the batch
+(classes, labelled tokens or masked tokens), its gradient with respect to the trainable parameters, then
+optim.adamw. The step is one compiled program (forward, backward and AdamW), compiled once per length bucket.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     q, k, a = q[rows][:, :, cols], k[rows][:, :, cols], a[np.ix_(rows, cols)]
     if score_terms is None:
         # einsum, not a batched matmul: BLAS threads each of the L·H small products and, when another process holds
-        # a core, waits for its descheduled thread at every one (1.2 s instead of 16 ms; benchmarks/RESULTS.md)
+        # a core, waits for its descheduled thread at every one (benchmarks/RESULTS.md, live workbench)
         scores = np.einsum("LTHK,LSHK->LHTS", q, k) / np.sqrt(q.shape[-1])
     else:
         score_terms = {name: value[np.ix_(rows, cols)] for name, value in score_terms.items()}
