@@ -10,6 +10,8 @@ import minibert
 from minibert.app.cli import main
 from tests.conftest import make_hf_model
 
+TWO_ROWS = "text\tlabel\na b\t0\nc d\t1\n"
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -31,12 +33,46 @@ def _one_line_error(capsys, argv, fragment):
     ("text\tlabel\na\t0\nb\t0\n", [], "at least 2 labels"),
     ("text\tlabel\na b\tX Y\n", ["--task", "token-classification", "--num-labels", "3"],
      "data has 2 label names"),
+    ("text\tlabel\na b c\tX Y\n", ["--task", "token-classification"], "has 3 words but 2 labels"),
+    ("text\tlabel\na b\t0\n", ["--task", "masked-lm"], "has a label, which masked-LM does not use"),
+    (TWO_ROWS, ["--epochs", "0"], "epochs=0"),
+    (TWO_ROWS, ["--dropout", "1.5"], "dropout=1.5"),
+    (TWO_ROWS, ["--warmup", "-1"], "warmup=-1.0"),
+    (TWO_ROWS, ["--accumulate", "0"], "accumulate=0"),
+    (TWO_ROWS, ["--learning-rate", "0"], "learning_rate=0.0"),
+    (TWO_ROWS, ["--max-grad-norm", "-1"], "max_grad_norm=-1.0"),
+    (TWO_ROWS, ["--weight-decay", "-0.1"], "weight_decay=-0.1"),
+    (TWO_ROWS, ["--trainable", "classifier.*", "head.*"], "'head.*' matches no parameter"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, tiny, content, extra, fragment):
     data = tmp_path / "train.tsv"
     data.write_text(content)
     _one_line_error(capsys, ["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny), *extra],
                     fragment)
+
+
+@pytest.mark.parametrize(("name", "content", "fragment"), [
+    ("train.txt", "text\tlabel\na\t0\n", "neither TSV, CSV nor JSONL"),
+    ("train.jsonl", '{"text": "a", "label": 0}\n{"text": "b", label: 1}\n', "train.jsonl:2: not a JSON object"),
+    ("train.csv", "words,label\na,0\n", "has no 'text' column"),
+])
+def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys, tiny, name, content, fragment):
+    (tmp_path / name).write_text(content)
+    _one_line_error(capsys, ["finetune", str(tmp_path / name), "--out", str(tmp_path / "out"), "--model", str(tiny)],
+                    fragment)
+
+
+def test_a_task_the_family_cannot_do(tmp_path, capsys, tiny, monkeypatch):
+    """Every registered family has the three task heads, so the refusal is reached by removing one from the
+    registry the trainer consults (as a family added without a token head would be)."""
+    import importlib
+
+    finetune_module = importlib.import_module("minibert.training.finetune")
+    monkeypatch.setattr(finetune_module, "ARCHITECTURES", {"BertModel", "BertForSequenceClassification"})
+    (tmp_path / "train.jsonl").write_text('{"text": "a b", "label": ["X", "Y"]}\n')
+    _one_line_error(capsys, ["finetune", str(tmp_path / "train.jsonl"), "--task", "token-classification", "--out",
+                             str(tmp_path / "out"), "--model", str(tiny)],
+                    "BERT has no BertForTokenClassification, so minibert cannot fine-tune it for token-classification")
 
 
 def test_missing_file_and_a_used_output_folder(tmp_path, capsys, tiny):
@@ -62,3 +98,4 @@ def test_a_run_writes_a_loadable_model_and_its_history(tmp_path, capsys, tiny):
     assert model.config.architecture == "BertForSequenceClassification" and model.config.id2label == ("neg", "pos")
     assert main([*argv, "--resume"]) == 0  # the saved run is complete: resuming trains nothing more
     assert json.loads((tmp_path / "out" / "history.json").read_text())["loss"] == history["loss"]
+    _one_line_error(capsys, [*argv, "--resume", "--learning-rate", "1e-3"], "holds a run with other settings")

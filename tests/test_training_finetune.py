@@ -76,3 +76,110 @@ def test_bf16_compute_keeps_fp32_master_weights(base):
     scale = float(np.abs(np.asarray(start([r.text for r in ROWS]).logits)).max())
     delta = forward_rtol(base.config, S=16, programs=1, u=U_BF16) + U_BF16
     assert abs(bf16.history.loss[0] - fp32.history.loss[0]) <= 2 * delta * scale
+
+
+@pytest.mark.slow
+def test_accumulation_of_two_half_batches_is_one_whole_batch(base):
+    """accumulate=2 with batches of 4 makes the updates of batches of 8: the same examples per update (the epoch's
+    order does not depend on the batch size), every row full, so the mean of the two halves' mean losses is the
+    whole batch's mean. The runs differ only in summation order: within the drift bound of two fp32 computations
+    of the same steps (test_training_parity), key biases within their rounding-noise bound (see there)."""
+    from tests.test_training_parity import KAPPA, _training_rtol
+
+    rows = [training.Example(" ".join(f"w{(i * 7 + j) % 40}" for j in range(4)), None, i % 2) for i in range(32)]
+    settings = QUICK | {"learning_rate": 1e-3}  # one length: one compiled program per run
+    whole = training.finetune(base, rows, **(settings | {"batch_size": 8}))
+    halves = training.finetune(base, rows, accumulate=2, **(settings | {"batch_size": 4}))
+    assert len(halves.history.loss) == len(whole.history.loss) == 4
+    assert halves.history.learning_rate == whole.history.learning_rate
+    rtol = _training_rtol(base.config, 16, 4)
+    np.testing.assert_allclose(halves.history.loss, whole.history.loss, rtol=rtol, atol=0)
+    ours, theirs = _named(halves.model), _named(whole.model)
+    noise_bound = 2 * KAPPA * sum(whole.history.learning_rate)
+    for name, value in theirs.items():
+        bound = noise_bound if name.endswith("attn.b_K") else rtol * np.abs(value).max()
+        assert np.abs(ours[name] - value).max() <= bound, name
+    moved = np.abs(ours["classifier.W"] - _named(training.with_head(base))["classifier.W"]).max()
+    assert moved > 100 * rtol * np.abs(theirs["classifier.W"]).max()  # the comparison is not of unmoved weights
+
+
+@pytest.mark.slow
+def test_one_compiled_step_per_length_bucket(base, monkeypatch):
+    """Every batch's length is a bucket, and the step compiles once for each bucket the run meets, over every
+    epoch: never once per batch."""
+    import importlib
+
+    from minibert.training import data as data_
+
+    finetune_module = importlib.import_module("minibert.training.finetune")  # the attribute is the function
+
+    programs = []
+    original = finetune_module.compiled_step
+
+    def recording(step, optimizer):
+        programs.append(original(step, optimizer))
+        return programs[-1]
+
+    monkeypatch.setattr(finetune_module, "compiled_step", recording)
+    rows = [training.Example(" ".join(["a"] * (2, 5, 9)[i % 3]), None, i % 2) for i in range(24)]  # 3 lengths
+    result = training.finetune(base, rows, **(QUICK | {"epochs": 3, "batch_size": 4}))
+    encoded = data_.encode(base, rows, "sequence-classification", ("LABEL_0", "LABEL_1"))
+    lengths = {batch["input_ids"].shape[1] for epoch in range(3)
+               for batch in data_.batches(encoded, data_.epoch_order(len(rows), epoch, 0, True), 4,
+                                          "sequence-classification", base.length_buckets, pad_id=0)}
+    assert lengths <= set(base.length_buckets)
+    assert len(programs) == 1 and programs[0]._cache_size() == len(lengths) < len(result.history.loss) == 18
+    assert len(lengths) > 1  # batches of different lengths met
+
+
+@pytest.mark.slow
+def test_evaluation_scores_are_the_trained_models(base):
+    """history.eval's accuracy and macro-F1 equal what the returned model predicts on the held-out examples
+    (scikit-learn's f1_score), and its loss their mean cross-entropy. The loss is compared within the forward's
+    rounding: the two programs (evaluation in the step's batches, the model's own call) differ by at most
+    forward_rtol relative to the logits' scale, and the cross-entropy moves by at most 2·max|Δlogit|."""
+    from sklearn.metrics import f1_score
+
+    from tests.tolerances import forward_rtol
+
+    held_out = [training.Example(f"w{i} a w{(3 * i) % 11}", None, (i // 2) % 2) for i in range(13)]
+    result = training.finetune(base, ROWS, eval_data=held_out, **(QUICK | {"epochs": 2}))
+    assert [e["epoch"] for e in result.history.eval] == [1, 2]
+    logits = np.asarray(result.model([r.text for r in held_out]).logits, np.float64)
+    gold = np.array([r.label for r in held_out])
+    predicted = logits.argmax(-1)
+    last = result.history.eval[-1]
+    assert last["accuracy"] == np.mean(predicted == gold)
+    assert last["f1"] == pytest.approx(f1_score(gold, predicted, average="macro"), abs=1e-12)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    loss = -np.mean(log_probs[np.arange(len(gold)), gold])
+    scale = np.abs(logits).max()
+    assert abs(last["loss"] - loss) <= 2 * forward_rtol(base.config, S=16) * scale
+
+
+@pytest.mark.slow
+def test_readme_fine_tuning_snippet_runs_on_the_bundled_model(tmp_path, monkeypatch):
+    """The README's Fine-tuning snippet, as printed, on the bundled MiniLM; transformers loads what it saved and
+    gives the trained model's logits (the same weights in two programs: within forward_rtol of their scale)."""
+    import re
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    from tests.tolerances import assert_close_to_scale, forward_rtol
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Fine-tuning"):]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(snippet, "README.md (Fine-tuning)", "exec"), namespace)
+    result = namespace["result"]
+    assert len(result.history.loss) == 3 and result.model.config.architecture == "BertForSequenceClassification"
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out" / "finetuned").eval()
+    batch = result.model.tokenize(["the food was great", "the service was slow"])
+    with torch.no_grad():
+        theirs = reloaded(**{k: torch.tensor(np.asarray(v), dtype=torch.long) for k, v in batch.to_dict().items()})
+    rtol = forward_rtol(result.model.config, S=batch.input_ids.shape[1]) * 2
+    assert_close_to_scale(result.model(batch).logits, theirs.logits.numpy(), rtol, "logits of the saved model")

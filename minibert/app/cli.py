@@ -207,6 +207,11 @@ def _convert(args) -> int:
     return 0
 
 
+def _warmup(text: str) -> float | int:
+    """--warmup: a whole number is a count of updates, anything else a fraction (training.optim.warmup_steps)."""
+    return int(text) if text.isdigit() else float(text)
+
+
 def _finetune(args) -> int:
     import dataclasses
     import json
@@ -220,8 +225,12 @@ def _finetune(args) -> int:
     data = training.examples(args.data, task=args.task)
     eval_data = training.examples(args.eval, task=args.task) if args.eval else None
     result = training.finetune(model, data, task=args.task, num_labels=args.num_labels, epochs=args.epochs,
-                               batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed,
-                               eval_data=eval_data, resume=args.out / "checkpoints", trainable=args.trainable)
+                               batch_size=args.batch_size, learning_rate=args.learning_rate,
+                               weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule,
+                               max_grad_norm=args.max_grad_norm, dropout=args.dropout, shuffle=not args.no_shuffle,
+                               accumulate=args.accumulate, compute_dtype="bfloat16" if args.bf16 else "float32",
+                               seed=args.seed, eval_data=eval_data, resume=args.out / "checkpoints",
+                               trainable=args.trainable)
     result.model.save(args.out / "model")
     (args.out / "history.json").write_text(json.dumps(dataclasses.asdict(result.history), indent=1) + "\n")
     print(f"wrote {args.out / 'model'} (a Hugging Face directory) and {args.out / 'history.json'}; "
@@ -368,6 +377,21 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over DATA (default 3)")
     finetune.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
     finetune.add_argument("--learning-rate", type=float, default=2e-5, metavar="LR", help="peak rate (default 2e-5)")
+    finetune.add_argument("--weight-decay", type=float, default=0.01, metavar="W",
+                          help="AdamW's decoupled decay, not on biases and LayerNorm (default 0.01)")
+    finetune.add_argument("--warmup", type=_warmup, default=0.1, metavar="W",
+                          help="warm-up: a fraction of the updates (0.1) or a number of updates (100) (default 0.1)")
+    finetune.add_argument("--schedule", choices=["linear", "constant"], default="linear",
+                          help="the rate after warm-up: down to 0 at the end, or constant (default linear)")
+    finetune.add_argument("--max-grad-norm", type=float, default=1.0, metavar="C",
+                          help="clip the gradient's global norm to C (default 1.0)")
+    finetune.add_argument("--dropout", type=float, default=None, metavar="P",
+                          help="one dropout rate everywhere; 0 for none (default: the checkpoint's config)")
+    finetune.add_argument("--accumulate", type=int, default=1, metavar="N",
+                          help="micro-batches per update, gradients averaged (default 1)")
+    finetune.add_argument("--no-shuffle", action="store_true", help="keep DATA's order in every epoch")
+    finetune.add_argument("--bf16", action="store_true",
+                          help="compute in bfloat16, with float32 master weights and optimiser state")
     finetune.add_argument("--seed", type=int, default=0, metavar="N", help="data order, dropout, new head (default 0)")
     finetune.add_argument("--trainable", nargs="+", metavar="GLOB",
                           help="parameter names that move, e.g. 'classifier.*' 'blocks.5.*' (default: all)")

@@ -171,12 +171,17 @@ def compiled_eval(step: Step) -> Callable:
 
 
 class DataParallel:
-    """Data parallelism over the local devices: each batch's rows split evenly over them (padding rows of weight 0
-    make the count divisible), parameters and optimiser state replicated; jit then runs one program per device
-    and XLA sums the gradients across them. With one device nothing is moved."""
+    """Data parallelism over every device of the run: each batch's rows split evenly over them (padding rows of
+    weight 0 make the count divisible), parameters and optimiser state replicated; jit then runs one program per
+    device and XLA sums the gradients across them. With one device nothing is moved.
 
-    def __init__(self, devices):
-        self.count = len(devices)
+    Under jax.distributed (several processes, minibert.app.distributed.initialize) the devices are every
+    process's: each process builds the same batches (same data, same seed) and places the rows its own devices
+    hold, so the processes run one global step in lockstep, as the corpus survey does."""
+
+    def __init__(self, devices=None):
+        devices = sorted(jax.devices() if devices is None else devices, key=lambda d: (d.process_index, d.id))
+        self.count, self.processes = len(devices), len({d.process_index for d in devices})
         mesh = jax.sharding.Mesh(np.array(devices), ("data",))
         self.by_row = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
         self.everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -189,6 +194,18 @@ class DataParallel:
 
     def replicated(self, tree):
         return tree if self.count == 1 else jax.device_put(tree, self.everywhere)
+
+    def gathered(self, rows) -> np.ndarray:
+        """A row-split result as one host array (from every process under jax.distributed)."""
+        if self.processes == 1:
+            return np.asarray(rows)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(rows, tiled=True))
+
+    def local(self, tree):
+        """Replicated arrays as host arrays, so that the trained Model lives in this process alone."""
+        return tree if self.processes == 1 else jax.tree.map(np.asarray, tree)
 
 
 def dropout_rates(settings: Mapping, dropout: float | None) -> dict[str, float]:
@@ -216,12 +233,13 @@ def macro_f1(predicted: np.ndarray, gold: np.ndarray, classes: int) -> float:
     return float(np.mean(scores))
 
 
-def evaluate(evaluator, flat, encoded, settings, writer_leaves, classes: int) -> dict:
+def evaluate(evaluator, flat, encoded, settings, writer_leaves, classes: int, devices: DataParallel) -> dict:
     """Loss (mean over batches, weighted by what each batch counts), accuracy and macro-F1 on `encoded`."""
     order = np.arange(len(encoded))
     total, weight, predicted, gold = 0.0, 0.0, [], []
     for batch in data_.batches(encoded, order, **settings):
-        loss, prediction = evaluator(flat, batch, writer_leaves)
+        loss, prediction = evaluator(flat, devices.split(batch), writer_leaves)
+        prediction = devices.gathered(prediction)
         if batch["labels"].ndim == 1:
             counted = batch["weight"] > 0
         else:
@@ -251,13 +269,15 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     training). `trainable`: globs over parameter names (optim.parameter_names) that move; None moves all.
     `resume`: a directory where the run saves its state (every `checkpoint_every` updates and at each epoch's
     end) and from which a run with the same settings continues, to the same bits (resume.py).
-    `compute_dtype`: jnp.bfloat16 computes in bf16 with fp32 master weights and optimiser state.
+    `compute_dtype`: jnp.bfloat16 (or "bfloat16") computes in bf16 with fp32 master weights and optimiser state.
+    `accumulate`: micro-batches of `batch_size` per update, their gradients averaged. Settings that cannot train
+    (a rate ≤ 0, a negative decay, …) are InputErrors naming the setting.
     """
     task = data_.checked_task(task)
     rows = data if isinstance(data, list) and all(isinstance(r, data_.Example) for r in data) \
         else data_.examples(data, task=task)
-    if epochs < 1 or batch_size < 1:
-        raise InputError(f"epochs={epochs}, batch_size={batch_size}: both must be at least 1.")
+    compute_dtype = _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype)
+    accumulate = optim.checked_accumulate(accumulate)
     names = data_.label_names(rows, task, num_labels)
     start, new = _task_model(model, task, names, seed)
     cfg, settings = start.config, source_settings(model)
@@ -277,9 +297,12 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
 
     writers = writers_for(hooks, start.hook_names, cfg.architecture)  # the task model's names: its head's too
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers)
-    step = Step(start, task, dropout_rates(settings, dropout), writer_def, jnp.dtype(compute_dtype))
+    step = Step(start, task, dropout_rates(settings, dropout), writer_def, compute_dtype)
     train = compiled_step(step, optimizer)
-    devices = DataParallel(jax.local_devices())
+    devices = DataParallel()
+    if devices.processes > 1 and resume is not None:
+        raise InputError("resume= under jax.distributed (several processes) is not supported yet; run without "
+                         "resume=, or in one process.")
     trainable_params, frozen, opt_state = devices.replicated((trainable_params, frozen, opt_state))
     batch_settings = dict(batch_size=batch_size, task=task, buckets=model.length_buckets,
                           pad_id=cfg.pad_token_id, mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size,
@@ -307,7 +330,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                              {"settings": run_settings, "history": dataclasses.asdict(history)})
 
     dropout_key = jax.random.key(seed)
-    with optim.Progress(total_steps, f"fine-tuning ({task})", enabled=progress) as bar:
+    shown = progress and jax.process_index() == 0  # one bar per run, not one per process
+    with optim.Progress(total_steps, f"fine-tuning ({task})", enabled=shown) as bar:
         bar.bar.update(len(history.loss))
         for epoch in range(micro // per_epoch, epochs):
             order = data_.epoch_order(len(encoded), epoch, seed, shuffle)
@@ -331,16 +355,40 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
             if evaluator is not None:
                 eval_settings = dict(batch_settings, mask_seed=(seed, epochs))  # the same masks every epoch
                 scores = evaluate(evaluator, trainable_params | frozen, eval_encoded, eval_settings, writer_leaves,
-                                  len(names) or cfg.vocab_size)
+                                  len(names) or cfg.vocab_size, devices)
                 history.eval.append({"epoch": epoch + 1, **scores})
             if micro % accumulate == 0:  # a checkpoint never holds half an accumulation
                 save()
     if checkpoints is not None:
         checkpoints.close()
 
-    trained = Model.from_parameters(cfg, trainable_params | frozen, model.tokenizer, pooling=model.pooling,
-                                    source=model.source)
+    trained = Model.from_parameters(cfg, devices.local(trainable_params | frozen), model.tokenizer,
+                                    pooling=model.pooling, source=model.source)
     return Result(trained, history, new)
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which finetune does not do
+
+
+def _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype) -> jnp.dtype:
+    """Refuse settings that cannot train (a typo would otherwise run, silently doing nothing or diverging);
+    returns compute_dtype as a dtype."""
+    if epochs < 1 or batch_size < 1:
+        raise InputError(f"epochs={epochs}, batch_size={batch_size}: both must be at least 1.")
+    if not learning_rate > 0:
+        raise InputError(f"learning_rate={learning_rate!r}: pass a positive peak rate (e.g. 2e-5).")
+    if not weight_decay >= 0:
+        raise InputError(f"weight_decay={weight_decay!r}: pass 0 (none) or a positive decay (e.g. 0.01).")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise InputError(f"max_grad_norm={max_grad_norm!r}: pass a positive norm to clip to, or None for no clipping.")
+    try:
+        dtype = jnp.dtype(compute_dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.name not in COMPUTE_DTYPES:
+        raise InputError(f"compute_dtype={compute_dtype!r}: pass one of {', '.join(COMPUTE_DTYPES)} (bfloat16: "
+                         f"bf16 compute with float32 master weights).")
+    return dtype
 
 
 def _mask_id(model: Model, task: str) -> int | None:

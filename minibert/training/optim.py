@@ -108,12 +108,18 @@ def adamw(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.0, m
     """AdamW with decoupled weight decay (only where `mask` is True; None: everywhere), preceded by
     torch-style global-norm clipping (None: no clipping), optionally averaging gradients over
     `accumulate` calls before each update (optax.MultiSteps). Defaults are transformers' Trainer's."""
-    if accumulate < 1 or int(accumulate) != accumulate:
-        raise InputError(f"accumulate={accumulate!r}: pass a whole number of micro-batches per update, ≥ 1.")
+    checked_accumulate(accumulate)
     steps = [clip_like_torch(max_grad_norm)] if max_grad_norm is not None else []
     steps.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask))
     chain = optax.chain(*steps)
     return optax.MultiSteps(chain, every_k_schedule=accumulate) if accumulate > 1 else chain
+
+
+def checked_accumulate(accumulate) -> int:
+    """accumulate=: a whole number of micro-batches per update, at least 1."""
+    if accumulate < 1 or int(accumulate) != accumulate:
+        raise InputError(f"accumulate={accumulate!r}: pass a whole number of micro-batches per update, ≥ 1.")
+    return int(accumulate)
 
 
 def frozen_except(optimizer: optax.GradientTransformation, trainable: Mapping[str, bool]):
