@@ -64,7 +64,8 @@ def test_every_tutorial_is_in_the_nav():
 HAND_LABEL = re.compile(r"\{[^{}]*\}-\{[^{}]*\}")  # "{layer}-{head}" formatted by hand in an f-string
 TYPED_LABEL = re.compile(r"\bheads? \d+-\d+", re.IGNORECASE)  # "head 3-7" typed into code, e.g. a print
 # A token position typed as a number (query = 5, query_index=5): it points elsewhere once the text is edited.
-TYPED_POSITION = re.compile(r"^\s*(query|key|position|token)\w*\s*=\s*\d+\s*(#.*)?$|\w*_index=\d")
+NAME = r"(?:(?:query|key|position|token)\w*|t|s)"  # t, s: query and key positions in the tutorials' equations
+TYPED_POSITION = re.compile(rf"^\s*{NAME}(?:\s*,\s*{NAME})*\s*=\s*\d+(?:\s*,\s*\d+)*\s*(#.*)?$|\w*_index=\d")
 EXPLAINED = [p for p in TUTORIALS if p.name[:2] in {"01", "02", "03", "04", "05", "06", "07"}]
 
 

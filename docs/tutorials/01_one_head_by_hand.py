@@ -114,7 +114,7 @@ qk = np.einsum("BTHK,BSHK->BHTS", q, k)
 np.testing.assert_allclose(qk, hooked["attn.hook_qk"], atol=1e-3, rtol=1e-5)
 print("q·k matches attn.hook_qk; largest difference", f"{np.abs(qk - hooked['attn.hook_qk']).max():.1e}")
 
-t, s = 3, 2  # query "sat" and key "cat" in the first sentence
+t, s = batch.tokens[0].index("sat"), batch.tokens[0].index("cat")  # query "sat" and key "cat" in the first sentence
 product = q[0, t, HEAD] * k[0, s, HEAD]  # q×k, elementwise: K numbers
 print(f"q×k for {batch.tokens[0][t]!r} → {batch.tokens[0][s]!r}: the {len(product)} terms sum to "
       f"{product.sum():.4f} = q·k {qk[0, HEAD, t, s]:.4f}")
