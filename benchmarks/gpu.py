@@ -130,6 +130,8 @@ def model_rows(label: str, directory: Path, sizes: dict, device: str) -> tuple[l
                                  harness.fmt(100 * mfu, 1) if mfu is not None else "—",
                                  harness.fmt(memory / 2**30, 2) if memory else "—",
                                  harness.fmt(first - seconds, 2) if name.startswith("minibert") else "—"])
+                    # each row as it is measured: a lease that runs out mid-table keeps the rows it reached
+                    print("| " + " | ".join(rows[-1]) + " |", file=sys.stderr, flush=True)
     return rows, notes
 
 
