@@ -434,6 +434,36 @@ def test_the_printed_url_accepts_connections_before_the_server_starts(mlm, monke
     assert len(connected) == 1 and connected[0] > 0
 
 
+def test_a_taken_port_is_refused_with_the_fix(mlm):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        with pytest.raises(minibert.MinibertError, match=r"cannot listen on 127.0.0.1:\d+ .*choose another --port"):
+            serve.serve([Workbench(mlm, max_tokens=16)], port=taken.getsockname()[1], open_browser=False)
+
+
+def test_another_host_is_served_with_a_warning(mlm, monkeypatch, capsys):
+    """minibert serve --host ADDRESS: served where asked (the Host check accepts ADDRESS), with a warning on stderr."""
+    from minibert.app import cli
+
+    asked = {}
+    monkeypatch.setattr(cli, "_load", lambda name, download: mlm)
+    monkeypatch.setattr(serve, "serve", lambda workbenches, **options: asked.update(options))
+    assert cli.main(["serve", "--host", "192.168.1.20", "--no-browser", "--max-tokens", "16"]) == 0
+    assert asked["host"] == "192.168.1.20" and not asked["open_browser"]
+    assert "warning: listening on 192.168.1.20" in capsys.readouterr().err
+    assert cli.main(["serve", "--no-browser", "--max-tokens", "16"]) == 0 and asked["host"] == "127.0.0.1"
+    assert "warning" not in capsys.readouterr().err
+    # the Host check: with --host 192.168.1.20 that name is this server's (a page opened there is answered); without
+    # it, a request naming it is refused
+    remote = TestClient(serve.create_app([Workbench(mlm, max_tokens=16)], TOKEN, host="192.168.1.20", port=PORT),
+                        base_url=f"http://192.168.1.20:{PORT}")
+    assert post(remote, "info", {}, origin=f"http://192.168.1.20:{PORT}").status_code == 200
+    assert post(client_for(mlm), "info", {}, host=f"192.168.1.20:{PORT}").status_code == 403
+
+
 def first_line(process: subprocess.Popen, timeout: float) -> str:
     """The first line `process` writes on stdout ("" if it exits first); a failure after `timeout` seconds instead of
     a readline that blocks the suite forever."""
