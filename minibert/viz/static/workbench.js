@@ -78,7 +78,7 @@ function minibertWorkbench(app, config, options) {
     columns.appendChild(column);
     var panel = {info: info, n: n};
     panel.tokens = section(column, "Tokens", prefix + "tokens-" + n);
-    panel.heads = section(column, "Heads (click to ablate)", prefix + "heads-" + n);
+    panel.heads = section(column, "Heads (L-H, 1-indexed; click to ablate)", prefix + "heads-" + n);
     panel.outputs = section(column, "Outputs", prefix + "outputs-" + n);
     panel.step = section(column, "Step through one head", prefix + "step-" + n);
     panel.views = section(column, "Views", prefix + "views-" + n);
@@ -177,7 +177,7 @@ function minibertWorkbench(app, config, options) {
     });
     var changes = replaced ? ["the token replaced"] : [];
     if (answer.ablated.length) {
-      changes.push("ablated (" + answer.mode + "): " + answer.ablated.map(function (p) {
+      changes.push("ablated (" + answer.mode + "; L-H, 1-indexed): " + answer.ablated.map(function (p) {
         return (p[0] + 1) + "-" + (p[1] + 1);
       }).join(", "));
     }
@@ -484,7 +484,7 @@ function minibertWorkbench(app, config, options) {
     return {tokens: answer.tokens, t: answer.query, query: answer.tokens[answer.query], best: best,
             key: answer.tokens[best], weight: pattern[best], score: by.qk.values[best],
             scaled: by.scaled.values[best], q: by.q.values, K: K, cosine: dot / (norm(z) * norm(v)),
-            head: (answer.layer + 1) + "-" + (answer.head + 1)};
+            head: (answer.layer + 1) + "-" + (answer.head + 1)};  // the "L-H" label, 1-indexed
   }
 
   /** A number the tour tells, with its value in data-value (what the tests compare with the hooks). */
