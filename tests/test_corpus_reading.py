@@ -6,7 +6,7 @@ import pytest
 
 from minibert.analysis import corpus
 from minibert.analysis.corpus import reading
-from minibert.errors import DataFileError
+from minibert.errors import DataFileError, MinibertError
 
 
 def test_read_corpus_formats(tmp_path):
@@ -98,3 +98,22 @@ def test_stats_command_reports_blank_and_truncated_lines_or_refuses_them(tmp_pat
     assert cli.main(arguments + ["--strict"]) == cli.USER_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "line 2: blank (2 blank lines in all)" in err[0], err
+
+
+def test_survey_mixes_single_texts_and_pairs(bundled):
+    """pairs=[None, "B", …] as tokenize takes it (a None leaves that document a single text), in a list and in a
+    stream: the statistics equal the brute-force mean over those documents (test_corpus's reference, within
+    its tolerances), and a number in pairs is still refused by its index."""
+    from test_corpus import PAIRS, SETTINGS, TEXTS, assert_same_statistics, document_maps, reference_mean
+    from tolerances import survey_statistic_tolerances
+
+    texts = TEXTS[:4] + [a for a, _ in PAIRS[:4]]
+    pairs = [None, *(b for _, b in PAIRS[:4]), None, None, None]  # singles and pairs interleaved
+    want = reference_mean(document_maps(bundled, texts, pairs))
+    tolerances = survey_statistic_tolerances(bundled, texts, pairs, row_length=64)
+    for given in (pairs, iter(pairs)):
+        result = corpus.survey(bundled, texts, given, **SETTINGS)
+        assert result.documents == len(texts)
+        assert_same_statistics(result.mean, want, tolerances)
+    with pytest.raises(MinibertError, match=r"pairs\[1\] is not a string but int; pass text, or None for a row"):
+        corpus.survey(bundled, texts, [None, 3, *pairs[2:]], **SETTINGS)

@@ -185,7 +185,7 @@ class Source:
             raise AnalysisError(f"got {len(texts)} texts but {len(pairs)} pairs; pass one second text per text.")
         for name, values in (("texts", texts), ("pairs", pairs)):
             if isinstance(values, Sequence):  # a list is checked whole before any batch runs; a stream, as read
-                check_strings(name, values, 0)
+                check_strings(name, values, 0, optional=name == "pairs")
         self.file, self.texts, self.second = None, texts, pairs
         self.pairs, self.fingerprint = pairs is not None, None
         self.total = len(texts) if hasattr(texts, "__len__") else None
@@ -216,7 +216,7 @@ def tokenized_chunks(model, rows: Iterator, pairs: bool, max_length: int, first:
         first_texts = [a for a, _ in chunk]
         second = [b for _, b in chunk] if pairs else None
         for name, values in (("texts", first_texts), ("pairs", second or ())):
-            check_strings(name, values, start)
+            check_strings(name, values, start, optional=name == "pairs")
         yield _truncation_counted(model, first_texts, second, max_length, start, strict)
 
 
@@ -250,8 +250,12 @@ def _truncation_counted(model, texts: list[str], pairs: list[str] | None, max_le
     return Tokenized(*(a[:, :max_length] for a in arrays), truncated=int(cut.size))
 
 
-def check_strings(name: str, values: Sequence, start: int) -> None:
-    """Every value is a text; the error names the first that is not by its index (`start` numbers values[0])."""
-    bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+def check_strings(name: str, values: Sequence, start: int, optional: bool = False) -> None:
+    """Every value is a text (or None where `optional`: a second text left out, so that row is a single text, as
+    tokenize reads pairs=[None, "B"]); the error names the first that is not by its index (`start` numbers
+    values[0])."""
+    bad = next((i for i, v in enumerate(values) if not isinstance(v, str) and not (optional and v is None)), None)
     if bad is not None:
-        raise AnalysisError(f"{name}[{start + bad}] is not a string but {type(values[bad]).__name__}; pass text.")
+        allowed = "text, or None for a row without a second text" if optional else "text"
+        raise AnalysisError(f"{name}[{start + bad}] is not a string but {type(values[bad]).__name__}; pass "
+                            f"{allowed}.")
