@@ -8,6 +8,7 @@ a test keeps SMOKED and OWN_TEST true to benchmarks/.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 from pathlib import Path
@@ -62,3 +63,45 @@ def test_benchmark_smoke_run(script, tmp_path, monkeypatch, capsys):
     assert SMOKED[script] in report and "smoke run" in report, report[-2000:]
     assert "| ---" in report  # a Markdown table was printed
     assert (BENCHMARKS / "RESULTS.md").read_text() == results, "a smoke run wrote RESULTS.md"
+
+
+# ---- benchmarks stand on the public API, as the analyses do ------------------------------------------------------
+
+# The one reach below it, by name: dense.py's hook-overhead baseline runs the public Flax module (model.module) with
+# no hook machinery at all, through Flax's own split and merge — the thing that benchmark measures against.
+BELOW_THE_API = {"dense": {"nnx.merge"}}
+
+
+def private_uses(source: str) -> list[str]:
+    """What a script reads that is not minibert's public API: underscored names or modules of minibert, private
+    attributes of anything (a Model's `_stage`, a module's `_Keyed`), jax._src, or the Model's module graph."""
+    from test_layers import boundary_violations
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", "?")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "minibert":
+            found += [f"line {line}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
+            found += [f"line {line}: module {node.module}" for part in node.module.split(".") if part.startswith("_")]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+            found.append(f"line {line}: {ast.unparse(node)[:60]}")
+    # and the library's boundary check (graphdef, nnx.merge, jax._src, traces) but its parameter-path rule, which is
+    # for minibert's own trees (a script's dicts are its own), and the private attributes reported above
+    return found + [f for f in boundary_violations(source) if "parameter path" not in f and ": ._" not in f]
+
+
+@pytest.mark.parametrize("script", sorted(path.stem for path in BENCHMARKS.glob("*.py")))
+def test_benchmarks_use_only_the_public_api(script):
+    allowed = BELOW_THE_API.get(script, set())
+    found = [f for f in private_uses((BENCHMARKS / f"{script}.py").read_text(encoding="utf-8"))
+             if not any(f.endswith(a) for a in allowed)]
+    assert not found, f"benchmarks/{script}.py reaches below minibert's public API: {found}"
+
+
+def test_public_api_check_sees_private_reaches():
+    source = ("from minibert.analysis.mixing import _suffix_target\nfrom minibert.viz._html import page\n"
+              "x = interventions._Keyed(f)\ny = model._stage_jit\nz = nnx.merge(model.graphdef, s)\n"
+              "state['params'] = 1\nw = model.__class__\n")
+    assert sorted(private_uses(source)) == [  # not the script's own dict, not a dunder
+        "line 1: from minibert.analysis.mixing import _suffix_target", "line 2: module minibert.viz._html",
+        "line 3: interventions._Keyed", "line 4: model._stage_jit", "line 5: .graphdef", "line 5: nnx.merge"]

@@ -242,3 +242,31 @@ def test_docstring_check_sees_timings_and_test_pointers():
         "the module: points into the tests (tests/)", "the module: points into the tests (test_x.py)",
         "the module: a timing (3.5 ms; RESULTS.md's)", "the module: a timing (12 s; RESULTS.md's)",
         "f: points into the tests (test_model.py)"]  # not 2 × 3, 15% or 0s and 1s
+
+
+# ---- the public surface: each package's __all__ is what its __init__ imports, once ------------------------------
+
+CURATED = ("minibert", "minibert.analysis", "minibert.analysis.corpus", "minibert.analysis.sae", "minibert.training",
+           "minibert.viz")  # packages whose __init__ only gathers names (families' defines its registry)
+
+
+def _imported_names(module: str) -> list[str]:
+    path = PACKAGE.parent / Path(*module.split(".")) / "__init__.py"
+    names = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            names += [alias.asname or alias.name for alias in node.names]
+    return [name for name in names if not name.startswith("_")]
+
+
+@pytest.mark.parametrize("module", CURATED)
+def test_all_lists_each_imported_name_once(module):
+    """A name a package gathers is in its __all__ (by topic, one per line, in analysis'), every entry resolves,
+    none twice: `from minibert.analysis import *` and the docs see the curated surface, nothing else."""
+    import importlib
+
+    package = importlib.import_module(module)
+    listed = package.__all__
+    assert len(listed) == len(set(listed)), [name for name in listed if listed.count(name) > 1]
+    assert set(listed) == set(_imported_names(module)), set(listed) ^ set(_imported_names(module))
+    assert all(hasattr(package, name) for name in listed)
