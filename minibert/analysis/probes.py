@@ -140,23 +140,33 @@ def word_features(model, sentences: Sequence[Sequence[str]], site: str = "hook_r
     return Features(np.concatenate(pooled, axis=1), sentence, site)
 
 
+def _checked_texts(texts, pairs) -> list:
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts or (pairs is not None and len(pairs) != len(texts)):
+        raise AnalysisError(f"pass at least one text (and one pair per text): {len(texts)} texts, "
+                            f"{'no' if pairs is None else len(pairs)} pairs.")
+    return texts
+
+
+def _text_runs(model, texts: list, pairs, site: str, batch_size: int, max_length: int | None):
+    """(first text's index, Batch, the site's values [L, B, T, F] flattened per token) per batch of texts."""
+    for start in range(0, len(texts), batch_size):
+        batch = model.tokenize(texts[start:start + batch_size],
+                               None if pairs is None else list(pairs[start:start + batch_size]), max_length=max_length)
+        _, cache = model.run_with_cache(batch, names=f"blocks.*.{site}")
+        values = np.asarray(cache.stack(site), np.float32)
+        yield start, batch, values.reshape(*values.shape[:3], -1)
+
+
 def sentence_features(model, texts, pairs=None, site: str = "hook_resid_post", pool: str = "cls",
                       batch_size: int = 32, max_length: int | None = None) -> Features:
     """Per-text features [L, N, F]: the [CLS] position's activation ("cls") or the mean over real tokens."""
     site = _checked_site(model, site)
     if pool not in SENTENCE_POOLS:
         raise AnalysisError(f"pool={pool!r}: a sentence's feature is its 'cls' position's or the 'mean' of its tokens.")
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    if not texts or (pairs is not None and len(pairs) != len(texts)):
-        raise AnalysisError(f"pass at least one text (and one pair per text): {len(texts)} texts, "
-                            f"{'no' if pairs is None else len(pairs)} pairs.")
+    texts = _checked_texts(texts, pairs)
     chunks = []
-    for start in range(0, len(texts), batch_size):
-        batch = model.tokenize(texts[start:start + batch_size],
-                               None if pairs is None else list(pairs[start:start + batch_size]), max_length=max_length)
-        _, cache = model.run_with_cache(batch, names=f"blocks.*.{site}")
-        values = np.asarray(cache.stack(site), np.float32)
-        values = values.reshape(*values.shape[:3], -1)
+    for _, batch, values in _text_runs(model, texts, pairs, site, batch_size, max_length):
         if pool == "cls":
             chunks.append(values[:, :, 0])
         else:
@@ -171,17 +181,9 @@ def token_features(model, texts, pairs=None, site: str = "hook_resid_post", batc
     token but the special ones ([CLS], [SEP], …), with its text (`tokens`) and segment (`segment`: 1 in the
     pair's second text) for labels computed from the tokenization, e.g. "the token is in sentence B"."""
     site = _checked_site(model, site)
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    if not texts or (pairs is not None and len(pairs) != len(texts)):
-        raise AnalysisError(f"pass at least one text (and one pair per text): {len(texts)} texts, "
-                            f"{'no' if pairs is None else len(pairs)} pairs.")
+    texts = _checked_texts(texts, pairs)
     values, sentence, tokens, segment = [], [], [], []
-    for start in range(0, len(texts), batch_size):
-        batch = model.tokenize(texts[start:start + batch_size],
-                               None if pairs is None else list(pairs[start:start + batch_size]), max_length=max_length)
-        _, cache = model.run_with_cache(batch, names=f"blocks.*.{site}")
-        stacked = np.asarray(cache.stack(site), np.float32)
-        stacked = stacked.reshape(*stacked.shape[:3], -1)
+    for start, batch, stacked in _text_runs(model, texts, pairs, site, batch_size, max_length):
         # the tokenizer's sequence ids: 0 in the text, 1 in its pair, None on special tokens and padding
         sequence = np.array([[-1 if i is None else i for i in row] for row in batch.sequence_ids])
         rows, columns = np.nonzero(sequence >= 0)
