@@ -26,6 +26,7 @@ import minibert
 from minibert.analysis import corpus
 from minibert.analysis.heads import attention_statistics, behaviour_labels
 from minibert.app import cli, demo
+from minibert.config import head_label
 from minibert.viz import figures, report
 
 COMMANDS = ("demo", "view", "stats", "hooks", "convert")
@@ -274,6 +275,30 @@ def test_stats_saves_the_survey(tmp_path, bundled_load, bundled, layout):
                    survey_statistic_tolerances(bundled, TEXTS, PAIRS if paired else None))
     layer, head = np.unravel_index(expected["to_cls"].argmax(), expected["to_cls"].shape)
     assert re.search(rf"\[CLS\]\s+{layer + 1}-{head + 1} ", stdout), stdout
+
+
+def test_stats_broad_is_relative_by_default_and_absolute_on_request(tmp_path, bundled_load, bundled):
+    """Three short documents (ln n < 3.8): relative to their uniform entropy some heads are broad — the heads
+    heads.behaviour_labels marks on attention_statistics of the same texts — and against Clark's 3.8 nats none
+    can be, in the CSV and in the printed summary."""
+    corpus_file = tmp_path / "short.txt"
+    corpus_file.write_text("\n".join(TEXTS) + "\n")
+    broad = {}
+    for rule in ("relative", "absolute"):
+        prefix = tmp_path / rule
+        status, stdout, stderr = run("stats", corpus_file, "--out", prefix, "--broad", rule)
+        assert status == 0, stderr
+        with prefix.with_suffix(".csv").open() as table:
+            broad[rule] = {row["label"] for row in csv.DictReader(table) if "broad" in row["behaviour"].split("+")}
+        assert ("broad " in stdout.split("behaviour labels:")[1]) == bool(broad[rule]), stdout
+    labels = behaviour_labels(attention_statistics(bundled, TEXTS))
+    L, H = labels.shape
+    assert broad["relative"] == {head_label(layer, head) for layer in range(L) for head in range(H)
+                                 if "broad" in str(labels[layer, head]).split("+")}
+    assert broad["relative"] and not broad["absolute"]
+    with pytest.raises(SystemExit) as exit_info:
+        run("stats", corpus_file, "--broad", "clark")
+    assert exit_info.value.code == 2  # argparse's usage error, naming the choices
 
 
 def test_stats_default_prefix(tmp_path, bundled_load, monkeypatch):

@@ -146,9 +146,9 @@ def _stats(args) -> int:
         return 0  # every process holds the whole result; process 0 writes and prints it
     _report_skipped(result.counts, args.max_length)
     npz, json_path = result.save(prefix)
-    for path in (npz, json_path, report.write_table(result.table(), json_path.with_suffix(".csv"))):
+    for path in (npz, json_path, report.write_table(result.table(args.broad), json_path.with_suffix(".csv"))):
         print(path)
-    print(report.head_summary(result.mean, result.documents, model.tokenizer))
+    print(report.head_summary(result.mean, result.documents, model.tokenizer, broad=args.broad))
     return 0
 
 
@@ -318,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--strict", action="store_true",
                        help="refuse a blank line or a document longer than --max-length (default: skip blank "
                             "lines and truncate long documents, and say how many)")
+    stats.add_argument("--broad", choices=("relative", "absolute"), default="relative",
+                       help="label a head 'broad' when its mean entropy exceeds 3.8 / ln 128 of the uniform "
+                            "entropy ln n of the documents (relative, the default: short documents can be broad) or "
+                            "Clark et al.'s 3.8 nats (absolute; no document under 45 tokens reaches it)")
     stats.add_argument("--every", type=int, default=100_000, metavar="N",
                        help="rewrite the resume file every N documents (per process; default 100000)")
     stats.add_argument("--distributed", action="store_true",

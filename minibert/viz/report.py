@@ -63,9 +63,10 @@ def index_page(out: Path, paths: Sequence[Path], captions: Mapping[str, str], su
     return page("minibert demo", "".join(parts))
 
 
-def head_summary(mean: Mapping[str, np.ndarray], documents: int, tokenizer=None, top: int = TOP_HEADS) -> str:
+def head_summary(mean: Mapping[str, np.ndarray], documents: int, tokenizer=None, top: int = TOP_HEADS,
+                 broad: str = "relative") -> str:
     """A few lines: for each statistic of rankings(tokenizer), the `top` heads with the highest value, and
-    the behaviour labels (heads.behaviour_labels) that the heads earn."""
+    the behaviour labels (heads.behaviour_labels, "broad" judged by `broad`) that the heads earn."""
     lines = [f"head statistics over {documents} documents; heads as L-H, 1-indexed as in the figures "
              "(3-6 is layer 2, head 5 with 0-indexed options)"]
     for statistic, meaning in rankings(tokenizer).items():
@@ -74,7 +75,7 @@ def head_summary(mean: Mapping[str, np.ndarray], documents: int, tokenizer=None,
         best = "   ".join(f"{head_label(*divmod(int(i), values.shape[1])):>5s} {values.ravel()[i]:.2f}"
                            for i in order)
         lines.append(f"  {meaning:<22s} {best}")
-    labels = heads.behaviour_labels(mean).ravel()
+    labels = heads.behaviour_labels(mean, broad).ravel()
     counts = {name: int(sum(name in label.split("+") for label in labels)) for name in heads.BEHAVIOURS}
     lines.append("  behaviour labels: " + ", ".join(f"{name} {n}" for name, n in counts.items() if n)
                  if any(counts.values()) else "  behaviour labels: none")
