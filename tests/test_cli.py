@@ -290,6 +290,8 @@ def test_stats_broad_is_relative_by_default_and_absolute_on_request(tmp_path, bu
         assert status == 0, stderr
         with prefix.with_suffix(".csv").open() as table:
             broad[rule] = {row["label"] for row in csv.DictReader(table) if "broad" in row["behaviour"].split("+")}
+        saved = json.loads(prefix.with_suffix(".json").read_text())["heads"]
+        assert {row["label"] for row in saved if "broad" in row["behaviour"].split("+")} == broad[rule]
         assert ("broad " in stdout.split("behaviour labels:")[1]) == bool(broad[rule]), stdout
     labels = behaviour_labels(attention_statistics(bundled, TEXTS))
     L, H = labels.shape

@@ -145,7 +145,7 @@ def _stats(args) -> int:
     if jax.process_index() != 0:
         return 0  # every process holds the whole result; process 0 writes and prints it
     _report_skipped(result.counts, args.max_length)
-    npz, json_path = result.save(prefix)
+    npz, json_path = result.save(prefix, broad=args.broad)
     for path in (npz, json_path, report.write_table(result.table(args.broad), json_path.with_suffix(".csv"))):
         print(path)
     print(report.head_summary(result.mean, result.documents, model.tokenizer, broad=args.broad))

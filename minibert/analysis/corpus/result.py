@@ -61,9 +61,10 @@ class SurveyResult:
         counts = {key: sum(r.counts.get(key, 0) for r in results) for key in results[0].counts}
         return cls(mean, documents, js, _merged_settings([r.settings for r in results]), counts)
 
-    def save(self, path: str | Path) -> tuple[Path, Path]:
-        """Write `path.npz` (arrays) and `path.json` (settings, documents, tidy per-head table). A
-        suffix .npz, .json or .csv on `path` is dropped; any other dot stays part of the name.
+    def save(self, path: str | Path, broad: str = "relative") -> tuple[Path, Path]:
+        """Write `path.npz` (arrays) and `path.json` (settings, documents, tidy per-head table, its "broad"
+        labels judged by `broad` as in table()). A suffix .npz, .json or .csv on `path` is dropped; any other
+        dot stays part of the name.
         A result every process of a reduce="global" run holds is written by process 0 only (the others
         return the same paths and write nothing)."""
         if self.settings.get("reduce") == "global" and self.settings.get("processes", 1) > 1 \
@@ -75,7 +76,7 @@ class SurveyResult:
             arrays["js_divergence"] = self.js_divergence
         np.savez_compressed(npz, **arrays)
         js.write_text(json.dumps({"documents": self.documents, "settings": self.settings, "counts": self.counts,
-                                  "heads": self.table()}, indent=1))
+                                  "heads": self.table(broad)}, indent=1))
         return npz, js
 
     @classmethod
