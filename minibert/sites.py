@@ -139,9 +139,10 @@ SITES: tuple[Site, ...] = (
          per_block=True, needs="disentangled"),
     Site("attn.hook_p2c", BHTS, "k_s·(r W_Q')[δ(t,s)]/√(K·m) — position→content", per_block=True,
          needs="disentangled"),
-    Site("attn.hook_attn_scores", BHTS, "q·k/√K (DeBERTa: c2c + c2p + p2c), −inf at padding keys (TransformerLens' "
-         "meaning)", per_block=True),
-    Site("attn.hook_pattern", BHTS, "softmax over S of the scores — rows sum to 1", per_block=True),
+    Site("attn.hook_attn_scores", BHTS, "q·k/√K (DeBERTa: c2c + c2p + p2c), −inf at masked keys: padding, and a "
+         "local layer's keys outside its window (TransformerLens' meaning)", per_block=True),
+    Site("attn.hook_pattern", BHTS, "softmax over S of the scores — rows sum to 1 (a row whose keys are all masked: "
+         "uniform, 1/S)", per_block=True),
     Site("attn.hook_z", BTHK, "z = pattern · v — each head's mix of values", per_block=True),
     Site("attn.hook_result", ("B", "T", "H", "D"), "z_h W_O[h] — each head's output, before summing heads and "
          "adding b_O", per_block=True),
