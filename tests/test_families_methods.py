@@ -199,6 +199,49 @@ def test_compare_finds_a_model_identical_to_itself(model, tmp_path):
     assert (analysis.compare_models(model, other, TEXTS).similarity < 1 - 1e-3).all()  # other weights, other maps
 
 
+def test_scaled_attention_is_the_pattern_reweighted(model):
+    """scale_attention(keys, w) in the last block (ModernBERT's local one): its pattern is A·w / Σ_s A·w, w = factor
+    at the keys and 1 elsewhere, from the unhooked pattern (the block's inputs are unchanged); factor 0 blocks them."""
+    batch = model.tokenize(TEXTS)
+    T = batch.input_ids.shape[1]
+    keys = np.isin(np.arange(T), [1, 3])  # ±2 windows keep a free key for every query
+    _, cache = model.run_with_cache(batch, names=PATTERNS)
+    A = np.asarray(cache.stack("hook_pattern"), np.float64)[L - 1]  # [B, H, T, S]
+    rows = np.broadcast_to((batch.attention_mask > 0)[:, None, :, None], A.shape)
+    tol, _ = rtols(model, T)
+    for factor in (0.25, 0.0):
+        hooks = analysis.scale_attention(keys, factor, L, layers=[L - 1])
+        _, scaled = model.run(batch, names=PATTERNS, hooks=hooks)
+        weighted = A * np.where(keys, factor, 1.0)
+        expected = weighted / weighted.sum(-1, keepdims=True)
+        assert_close_to_scale(scaled.stack("hook_pattern")[L - 1], expected, tol, f"factor {factor}", where=rows)
+    blocked = model.run(batch, names=PATTERNS, hooks=analysis.block_attention(keys, L, layers=[L - 1]))[1]
+    np.testing.assert_array_equal(np.asarray(blocked.stack("hook_pattern"))[L - 1][..., keys], 0.0)
+
+
+@pytest.mark.slow  # four masked-LM runs, two with the SAE hook: about 15 s on two cores
+def test_an_identity_sae_spliced_in_changes_nothing(model):
+    """sae.spliced_fidelity on the model's masked-LM loss: ce_clean is mlm_loss_fn on the masked batch's plain run;
+    an SAE that reconstructs exactly (ReLU, W_enc = [I, −I], W_dec = [I; −I]: relu(x) − relu(−x) = x) leaves it
+    unchanged, and one that reconstructs relu(x) does not (a decoder at half scale would not show in a post-LN
+    model: the LayerNorm after hook_resid_mid undoes a scale)."""
+    from minibert.analysis import sae
+
+    D, name = model.config.hidden_size, f"blocks.{L - 1}.hook_resid_mid"
+    eye = np.eye(D, dtype=np.float32)
+    identity = {"W_enc": np.concatenate([eye, -eye], 1), "b_enc": np.zeros(2 * D, np.float32),
+                "W_dec": np.concatenate([eye, -eye], 0), "b_dec": np.zeros(D, np.float32)}
+    config = sae.SAEConfig(d_in=D, d_sae=2 * D, architecture="relu", hook_name=name)
+    fidelity = sae.spliced_fidelity(model, config, identity, TEXTS, seed=3)
+    masked, labels = analysis.mask_tokens(model, model.tokenize(TEXTS), seed=3)
+    plain = float(analysis.mlm_loss_fn(labels)(model(masked)))
+    _, head_tol = rtols(model, clean_length(model))
+    assert abs(fidelity["ce_clean"] - plain) <= head_tol * abs(plain)
+    assert abs(fidelity["ce_increase"]) <= 2 * head_tol * abs(plain)
+    rectified = dict(identity, W_dec=np.concatenate([eye, 0 * eye], 0))
+    assert abs(sae.spliced_fidelity(model, config, rectified, TEXTS, seed=3)["ce_increase"]) > 100 * head_tol * plain
+
+
 # ---- context mixing ----------------------------------------------------------------------------------------------
 
 
@@ -308,6 +351,7 @@ def test_every_remaining_method_runs(model):
     batch = model.tokenize(TEXTS)
     H, B, T = 4, 3, batch.input_ids.shape[1]
     loss = lambda out: out.logits[:, 1, 3]  # noqa: E731
+    sentences = analysis.read_conllu(analysis.sample_treebank())[:4]
     shapes = {
         "head_importance": (analysis.head_importance(model, [batch], lambda out: loss(out).mean()), (L, H)),
         "attention_attribution": (analysis.attention_attribution(model, batch, loss, steps=2), (L, B, H, T, T)),
@@ -316,6 +360,27 @@ def test_every_remaining_method_runs(model):
         "sentence_vectors": (analysis.sentence_vectors(model, TEXTS), (B, model.config.hidden_size)),
         "mlm_loss": (np.asarray(analysis.mlm_loss(model, batch)), ()),
         "alti": (analysis.alti(model, batch), (L, B, T, T)),  # DeBERTa's: post-LN, BERT's decomposition
+        "attention_to_word": (analysis.attention_to_word(model, TEXTS, "[CLS]"), (B, L)),
+        "dependency_accuracy": (analysis.dependency_accuracy(model, sentences).accuracy["dependent→head"]["all"],
+                                (L, H)),
+        "relation_accuracy": (analysis.relation_accuracy(model, [analysis.RelationExample(TEXTS[0], "cat", "mat")])
+                              .accuracy, (L, H)),
+    }
+    # Methods that read captured patterns or their gradients (arrays, not the model): family-agnostic once the
+    # pattern and its gradient are the model's, which the tests above check on every family; any array of the
+    # gradient's shape stands for it here.
+    _, cache = model.run_with_cache(batch, names=PATTERNS)
+    patterns = np.asarray(cache.stack("hook_pattern"))  # [L, B, H, T, S]
+    grad = np.random.default_rng(0).normal(size=patterns.shape)
+    groups = analysis.word_groups(batch.word_ids[0], batch.sequence_ids[0], batch.attention_mask[0])
+    targets = analysis.token_targets(model, batch)
+    shapes |= {
+        "attention_rollout": (analysis.attention_rollout(patterns), (L, B, T, T)),
+        "attention_flow": (analysis.attention_flow(patterns[:, 0]), (L, T, T)),
+        "word_attention": (analysis.word_attention(patterns[:, 0], groups), (L, H, len(groups), len(groups))),
+        "js_divergence": (analysis.js_divergence([patterns[:, b] for b in range(B)]), (L * H, L * H)),
+        "gradient_times_attention": (analysis.gradient_times_attention(grad, patterns), (L, B, H, T, T)),
+        "gradient_by_target": (analysis.gradient_by_target(grad, targets, batch.attention_mask)["cls"], (L, H)),
     }
     for name, (value, shape) in shapes.items():
         value = np.asarray(value)
