@@ -139,7 +139,8 @@ def _reads_parameter_tree(node: ast.AST) -> bool:
 def boundary_violations(source: str) -> list[str]:
     """What a module outside model.py and api.py does that only they may: merge the module graph (nnx.merge,
     .graphdef), read the parameter tree by path (state[...], model.params[...], block_params(l)[...]), call
-    the forward's private stages, write the model's trace count, or import a private JAX module (jax._src)."""
+    the forward's private stages, build the forward's HookPoints by hand (model.hook_points makes them), write
+    the model's trace count, or import a private JAX module (jax._src)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         line = getattr(node, "lineno", "?")
@@ -153,6 +154,8 @@ def boundary_violations(source: str) -> list[str]:
             found.append(f"line {line}: reads jax._src")
         elif isinstance(node, ast.Attribute) and node.attr == "merge" and _dotted(node.value) == "nnx":
             found.append(f"line {line}: nnx.merge")
+        elif isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] == "HookPoints":
+            found.append(f"line {line}: HookPoints(...) by hand")
         elif isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES:
             found.append(f"line {line}: .{node.attr}")
         elif isinstance(node, ast.Subscript) and _reads_parameter_tree(node.value):
@@ -200,14 +203,16 @@ W_O = model.params["blocks"][0]["attn"]["W_O"]
 gamma = model.block_params(0)["ln1"]["scale"]
 model.traces += 1
 out = model._forward_jit(model.state, inputs)
+points = hooks.HookPoints(names, writers, 12, 64)
 """
     found = boundary_violations(source)
-    assert len(found) == 10, found
+    assert len(found) == 11, found
     for expected in ("imports jax._src.distributed", "imports from jax._src", "imports jax._src", "nnx.merge",
-                     ".graphdef", "state[", "model.params[", "block_params(0)[", "writes .traces", "._forward_jit"):
+                     ".graphdef", "state[", "model.params[", "block_params(0)[", "writes .traces", "._forward_jit",
+                     "HookPoints(...) by hand"):
         assert any(expected in f for f in found), (expected, found)
     public = ("out = model.suffix(model.state, layer, resid, inputs, hooks)\nW = model.layer_weights('attn.W_O')\n"
-              "before = model.traces\nrows = model.position_ids(ids)\n")
+              "before = model.traces\nrows = model.position_ids(ids)\npoints = model.hook_points(hooks)\n")
     assert boundary_violations(public) == []
 
 
