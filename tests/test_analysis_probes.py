@@ -407,12 +407,20 @@ def test_structural_training_matches_their_pytorch_regimen(kind):
 
 
 @pytest.mark.slow
-def test_structural_probe_on_the_sample_treebank(tiny):
+@pytest.mark.parametrize("kind", probes.STRUCTURAL_KINDS)
+def test_structural_probe_on_the_sample_treebank(tiny, kind):
+    """The reported scores are the kept B's on the held-out sentences (recomputed from the treebank, the same
+    split and the metric functions), and B's training started from their ±0.05 initialisation."""
     sentences = probes.read_conllu(minibert.analysis.sample_treebank())
-    result = probes.structural_probe(tiny, sentences, "distance", epochs=2, rank=4)
-    assert result.uuas.shape == result.spearman.shape == (tiny.config.num_hidden_layers,)
-    assert np.all((0 <= result.uuas) & (result.uuas <= 1))
-    assert result.losses.shape[1] == tiny.config.num_hidden_layers
+    result = probes.structural_probe(tiny, sentences, kind, epochs=3, rank=4)
+    L = tiny.config.num_hidden_layers
+    assert result.B.shape == (L, tiny.config.hidden_size, 4) and result.losses.shape[1] == L
+    trees = probes.tree_data(tiny, sentences, kind).take(probes.split_sentences(len(sentences))["test"])
+    expected = probes.evaluate_structural(result.B, trees)
+    np.testing.assert_array_equal(result.spearman, expected["spearman"])
+    score = result.uuas if kind == "distance" else result.root_accuracy
+    np.testing.assert_array_equal(score, expected["uuas" if kind == "distance" else "root_accuracy"])
+    assert np.all((0 <= score) & (score <= 1)) and len(result.table()) == L
 
 
 @pytest.mark.slow
