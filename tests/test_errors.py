@@ -193,7 +193,8 @@ def test_a_batch_of_the_wrong_kind(bundled):
         bundled.inputs(None)
     with pytest.raises(minibert.TokenizerError, match=r"texts is a NoneType; pass a text \(str\) or a list of texts"):
         bundled.tokenize(None)
-    np.testing.assert_array_equal(bundled.inputs(("The cat.", "Dogs."))[0], bundled.inputs(["The cat.", "Dogs."])[0])
+    np.testing.assert_array_equal(bundled.inputs(("The cat.", "Dogs.")).input_ids,
+                                  bundled.inputs(["The cat.", "Dogs."]).input_ids)
 
 
 def test_integer_dtype_is_refused(tiny):
