@@ -116,13 +116,19 @@ def _identity_sae(d, architecture):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("architecture", ["topk", "relu"])
-def test_identity_sae_spliced_in_changes_nothing(tiny_mlm, architecture):
+@pytest.mark.parametrize(("architecture", "hook"), [("topk", "blocks.0.hook_resid_post"),
+                                                    ("relu", "blocks.0.hook_resid_post"),
+                                                    ("topk", "blocks.1.attn.hook_z"),  # per-head z, [B, T, H, K]
+                                                    ("relu", "blocks.0.mlp.hook_post")])
+def test_identity_sae_spliced_in_changes_nothing(tiny_mlm, architecture, hook):
+    """At the residual stream, the MLP's output and the heads' z (flattened per token to H·K, as SAELens'
+    hook_z, and back): the identity SAE's reconstruction is exact, so the spliced run is the clean run."""
     model = tiny_mlm[0]
-    config, params = _identity_sae(model.config.hidden_size, architecture)
-    fidelity = sae.spliced_fidelity(model, config, params, ["ab cd ef", "g h i j k"], "blocks.0.hook_resid_post")
+    config, params = _identity_sae(sae.hook_width(model, hook), architecture)
+    fidelity = sae.spliced_fidelity(model, config, params, ["ab cd ef", "g h i j k"], hook)
     assert fidelity["ce_increase"] == 0.0 and fidelity["ce_clean"] > 0
-    x = sae.token_activations(model, ["ab cd ef"], "blocks.0.hook_resid_post")
+    x = sae.token_activations(model, ["ab cd ef"], hook)
+    assert x.shape[1] == config.d_in
     metrics = sae.evaluate(config, params, x)
     assert metrics["fvu"] == 0.0
 
