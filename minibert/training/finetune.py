@@ -50,6 +50,7 @@ class Result:
     model: Model
     history: History
     new_parameters: list[str]  # parameters the base model lacked, initialised as transformers does
+    devices: int = 1  # devices each step ran on (every process's under jax.distributed), rows split over them
 
 
 # ---- the model for a task ---------------------------------------------------------------------------------
@@ -364,7 +365,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
 
     trained = Model.from_parameters(cfg, devices.local(trainable_params | frozen), model.tokenizer,
                                     pooling=model.pooling, source=model.source)
-    return Result(trained, history, new)
+    return Result(trained, history, new, devices.count)
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which finetune does not do
