@@ -376,6 +376,7 @@ def test_every_remaining_method_runs(model):
     targets = analysis.token_targets(model, batch)
     shapes |= {
         "attention_rollout": (analysis.attention_rollout(patterns), (L, B, T, T)),
+        "mixing_matrices": (analysis.mixing_matrices(patterns), (L, B, T, T)),
         "attention_flow": (analysis.attention_flow(patterns[:, 0]), (L, T, T)),
         "word_attention": (analysis.word_attention(patterns[:, 0], groups), (L, H, len(groups), len(groups))),
         "js_divergence": (analysis.js_divergence([patterns[:, b] for b in range(B)]), (L * H, L * H)),

@@ -70,16 +70,22 @@ def segment_rows(cfg: Config) -> int:
 
 
 def check(cfg: Config) -> None:
-    """Refuse the settings minibert does not compute, naming the key and what to do."""
+    """Refuse a checkpoint's config that minibert does not compute, naming the key and what to do."""
+    if cfg.setting("relative_attention") is not True:
+        raise ConfigError(f"{cfg.source}: relative_attention is not true; minibert computes DeBERTa's disentangled "
+                          f"attention (relative_attention = true, as every released DeBERTa-v2/v3 config sets it). "
+                          f"Set it in config.json only if the weights were trained that way.")
+    check_features(cfg)
+
+
+def check_features(cfg: Config) -> None:
+    """Refuse the features minibert does not compute (also for a model built from a Config written in code, whose
+    relative_attention is left at transformers' default: such a model's relative table is minibert's to draw)."""
     where = f"{cfg.source}: "
     for key in ("max_relative_positions", "position_buckets", "type_vocab_size", "conv_kernel_size"):
         value = cfg.setting(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}{key} must be an integer, got {value!r}. Fix it in config.json.")
-    if cfg.setting("relative_attention") is not True:
-        raise ConfigError(f"{where}relative_attention is not true; minibert computes DeBERTa's disentangled attention "
-                          f"(relative_attention = true, as every released DeBERTa-v2/v3 config sets it). Set it in "
-                          f"config.json only if the weights were trained that way.")
     position_terms(cfg)
     head_size = cfg.setting("attention_head_size")
     if head_size is not None and head_size != cfg.head_dim:

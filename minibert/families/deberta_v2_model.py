@@ -27,7 +27,13 @@ from flax import nnx
 
 from minibert.config import Config
 from minibert.errors import InputError
-from minibert.families.deberta_v2 import attention_span, check, max_relative_positions, position_terms, segment_rows
+from minibert.families.deberta_v2 import (
+    attention_span,
+    check_features,
+    max_relative_positions,
+    position_terms,
+    segment_rows,
+)
 from minibert.model import (
     NO_DROPOUT,
     NO_HOOKS,
@@ -132,7 +138,7 @@ class DebertaEmbeddings(nnx.Module):
     """LayerNorm(W_E[ids] + W_pos[positions] (position_biased_input) + W_type[segments] (type_vocab_size > 0))."""
 
     def __init__(self, cfg: Config, dtype, rngs):
-        check(cfg)  # a model built from a config alone, without the checkpoint's key table, is refused alike
+        check_features(cfg)  # a model built from a config alone, without a checkpoint's key table, is refused alike
         D = cfg.hidden_size
         self.word = weight(rngs, (cfg.vocab_size, D), dtype)
         biased = cfg.setting("position_biased_input")
