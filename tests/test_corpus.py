@@ -20,7 +20,7 @@ from test_analysis_heads import statistic_atol, statistic_rtol
 from tolerances import sum_rtol, survey_js_atol, survey_statistic_tolerances
 
 from minibert.analysis import corpus
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, MinibertError
 
 STATISTICS = ("self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",
               "entropy", "cls_entropy", "uniform_entropy")
@@ -285,9 +285,14 @@ def test_four_cpu_devices_give_the_numbers_of_one(bundled):
     (["A."], None, {"batch_tokens": 10**12}, r"batch_tokens=1000000000000 makes batches of 7,812,500,000 rows of "
                                              r"128 tokens whose attention patterns alone take"),
     (["A."], None, {"batch_size": 10**9}, r"batch_size=1000000000 makes batches of 1,000,000,000 rows"),
+    # Not whole numbers: True reached NumPy as a row count (a raw TypeError), "128" a comparison with an int
+    # (another), and batch_tokens=2.5 ran.
+    (["A."], None, {"batch_size": True}, r"batch_size must be a whole number \(an int\); got True"),
+    (["A."], None, {"max_length": "128"}, r"max_length must be a whole number \(an int\); got '128'"),
+    (["A."], None, {"batch_tokens": 2.5}, r"batch_tokens must be a whole number \(an int\); got 2.5"),
 ])
 def test_bad_inputs(bundled, texts, pairs, settings, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(MinibertError, match=message):
         corpus.survey(bundled, texts, pairs, progress=False, **settings)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,6 +127,24 @@ def test_save_refuses_a_folder_and_a_missing_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"the folder .*no/such of the output .* does not exist"):
         small_result().save(tmp_path / "no" / "such" / "run")
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("prefix", ["", "/", ".."])
+def test_an_output_that_names_no_file_is_refused(tmp_path, capsys, prefix):
+    """A prefix with no file name to add .npz to (pathlib's with_name raised a bare ValueError, and `minibert stats
+    --out ''` ended in a traceback with status 1) is one line naming it."""
+    with pytest.raises(DataFileError, match=f"the output {prefix!r} names no file; pass a prefix such as"):
+        small_result().save(prefix)
+    from minibert.app import cli
+
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("The cat sat.\n", encoding="utf-8")
+    status = cli.main(["stats", str(corpus_file), "--out", prefix])
+    err = capsys.readouterr().err.strip().splitlines()
+    shown = str(Path(prefix))  # the command line reads --out as a Path: '' is '.'
+    assert status == cli.USER_ERROR and err == [f"minibert stats: error: the output {shown!r} names no file; pass a "
+                                                f"prefix such as results/survey (it writes results/survey.npz and "
+                                                f"results/survey.json)."], err
 
 
 def test_broad_label_is_judged_against_the_uniform_entropy():

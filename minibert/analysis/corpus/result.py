@@ -159,7 +159,10 @@ def _merged_settings(settings: list[dict]) -> dict:
 
 def output_paths(path: str | Path) -> tuple[Path, Path]:
     """(prefix.npz, prefix.json) for a prefix, or for a path that already ends in .npz, .json or .csv."""
-    path = Path(path)
+    given, path = str(path), Path(path)
+    if path.name in ("", ".", ".."):  # "", ".", "/" or "..": a folder, no file name to add .npz to
+        raise DataFileError(f"the output {given!r} names no file; pass a prefix such as results/survey (it "
+                            f"writes results/survey.npz and results/survey.json).")
     prefix = path.with_suffix("") if path.suffix in (".npz", ".json", ".csv") else path
     return prefix.with_name(prefix.name + ".npz"), prefix.with_name(prefix.name + ".json")
 

@@ -109,6 +109,10 @@ class Plan:
         if reduce not in ("global", "local"):
             raise AnalysisError(f"reduce must be 'global' (every process gets the whole corpus's result) or 'local' "
                                 f"(this process's share, to merge later), not {reduce!r}.")
+        for name, value in (("batch_tokens", batch_tokens), ("batch_size", batch_size), ("max_length", max_length),
+                            ("every", every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise AnalysisError(f"{name} must be a whole number (an int); got {value!r}.")
         if not every >= 1 or not timeout > 0:
             raise AnalysisError(f"every (documents between resume saves) must be at least 1 and timeout (seconds) "
                                 f"positive; got every={every}, timeout={timeout}.")
