@@ -94,8 +94,11 @@ def test_compare_models_refuses_one_string_and_a_batch_size_below_one(pair_of_mo
     """One string used to be compared one character at a time; batch_size 0 looped forever over empty chunks
     (−1 dropped the last text). Both are refused, as survey refuses them."""
     model_a, model_b = pair_of_models
-    with pytest.raises(AnalysisError, match="not one string"):
-        compare.compare_models(model_a, model_b, "a string")
+    for texts in ("a string", b"bytes"):  # bytes were read as a list of ints
+        with pytest.raises(AnalysisError, match="not one string"):
+            compare.compare_models(model_a, model_b, texts)
+    with pytest.raises(AnalysisError, match="texts must be a list of texts; got NoneType"):  # a raw TypeError before
+        compare.compare_models(model_a, model_b, None)
     for size in (0, -1, True):
         with pytest.raises(AnalysisError, match="batch_size must be a positive int"):
             compare.compare_models(model_a, model_b, TEXTS, batch_size=size)
@@ -178,6 +181,14 @@ def test_relation_accuracy_errors_name_the_example(uniform):
     for size in (0, -1):
         with pytest.raises(AnalysisError, match="batch_size must be a positive int"):
             compare.relation_accuracy(uniform, [RelationExample("x y", "x", "y")], batch_size=size)
+    # One example or one string instead of a list: a raw TypeError / AttributeError before.
+    with pytest.raises(AnalysisError, match=r"examples must be a list of RelationExample\(.*got RelationExample. "
+                                            r"Wrap a single example in a list"):
+        compare.relation_accuracy(uniform, RelationExample("x y", "x", "y"))
+    with pytest.raises(AnalysisError, match=r"got a list of \['RelationExample', 'str'\]"):
+        compare.relation_accuracy(uniform, [RelationExample("x y", "x", "y"), "x y"])
+    with pytest.raises(AnalysisError, match="examples must be a list of RelationExample.*got str"):
+        compare.relation_accuracy(uniform, "x y")
 
 
 def reference_relation(model, example: RelationExample) -> np.ndarray:

@@ -348,6 +348,15 @@ def test_model_grad_of_a_loss_per_row_gives_each_row_its_own_gradient(tiny, tiny
     assert max(np.abs(np.asarray(g)).max() for g in grads.values()) > 0
 
 
+@pytest.mark.parametrize("taker", TAKERS)
+def test_every_metric_taker_refuses_a_metric_that_is_not_a_function(tiny, tiny_pair, taker):
+    """A number (or any object) where the function goes used to end in "'int' object is not callable" inside
+    the trace."""
+    with pytest.raises(AnalysisError, match=r"the metric \(loss, target\) must be a function fn\(output\) "
+                                            r"returning floats.*; got int 5"):
+        metric_takers(tiny, *tiny_pair)[taker](5)
+
+
 def test_head_importance_of_one_loss_for_the_batch_gates_the_batch_as_one_example(tiny, tiny_pair):
     """With a () loss the rows share each head's gate ξ_h: I_h = |∂L/∂ξ_h| = |Σ over rows, positions, features of
     z ⊙ ∂L/∂z| of that head (the chain rule through z·ξ at ξ = 1), here from model.grad on attn.hook_z."""

@@ -34,6 +34,13 @@ def _positive_batch_size(batch_size) -> int:
     return int(batch_size)
 
 
+def _kinds(items) -> str:
+    """What `items` is, for a message: its type, and for a list the types it holds."""
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        return type(items).__name__
+    return f"a {type(items).__name__} of {sorted({type(item).__name__ for item in items})}"
+
+
 def _pattern_chunks(models, texts: Sequence[str], pairs: Sequence[str] | None, batch_size: int):
     """For every `batch_size` texts: (attention_mask [B, T], one pattern [L, B, H, T, S] per model)."""
     batch = models[0].tokenize(list(texts), None if pairs is None else list(pairs))
@@ -106,9 +113,11 @@ def compare_models(model_a, model_b, texts: Sequence[str], pairs: Sequence[str] 
     Texts run `batch_size` at a time through both models; see Comparison for the two measures.
     """
     _check_comparable(model_a, model_b)
-    if isinstance(texts, str) or (pairs is not None and isinstance(pairs, str)):
+    if isinstance(texts, (str, bytes)) or (pairs is not None and isinstance(pairs, (str, bytes))):
         raise AnalysisError("texts (and pairs) must be a list of texts, not one string (which would be compared one "
                             "character at a time); pass [text] for a single text.")
+    if not hasattr(texts, "__len__"):
+        raise AnalysisError(f"texts must be a list of texts; got {type(texts).__name__}.")
     batch_size = _positive_batch_size(batch_size)
     if len(texts) == 0:
         raise AnalysisError("texts is empty; pass at least one text to compare the models on.")
@@ -252,6 +261,10 @@ def relation_accuracy(model, examples: Sequence[RelationExample], *, batch_size:
     holds two baselines (fixed offsets, the most-attended word) and gives bootstrap intervals.
     """
     batch_size = _positive_batch_size(batch_size)
+    if isinstance(examples, (str, bytes, RelationExample)) or not hasattr(examples, "__len__") or not all(
+            isinstance(example, RelationExample) for example in examples):
+        raise AnalysisError(f"examples must be a list of RelationExample(text, query, targets, pair=...); got "
+                            f"{_kinds(examples)}. Wrap a single example in a list.")
     if len(examples) == 0:
         raise AnalysisError("examples is empty; pass RelationExample(text, query, targets, pair=...) items.")
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads

@@ -101,6 +101,9 @@ class Keyed:
     recompiles."""
 
     def __init__(self, fn: Callable):
+        if not callable(fn):
+            raise AnalysisError(f"the metric (loss, target) must be a function fn(output) returning floats, e.g. "
+                                f"lambda out: out.logits[:, 0, 1]; got {type(fn).__name__} {fn!r}.")
         self.fn = fn
         self.key = (fn, fingerprint(fn))
 
