@@ -299,7 +299,11 @@ def _transformer_settings(path: Path) -> dict:
             raise CheckpointError(f"{found[0]}: max_seq_length must be a positive whole number such as 512, got "
                                   f"{length!r}. Fix it, or remove it to use the tokenizer's model_max_length.")
         settings["max_seq_length"] = length
-    if config.get("do_lower_case"):
+    lower = config.get("do_lower_case", False)
+    if not isinstance(lower, bool):  # a string such as "false" would count as true
+        raise CheckpointError(f"{found[0]}: do_lower_case must be true or false (JSON booleans), got {lower!r}. "
+                              f"Fix the file.")
+    if lower:
         settings["lower_case"] = True
     text = (config.get("modality_config") or {}).get("text") or {}  # sentence-transformers 6 writes it
     output = text.get("method_output_name", "last_hidden_state") if isinstance(text, dict) else text

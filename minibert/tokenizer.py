@@ -239,9 +239,10 @@ class Tokenizer(BaseTokenizer):
         settings = _read_json(directory / "tokenizer_config.json")
         special = configured_special_tokens(directory, settings)
         max_length = configured_max_length(directory, settings, 512)
-        return cls(_read_vocab(directory), do_lower_case=settings.get("do_lower_case", True),
-                   strip_accents=settings.get("strip_accents"),
-                   tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
+        flag = functools.partial(configured_flag, directory, settings)
+        return cls(_read_vocab(directory), do_lower_case=flag("do_lower_case", True),
+                   strip_accents=flag("strip_accents", None, allow_none=True),
+                   tokenize_chinese_chars=flag("tokenize_chinese_chars", True),
                    model_max_length=max_length if max_length < 1e9 else 512, special_tokens=special,
                    segments=segments)
 
@@ -423,6 +424,17 @@ def configured_max_length(directory: Path, settings: Mapping, default: int) -> i
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
         raise TokenizerError(f"{directory / 'tokenizer_config.json'}: model_max_length must be a positive number "
                              f"such as 512, got {value!r}. Fix it, or remove it to use the model's limit.")
+    return value
+
+
+def configured_flag(directory: Path, settings: Mapping, key: str, default, *, allow_none: bool = False):
+    """A true/false setting of tokenizer_config.json (`settings`), `default` where it has none. A string such as
+    "false" would count as true and change every token silently, so anything but a boolean is refused."""
+    value = settings.get(key, default)
+    if not isinstance(value, bool) and not (allow_none and value is None):
+        also = " or null" if allow_none else ""
+        raise TokenizerError(f"{directory / 'tokenizer_config.json'}: {key} must be true or false{also} (JSON "
+                             f"booleans), got {value!r}. Fix the file.")
     return value
 
 

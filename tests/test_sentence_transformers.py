@@ -252,6 +252,10 @@ def test_unknown_pooling_mode_is_refused(tmp_path, pooling, message):
 
 def test_settings_errors_name_the_file(tmp_path, encoder):
     directory = save_sentence_transformer(tmp_path / "st", encoder, "mean")
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": "false"}))  # truthy
+    with pytest.raises(minibert.CheckpointError, match=r"sentence_bert_config.json: do_lower_case must be true or "
+                                                       r"false \(JSON booleans\), got 'false'"):
+        minibert.load(directory)
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": POSITIONS + 36}))
     model = minibert.load(directory)
     with pytest.raises(minibert.ConfigError, match=f"max_seq_length is 100, but the model has {POSITIONS} positions"):

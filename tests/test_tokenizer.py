@@ -212,6 +212,10 @@ def _wordpiece_dir(directory, settings=None):
     (b'{"do_lower_case": true, "unk_token": "\xff"}', "is not valid JSON"),
     (b'{"cls_token": {"lstrip": false}}', "cls_token must be a token"),
     (b'{"mask_token": {"content": 7}}', "mask_token must be a token"),
+    # A string is truthy: "false" used to lower-case every text of a cased model, silently.
+    (b'{"do_lower_case": "false"}', "do_lower_case must be true or false (JSON booleans), got 'false'"),
+    (b'{"tokenize_chinese_chars": null}', "tokenize_chinese_chars must be true or false (JSON booleans), got None"),
+    (b'{"strip_accents": 0}', "strip_accents must be true or false or null (JSON booleans), got 0"),
 ])
 def test_tokenizer_config_errors_name_file_and_value(tmp_path, settings, message):
     from minibert.config import Config
