@@ -11,6 +11,7 @@ from conftest import make_hf_model, random_batch
 import minibert
 from minibert import HookFn
 from minibert.analysis import mixing
+from minibert.analysis.interventions import Keyed
 from minibert.errors import AnalysisError
 
 EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
@@ -312,6 +313,28 @@ def test_left_riemann_sum_reproduces_the_authors_code(tiny):
     assert np.abs(right - got).max() > 100 * tiny.config.num_hidden_layers * block_noise(tiny) * scale
     with pytest.raises(AnalysisError, match="riemann must be 'right'"):
         mixing.attention_attribution(tiny, batch, target_fn, steps=steps, riemann="middle")
+
+
+def test_attention_attribution_sums_its_steps_in_bounded_memory(tiny, monkeypatch):
+    """steps=10**9 used to stop with RESOURCE_EXHAUSTED (1.7 TB): the m gradients were stacked [m, B, H, T, S]
+    before their mean. Now `chunk` steps run side by side and add into one sum. XLA's buffers for 600 steps
+    exceed those for 6 by at most two copies of the α's (600 floats: the list and its reshaped slice), where
+    the stack grew by 594 patterns (1.4 MB here, against 2.4 kB of α's); and
+    7 steps in chunks of 3 (two chunks and a remainder of one) give the loop of gradients' values."""
+    batch, target_fn = tiny_batch(), readout(tiny)
+    inputs = tiny.inputs(batch)
+    _, cache = tiny.run_with_cache(inputs, names=["blocks.0.attn.hook_pattern", "blocks.0.hook_resid_pre"])
+    pattern, resid = cache["blocks.0.attn.hook_pattern"], cache["blocks.0.hook_resid_pre"]
+    program = tiny.jit(mixing._integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"))
+    temp = {steps: program.lower(tiny.state, inputs, resid, pattern, jnp.int32(0), target_fn=Keyed(target_fn),
+                                 steps=steps, riemann="right", chunk=3).compile().memory_analysis().temp_size_in_bytes
+            for steps in (6, 600)}
+    assert temp[600] - temp[6] <= 2 * 600 * 4, (temp, pattern.nbytes)
+    monkeypatch.setattr(mixing, "items_per_chunk", lambda bytes_per_item, n_items: 3)
+    expected = reference_attribution(tiny, batch, target_fn, 7)
+    got = mixing.attention_attribution(tiny, batch, target_fn, steps=7)
+    scale = np.abs(expected).max()  # as in test_attention_attribution_matches_a_loop_of_gradients
+    np.testing.assert_allclose(got, expected, atol=tiny.config.num_hidden_layers * block_noise(tiny) * scale, rtol=0)
 
 
 def test_attention_attribution_compiles_one_program_for_every_layer(tiny):

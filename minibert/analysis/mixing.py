@@ -242,12 +242,19 @@ def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_
                          riemann: str, chunk: int):
     """A_l ⊙ (1/m) Σ_k ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], k = 1..m ("right") or
     0..m−1 ("left"), each step run and differentiated from resid [B, T, D], the residual stream entering
-    block l (layer traced: one program, compiled with model.jit)."""
+    block l (layer traced: one program, compiled with model.jit). `chunk` steps run side by side and their
+    gradients are added into one running sum, so memory does not grow with m (stacking the m gradients
+    [m, B, H, T, S] before their mean asked for terabytes at steps=10**9)."""
     gradient = jax.grad(partial(_suffix_target, model, state, inputs, resid, layer, target_fn))
     first = RIEMANN_FIRST_STEP[riemann]
     alphas = jnp.arange(first, first + steps, dtype=pattern.dtype) / steps
-    grads = jax.lax.map(lambda alpha: gradient(alpha * pattern), alphas, batch_size=chunk)  # [m, B, H, T, S]
-    return pattern * grads.mean(0)
+    summed = lambda part: jax.vmap(lambda alpha: gradient(alpha * pattern))(part).sum(0)  # noqa: E731
+    whole, rest = divmod(steps, chunk)
+    total, _ = jax.lax.scan(lambda total, part: (total + summed(part), None), jnp.zeros_like(pattern),
+                            alphas[:whole * chunk].reshape(whole, chunk))
+    if rest:
+        total = total + summed(alphas[whole * chunk:])
+    return pattern * (total / steps)
 
 
 def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array], steps: int = 20,
