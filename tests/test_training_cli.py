@@ -98,4 +98,5 @@ def test_a_run_writes_a_loadable_model_and_its_history(tmp_path, capsys, tiny):
     assert model.config.architecture == "BertForSequenceClassification" and model.config.id2label == ("neg", "pos")
     assert main([*argv, "--resume"]) == 0  # the saved run is complete: resuming trains nothing more
     assert json.loads((tmp_path / "out" / "history.json").read_text())["loss"] == history["loss"]
+    capsys.readouterr()  # the runs' progress bars
     _one_line_error(capsys, [*argv, "--resume", "--learning-rate", "1e-3"], "holds a run with other settings")
