@@ -8,9 +8,12 @@ that sentence lengths share compiled programs. For each length T below, the same
 attention pattern, and capturing nothing — runs as one program compiled for T and one compiled for each rule's
 bucket of T (model.forward_fn jitted here, on model.inputs padded with model.padded: the public API). The table
 gives bucket ÷ exact per rule; the lengths are the worst cases of each rule (one past a bucket) and 147 (issue 19).
-Times are CPU seconds of this process (time.process_time), the minimum of --repeats calls after one warm-up:
-on a shared machine the CPU time a call takes moves far less with the load than its wall time. Run it pinned to
-one core (taskset -c 1) so that CPU time is the work of one thread.
+Times are CPU seconds of this process (time.process_time). The two programs of a ratio run in pairs, --repeats
+rounds after one warm-up call each, alternating which goes first; the ratio is the median of the rounds' ratios
+and the exact-length time the least of its calls. On a shared machine the load drifts by 10-20% between one
+program's calls and the other's (timing each program's calls in a block, as before, gave 1.15-1.19x for a
+bucket that pairs put at 1.05x), but hardly within one round. Run it pinned to one core (taskset -c 1) so that
+CPU time is the work of one thread.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import minibert  # noqa: E402
+from minibert.accounting import flops_per_token  # noqa: E402
 from minibert.api import bucket_length, length_buckets  # noqa: E402
 
 RULES = {  # name → (smallest, per_octave) of api.length_buckets
@@ -39,15 +43,27 @@ LENGTHS = (17, 33, 65, 129, 147, 257)
 CASES = {"patterns captured": "blocks.*.attn.hook_pattern", "nothing captured": ()}
 
 
-def cpu_seconds(fn, repeats: int) -> float:
-    """The least CPU time of `repeats` calls of fn (after one warm-up call that also compiles)."""
+def cpu_seconds(fn) -> float:
+    """The CPU time of one call of fn, to its results."""
+    start = time.process_time()
     jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        jax.block_until_ready(fn())
-        best = min(best, time.process_time() - start)
-    return best
+    return time.process_time() - start
+
+
+def paired(exact, bucket, repeats: int) -> tuple[float, float]:
+    """(least CPU seconds of `exact`, median of bucket ÷ exact over `repeats` rounds): each function is called
+    once first (compiling), then each round times one call of both, the first of the two alternating."""
+    jax.block_until_ready(exact())
+    jax.block_until_ready(bucket())
+    times, ratios = [], []
+    for round_ in range(repeats):
+        if round_ % 2:
+            b, e = cpu_seconds(bucket), cpu_seconds(exact)
+        else:
+            e, b = cpu_seconds(exact), cpu_seconds(bucket)
+        times.append(e)
+        ratios.append(b / e)
+    return min(times), float(np.median(ratios))
 
 
 def measure(model, batch_size: int, lengths, repeats: int, rules) -> list[dict]:
@@ -58,34 +74,47 @@ def measure(model, batch_size: int, lengths, repeats: int, rules) -> list[dict]:
         inputs = model.inputs({"input_ids": ids, "attention_mask": np.ones_like(ids)})
         for case, names in CASES.items():
             forward = jax.jit(model.forward_fn(names))
-            exact = cpu_seconds(lambda: forward(model.state, inputs), repeats)
-            row = {"T": T, "case": case, "exact": exact}
+            exact = lambda: forward(model.state, inputs)  # noqa: E731
+            row = {"T": T, "case": case, "exact": None}
             for rule in rules:
                 smallest, per_octave = RULES[rule]
                 bucket = bucket_length(T, length_buckets(model.config.max_tokens, smallest, per_octave))
                 if bucket == T:  # the exact-length program itself
-                    row[rule] = (bucket, exact)
+                    row[rule] = (bucket, 1.0)
                     continue
                 padded = model.padded(inputs, bucket)
-                row[rule] = (bucket, cpu_seconds(lambda padded=padded: forward(model.state, padded), repeats))
+                seconds, ratio = paired(exact, lambda padded=padded: forward(model.state, padded), repeats)
+                row["exact"] = seconds if row["exact"] is None else min(row["exact"], seconds)
+                row[rule] = (bucket, ratio)
+            if row["exact"] is None:  # every rule runs T itself
+                row["exact"] = paired(exact, exact, repeats)[0]
             rows.append(row)
     return rows
 
 
-def table(rows: list[dict], max_tokens: int, rules) -> str:
-    lines = ["| T | case | exact-length program | " + " | ".join(rules) + " |",
+def work(config, T: int, bucket: int) -> float:
+    """The bucket's forward matmul FLOPs over the exact length's (accounting.flops_per_token: linear layers per
+    token, attention per token and key): what padding costs with no load or timing noise in it."""
+    return bucket * flops_per_token(config, bucket) / (T * flops_per_token(config, T))
+
+
+def table(rows: list[dict], config, rules) -> str:
+    lines = ["Each cell: bucket: measured CPU time ÷ exact (median of paired rounds) (work: matmul FLOPs ÷ exact).", "",
+             "| T | case | exact-length program | " + " | ".join(rules) + " |",
              "| --- | --- | --- | " + " | ".join("---" for _ in rules) + " |"]
     for row in rows:
-        cells = [f"{row[rule][0]}: {row[rule][1] / row['exact']:.2f}×" for rule in rules]
+        cells = [f"{row[rule][0]}: {row[rule][1]:.2f}× (work {work(config, row['T'], row[rule][0]):.2f}×)"
+                 for rule in rules]
         lines.append(f"| {row['T']} | {row['case']} | {row['exact'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
-    worst = {rule: max(row[rule][1] / row["exact"] for row in rows) for rule in rules}
-    programs = {rule: len(length_buckets(max_tokens, *RULES[rule])) for rule in rules}
-    lines += ["", "| rule | worst bucket ÷ exact above | programs for every length 1…max | most padding (tokens) |",
-              "| --- | --- | --- | --- |"]
+    worst = {rule: max(row[rule][1] for row in rows) for rule in rules}
+    lines += ["", "| rule | worst bucket ÷ exact above | most work over exact, every length 1…max (at T) | programs "
+              "for every length 1…max | most padding (tokens) |", "| --- | --- | --- | --- | --- |"]
     for rule in rules:
-        buckets = length_buckets(max_tokens, *RULES[rule])
-        padding = max(bucket_length(T, buckets) / T for T in range(1, max_tokens + 1))
-        lines.append(f"| {rule} | {worst[rule]:.2f}× | {programs[rule]} | {padding:.2f}× |")
+        buckets = length_buckets(config.max_tokens, *RULES[rule])
+        lengths = range(1, config.max_tokens + 1)
+        most, at = max((work(config, T, bucket_length(T, buckets)), T) for T in lengths)
+        padding = max(bucket_length(T, buckets) / T for T in lengths)
+        lines.append(f"| {rule} | {worst[rule]:.2f}× | {most:.3f}× ({at}) | {len(buckets)} | {padding:.2f}× |")
     return "\n".join(lines)
 
 
@@ -110,7 +139,7 @@ def main(argv=None) -> int:
               f"- date: {time.strftime('%Y-%m-%d %H:%M')}; cpu: {harness.cpu_model()}; cores this process may use: "
               f"{sorted(os.sched_getaffinity(0))}; load average at the end: {harness.load_average()}",
               f"- command: python benchmarks/buckets.py {' '.join(argv if argv is not None else sys.argv[1:])}", "", ""]
-    text = "\n".join(header) + table(rows, model.config.max_tokens, args.rules) + "\n"
+    text = "\n".join(header) + table(rows, model.config, args.rules) + "\n"
     if args.out:
         with args.out.open("a") as f:
             f.write(text)

@@ -11,6 +11,10 @@ write in transformers (one forward per swept item, a torch forward hook doing th
 Peak memory: the compiled suffix program's buffers (XLA's memory_analysis) and the process's resident set.
 
     python benchmarks/sweeps.py [--quick] [--torch-threads N]      # prints a Markdown section for benchmarks/RESULTS.md
+    taskset -c 0 python benchmarks/sweeps.py --quick --torch-threads 1   # both peers on the same one core
+
+A comparison gives both peers the same cores: both on every core (the default), or both pinned to one core
+with taskset and one torch thread. --torch-threads 1 without taskset leaves XLA every core: not a comparison.
     python benchmarks/sweeps.py --smoke                             # a short pair, one run of each case (CI)
 
 Only the public API: the suffix program whose memory is measured is built from Model.jit, Model.suffix and
@@ -174,8 +178,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 timed runs per case instead of 7")
     parser.add_argument("--smoke", action="store_true", help="a short sentence pair, one run per case (CI)")
-    parser.add_argument("--torch-threads", type=int, default=os.cpu_count(),
-                        help="PyTorch's intra-op threads (default: every core; 1 resists a loaded machine)")
+    cores = len(os.sched_getaffinity(0))
+    parser.add_argument("--torch-threads", type=int, default=cores,
+                        help="PyTorch's intra-op threads (default: every core this process may use, as XLA; "
+                             "1 only under taskset -c N, so that both peers have the same one core)")
     args = parser.parse_args(argv)
     settings = Settings.make(args.quick, args.smoke)
     sentence, pair = (SMOKE_SENTENCE, SMOKE_PAIR) if args.smoke else (SENTENCE, PAIR)
@@ -226,7 +232,11 @@ def main(argv=None) -> int:
     run = "smoke" if args.smoke else "quick" if settings.quick else "full"
     print(f"## Sweeps — {info['cpu']} ({info['cores']} cores), {info['date']}, "
           f"{run} run (`python benchmarks/sweeps.py"
-          f"{' --' + run if run != 'full' else ''} --torch-threads {args.torch_threads}`)\n")
+          f"{' --' + run if run != 'full' else ''} --torch-threads {args.torch_threads}`; cores this process and "
+          f"so XLA may use: {sorted(os.sched_getaffinity(0))})\n")
+    if args.torch_threads != cores:
+        print(f"**Not a same-cores comparison**: PyTorch had {args.torch_threads} thread(s), XLA {cores} core(s); pin "
+              f"both with taskset -c N and --torch-threads 1.\n")
     print(f"{info['versions']}. Bundled all-MiniLM-L6-v2, one sentence pair of {T} tokens (B = 1); metric: cosine "
           f"of the mean-pooled output with the clean run's. Median of {settings.repeats} runs, interleaved, compiled "
           f"programs warm. Largest difference from the transformers loops: {ablation_gap:.1e} (ablation), "
