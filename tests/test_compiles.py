@@ -13,7 +13,8 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert import BertConfig, Model, hooks
-from minibert.api import bucket_length
+from minibert.accounting import flops_per_token
+from minibert.api import bucket_length, length_buckets
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -122,6 +123,23 @@ def test_buckets_pad_no_length_by_more_than_a_sixteenth():
     assert bucket_length(147, buckets) == 152
     for low in (32, 64, 128, 256):
         assert len([b for b in buckets if low <= b < 2 * low]) == 16
+
+
+@pytest.mark.parametrize("width, ffn", [(384, 1536), (768, 3072)], ids=["MiniLM", "bert-base"])
+def test_no_length_does_a_tenth_more_work_than_its_exact_program(width, ffn):
+    """Issue 19 E's rule in work rather than time (no load moves it): a bucket's forward matmul FLOPs
+    (accounting.flops_per_token: linear layers per token, attention per token and key) over the exact length's,
+    for every T up to 512 positions. Linear work grows by at most 1/16, attention's by (17/16)² − 1; at these
+    widths attention is under a quarter of the work, so the bound is near 6.5%. The previous rule (16, 24, 32,
+    48, …) did 1.57× the work at 257 (and ran a 1-token row as 16)."""
+    config = BertConfig(vocab_size=99, hidden_size=width, num_hidden_layers=2, num_attention_heads=width // 64,
+                        intermediate_size=ffn, max_position_embeddings=512)
+    buckets = Model(config).length_buckets
+    work = lambda T, n: n * flops_per_token(config, n) / (T * flops_per_token(config, T))  # noqa: E731
+    worst = max(work(T, bucket_length(T, buckets)) for T in range(1, 513))
+    assert worst <= 1.07, worst
+    previous = length_buckets(512, 16, 2)  # the rule before issue 19
+    assert work(257, bucket_length(257, previous)) > 1.5
 
 
 def test_minibert_own_hooks_never_warn(model, monkeypatch):
