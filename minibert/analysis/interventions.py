@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert import accounting
-from minibert.api import Inputs, is_text, metric_values, traced_call
+from minibert.api import Inputs, is_text, metric_function, metric_values, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookError, HookFn, add_delta, fingerprint, site_axes
@@ -101,10 +101,7 @@ class Keyed:
     recompiles."""
 
     def __init__(self, fn: Callable):
-        if not callable(fn):
-            raise AnalysisError(f"the metric (loss, target) must be a function fn(output) returning floats, e.g. "
-                                f"lambda out: out.logits[:, 0, 1]; got {type(fn).__name__} {fn!r}.")
-        self.fn = fn
+        self.fn = metric_function(fn)  # a number where the function goes: the contract's message
         self.key = (fn, fingerprint(fn))
 
     def __eq__(self, other):
