@@ -183,3 +183,16 @@ def test_readme_fine_tuning_snippet_runs_on_the_bundled_model(tmp_path, monkeypa
         theirs = reloaded(**{k: torch.tensor(np.asarray(v), dtype=torch.long) for k, v in batch.to_dict().items()})
     rtol = forward_rtol(result.model.config, S=batch.input_ids.shape[1]) * 2
     assert_close_to_scale(result.model(batch).logits, theirs.logits.numpy(), rtol, "logits of the saved model")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"compute_dtype": "float16"}, "compute_dtype='float16': pass one of float32, bfloat16"),
+    ({"compute_dtype": "nonsense"}, "compute_dtype='nonsense'"),
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"accumulate": 1.5}, "accumulate=1.5"),
+])
+def test_settings_that_cannot_train_are_refused(base, setting, message):
+    from minibert.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        training.finetune(base, ROWS, **(QUICK | setting))
