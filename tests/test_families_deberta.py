@@ -169,11 +169,20 @@ def test_enhanced_mask_decoder_is_the_authors(tmp_path):
     assert np.abs(ours - plain)[real].max() > 100 * tol * np.abs(plain).max()
 
 
-def test_enhanced_mask_decoder_needs_the_position_table(tmp_path):
-    make_deberta(tmp_path, "ForMaskedLM", num_hidden_layers=1, legacy=False)
+@pytest.mark.slow  # two decoder runs, each compiling its own programs: 10–15 s on the shared two cores
+def test_enhanced_mask_decoder_reads_the_position_rows_it_is_given(tmp_path):
+    """position_ids 2…T+1 read the table's rows 2…T+1: the same logits as 0…T−1 on the table without its first two
+    rows (the encoder, with no absolute positions, is the same run); without a table, an InputError names it."""
+    make_deberta(tmp_path, "ForMaskedLM", num_hidden_layers=2, legacy=False)
     model = minibert.load(tmp_path)
+    batch = padded_batch(np.random.default_rng(11), 2, 7)
+    table = np.random.default_rng(11).normal(0, 0.3, (V3["max_position_embeddings"], 30)).astype(np.float32)
+    shifted = dict(batch, position_ids=np.arange(2, 9)[None])
+    # two programs (with and without position_ids) round alike up to deberta_rtol over the blocks and the head
+    assert_close_to_scale(enhanced_mask_decoder(model, shifted, table), enhanced_mask_decoder(model, batch, table[2:]),
+                          deberta_rtol(model.config, 7, 2 + 4), "shifted rows", where=batch["attention_mask"] > 0)
     with pytest.raises(InputError, match="position_table"):
-        enhanced_mask_decoder(model, model.tokenize(["abc def"]))
+        enhanced_mask_decoder(model, batch)
 
 
 def test_enhanced_mask_decoder_with_absolute_positions_is_the_models_head(tmp_path):

@@ -219,7 +219,7 @@ def test_scaled_attention_is_the_pattern_reweighted(model):
     np.testing.assert_array_equal(np.asarray(blocked.stack("hook_pattern"))[L - 1][..., keys], 0.0)
 
 
-@pytest.mark.slow  # four masked-LM runs, two with the SAE hook: about 15 s on two cores
+@pytest.mark.slow  # four masked-LM runs, two with the SAE hook: 5–16 s on the shared two cores
 def test_an_identity_sae_spliced_in_changes_nothing(model):
     """sae.spliced_fidelity on the model's masked-LM loss: ce_clean is mlm_loss_fn on the masked batch's plain run;
     an SAE that reconstructs exactly (ReLU, W_enc = [I, −I], W_dec = [I; −I]: relu(x) − relu(−x) = x) leaves it

@@ -161,8 +161,9 @@ class DebertaEmbeddings(nnx.Module):
 def enhanced_mask_decoder(model, batch, position_table=None):
     """Masked-LM logits [B, T, V] through DeBERTa's enhanced mask decoder (He et al., 2021, §3.2), as the authors'
     code computes it (DeBERTa's EnhancedMaskDecoder.emd_context_layer): the last block runs twice more on the
-    input H of the last block, its queries read from Q = H + P[0…T−1] (absolute positions, added only here) and
-    then from its own output, its keys and values from H; the masked-LM head reads the second output.
+    input H of the last block, its queries read from Q = H + P[0…T−1] (absolute positions, added only here; the
+    rows of the batch's position_ids where it has them, as the authors' code takes them) and then from its own
+    output, its keys and values from H; the masked-LM head reads the second output.
 
         Q₁ = block_{L−1}(keys, values: H; queries and residual: H + P)
         Q₂ = block_{L−1}(keys, values: H; queries and residual: Q₁)        logits = head(Q₂)
@@ -184,7 +185,10 @@ def enhanced_mask_decoder(model, batch, position_table=None):
     inputs = model.inputs(batch)
     if cfg.setting("position_biased_input"):
         return model.run(inputs)[0].logits
-    T, last = inputs.input_ids.shape[1], cfg.num_hidden_layers - 1
+    last = cfg.num_hidden_layers - 1
+    given = inputs.position_ids
+    rows = np.arange(inputs.input_ids.shape[1])[None] if given is None else np.asarray(given)  # [1 or B, T]
+    T = int(rows.max()) + 1  # the rows of P read: 0…T−1, or the position_ids given
     table = None if position_table is None else jnp.asarray(position_table, model.dtype)
     if table is None or table.ndim != 2 or table.shape[1] != cfg.hidden_size or table.shape[0] < T:
         shape = None if table is None else tuple(table.shape)
@@ -196,7 +200,7 @@ def enhanced_mask_decoder(model, batch, position_table=None):
     _, cache = model.run_with_cache(inputs, names=[f"{name}.hook_resid_pre"])
     hidden = cache[f"{name}.hook_resid_pre"]  # H [B, T, D]
     W_Q, b_Q = model.layer_weights("attn.W_Q")[last], model.layer_weights("attn.b_Q")[last]  # [D, H, K], [H, K]
-    query = hidden + table[:T][None]
+    query = hidden + table[rows]
     for _ in range(2):
         q = jnp.einsum("BTD,DHK->BTHK", query, W_Q) + b_Q
         query = model.block(model.state, last, hidden, inputs, hooks=_query_input_hooks(name, q, query))
