@@ -71,7 +71,9 @@ def similarity(out):
 
 baseline = float(similarity(model(pair)))
 reference = np.asarray(model.sentence_embeddings(pair))
-np.testing.assert_allclose(baseline, reference[0] @ reference[1], atol=1e-6)
+expect(np.isclose(baseline, reference[0] @ reference[1], rtol=0, atol=1e-6),
+       "pooling the hooked run's last_hidden_state gives model.sentence_embeddings' similarity",
+       "mean_pooled no longer pools as the checkpoint's Pooling module does (mean over real tokens, normalised).")
 print(f"cosine similarity of the pair: {baseline:.4f}")
 
 # %% [markdown]
@@ -208,9 +210,13 @@ resid = patch_activations(model, clean, corrupted, probe_similarity, site="hook_
 # (metric = corrupted value).
 
 # %%
-np.testing.assert_allclose(resid[0, changed], clean_value, atol=1e-5)
+expect(np.isclose(resid[0, changed], clean_value, rtol=0, atol=1e-5),
+       "at layer 0, patching the changed position gives the clean run's value",
+       "the embeddings of the changed position are the whole difference only when the texts have one length.")
 others = np.delete(resid[0], changed)
-np.testing.assert_allclose(others, corrupted_value, atol=1e-5)
+expect(np.allclose(others, corrupted_value, rtol=0, atol=1e-5),
+       "at layer 0, patching any other position leaves the corrupted value",
+       "the texts differ at more than one position (or in length): each changed position moves the metric.")
 print(f"layer 0: patched at {changed} → {resid[0, changed]:.4f}; elsewhere → {others.min():.4f}…{others.max():.4f}")
 
 # %% [markdown]
@@ -285,7 +291,8 @@ expect(abs(estimated - swapped) > 0.3 * abs(swapped), "on the one large change t
 
 # %%
 loss, grads = model.grad(pair, similarity, names="blocks.*.attn.hook_pattern")
-np.testing.assert_allclose(float(loss), baseline, atol=1e-6)
+expect(np.isclose(float(loss), baseline, rtol=0, atol=1e-6), "model.grad's loss is the similarity computed above",
+       "model.grad returns loss_fn's value on the unhooked run: the pair or the metric changed since.")
 _, cache = model.run_with_cache(pair, names="blocks.*.attn.hook_pattern")
 patterns = np.asarray(cache.stack("hook_pattern"))  # [L, B, H, T, S]
 gradient = np.stack([np.asarray(grads[f"blocks.{layer}.attn.hook_pattern"]) for layer in range(L)])
@@ -317,7 +324,10 @@ finite_difference = (nudged_similarity(eps) - nudged_similarity(-eps)) / (2 * ep
 print(f"entry (0-indexed) layer {layer}, sentence {b}, head {head}, "
       f"query {pair.tokens[b][t]!r} → key {pair.tokens[b][s]!r}")
 print(f"gradient {gradient[entry]:.5f}, finite difference {finite_difference:.5f}")
-np.testing.assert_allclose(finite_difference, gradient[entry], rtol=2e-2)
+expect(np.isclose(finite_difference, gradient[entry], rtol=2e-2, atol=0),
+       "the finite difference agrees with the gradient within 2%",
+       "eps trades truncation error (the curvature, ∝ eps²) against rounding (∝ 1/eps): try eps between 1e-3 "
+       "and 3e-2, or an entry with a larger gradient.")
 
 # %% [markdown]
 # **Gradient × attention** weighs each gradient by the attention actually paid; summed over a

@@ -95,7 +95,8 @@ for text, row_ours, row_theirs in zip(texts, ours, theirs):
     print(f"{text:42s} minibert {np.array2string(row_ours, precision=4)}  "
           f"transformers {np.array2string(row_theirs, precision=4)}  → {label}")
 print(f"largest difference: {np.abs(ours - theirs).max():.1e}")
-np.testing.assert_allclose(ours, theirs, atol=1e-5)
+expect(np.allclose(ours, theirs, rtol=0, atol=1e-5), "minibert's logits equal transformers' within 1e-5",
+       "the two did not load the same weights or tokens: compare the folders and the batch each one reads.")
 
 # %% [markdown]
 # Everything from the previous tutorials works on it: the classifier has its own hook,
@@ -106,7 +107,9 @@ np.testing.assert_allclose(ours, theirs, atol=1e-5)
 # %%
 positive = model.config.id2label.index("positive")
 loss, grads = model.grad(batch, lambda out: out.logits[0, positive], names="blocks.1.attn.hook_pattern")
-np.testing.assert_allclose(float(loss), ours[0, positive], atol=1e-5)
+expect(np.isclose(float(loss), ours[0, positive], rtol=0, atol=1e-5),
+       "model.grad's loss is the logit it differentiates",
+       "model.grad returns loss_fn's value on the same run: check the row and label the lambda reads.")
 g = np.asarray(grads["blocks.1.attn.hook_pattern"])[0]  # [H, T, S]
 head, t, s = np.unravel_index(np.abs(g).argmax(), g.shape)
 print(f"largest |∂logit/∂A|: head {head} (0-indexed), {batch.tokens[0][t]!r} → {batch.tokens[0][s]!r}: "
@@ -137,7 +140,8 @@ shutil.copytree(checkpoint, store / "sentiment-tiny")
 os.environ["MINIBERT_WEIGHTS"] = str(store)
 print("resolves to", sources.resolve("sentiment-tiny"))
 by_name = minibert.load("sentiment-tiny")
-np.testing.assert_array_equal(np.asarray(by_name(batch).logits), ours)
+expect((np.asarray(by_name(batch).logits) == ours).all(), "loading by name gives the same model, bit for bit",
+       "the name resolved to another folder: see the path printed above.")
 print("minibert.load('sentiment-tiny') gives the same logits")
 
 # %% [markdown]
@@ -183,12 +187,16 @@ expect("pickle" in message and "minibert convert" in message, "the error explain
 
 # %%
 trusted = minibert.load(legacy, allow_pickle=True)
-np.testing.assert_allclose(np.asarray(trusted(batch).logits), ours, atol=1e-6)
+expect(np.allclose(np.asarray(trusted(batch).logits), ours, rtol=0, atol=1e-6),
+       "the pickled pytorch_model.bin, loaded with allow_pickle=True, holds the same weights",
+       "the .bin was written from other weights than the ones compared.")
 
 converted = minibert.convert_bin_to_safetensors(legacy / "pytorch_model.bin")
 print("wrote", converted.name)
 from_safetensors = minibert.load(legacy)
-np.testing.assert_allclose(np.asarray(from_safetensors(batch).logits), ours, atol=1e-6)
+expect(np.allclose(np.asarray(from_safetensors(batch).logits), ours, rtol=0, atol=1e-6),
+       "the converted model.safetensors holds the same weights",
+       "the conversion wrote other tensors than the .bin held.")
 print("allow_pickle=True and the converted file both give the same logits as the original checkpoint")
 
 # %%
