@@ -8,6 +8,8 @@ that sentence lengths share compiled programs. For each length T below, the same
 attention pattern, and capturing nothing — runs as one program compiled for T and one compiled for each rule's
 bucket of T (model.forward_fn jitted here, on model.inputs padded with model.padded: the public API). The table
 gives bucket ÷ exact per rule; the lengths are the worst cases of each rule (one past a bucket) and 147 (issue 19).
+A second table counts the programs each rule compiles for a stream of batches of mixed lengths, and the time
+compiling them takes.
 Times are CPU seconds of this process (time.process_time). The two programs of a ratio run in pairs, --repeats
 rounds after one warm-up call each, alternating which goes first; the ratio is the median of the rounds' ratios
 and the exact-length time the least of its calls. On a shared machine the load drifts by 10-20% between one
@@ -118,6 +120,39 @@ def table(rows: list[dict], config, rules) -> str:
     return "\n".join(lines)
 
 
+def compiles(model, n_batches: int, batch_size: int, rules) -> str:
+    """What each rule compiles for a stream of mixed lengths: `n_batches` batches of `batch_size` sentence pairs
+    (harness.english_like_texts, lengths as they come), run twice through a fresh jit of the forward (nothing
+    captured) at the exact lengths and padded to each rule's buckets. Programs: distinct row lengths run;
+    compiling: CPU seconds of the first pass minus the second (which compiles nothing)."""
+    longest = min(128, model.config.max_tokens)
+    texts, pairs = harness.english_like_texts(n_batches * batch_size, seed=1, max_tokens=longest)
+    if model.tokenizer is None:  # the smoke run's random model: ids of random lengths instead
+        rng = np.random.default_rng(1)
+        batches = [model.inputs({"input_ids": rng.integers(5, model.config.vocab_size, (batch_size, n))})
+                   for n in rng.integers(8, longest + 1, n_batches)]
+    else:
+        batches = [model.inputs(model.tokenize(texts[i:i + batch_size], pairs[i:i + batch_size]))
+                   for i in range(0, len(texts), batch_size)]
+    lengths = sorted({b.shape[1] for b in batches})
+    lines = ["", f"{len(batches)} batches of {batch_size} sentence pairs, {len(lengths)} distinct lengths "
+             f"{lengths[0]}–{lengths[-1]}, each pass run in turn:", "",
+             "| lengths run | programs compiled | first pass (CPU s) | second pass | compiling (difference) |",
+             "| --- | --- | --- | --- | --- |"]
+    for rule in ("exact lengths", *rules):
+        forward_fn = model.forward_fn(())
+        forward = jax.jit(lambda state, inputs: forward_fn(state, inputs))  # a new function: nothing compiled yet
+        if rule == "exact lengths":
+            runs = batches
+        else:
+            buckets = length_buckets(model.config.max_tokens, *RULES[rule])
+            runs = [model.padded(b, bucket_length(b.shape[1], buckets)) for b in batches]
+        passes = [sum(cpu_seconds(lambda run=run: forward(model.state, run)) for run in runs) for _ in range(2)]
+        lines.append(f"| {rule} | {len({run.shape[1] for run in runs})} | {passes[0]:.1f} | {passes[1]:.1f} | "
+                     f"{passes[0] - passes[1]:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny random model and two lengths (CI)")
@@ -125,6 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lengths", type=int, nargs="+", default=LENGTHS, help="row lengths to time")
     parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES), help="bucket rules to time")
+    parser.add_argument("--batches", type=int, default=24, help="batches of mixed lengths for the compile table")
+    parser.add_argument("--compiles-only", action="store_true", help="only the compile table")
     parser.add_argument("--out", type=Path, help="append the Markdown here (default: print it)")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -132,14 +169,16 @@ def main(argv=None) -> int:
                                                    num_attention_heads=4, intermediate_size=37,
                                                    max_position_embeddings=64), seed=0)
         rows, batch = measure(model, 2, (17, 33), 1, args.rules), 2
+        compiled = compiles(model, 3, 2, args.rules)
     else:
         model, batch = minibert.load(), args.batch
-        rows = measure(model, batch, args.lengths, args.repeats, args.rules)
+        rows = [] if args.compiles_only else measure(model, batch, args.lengths, args.repeats, args.rules)
+        compiled = compiles(model, args.batches, batch, args.rules)
     header = [f"## Length buckets, {batch} rows ({'smoke' if args.smoke else model.source})", "",
               f"- date: {time.strftime('%Y-%m-%d %H:%M')}; cpu: {harness.cpu_model()}; cores this process may use: "
               f"{sorted(os.sched_getaffinity(0))}; load average at the end: {harness.load_average()}",
               f"- command: python benchmarks/buckets.py {' '.join(argv if argv is not None else sys.argv[1:])}", "", ""]
-    text = "\n".join(header) + table(rows, model.config, args.rules) + "\n"
+    text = "\n".join(header) + (table(rows, model.config, args.rules) if rows else "") + "\n" + compiled + "\n"
     if args.out:
         with args.out.open("a") as f:
             f.write(text)

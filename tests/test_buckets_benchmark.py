@@ -19,6 +19,7 @@ def test_buckets_benchmark_smoke_writes_its_tables(tmp_path, monkeypatch):
     assert buckets.main(["--smoke", "--out", str(out)]) == 0
     text = out.read_text()
     for rule in buckets.RULES:
-        assert text.count(f"| {rule} |") == 2, rule  # its column of the timing table and its summary row
+        assert text.count(f"| {rule} |") == 3, rule  # its column of the timing table, its summary and compile rows
+    assert text.count("| exact lengths |") == 1
     assert text.count("| patterns captured |") == text.count("| nothing captured |") == 2
     sys.modules.pop("buckets", None)
