@@ -17,8 +17,8 @@ so 8·D² + 4·D·F + 4·S·D per layer (the 2·N_matmul + attention term of Kap
     achieved_fraction(tokens_per_s, flops, peak_flops())   # GPU: MFU against the datasheet peak
 
 It also holds the two facts every analysis sweep shares: how much activation memory one chunk of a sweep may
-take (MEMORY_BUDGET, with `activation_bytes` and `items_per_chunk`), and the matmul precision of analyses whose
-small differences matter (EXACT).
+take (MEMORY_BUDGET, with `activation_bytes` and `items_per_chunk`; `alti_bytes` for ALTI's own intermediates),
+and the matmul precision of analyses whose small differences matter (EXACT).
 """
 
 from __future__ import annotations
@@ -128,6 +128,15 @@ def activation_bytes(config: Config, rows: int, tokens: int, *, blocks: int = 1,
     D, F, H = config.hidden_size, config.intermediate_size, config.num_attention_heads
     per_token = 6 * D + F + 2 * H * tokens
     return rows * tokens * per_token * itemsize * blocks * (2 if backward else 1)
+
+
+def alti_bytes(config: Config, tokens: int, *, per_head: bool = False, itemsize: int = 4) -> int:
+    """Bytes of one document's ALTI decomposition in one layer (analysis.mixing.alti, which chunks documents by
+    it): for each of the T × S query-key pairs (S = T = `tokens`) about 4·D values — z_ts, its term T_t(x_s),
+    y_t − T_t(x_s) and its absolute value — and the H attention weights. per_head keeps every head's terms
+    apart, H times as many."""
+    D, H = config.hidden_size, config.num_attention_heads
+    return tokens * tokens * (4 * D + H) * itemsize * (H if per_head else 1)
 
 
 def items_per_chunk(bytes_per_item: float, n_items: int, budget: int = MEMORY_BUDGET) -> int:

@@ -119,3 +119,22 @@ def test_achieved_fraction_and_gpu_peaks():
 def test_measure_matmul_peak_is_positive_and_finite():
     peak = accounting.measure_matmul_peak(size=128, repeats=2)
     assert np.isfinite(peak) and peak > 0
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_alti_bytes_by_hand_and_bounds_the_compiled_document(per_head):
+    """alti_bytes = T²·(4D + H)·4 bytes (×H per head), and it covers what XLA allocates (temporaries and the
+    output) for one document's ALTI contributions in one layer — the unit analysis.mixing.alti chunks by — at
+    MiniLM's width (D = 384, H = 12) and 64 tokens."""
+    from minibert.analysis import mixing
+
+    D, H, T = 384, 12, 64
+    cfg = BertConfig(vocab_size=99, hidden_size=D, num_hidden_layers=1, num_attention_heads=H,
+                     intermediate_size=37, max_position_embeddings=512)
+    estimate = accounting.alti_bytes(cfg, T, per_head=per_head)
+    assert estimate == 64 * 64 * (4 * 384 + 12) * 4 * (12 if per_head else 1)
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    document = (f32(T, D), f32(T, H, D // H), f32(H, T, T), f32(T, 1), f32(T, D), f32(D), f32(H, D // H, D))
+    one = jax.jit(lambda *a: mixing._alti_contributions(*a, per_head=per_head))
+    memory = one.lower(*document).compile().memory_analysis()
+    assert memory.temp_size_in_bytes + memory.output_size_in_bytes <= estimate

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_hf_model, random_batch
 
 import minibert
-from minibert import HookFn
+from minibert import HookFn, accounting
 from minibert.analysis import mixing
 from minibert.analysis.interventions import Keyed
 from minibert.errors import AnalysisError
@@ -235,6 +235,22 @@ def test_alti_matches_a_float64_rederivation(case):
                             got.shape)
     np.testing.assert_array_less(np.abs(got - expected), bound)
     np.testing.assert_allclose(got.sum(-1), np.broadcast_to(real, got.shape[:-1]), atol=real.shape[1] * EPS32)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_alti_chunks_documents_by_the_accounting_estimate(tiny, monkeypatch, per_head):
+    """alti sizes its chunks of documents with accounting's one estimator and budget: items_per_chunk is asked
+    with accounting.alti_bytes of one document at the batch's T, over the batch's B documents."""
+    asked = []
+
+    def spy(bytes_per_item, n_items):
+        asked.append((bytes_per_item, n_items))
+        return accounting.items_per_chunk(bytes_per_item, n_items)
+
+    monkeypatch.setattr(mixing, "items_per_chunk", spy)
+    batch = tiny_batch()  # B = 3, T = 7
+    mixing.alti(tiny, batch, per_head=per_head)
+    assert asked == [(accounting.alti_bytes(tiny.config, 7, per_head=per_head), 3)]
 
 
 def test_alti_terms_sum_to_the_layernorm_output_without_bias(case):

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import EXACT, activation_bytes, items_per_chunk
+from minibert.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
 from minibert.analysis.interventions import Keyed, metric_values, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
@@ -208,12 +208,9 @@ def alti(model, batch, *, per_head: bool = False, hooks=None) -> np.ndarray:
     else:
         gamma = jnp.ones((W_O.shape[0], W_O.shape[-1]), jnp.float32)
         captured.insert(3, jnp.ones((*captured[0].shape[:-1], 1), jnp.float32))
-    _, _, T, D = captured[0].shape
-    per_document = 4 * T * T * (4 * D + model.config.num_attention_heads)  # z, the terms, their differences
-    if per_head:
-        per_document *= model.config.num_attention_heads
-    contributions = _alti(*captured, gamma, W_O, inputs.attention_mask,
-                          items_per_chunk(per_document, captured[0].shape[1]), bool(per_head), post_norm)
+    _, B, T, _ = captured[0].shape
+    chunk = items_per_chunk(alti_bytes(model.config, T, per_head=bool(per_head)), B)  # documents side by side
+    contributions = _alti(*captured, gamma, W_O, inputs.attention_mask, chunk, bool(per_head), post_norm)
     return np.asarray(normalize_rows(contributions))
 
 
