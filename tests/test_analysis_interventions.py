@@ -25,7 +25,7 @@ def metric_atol(model, batch) -> float:
     relative to their scale. A cosine is a weighted average of the coordinates, so its error is of the same
     relative size. The sweeps batch and order the same operations differently from the loops, hence 2
     programs."""
-    return forward_rtol(model.config, S=np.asarray(model.inputs(batch)[0]).shape[1])
+    return forward_rtol(model.config, S=np.asarray(model.inputs(batch).input_ids).shape[1])
 
 
 # ---- models and batches -------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def bundled_pair(bundled):
 
 def pooled_metric(model, target_batch):
     """Per-row cosine similarity of the mean-pooled last hidden state to `target_batch`'s: [B]."""
-    real = jnp.asarray(model.inputs(target_batch)[2], jnp.float32)[..., None]
+    real = jnp.asarray(model.inputs(target_batch).attention_mask, jnp.float32)[..., None]
 
     def pool(out):
         pooled = (out.last_hidden_state * real).sum(1) / real.sum(1)
@@ -101,7 +101,7 @@ def ablation_loop(model, batch, metric, means=None) -> np.ndarray:
 def numpy_mean_z(model, batch) -> np.ndarray:
     """Each head's z averaged over the real tokens of every row: [L, H, K], float64."""
     _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_z")
-    mask = np.asarray(model.inputs(batch)[2], bool)
+    mask = np.asarray(model.inputs(batch).attention_mask, bool)
     return np.stack([np.asarray(cache[f"blocks.{i}.attn.hook_z"], np.float64)[mask].mean(0)
                      for i in range(model.config.num_hidden_layers)])
 
@@ -437,7 +437,7 @@ def importance_loop(model, batches, loss_fn) -> np.ndarray:
 
         return np.asarray(jax.grad(loss)(jnp.ones(sizes(model))))
 
-    rows = [(batch, row) for batch in batches for row in range(model.inputs(batch)[0].shape[0])]
+    rows = [(batch, row) for batch in batches for row in range(model.inputs(batch).input_ids.shape[0])]
     return np.mean([np.abs(row_gradient(batch, row)) for batch, row in rows], axis=0)
 
 

@@ -44,7 +44,7 @@ def case(request, tiny):
 
 
 def real_mask(model, batch) -> np.ndarray:
-    return np.asarray(model.inputs(batch)[2]) > 0
+    return np.asarray(model.inputs(batch).attention_mask) > 0
 
 
 def block_noise(model) -> float:
@@ -62,7 +62,7 @@ def zero_value_at(v, ctx, token):
 
 def reference_value_zeroing(model, batch) -> np.ndarray:
     """Raw 1 − cos [L, B, T, S] from L × T literal forward passes, the cosine in float64."""
-    L, (B, T) = model.config.num_hidden_layers, np.asarray(model.inputs(batch)[0]).shape
+    L, (B, T) = model.config.num_hidden_layers, np.asarray(model.inputs(batch).input_ids).shape
     outputs = [f"blocks.{layer}.hook_normalized_resid_post" for layer in range(L)]
     _, clean = model.run_with_cache(batch, names=outputs)
     real = real_mask(model, batch)
@@ -187,7 +187,8 @@ def reference_alti(model, batch) -> tuple[np.ndarray, np.ndarray, float]:
     and the largest |score| (softmax turns a score's absolute rounding into α's relative rounding)."""
     params = model.params
     cfg = model.config
-    ids, _, mask = (np.asarray(a) for a in model.inputs(batch))
+    inputs = model.inputs(batch)
+    ids, mask = np.asarray(inputs.input_ids), np.asarray(inputs.attention_mask)
     _, cache = model.run_with_cache(batch, names="blocks.*.hook_resid_pre")
     H, K = cfg.num_attention_heads, cfg.head_dim
     result = np.zeros((cfg.num_hidden_layers, *ids.shape, ids.shape[1]))
