@@ -24,7 +24,7 @@ from minibert.errors import AnalysisError
 _RUNS = itertools.count()  # surveys started in this process: names each run's handshake keys
 
 
-def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str] | bool | None = None, *,
+def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str | None] | bool | None = None, *,
            batch_tokens: int | None = None, batch_size: int | None = None, max_length: int = 128,
            buckets: Sequence[int] | None = None, pack: bool = True, segment_ids: str = "real",
            js_divergence: bool = False, progress: bool = True, devices: Sequence | None = None,
@@ -35,10 +35,11 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str] | bool | Non
 
     texts: a pathlib.Path to a corpus file in read_corpus's formats (pairs=True reads a .txt as A<TAB>B),
       streamed; with several processes each reads and tokenizes only its share. Or lists / iterables of
-      strings, streamed a chunk at a time (pairs: one second text per text); with several processes,
-      each process's own share. Segments longer than max_length tokens are truncated (longest first)
-      and counted (result.counts["truncated"]); a file's blank lines are skipped and counted
-      (result.counts["blank_lines"]).
+      strings, streamed a chunk at a time; with several processes, each process's own share. pairs then
+      holds one item per text, as tokenize takes them: the second text, or None for a text that stands
+      alone, so one survey may mix single texts and pairs (pairs=[None, "B", ...]). Segments longer than
+      max_length tokens are truncated (longest first) and counted (result.counts["truncated"]); a file's
+      blank lines are skipped and counted (result.counts["blank_lines"]).
     strict: refuse, naming it, a blank line or a document longer than max_length instead of counting it.
     batch_tokens: tokens per batch (default: default_batch_tokens of the devices' platform); rows of
       length T run batch_tokens // T at a time (rounded down to a multiple of the device count). With
