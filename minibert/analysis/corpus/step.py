@@ -36,20 +36,25 @@ def within_documents(value, ctx, same):
     return jnp.where(same[:, None], value, jnp.finfo(value.dtype).min)
 
 
-def _step(model, state, totals, arrays, *, js: bool, sep_normalization: str):
-    """Forward over packed rows with every layer's pattern captured, statistics layer by layer, sums into
-    totals. A packed row behaves as its documents run one by one: each token reads the position row it
-    reads alone (explicit position ids, restarting at each document), and a hook keeps attention within
-    each document (the softmax gives other documents' keys exactly 0), so every document's pattern is the
-    one it has alone."""
-    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.num_hidden_layers)]
-    documents = arrays["documents"]  # [B, T]: each token's document number in its row, 0 for padding
-    same = heads.same_document(documents)  # [B, T, S]
+def packed_captures(model, state, arrays, names) -> dict:
+    """{name: value} of the hook sites `names` in a forward over packed rows (packing.packed_rows' arrays),
+    run so that each document behaves as it does alone: every token reads the position row it reads alone
+    (explicit position ids, restarting at each document), and a hook keeps attention within each document
+    (the softmax gives other documents' keys exactly 0). Traced inside the caller's model.jit program."""
+    same = heads.same_document(arrays["documents"])  # [B, T, S]
     forward = model.forward_fn(names=names, hooks={"blocks.*.attn.hook_attn_scores": HookFn(within_documents,
                                                                                              same=same)})
     inputs = Inputs(arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"],
                     position_ids=arrays["positions"])
-    _, captured = forward(state, inputs)
+    return forward(state, inputs)[1]
+
+
+def _step(model, state, totals, arrays, *, js: bool, sep_normalization: str):
+    """Forward over packed rows with every layer's pattern captured (packed_captures: every document's pattern
+    is the one it has alone), statistics layer by layer, sums into totals."""
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.num_hidden_layers)]
+    documents = arrays["documents"]  # [B, T]: each token's document number in its row, 0 for padding
+    captured = packed_captures(model, state, arrays, names)
     masks = (arrays["is_cls"], arrays["is_sep"], arrays["is_punct"])
     per_layer = [heads.layer_statistics(captured[name], documents, *masks, sep_normalization)
                  for name in names]  # {name: [B, H]}

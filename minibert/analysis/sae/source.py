@@ -19,14 +19,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from minibert.analysis import heads
 from minibert.analysis.corpus import packing, reading
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
-from minibert.analysis.corpus.step import within_documents
-from minibert.api import Inputs
+from minibert.analysis.corpus.step import packed_captures
 from minibert.errors import AnalysisError, DataFileError
-from minibert.hooks import HookFn, site_axes
+from minibert.hooks import site_axes
 
 CACHE_INFO = "activations.json"
 
@@ -59,12 +57,7 @@ def token_activations(model, texts, hook_name: str, max_length: int = 128, speci
 
 def _packed_capture(model, state, arrays, *, hook_name: str):
     """The hook's value [B, T, ...] on packed rows, every document attending only to itself (the survey's step)."""
-    same = heads.same_document(arrays["documents"])
-    forward = model.forward_fn(names=[hook_name], hooks={"blocks.*.attn.hook_attn_scores": HookFn(within_documents,
-                                                                                                   same=same)})
-    inputs = Inputs(arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"],
-                    position_ids=arrays["positions"])
-    return forward(state, inputs)[1][hook_name]
+    return packed_captures(model, state, arrays, [hook_name])[hook_name]
 
 
 def _rows(texts) -> tuple[Iterator[tuple[str, str | None]], bool]:
