@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
-from minibert.analysis.interventions import Keyed, metric_values, traced_call
+from minibert.analysis.interventions import Keyed
+from minibert.api import metric_values, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, writers_for
