@@ -22,6 +22,7 @@ u is the unit roundoff: 2^-24 in float32, 2^-53 in float64, 2^-8 in bfloat16 (8 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -58,6 +59,13 @@ def forward_rtol(config, S: int, programs: int = 2, u: float = U32) -> float:
     D, F, K = config.hidden_size, config.intermediate_size, config.head_dim
     stages = config.num_hidden_layers + 1
     return LAMBDA * math.sqrt(programs * stages * block_roundings(D, F, K, S)) * u
+
+
+def head_rtol(config, S: int, programs: int = 2, u: float = U32) -> float:
+    """forward_rtol with a head's stage added (pooler and classifier, or the masked-LM transform, LayerNorm and
+    unembedding: one block's worth of reductions or fewer), relative to the scale of the logits."""
+    head = dataclasses.replace(config, num_hidden_layers=config.num_hidden_layers + 1)
+    return forward_rtol(head, S, programs, u)
 
 
 def assert_close_to_scale(ours, theirs, rtol: float, what: str = "", where=None) -> None:
