@@ -30,7 +30,7 @@ import uvicorn
 
 import minibert
 from minibert.app import serve
-from minibert.viz.explore import Workbench
+from minibert.viz.workbench import Workbench
 
 TOKEN = "benchmark"
 

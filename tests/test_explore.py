@@ -18,8 +18,8 @@ from minibert.app import serve
 from minibert.families import modernbert
 from minibert.families.deberta_v2 import position_terms
 from minibert.viz import views
-from minibert.viz.explore import Workbench
 from minibert.viz.views import TERMS
+from minibert.viz.workbench import Workbench
 
 TOKEN = "t"
 

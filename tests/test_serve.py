@@ -27,7 +27,7 @@ from minibert import HookFn
 from minibert.analysis import flow, interventions, mixing
 from minibert.app import serve
 from minibert.viz._html import UNIT_BYTE_ERROR
-from minibert.viz.explore import MAX_CHARS, Workbench
+from minibert.viz.workbench import MAX_CHARS, Workbench
 
 PORT = 8765
 BASE = f"http://127.0.0.1:{PORT}"
@@ -267,7 +267,7 @@ def test_step_numbers_are_rounded_to_what_float32_holds():
     """The step's numbers travel with SIGNIFICANT digits: each within half a unit of the 8th digit of the float32 value
     (|x|·5e-8, below one float32 step, 2⁻²³|x|), printed in at most 8 digits (magnitudes 1e-14 … 1e14, where the
     powers of ten it scales by are exact); zeros and infinities as they are."""
-    from minibert.viz.explore import SIGNIFICANT, _rounded
+    from minibert.viz.workbench import SIGNIFICANT, _rounded
 
     x = np.random.default_rng(0).standard_normal(1000) * np.logspace(-14, 14, 1000)
     x = x.astype(np.float32).astype(np.float64)

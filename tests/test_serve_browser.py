@@ -25,7 +25,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert.analysis import interventions
 from minibert.app import serve
-from minibert.viz.explore import TOP_K, Workbench
+from minibert.viz.workbench import TOP_K, Workbench
 
 TOKEN = "browser-token"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"

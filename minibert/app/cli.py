@@ -183,7 +183,7 @@ def _serve(args) -> int:
         from minibert.app import serve
     except ImportError as error:  # starlette and uvicorn are the serve extra
         raise InputError(f"minibert serve needs {error.name}: pip install 'minibert[serve]'.") from None
-    from minibert.viz.explore import Workbench
+    from minibert.viz.workbench import Workbench
 
     if args.host not in serve.LOCAL_HOSTS:
         print(f"minibert serve: warning: listening on {args.host}: anyone who can reach it and has the URL's token "

@@ -4,7 +4,7 @@
     minibert serve --model A --compare B    # two models side by side
     app = create_app([Workbench(model)], token="…")   # the Starlette app, for tests and other ASGI servers
 
-The computations are minibert.viz.explore.Workbench's (the notebook widget answers with the same code);
+The computations are minibert.viz.workbench.Workbench's (the notebook widget answers with the same code);
 this module adds HTTP and what keeps a local server safe:
   - every request carries the access token (the page's URL has it as ?token=, the page sends it back in
     the X-Minibert-Token header); without it: 403;
@@ -32,7 +32,7 @@ from importlib import resources
 
 from minibert.errors import InputError, MinibertError
 from minibert.viz._html import View
-from minibert.viz.explore import Workbench
+from minibert.viz.workbench import Workbench
 
 TOKEN_HEADER = "X-Minibert-Token"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -1,0 +1,643 @@
+"""The live workbench's computations: what `minibert serve` and the notebook widget (viz.explore) answer.
+
+    wb = Workbench(model)                               # what `minibert serve` answers with
+    wb.run({"text": "The cat [MASK] on the mat."})      # tokens, views, outputs (before / after an ablation)
+    wb.step({"text": "…", "layer": 2, "head": 5, "query": 3})   # one head's computation, with its numbers
+
+Every request is a JSON object and every answer a JSON-ready dict (docs/serve.md lists the fields), so the
+HTTP server (minibert.app.serve) and the widget answer with the same function, `Workbench.answer`.
+
+How it stays fast: the text is tokenized, padded to a length bucket (api.length_buckets) and run by one
+program per bucket, which captures every value the views and the step-through show and ablates heads
+through a traced HookFn mask (interventions.ablate_heads): an ablation, a new head or a new sentence of
+the same bucket reuse the compiled program. Runs are kept in a small LRU cache, so the step-through of
+another head or query reads the run it belongs to instead of running again. Layers, heads and token
+positions are 0-indexed in requests and answers; the page labels heads "L-H", 1-indexed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from minibert.analysis import flow, mixing
+from minibert.analysis.interventions import ablate_heads
+from minibert.api import _cut as cut_to_length  # api's one cut of a padded capture (see NOTES: to be public)
+from minibert.api import bucket_length, length_buckets, pooled_tokens
+from minibert.errors import InputError, MinibertError
+from minibert.families.deberta_v2 import position_terms
+from minibert.hooks import HookFn
+from minibert.sites import PATTERNS
+from minibert.viz import views
+
+MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
+MAX_TOKENS = 128  # per request (text and pair together): the views stay readable and the answers fast
+TOP_K = 5  # masked-LM predictions shown per [MASK]
+CACHED_RUNS = 4  # runs kept for the step-through and the "before" of an ablation (~55 MB each at 128 tokens)
+MIXING_METHODS = ("attention", "rollout", "value_zeroing", "alti")
+ABLATION_MODES = ("zero", "mean")
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request's input, checked: the text (and sentence B), heads to ablate [[layer, head], …] and how."""
+
+    text: str
+    pair: str | None
+    ablate: tuple[tuple[int, int], ...]
+    mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One forward on real tokens: captures {hook name: array without the batch axis}, the output fields."""
+
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    ids: np.ndarray  # [T]
+    sentence_b_start: int | None
+    captures: dict[str, np.ndarray]
+    logits: np.ndarray | None
+    similarity: float | None
+    views: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # its views' data, once built
+
+    def stack(self, site: str) -> np.ndarray:
+        """One block site over every layer, [L, …]."""
+        n_layers = sum(1 for name in self.captures if name.endswith("." + site) and name.startswith("blocks."))
+        return np.stack([self.captures[f"blocks.{layer}.{site}"] for layer in range(n_layers)])
+
+
+def _text(body: Mapping, key: str, required: bool) -> str | None:
+    value = body.get(key)
+    if value is None or (value == "" and not required):
+        if required:
+            raise InputError(f"the request needs {key!r}: the text to run.")
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{key!r} must be a string; got {type(value).__name__}.")
+    if not value.strip():
+        raise InputError(f"{key!r} is empty; type a sentence.")
+    if len(value) > MAX_CHARS:
+        raise InputError(f"{key!r} has {len(value)} characters; the workbench takes at most {MAX_CHARS} per text. "
+                         f"Shorten it.")
+    return value
+
+
+def _index(body: Mapping, key: str, count: int, what: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise InputError(f"{key!r} must be a whole number from 0 to {count - 1} (the model has {count} {what}); "
+                         f"got {value!r}.")
+    return value
+
+
+class Workbench:
+    """Answers the workbench's requests for one model (fixed at construction; no request names a path)."""
+
+    def __init__(self, model, *, max_tokens: int = MAX_TOKENS):
+        cfg = model.config
+        if model.tokenizer is None:
+            raise InputError("the workbench needs a model with a tokenizer (minibert.load gives one).")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 3:
+            raise InputError(f"max_tokens (minibert serve --max-tokens) must be a whole number of at least 3 "
+                             f"([CLS], a word, [SEP]); got {max_tokens!r}.")
+        self.model, self.max_tokens = model, min(max_tokens, cfg.max_tokens)
+        self.buckets = length_buckets(self.max_tokens)
+        # One run captures every value the step-through shows, of every layer (the views read pattern, q and k).
+        wanted = (_hook_name(step[3], layer) for layer in range(cfg.num_hidden_layers) for step in STEPS)
+        present = set(model.hook_names)
+        self._capture = [name for name in dict.fromkeys(wanted) if name in present]
+        self._runs: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()  # guards the run cache; one forward at a time
+        self._answering = threading.Lock()  # one answer at a time: memory stays flat under concurrent clients
+        self._drawing = ThreadPoolExecutor(1, thread_name_prefix="workbench-views")  # see _built_views
+
+    # ---- requests -------------------------------------------------------------------------------------
+
+    def answer(self, action: str, body: Mapping) -> dict:
+        """The answer to one API request: action in ACTIONS, body its JSON object."""
+        if action not in ACTIONS:
+            raise InputError(f"unknown action {action!r}; the workbench answers {', '.join(ACTIONS)}.")
+        if not isinstance(body, Mapping):
+            raise InputError("the request body must be a JSON object, e.g. {\"text\": \"The cat sat.\"}.")
+        with self._answering:  # an answer holds its run's captures and packed views: a few MB each at 128 tokens
+            return ACTIONS[action](self, body)
+
+    def info(self, body: Mapping | None = None) -> dict:
+        """What the page needs to draw its controls: the model, its sizes, its head, the limits."""
+        cfg, tokenizer = self.model.config, self.model.tokenizer
+        return {"model": self.model.source, "family": cfg.family.name, "architecture": cfg.architecture,
+                "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads, "d_model": cfg.hidden_size,
+                "d_head": cfg.head_dim, "d_ffn": cfg.intermediate_size, "outputs": self._output_kinds(),
+                "mask_token": tokenizer.mask_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
+                "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES)}
+
+    def tokenize(self, body: Mapping) -> dict:
+        request = self._request(body)
+        batch = self._batch(request)
+        return {"tokens": batch.tokens[0], "offsets": [list(span) for span in batch.offsets[0]],
+                "sequence_ids": batch.sequence_ids[0], "sentence_b_start": _b_start(batch)}
+
+    def run(self, body: Mapping) -> dict:
+        """Tokens, the head / model / neuron views, and the outputs; with heads to ablate, outputs before and
+        after and the views of the ablated run."""
+        request = self._request(body)
+        before = self._run(dataclasses.replace(request, ablate=()))
+        after = self._run(request) if request.ablate else before
+        answer = {"tokens": after.tokens, "offsets": [list(span) for span in after.offsets],
+                  "sentence_b_start": after.sentence_b_start, "ablated": [list(pair) for pair in request.ablate],
+                  "mode": request.mode, "views": self._views(after),
+                  "outputs": {"before": self._outputs(before)}}
+        if request.ablate:
+            answer["outputs"]["after"] = self._outputs(after)
+        return answer
+
+    def step(self, body: Mapping) -> dict:
+        """One head's computation for one query token, every value from the hooks (see `_steps`)."""
+        request = self._request(body)
+        cfg = self.model.config
+        layer = _index(body, "layer", cfg.num_hidden_layers, "layers", 0)
+        head = _index(body, "head", cfg.num_attention_heads, "heads", 0)
+        run = self._run(request)
+        query = _index(body, "query", len(run.tokens), "tokens here", min(1, len(run.tokens) - 1))
+        return {"layer": layer, "head": head, "query": query, "tokens": run.tokens,
+                "shown": SHOWN, "steps": _steps(run, layer, head, query, cfg.head_dim, self.model)}
+
+    def mixing(self, body: Mapping) -> dict:
+        """The head and model views of a context-mixing map instead of raw attention (one map per layer:
+        shown as a single head), of the model as the request's ablation leaves it (`_mixing_maps`)."""
+        request = self._request(body)
+        method = body.get("method", "attention")
+        if method not in MIXING_METHODS:
+            raise InputError(f"method {method!r} is not one of {', '.join(MIXING_METHODS)}.")
+        run = self._run(request)
+        if method == "attention":
+            return {"method": method, "views": self._views(run)}
+        maps = self._mixing_maps(run, request, method)[:, None]  # [L, 1, T, T]
+        tokens, b_start = run.tokens, run.sentence_b_start
+        return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start, level=0).data,
+                                            "model": views.model_view(tokens, maps, b_start, level=0).data}}
+
+    def warm_up(self, length: int) -> None:
+        """Compile the programs a text of `length` tokens (a bucket) runs, before a request waits for them."""
+        ids = np.full((1, length), self.model.tokenizer.cls_token_id)
+        hooks = self._hooks((), self._replacement(Request("", None, (), "zero")))
+        with self._lock:
+            self.model.run(self._padded(ids, np.zeros_like(ids)), names=self._capture, hooks=hooks)
+            if self.model.pooling is not None:
+                pair = np.full((2, length), self.model.tokenizer.cls_token_id)
+                self.model.run(self._padded(pair, np.zeros_like(pair)), hooks=hooks)
+
+    def warm_up_mixing(self, length: int) -> None:
+        """Compile (by running once) the programs of the mixing maps that need their own, ALTI's and value
+        zeroing's, for a text of `length` tokens (a bucket); a family a measure refuses is skipped."""
+        ids = np.full((1, length), self.model.tokenizer.cls_token_id)
+        padded = self._padded(ids, np.zeros_like(ids))
+        hooks = self._mixing_hooks(Request("", None, (), "zero"))
+        with self._lock:
+            for measure in (mixing.alti, mixing.value_zeroing):
+                try:
+                    measure(self.model, padded, hooks=hooks)
+                except MinibertError:  # the request for it answers with the measure's own message
+                    pass
+
+    # ---- checking and running ---------------------------------------------------------------------------
+
+    def _request(self, body: Mapping) -> Request:
+        cfg = self.model.config
+        ablate = body.get("ablate") or []
+        if not isinstance(ablate, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in ablate):
+            raise InputError("'ablate' must be a list of [layer, head] pairs, e.g. [[2, 5]].")
+        heads = tuple(sorted({(_index({"layer": layer}, "layer", cfg.num_hidden_layers, "layers"),
+                                _index({"head": head}, "head", cfg.num_attention_heads, "heads"))
+                               for layer, head in ablate}))
+        mode = body.get("mode", "zero")
+        if mode not in ABLATION_MODES:
+            raise InputError(f"'mode' must be one of {', '.join(ABLATION_MODES)}; got {mode!r}.")
+        return Request(_text(body, "text", True), _text(body, "pair", False), heads, mode)
+
+    def _batch(self, request: Request):
+        batch = self.model.tokenize([request.text], None if request.pair is None else [request.pair])
+        if batch.input_ids.shape[1] > self.max_tokens:
+            raise InputError(f"the text has {batch.input_ids.shape[1]} tokens; the workbench takes at most "
+                             f"{self.max_tokens} (minibert serve --max-tokens). Shorten it.")
+        return batch
+
+    def _padded(self, ids, types) -> dict:
+        """[B, T] ids and token types padded with masked padding to the bucket length: one program per bucket."""
+        n_rows, length = ids.shape
+        extra = ((0, 0), (0, bucket_length(length, self.buckets) - length))
+        mask = np.pad(np.ones_like(ids), extra)
+        return {"input_ids": np.pad(ids, extra, constant_values=self.model.config.pad_token_id),
+                "token_type_ids": np.pad(types, extra), "attention_mask": mask}
+
+    def _head_mask(self, heads: tuple) -> np.ndarray:
+        """[L, H] float32: 1 at each (layer, head) in `heads`."""
+        cfg = self.model.config
+        mask = np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads), np.float32)
+        for layer, head in heads:
+            mask[layer, head] = 1
+        return mask
+
+    def _hooks(self, heads: tuple, replacement: np.ndarray) -> dict:
+        """Ablation hooks with the same shapes whatever is ablated (an empty mask changes nothing): one program."""
+        return ablate_heads(self._head_mask(heads), mean=replacement)
+
+    def _run(self, request: Request) -> Run:
+        key = (request.text, request.pair, request.ablate, request.mode if request.ablate else "zero")
+        with self._lock:
+            if key in self._runs:
+                self._runs.move_to_end(key)
+                return self._runs[key]
+        replacement = self._replacement(request)
+        batch = self._batch(request)
+        length = batch.input_ids.shape[1]
+        hooks = self._hooks(request.ablate, replacement)
+        with self._lock:
+            out, cache = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), names=self._capture,
+                                        hooks=hooks)
+            captures = {name: np.asarray(cut_to_length(name, value, length))[0] for name, value in cache.items()}
+            logits = None if out.logits is None else np.asarray(out.logits)[0]
+            if logits is not None and logits.ndim >= 2:
+                logits = logits[:length]
+            similarity = self._similarity(request, hooks)
+            run = Run(batch.tokens[0], list(batch.offsets[0]), np.asarray(batch.input_ids[0]), _b_start(batch),
+                      captures, logits, similarity)
+            self._runs[key] = run
+            while len(self._runs) > CACHED_RUNS:
+                self._runs.popitem(last=False)
+        return run
+
+    def _replacement(self, request: Request) -> np.ndarray:
+        """What an ablated head outputs, [L, H, K]: zeros, or its mean z over this text's tokens (mean mode)."""
+        cfg = self.model.config
+        if request.ablate and request.mode == "mean":
+            return self._run(dataclasses.replace(request, ablate=())).stack("attn.hook_z").mean(axis=1)
+        return np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim), np.float32)
+
+    def _similarity(self, request: Request, hooks: dict) -> float | None:
+        """Cosine similarity of sentence A's and B's embeddings (sentence-transformers checkpoints with a pair),
+        each encoded on its own, with the model's pooling, under the same hooks."""
+        pooling = self.model.pooling  # no similarity where sentence_embeddings would refuse (no Pooling, Dense, …)
+        if pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None:
+            return None
+        batch = self.model.tokenize([request.text, request.pair])
+        out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), hooks=hooks)[0]
+        hidden = np.asarray(out.last_hidden_state, np.float64)[:, :batch.input_ids.shape[1]]
+        a, b = _pooled(hidden, np.asarray(batch.attention_mask), self.model.pooling["mode"])
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+    def _mixing_hooks(self, request: Request) -> dict:
+        """The request's ablation with the ablated heads' patterns zeroed (`_mixing_maps`); the same hooks (shapes)
+        whatever is ablated, so one program per bucket."""
+        hooks = self._hooks(request.ablate, self._replacement(request))
+        hooks[PATTERNS] = HookFn(_silenced_heads, mask=self._head_mask(request.ablate))
+        return hooks
+
+    def _mixing_maps(self, run: Run, request: Request, method: str) -> np.ndarray:
+        """[L, T, T] context-mixing maps of one document (minibert.analysis; docs/context_mixing.md) of the model
+        under the request's ablation (`run` is its run). An ablated head outputs a replacement no token feeds, so
+        it moves nothing between tokens: its pattern counts as zeros — in rollout's mean over heads and, through a
+        pattern hook beside the ablation's, in ALTI's terms (as mixing.alti asks); value zeroing runs under the
+        same hooks (the ablated head's values are unused there anyway)."""
+        silenced = self._head_mask(request.ablate)
+        if method == "rollout":
+            return flow.attention_rollout(run.stack("attn.hook_pattern") * (1 - silenced)[:, :, None, None])
+        hooks = self._mixing_hooks(request)
+        batch = self._batch(request)
+        padded = self._padded(batch.input_ids, batch.token_type_ids)
+        measure = {"value_zeroing": mixing.value_zeroing, "alti": mixing.alti}[method]
+        length = len(run.tokens)
+        with self._lock:
+            return measure(self.model, padded, hooks=hooks)[:, 0, :length, :length]
+
+    # ---- answers ----------------------------------------------------------------------------------------
+
+    def _views(self, run: Run) -> dict:
+        """The head, model and neuron views' data (View.data, drawn in the page by views.js), packed without
+        compression (level 0): on a local connection, compressing costs more time than the bytes it saves.
+        Built once per run and kept with it in the run cache: clicking a token or a head of the step-through asks
+        for the same run again."""
+        if not run.views:
+            run.views.update(self._built_views(run))
+        return run.views
+
+    def _built_views(self, run: Run) -> dict:
+        """The neuron view is drawn on a second thread meanwhile: NumPy lets go of the GIL in its array work, so on
+        two cores the three views take about as long as the neuron view alone."""
+        attention = run.stack("attn.hook_pattern")
+        q, k, options = _neuron_inputs(run)
+        tokens, b_start = run.tokens, run.sentence_b_start
+        neuron = self._drawing.submit(views.neuron_view, tokens, q, k, attention, b_start,
+                                      query_index=min(1, len(tokens) - 1), level=0, **options)
+        return {"head": views.head_view(tokens, attention, b_start, level=0).data,
+                "model": views.model_view(tokens, attention, b_start, level=0).data, "neuron": neuron.result().data}
+
+    def _output_kinds(self) -> list[str]:
+        heads = self.model.config.heads
+        kinds = ["mlm"] if heads.mlm else []
+        kinds += [f"{heads.classifier}_classes"] if heads.classifier else []
+        kinds += ["similarity"] if self.model.pooling is not None else []
+        return kinds
+
+    def _outputs(self, run: Run) -> dict:
+        """What the model's head produces: masked-LM top-k at each [MASK], class probabilities, A–B similarity."""
+        cfg, tokenizer = self.model.config, self.model.tokenizer
+        outputs: dict = {}
+        if cfg.heads.mlm:
+            positions = np.flatnonzero(run.ids == tokenizer.mask_token_id)
+            outputs["mlm"] = [_top_k(run.logits[position], position, tokenizer) for position in positions]
+        if cfg.heads.classifier == "sequence":
+            outputs["classes"] = _labelled(_softmax(run.logits), cfg.id2label)
+        elif cfg.heads.classifier == "token":
+            outputs["token_classes"] = [_labelled(p, cfg.id2label) for p in _softmax(run.logits)]
+        if run.similarity is not None:
+            outputs["similarity"] = run.similarity
+        return outputs
+
+
+ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": Workbench.run, "step": Workbench.step,
+           "mixing": Workbench.mixing}
+
+
+def _b_start(batch) -> int | None:
+    """Index of sentence B's first token in row 0, or None (as viz.document sets it)."""
+    segment_b = [i for i, sequence in enumerate(batch.sequence_ids[0]) if sequence == 1]
+    return segment_b[0] if segment_b else None
+
+
+def _neuron_inputs(run: Run) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The neuron view's q and k — rotated where the family rotates them, as its scores use them — and its options:
+    DeBERTa's three score terms, and the keys the model masks where it masks any (a local layer's window: −∞ in
+    the captured scores; padding is cut off already), so that the view's softmax is the model's pattern."""
+    rotated = "blocks.0.attn.hook_rot_q" in run.captures
+    q, k = (run.stack(f"attn.hook_{'rot_' if rotated else ''}{name}") for name in "qk")
+    options = {}
+    if "blocks.0.attn.hook_c2c" in run.captures:
+        options["terms"] = {term: run.stack(f"attn.hook_{term}") for term in views.TERMS}
+    reach = np.isfinite(run.stack("attn.hook_attn_scores")[:, 0])  # masks are the same for every head
+    if not reach.all():
+        options["key_mask"] = reach
+    return q, k, options
+
+
+def _silenced_heads(pattern, ctx, mask):
+    """pattern [B, H, T, S] with the heads where mask[layer, h] = 1 attending to nothing (all zeros)."""
+    return (pattern * (1 - mask[ctx.layer])[None, :, None, None]).astype(pattern.dtype)
+
+
+SIGNIFICANT = 8  # digits of each number a step sends: float32 holds ~7.2, so rounding to 8 moves a hook's value by
+# at most 5e-8 (relative), under one float32 step, and halves the characters of float64's 17: the step's JSON is
+# encoded and parsed in about half the time (RESULTS.md, "Live workbench")
+
+
+def _rounded(value) -> np.ndarray:
+    """float64 `value` rounded to SIGNIFICANT significant digits (zeros and non-finite values as they are)."""
+    x = np.asarray(value, np.float64)
+    with np.errstate(all="ignore"):  # log10(0) = −inf, inf·0: those entries are put back below
+        places = SIGNIFICANT - 1 - np.floor(np.log10(np.abs(x)))  # decimal places kept
+        # Powers of ten up to 1e22 are exact doubles, so m / 10^p is the double nearest to the decimal m·10^−p and
+        # prints as it: scale up by 10^p, or down by 10^−p, never by an inexact 10^−p.
+        up, down = 10.0 ** np.maximum(places, 0), 10.0 ** np.maximum(-places, 0)
+        rounded = np.round(x * up / down) * down / up
+    return np.where(np.isfinite(rounded), rounded, x)
+
+
+def _pooled(hidden: np.ndarray, mask: np.ndarray, mode) -> np.ndarray:
+    """[B, D] sentence vectors as Model.sentence_embeddings pools them (normalising does not change a cosine)."""
+    modes = (mode,) if isinstance(mode, str) else mode  # several: concatenated
+    return np.concatenate([np.asarray(pooled_tokens(hidden, mask, m), np.float64) for m in modes], axis=-1)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(np.asarray(logits, np.float64) - np.max(logits, axis=-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+def _labelled(probabilities: np.ndarray, labels) -> list[dict]:
+    return [{"label": label, "p": float(p)} for label, p in zip(labels, probabilities)]
+
+
+def _top_k(logits: np.ndarray, position: int, tokenizer) -> dict:
+    probabilities = _softmax(logits)
+    best = np.argsort(-probabilities, kind="stable")[:TOP_K]
+    return {"position": int(position), "top": [{"token": tokenizer.ids_to_tokens.get(int(i), "?"),
+                                                "p": float(probabilities[i])} for i in best]}
+
+
+SHOWN = 8  # values the page shows of a vector (the rest behind "…"), and whose dot-product operands a step sends
+
+
+def _vector(value: np.ndarray) -> list[float | None]:
+    """The values as JSON numbers; −∞ (a masked score) as null, which JSON has no number for."""
+    flat = _rounded(value).ravel()
+    return [None if v == -np.inf else v for v in flat.tolist()]
+
+
+# The step-through of one block, in the order of its family's computation: (id, label, equation, hook — "embed…",
+# "hook_full_embed" and "ln_final…" as named, the rest within block l —, what of its value the step shows, its
+# operands; "a|b" is a, or b where a is left out). A step whose hook a family or layer lacks (segments, position
+# rows, ModernBERT's ln1 in layer 0) is left out, and so are its mentions as an operand; ln_final shows in the last
+# block only. Post-LN BERT (every family with norm "post"):
+_QUERY, _QUERY_HEAD, _KEYS_HEAD, _HEAD_ROW = "t", "t,h", ":,h", "h,t"
+POST_LN_STEPS = (
+    ("word", "token embedding", "e_word = W_E[id_t]", "embed.hook_embed", _QUERY, ()),
+    ("position", "position embedding", "e_pos = W_pos[t]", "embed.hook_pos_embed", _QUERY, ()),
+    ("segment", "segment embedding", "e_seg = W_type[type_t]", "embed.hook_token_type_embed", _QUERY, ()),
+    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word + e_pos + e_seg)", "hook_full_embed", _QUERY,
+     ("word", "position", "segment")),
+    ("x", "block {layer} input", "x = h^{layer} (the residual stream entering block {layer})", "hook_resid_pre",
+     _QUERY, ("embed_ln",)),
+    ("q", "query", "q = x W_Q[h] + b_Q[h]", "attn.hook_q", _QUERY_HEAD, ("x",)),
+    ("k", "keys (every token s)", "k_s = x_s W_K[h] + b_K[h]", "attn.hook_k", _KEYS_HEAD, ("x",)),
+    ("v", "values (every token s)", "v_s = x_s W_V[h] + b_V[h]", "attn.hook_v", _KEYS_HEAD, ("x",)),
+    ("qk", "dot products", "q·k_s", "attn.hook_qk", _HEAD_ROW, ("q", "k")),
+    ("scaled", "scaled and masked", "(q·k_s)/√{d_head} + mask_s (mask: 0 on real keys, −∞ on padding)",
+     "attn.hook_attn_scores", _HEAD_ROW, ("qk",)),
+    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", _HEAD_ROW, ("scaled",)),
+    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", _QUERY_HEAD, ("pattern", "v")),
+    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
+     _QUERY, ("z",)),
+    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
+    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] + b_O", "hook_attn_out", _QUERY, ("concat", "head_out")),
+    ("resid_mid", "residual", "x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
+    ("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁", "ln1.hook_out", _QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN in", "y W_in + b_in", "mlp.hook_pre", _QUERY, ("ln1",)),
+    ("ffn_post", "activation", "act(y W_in + b_in)", "mlp.hook_post", _QUERY, ("ffn_pre",)),
+    ("ffn_out", "FFN out", "m = act(…) W_out + b_out", "hook_mlp_out", _QUERY, ("ffn_post",)),
+    ("resid_post", "residual", "y + m", "hook_resid_post", _QUERY, ("ln1", "ffn_out")),
+    ("ln2", "LayerNorm 2 (the block's output)", "h^{next} = LN(y + m)", "ln2.hook_out", _QUERY, ("resid_post",)),
+)
+# Pre-LN (norm "pre": ModernBERT): LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm
+# after the residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
+PRE_LN_STEPS = (
+    ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
+     "embed.hook_embed", _QUERY, ()),
+    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", _QUERY, ("word",)),
+    ("x", "block {layer} input", "x = h^{layer} (the residual stream entering block {layer})", "hook_resid_pre",
+     _QUERY, ("embed_ln",)),
+    ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", _QUERY,
+     ("x",)),
+    ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", "attn.hook_q", _QUERY_HEAD, ("ln1|x",)),
+    ("k", "keys (every token s)", "k_s = x̂_s W_K[h] (+ b_K[h])", "attn.hook_k", _KEYS_HEAD, ("ln1|x",)),
+    ("v", "values (every token s)", "v_s = x̂_s W_V[h] (+ b_V[h])", "attn.hook_v", _KEYS_HEAD, ("ln1|x",)),
+    ("rot_q", "rotary query", "q̃ = R(t) q (each pair of coordinates i turned by the angle t·θ_i)",
+     "attn.hook_rot_q", _QUERY_HEAD, ("q",)),
+    ("rot_k", "rotary keys", "k̃_s = R(s) k_s", "attn.hook_rot_k", _KEYS_HEAD, ("k",)),
+    ("qk", "dot products", "q̃·k̃_s (through the rotations: depends on s − t)", "attn.hook_qk", _HEAD_ROW,
+     ("rot_q", "rot_k")),
+    ("scaled", "scaled and masked", "(q̃·k̃_s)/√{d_head} + mask_s (mask: 0 on keys in reach, −∞ on padding and, "
+     "in a local layer, on keys beyond its window)", "attn.hook_attn_scores", _HEAD_ROW, ("qk",)),
+    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", _HEAD_ROW, ("scaled",)),
+    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", _QUERY_HEAD, ("pattern", "v")),
+    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
+     _QUERY, ("z",)),
+    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
+    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", _QUERY, ("concat", "head_out")),
+    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
+    ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r)", "ln2.hook_out", _QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", _QUERY, ("ln2",)),
+    ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", "mlp.hook_pre_linear", _QUERY, ("ln2",)),
+    ("ffn_post", "gated activation", "act(g) ⊙ u", "mlp.hook_post", _QUERY, ("ffn_pre", "ffn_linear")),
+    ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", "hook_mlp_out", _QUERY, ("ffn_post",)),
+    ("resid_post", "residual (the block's output)", "h^{next} = r + m", "hook_resid_post", _QUERY,
+     ("resid_mid", "ffn_out")),
+    ("ln_final", "final LayerNorm (after the last block)", "LN_final(h^{next}): the last hidden state",
+     "ln_final.hook_out", _QUERY, ("resid_post",)),
+)
+# DeBERTa (attention "disentangled"): post-LN BERT whose scores are three terms, each already divided by √(K·m)
+# (m = 1 + the number of position terms; minibert/families/deberta_v2_model.py). r is the relative table, δ(t, s)
+# the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own position projections.
+_DISENTANGLED_SCORES = (
+    ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", "attn.hook_c2c",
+     _HEAD_ROW, ("qk",)),
+    ("c2p", "content → position", "q·(r W_K')[δ(t, s)] / √({d_head}·m): the query against the relative table's row "
+     "for the distance t − s (0 where pos_att_type leaves c2p out)", "attn.hook_c2p", _HEAD_ROW, ("q",)),
+    ("p2c", "position → content", "k_s·(r W_Q')[δ(t, s)] / √({d_head}·m): each key against the table's row for "
+     "t − s (0 where pos_att_type leaves p2c out)", "attn.hook_p2c", _HEAD_ROW, ("k",)),
+    ("scaled", "summed and masked", "c2c_s + c2p_s + p2c_s + mask_s (mask: 0 on real keys, −∞ on padding)",
+     "attn.hook_attn_scores", _HEAD_ROW, ("c2c", "c2p", "p2c")),
+)
+_SCORES_AT = next(i for i, step in enumerate(POST_LN_STEPS) if step[0] == "scaled")
+DISENTANGLED_STEPS = POST_LN_STEPS[:_SCORES_AT] + _DISENTANGLED_SCORES + POST_LN_STEPS[_SCORES_AT + 1:]
+STEPS_BY_NORM = {"post": POST_LN_STEPS, "pre": PRE_LN_STEPS}
+STEPS = POST_LN_STEPS + PRE_LN_STEPS + _DISENTANGLED_SCORES  # every step some family shows: what a run captures
+
+
+def _step_table(family) -> tuple:
+    """The family's step-through: DeBERTa's own scores, else its norm's table."""
+    return DISENTANGLED_STEPS if family.attention == "disentangled" else STEPS_BY_NORM[family.norm]
+
+
+def _score_step(model, d_head: int) -> tuple[str, float]:
+    """(the step whose values are q·k over a divisor, that divisor): the scores q·k/√K, or DeBERTa's c2c, divided
+    by √(K·m)."""
+    if model.config.family.attention != "disentangled":
+        return "scaled", float(np.sqrt(d_head))
+    return "c2c", float(np.sqrt(d_head * (1 + len(position_terms(model.config)))))
+_MODEL_SITES = ("embed.", "hook_full_embed", "ln_final.")  # hooks outside the blocks
+_AFTER_BLOCKS = "ln_final."  # shown with the last block only
+
+
+def _hook_name(site: str, layer: int) -> str:
+    """A STEPS hook's full name: the embedding's and the final LayerNorm's as they are, a block's in block `layer`."""
+    return site if site.startswith(_MODEL_SITES) else f"blocks.{layer}.{site}"
+
+
+def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
+    """The part of a captured value a step shows: the query's row, its head's, every key's for the head, or the
+    head's row of a [H, T, S] map; "concat" flattens the query's [H, K] row to H·K."""
+    if pick == _QUERY:
+        return value[query].reshape(-1)
+    return {_QUERY_HEAD: lambda: value[query, head], _KEYS_HEAD: lambda: value[:, head],
+            _HEAD_ROW: lambda: value[head, query]}[pick]()
+
+
+def _first_shown(operand: str, shown) -> str | None:
+    """An operand "a|b": a where it is shown, else b; None where none is."""
+    return next((choice for choice in operand.split("|") if choice in shown), None)
+
+
+def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> list[dict]:
+    """The walk through block `layer` for head `head` and query token `query` (its family's table in
+    STEPS_BY_NORM), each step {id, label, equation, values (the hook's numbers; null where −∞: a masked score),
+    shape, from (the ids of its operands)}; a step whose values are dot products also has `dot` (see
+    `_dot_products`)."""
+    cfg = model.config
+    fields = {"layer": layer, "next": layer + 1, "d_head": d_head}
+    last = layer == cfg.num_hidden_layers - 1
+    steps, shown = [], set()
+    for step_id, label, equation, site, pick, operands in _step_table(cfg.family):
+        name = _hook_name(site, layer)
+        if name not in run.captures or (site.startswith(_AFTER_BLOCKS) and not last):
+            continue
+        values = _picked(run.captures[name], pick, query, head)
+        sources = [_first_shown(operand, shown) for operand in operands]
+        steps.append({"id": step_id, "label": label.format(**fields), "equation": equation.format(**fields),
+                      "shape": list(values.shape), "values": _vector(values),
+                      "from": [source for source in sources if source is not None]})
+        shown.add(step_id)
+    dots = _dot_products(run, layer, head, d_head, model.named_parameters(), pre_ln=cfg.family.norm == "pre",
+                         score=_score_step(model, d_head))
+    for step in steps:
+        dot = dots.get(step["id"])
+        left = dot and _first_shown(dot["left"], shown)
+        if left:
+            step["dot"] = {**dot, "left": left}
+    return steps
+
+
+def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, pre_ln: bool,
+                  score: tuple[str, float]) -> dict[str, dict]:
+    """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
+    left vector ("a|b" as in STEPS), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
+    None, divisor}}, so that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row
+    (the scores), else the SHOWN values the page shows. Weights are read by name, fused ones (ModernBERT's W_QKV
+    [3, D, H, K], GeGLU's W_in [D, 2, F]) split; a family without a bias goes without. score: the step whose values
+    are q·k_s / divisor (`_score_step`). DeBERTa's position terms read the relative table: shown without operands."""
+    def captured(site: str):
+        return run.captures.get(_hook_name(site, layer))
+
+    def weight(name: str, part: int | None = None):
+        value = weights.get(f"blocks.{layer}.{name}")
+        if value is None:
+            return None
+        value = np.asarray(value)  # sliced before dot() widens it to float64
+        return value if part is None else value[part]
+
+    def dot(left: str, right_name: str, right, bias=None, divisor: float = 1.0, n: int = SHOWN) -> dict:
+        return {"left": left, "right_name": right_name, "right": _rounded(np.asarray(right)[:n]).tolist(),
+                "bias": None if bias is None else _rounded(np.asarray(bias)[:n]).tolist(), "divisor": divisor}
+
+    dots = {}
+    rotated = captured("attn.hook_rot_k") is not None  # the scores use the rotated q and k
+    keys, values = captured("attn.hook_rot_k" if rotated else "attn.hook_k"), captured("attn.hook_v")
+    query, key = ("rot_q", "k̃_s") if rotated else ("q", "k_s")
+    if keys is not None:  # score_s = q·k_s (then / √K; the mask adds 0 on the keys in reach)
+        score_id, divisor = score
+        dots["qk"] = dot(query, key, keys[:, head], n=len(keys))
+        dots[score_id] = dot(query, key, keys[:, head], divisor=divisor, n=len(keys))
+    if values is not None:  # z_i = Σ_s α_s v_s,i
+        dots["z"] = dot("pattern", "v_s[i] (column i of v)", values[:, head].T)
+    fused = weights.get(f"blocks.{layer}.attn.W_QKV") is not None
+    w_q = weight("attn.W_QKV", 0) if fused else weight("attn.W_Q")  # [D, H, K]
+    b_q = weight("attn.b_QKV", 0) if fused else weight("attn.b_Q")  # [H, K]
+    if w_q is not None:
+        dots["q"] = dot("ln1|x" if pre_ln else "x", "W_Q[:, h, j]", w_q[:, head].T, None if b_q is None else b_q[head])
+    w_o = weight("attn.W_O")
+    if w_o is not None:  # [H, K, D]: (z W_O[h])_j = z · W_O[h, :, j]
+        dots["head_out"] = dot("z", "W_O[h, :, j]", w_o[head].T)
+    w_in, b_in, ffn_in = weight("mlp.W_in"), weight("mlp.b_in"), "ln2" if pre_ln else "ln1"
+    if w_in is not None and w_in.ndim == 3:  # GeGLU [D, 2, F]: the gate half, then the linear half
+        for part, step_id in enumerate(("ffn_pre", "ffn_linear")):
+            dots[step_id] = dot(ffn_in, f"W_in[:, {part}, j]", w_in[:, part].T, None if b_in is None else b_in[part])
+    elif w_in is not None:  # [D, F]
+        dots["ffn_pre"] = dot(ffn_in, "W_in[:, j]", w_in.T, b_in)
+    w_out = weight("mlp.W_out")
+    if w_out is not None:  # [F, D]
+        dots["ffn_out"] = dot("ffn_post", "W_out[:, j]", w_out.T, weight("mlp.b_out"))
+    return dots
