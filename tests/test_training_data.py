@@ -5,10 +5,13 @@ padding never chosen."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
+import pytest
 
 import minibert
+from minibert.errors import DataFileError, InputError
 from minibert.training import data as data_
 
 VOCAB, MASK = 30522, 103
@@ -71,3 +74,98 @@ def test_batches_mask_real_tokens_only_and_rebuild_alone():
     for key in every[5]:
         np.testing.assert_array_equal(again[key], every[5][key])
     assert sum(int((b["labels"] != data_.IGNORE).sum()) for b in every) > 0
+
+
+# ---- files and labels (issue 32 A1, A2, C) ------------------------------------------------------------------
+
+
+def _file(tmp_path, name: str, content: str | bytes):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def test_a_row_with_more_fields_than_its_header_names_its_line(tmp_path):
+    """Before: csv.DictReader put the text's second half under the key None and the middle field became the
+    label, silently."""
+    path = _file(tmp_path, "train.csv", "text,label\nthe cat,0\nthe cat, sat,1\n")
+    with pytest.raises(DataFileError, match=r"train\.csv, line 3: 3 fields but the header row has 2"):
+        data_.examples(path)
+
+
+def test_a_quoted_field_keeps_its_newline_and_a_later_line_is_named_by_its_file_line(tmp_path):
+    path = _file(tmp_path, "train.csv", 'text,label\n"the cat, sat\non the mat",0\nok,1\nbad,1,2\n')
+    with pytest.raises(DataFileError, match=r"line 5: 3 fields"):  # the quoted newline counts as a line
+        data_.examples(path)
+    path = _file(tmp_path, "ok.csv", 'text,label\n"the cat, sat\non the mat",0\n"a\r\nb",1\n')
+    assert [row.text for row in data_.examples(path)] == ["the cat, sat\non the mat", "a\r\nb"]
+
+
+@pytest.mark.parametrize("name", ["train.csv", "train.tsv", "train.jsonl"])
+def test_a_utf8_byte_order_mark_is_read_as_excel_writes_it(tmp_path, name):
+    content = {"train.csv": "text,label\nhi,0\nho,1\n", "train.tsv": "text\tlabel\nhi\t0\nho\t1\n",
+               "train.jsonl": '{"text": "hi", "label": 0}\n{"text": "ho", "label": 1}\n'}[name]
+    path = _file(tmp_path, name, b"\xef\xbb\xbf" + content.encode())
+    assert data_.examples(path) == [data_.Example("hi", None, 0), data_.Example("ho", None, 1)]
+
+
+def test_a_latin1_file_names_its_line_and_the_fix(tmp_path):
+    path = _file(tmp_path, "train.tsv", "text\tlabel\nok\t0\ncaf\xe9\t1\n".encode("latin-1"))
+    with pytest.raises(DataFileError, match=r"train\.tsv, line 3: not valid UTF-8 \(byte 0xe9\).*save the file as "
+                                            r"UTF-8"):
+        data_.examples(path)
+
+
+def test_a_text_longer_than_the_csv_modules_field_limit_is_read(tmp_path):
+    """Python's csv refuses fields over csv.field_size_limit() (131,072 characters) with a bare _csv.Error; a
+    10 MB text is a text like any other (the tokenizer truncates it)."""
+    long = "word " * 2_000_000
+    path = _file(tmp_path, "train.tsv", f"text\tlabel\n{long}\t0\nshort\t1\n")
+    assert [len(row.text) for row in data_.examples(path)] == [len(long), 5]
+
+
+def test_mixed_class_numbers_and_names_are_refused_naming_both(tmp_path):
+    """Before: `2, neg, pos, 0` sorted to names ['0', '2', 'neg', 'pos'] while the number 2 was taken as the id
+    2, so the example labelled 2 trained as 'neg'."""
+    path = _file(tmp_path, "train.csv", "text,label\na,2\nb,neg\nc,pos\nd,0\n")
+    with pytest.raises(InputError, match=r"row 1's label 2 is a class number but row 2's 'neg' is a name"):
+        data_.examples(path)
+    with pytest.raises(InputError, match=r"row 2's label 1 is a class number but row 1's 'x' is a name"):
+        data_.examples([("a", "x"), ("b", 1)])
+    with pytest.raises(InputError, match="class number"):
+        data_.examples([("a b", ["B", 0])], task="token-classification")
+
+
+def test_labels_are_read_without_surrounding_whitespace(tmp_path):
+    """Before: ' 1' was a name and 0 a number, and both trained as class 0 (one-class training, silently).
+    Whitespace around a label is never significant (files and tuples alike), and a label that reads as an
+    integer is a class number."""
+    rows = data_.examples(_file(tmp_path, "train.csv", "text,label\na, 1\nb,0\nc,pos \n".replace(",pos ", ", 1 ")))
+    assert [row.label for row in rows] == [1, 0, 1]
+    assert data_.label_names(rows, "sequence-classification", None) == ("LABEL_0", "LABEL_1")
+    rows = data_.examples([("a", " pos"), ("b", "neg\t"), ("c", "pos")])
+    assert data_.label_names(rows, "sequence-classification", None) == ("neg", "pos")
+    assert [row.label for row in rows] == ["pos", "neg", "pos"]
+    assert data_.examples([("a", np.int64(1)), ("b", "0")])[0].label == 1  # a NumPy integer is a number too
+    path = _file(tmp_path, "tokens.tsv", "text\tlabel\na b\t 0  1\n")
+    assert data_.examples(path, task="token-classification")[0].label == [0, 1]
+
+
+def test_masked_lm_examples_with_a_label_say_so():
+    """Before: the label became the pair ("pairs[0] is a int")."""
+    with pytest.raises(InputError, match=r"example 1 is \('the cat', 1\).*masked-LM.*no label"):
+        data_.examples([("the cat", 1)], task="masked-lm")
+
+
+@pytest.mark.parametrize(("labels", "names", "fragment"), [
+    ([0, 5], ("LABEL_0", "LABEL_1"), "row 2's label 5 is not a class of the model: it has 2 classes, 0 … 1"),
+    (["neg", "maybe"], ("neg", "pos"), "row 2's label 'maybe' is not one of the training labels ['neg', 'pos']"),
+    ([0, 1], ("neg", "pos"), "row 1's label 0 is a class number but the training labels are names"),
+])
+def test_labels_outside_the_training_classes_are_named(labels, names, fragment):
+    """encode maps labels to the classes the training data gave (eval data included): before, label 5 of 2
+    classes gave a NaN eval loss and accuracy 0, and a name the training data lacked a bare ValueError."""
+    model = minibert.load()
+    rows = [data_.Example(f"text {i}", None, label) for i, label in enumerate(labels)]
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        data_.encode(model, rows, "sequence-classification", names, where="eval data")

@@ -2,8 +2,15 @@
 
 An example is a text, an optional second text (a pair) and a label: a class for sequence classification
 (an int or a name), one label per word for token classification (words are the text split on spaces), none
-for masked-LM. Files are TSV or CSV with a header row naming the columns `text`, `pair`, `label`, or JSONL
-with those keys; a token-classification label cell holds the word labels separated by spaces (JSONL: a list).
+for masked-LM. Files are UTF-8 (a byte-order mark, as Excel writes, is dropped): TSV or CSV with a header row
+naming the columns `text`, `pair`, `label` (read by Python's csv module, so a quoted field keeps its commas and
+newlines), or JSONL with those keys; a token-classification label cell holds the word labels separated by
+spaces (JSONL: a list).
+
+Labels are read one way everywhere (files and tuples): whitespace around a label is dropped, and a label that
+spells an integer (`1`, ` 1`, `"-2"`) is a class number. The labels of one data set are all class numbers
+(0 … N − 1, named LABEL_i) or all names (classes in sorted order), never a mix: in `2, neg, pos, 0` the `2`
+could be a class number or a name, so the mix is refused rather than guessed.
 
 Batches have a fixed number of rows (the last one padded with rows of weight 0) and a length from the
 model's length buckets, so the step compiles once per bucket.
@@ -11,10 +18,14 @@ model's length buckets, so the step compiles once per bucket.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
+import io
 import json
-from collections.abc import Iterator, Sequence
+import numbers
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +55,18 @@ def checked_task(task: str) -> str:
 
 def examples(source, *, task: str = "sequence-classification") -> list[Example]:
     """Examples from a TSV/CSV/JSONL file or a list of (text, label) / (text, pair, label) tuples (masked-LM:
-    texts or (text,) / (text, pair) tuples). Every row must have a pair, or none must."""
+    texts or (text,) / (text, pair) tuples). Every row must have a pair, or none must; labels are read as the
+    module docstring says (class numbers or names, not both)."""
     checked_task(task)
     if isinstance(source, (str, Path)):
         rows, where = _read_file(Path(source)), str(source)
-    else:
+    elif isinstance(source, Iterable):
         rows, where = [_tuple_row(item, task, i) for i, item in enumerate(source)], "the data"
+    else:
+        raise InputError(f"the data is {type(source).__name__}; pass a file's path or a list of examples.")
     if not rows:
         raise DataFileError(f"{where} holds no examples; pass at least one row.")
-    if task == "token-classification":  # a TSV/CSV cell holds the word labels separated by spaces
-        rows = [dataclasses.replace(r, label=r.label.split()) if isinstance(r.label, str) else r for r in rows]
+    rows = [dataclasses.replace(row, label=_labels(row.label, task)) for row in rows]
     found = [i for i, row in enumerate(rows) if row.pair is not None]
     if found and len(found) != len(rows):
         missing = next(i for i, row in enumerate(rows) if row.pair is None)
@@ -65,7 +78,47 @@ def examples(source, *, task: str = "sequence-classification") -> list[Example]:
         if (row.label is None) != (task == "masked-lm"):
             need = "has a label, which masked-LM does not use" if row.label is not None else "has no label"
             raise DataFileError(f"{where}: row {i + 1} {need} (task {task!r}).")
+    _check_one_kind_of_label(rows, task, where)
     return rows
+
+
+INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+
+
+def _labels(label, task: str):
+    """A row's label as training reads it (a token-classification cell: its space-separated word labels)."""
+    if task == "masked-lm" or label is None:
+        return label
+    if task == "token-classification":
+        words = label.split() if isinstance(label, str) else label
+        return [_label(x) for x in words] if isinstance(words, (list, tuple)) else words
+    return _label(label)
+
+
+def _label(value):
+    """Whitespace around a text dropped (' 1' and '1' are one class, never two); a text spelling an integer,
+    or a NumPy integer, is that class number; an empty text is no label."""
+    if isinstance(value, str):
+        value = value.strip()
+        return int(value) if INTEGER.fullmatch(value) else value or None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _check_one_kind_of_label(rows: Sequence[Example], task: str, where: str) -> None:
+    """Refuse labels that mix class numbers and names (what the number means would be a guess)."""
+    if task == "masked-lm":
+        return
+    first = {}  # is a class number → (row, label) of the first such label
+    for i, row in enumerate(rows):
+        for label in row.label if task == "token-classification" else [row.label]:
+            first.setdefault(isinstance(label, int), (i, label))
+        if len(first) == 2:
+            (number_row, number), (name_row, name) = first[True], first[False]
+            raise InputError(f"{where}: row {number_row + 1}'s label {number} is a class number but row "
+                             f"{name_row + 1}'s {name!r} is a name; give every label as a name, or every label "
+                             f"as a class number 0 … N − 1.")
 
 
 def _tuple_row(item, task: str, i: int) -> Example:
@@ -74,50 +127,82 @@ def _tuple_row(item, task: str, i: int) -> Example:
     if isinstance(item, str):
         item = (item,)
     labelled = task != "masked-lm"
+    shape = "(text, label) or (text, pair, label)" if labelled else "a text, (text,) or (text, pair), with no label"
     if not isinstance(item, (tuple, list)) or not 1 + labelled <= len(item) <= 2 + labelled:
-        shape = "(text, label) or (text, pair, label)" if labelled else "a text, (text,) or (text, pair)"
         raise InputError(f"example {i + 1} is {item!r}; each example is {shape}.")
     text, *rest = item
     label = rest.pop() if labelled else None
-    return Example(str(text), rest[0] if rest else None, label)
+    if not all(isinstance(x, str) for x in [text, *rest]):
+        raise InputError(f"example {i + 1} is {item!r}; for {'masked-LM' if not labelled else task} each example "
+                         f"is {shape}, its texts strings.")
+    return Example(text, rest[0] if rest else None, label)
+
+
+def read_text(path: Path) -> str:
+    """A data file's text: UTF-8, with a byte-order mark (Excel's "CSV UTF-8") dropped; any other encoding is a
+    DataFileError naming the line, since guessing one would change the texts silently."""
+    if not path.is_file():
+        missing = not path.exists()
+        raise (DataFileMissing if missing else DataFileError)(
+            f"{path} {'does not exist' if missing else 'is not a file'}; pass a TSV, CSV or JSONL file of examples.")
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise DataFileError(f"{path}, line {line}: not valid UTF-8 (byte {raw[error.start]:#04x}); save the file "
+                            f"as UTF-8 (a Latin-1 or Windows-1252 file: re-save it with the UTF-8 encoding).") from None
 
 
 def _read_file(path: Path) -> list[Example]:
-    if not path.exists():
-        raise DataFileMissing(f"{path} does not exist; pass a TSV, CSV or JSONL file of examples.")
     suffix = path.suffix.lower()
-    if suffix not in (".tsv", ".csv", ".jsonl", ".json"):
+    if path.exists() and suffix not in (".tsv", ".csv", ".jsonl", ".json"):
         raise DataFileError(f"{path}: the extension says neither TSV, CSV nor JSONL; rename it .tsv, .csv or .jsonl.")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if not text.strip():
         raise DataFileError(f"{path} is empty; it needs a header row (text[, pair], label) and examples.")
     if suffix in (".jsonl", ".json"):
         records = []
-        for n, line in enumerate(text.splitlines(), 1):
+        for n, line in enumerate(text.split("\n"), 1):  # not splitlines: a JSON string may hold U+2028 raw
             if line.strip():
                 try:
                     records.append((n, json.loads(line)))
                 except json.JSONDecodeError as e:
                     raise DataFileError(f"{path}:{n}: not a JSON object ({e.msg}); one object per line.") from None
     else:
-        reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
-        if "text" not in (reader.fieldnames or []):
-            raise DataFileError(f"{path}: the header row {reader.fieldnames} has no 'text' column; name the columns "
-                                f"text[, pair], label.")
-        records = [(n, row) for n, row in enumerate(reader, 2)]
+        records = _table_records(path, text, "\t" if suffix == ".tsv" else ",")
     return [_record(path, n, record) for n, record in records]
+
+
+def _table_records(path: Path, text: str, delimiter: str) -> list[tuple[int, dict]]:
+    """(line number, {column: cell}) of each row of a TSV/CSV text after its header, blank lines skipped.
+    The csv module reads the text wrapped with newline="" (so a quoted newline stays in its field), its field
+    limit raised to the text's length for the read (a long text is a text like any other)."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    limit = csv.field_size_limit(max(csv.field_size_limit(), len(text)))
+    try:
+        header, records, line = next(reader), [], reader.line_num + 1
+        if "text" not in header:
+            raise DataFileError(f"{path}: the header row {header} has no 'text' column; name the columns "
+                                f"text[, pair], label.")
+        for cells in reader:
+            if len(cells) > len(header):
+                raise DataFileError(f"{path}, line {line}: {len(cells)} fields but the header row has "
+                                    f"{len(header)}; quote a field that holds the delimiter {delimiter!r}.")
+            if cells:
+                records.append((line, dict(zip(header, cells))))
+            line = reader.line_num + 1  # where the next row begins (a quoted newline spans lines)
+    except csv.Error as error:
+        raise DataFileError(f"{path}, line {reader.line_num}: {error}; fix the file's quoting.") from None
+    finally:
+        csv.field_size_limit(limit)
+    return records
 
 
 def _record(path: Path, line: int, record) -> Example:
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise DataFileError(f"{path}:{line}: each row needs a text (a string under 'text').")
-    pair = record.get("pair") or None
-    label = record.get("label")
-    if label == "":
-        label = None
-    if isinstance(label, str) and label.lstrip("-").isdigit():
-        label = int(label)
-    return Example(record["text"], pair, label)
+    return Example(record["text"], record.get("pair") or None, record.get("label"))
 
 
 # ---- labels -----------------------------------------------------------------------------------------------
@@ -143,8 +228,27 @@ def label_names(rows: Sequence[Example], task: str, num_labels: int | None) -> t
     return names
 
 
-def _label_id(label, names: tuple[str, ...]) -> int:
-    return label if isinstance(label, int) else names.index(str(label))
+def label_ids(names: tuple[str, ...], where: str) -> Callable[[object, int], int]:
+    """label_id(label, row) → the class id of a label under the training classes `names`; a label that is no
+    class of theirs (eval data's included) is an InputError naming `where`, the row and the classes."""
+    ids = {name: i for i, name in enumerate(names)}
+    numbered = names == tuple(f"LABEL_{i}" for i in range(len(names)))
+
+    def label_id(label, row: int) -> int:
+        if isinstance(label, int):
+            if not numbered:
+                raise InputError(f"{where}: row {row + 1}'s label {label} is a class number but the training labels "
+                                 f"are names {list(names)[:6]}; use the names.")
+            if not 0 <= label < len(names):
+                raise InputError(f"{where}: row {row + 1}'s label {label} is not a class of the model: it has "
+                                 f"{len(names)} classes, 0 … {len(names) - 1}.")
+            return label
+        if str(label) not in ids:
+            raise InputError(f"{where}: row {row + 1}'s label {label!r} is not one of the training labels "
+                             f"{list(names)[:6]}{' …' if len(names) > 6 else ''}.")
+        return ids[str(label)]
+
+    return label_id
 
 
 # ---- encoding ---------------------------------------------------------------------------------------------
@@ -162,9 +266,11 @@ class Encoded:
         return len(self.ids)
 
 
-def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...]) -> Encoded:
+def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...], where: str = "the data") -> Encoded:
     """Tokenize every example once (truncated to the model's positions). Token labels go to each word's first
-    word piece (transformers' run_ner convention); masked-LM rows mark the tokens it may mask (not specials)."""
+    word piece (transformers' run_ner convention); masked-LM rows mark the tokens it may mask (not specials).
+    `names`: the training classes (label_names); a label outside them is an InputError naming `where`."""
+    label_id = label_ids(names, where)
     texts = [row.text for row in rows]
     pairs = [row.pair for row in rows] if rows[0].pair is not None else None
     batch = model.tokenize(texts, pairs, max_length=model.config.max_tokens)
@@ -174,15 +280,15 @@ def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...]) ->
         encoded.ids.append(np.asarray(batch.input_ids[i, :n], np.int32))
         encoded.types.append(np.asarray(batch.token_type_ids[i, :n], np.int32))
         if task == "sequence-classification":
-            encoded.labels.append(np.array([_label_id(row.label, names)], np.int32))
+            encoded.labels.append(np.array([label_id(row.label, i)], np.int32))
         elif task == "token-classification":
-            encoded.labels.append(_word_labels(row, batch.offsets[i][:n], batch.sequence_ids[i][:n], names, i))
+            encoded.labels.append(_word_labels(row, batch.offsets[i][:n], batch.sequence_ids[i][:n], label_id, i))
         else:
             encoded.labels.append(np.array([s is not None for s in batch.sequence_ids[i][:n]], np.int32))
     return encoded
 
 
-def _word_labels(row: Example, offsets, sequence_ids, names, i: int) -> np.ndarray:
+def _word_labels(row: Example, offsets, sequence_ids, label_id, i: int) -> np.ndarray:
     """Each word's label on its first word piece; words are the text split on spaces (found by offsets)."""
     words = row.text.split()
     if not isinstance(row.label, (list, tuple)) or len(row.label) != len(words):
@@ -199,7 +305,7 @@ def _word_labels(row: Example, offsets, sequence_ids, names, i: int) -> np.ndarr
     for t, (seq, w) in enumerate(zip(sequence_ids, word_at)):
         if seq == 0 and w not in seen:
             seen.add(w)
-            labels[t] = _label_id(row.label[w], names)
+            labels[t] = label_id(row.label[w], i)
     return labels
 
 
