@@ -34,9 +34,9 @@ import harness  # noqa: E402
 
 import minibert  # noqa: E402
 from minibert.accounting import flops_per_token  # noqa: E402
-from minibert.api import bucket_length, length_buckets  # noqa: E402
+from minibert.buckets import bucket_length, length_buckets  # noqa: E402
 
-RULES = {  # name → (smallest, per_octave) of api.length_buckets
+RULES = {  # name → (smallest, per_octave) of buckets.length_buckets
     "previous: 16, then 2 per octave": (16, 2),
     "8 per octave": (1, 8),
     "16 per octave (Model.length_buckets)": (1, 16),

@@ -12,22 +12,25 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert import checkpoint, sources
+from minibert import buckets, checkpoint, programs, sources
 from minibert.config import Config
-from minibert.errors import AnalysisError, ConfigError, InputError
+from minibert.contract import StaticFn, metric_function, metric_values, traced_call
+from minibert.errors import ConfigError, InputError
 from minibert.hooks import (
     Cache,
+    HookContext,
     HookError,
     HookFn,
     HookPoints,
     Recorder,
     add_delta,
     count_compiles,
+    layer_of,
     resolve_names,
-    site_axes,
     writers_for,
 )
 from minibert.model import NO_DROPOUT, Bert, Dropout, Output, parameter_names, position_rows
+from minibert.pooling import POOLINGS, pooled_tokens
 from minibert.tokenizer import BaseTokenizer, Batch
 from minibert.tokenizers_hf import tokenizer_for
 
@@ -55,6 +58,12 @@ class Inputs:
                       "inputs.attention_mask (indexing and unpacking go in the next release).", DeprecationWarning,
                       stacklevel=3)
         return self.input_ids, self.token_type_ids, self.attention_mask
+
+    def padded_to(self, length: int, pad_id: int) -> Inputs:
+        """These rows padded on the right to [B, length]: pad_id tokens, masked, reading position row 0."""
+        return Inputs(buckets.padded_rows(self.input_ids, length, pad_id), buckets.padded_rows(self.token_type_ids,
+                      length), buckets.padded_rows(self.attention_mask, length), buckets.padded_rows(
+                      self.position_ids, length))
 
     def __getitem__(self, index):
         return self._as_tuple()[index]
@@ -104,79 +113,9 @@ def _checked_dtype(dtype):
     return checked
 
 
-# sentence_embeddings' modes: sentence-transformers' (checkpoint.POOLING_MODES maps its old names to them)
-POOLINGS = tuple(checkpoint.POOLING_MODES.values())
-
-
-def pooled_tokens(hidden, mask, mode: str, skip: int = 0):
-    """[B, D] sentence vectors of hidden states [B, T, D] over the real tokens of `mask` [B, T], as
-    sentence-transformers' Pooling computes `mode` (one of POOLINGS), leaving out the first `skip` real tokens
-    of each row ([CLS] and a prompt, for a Pooling with include_prompt false).
-
-    cls: the first token kept; max: the per-feature maximum; mean: the mean; mean_sqrt_len_tokens: the sum over
-    √(count); weightedmean: the mean weighted by position 1, 2, … from the row's first real token;
-    lasttoken: the last real token.
-    """
-    positions = jnp.arange(hidden.shape[1])[None]
-    first = jnp.argmax(mask, axis=1)[:, None]  # the first real token: 0 unless the rows are padded on the left
-    kept = (mask * (positions >= first + skip))[..., None].astype(hidden.dtype)
-    count = jnp.maximum(kept.sum(1), 1e-9)
-    if mode == "cls":
-        return jnp.take_along_axis(hidden, jnp.argmax(kept[..., 0], axis=1)[:, None, None], axis=1)[:, 0]
-    if mode == "max":
-        return jnp.where(kept > 0, hidden, -jnp.inf).max(1)
-    if mode == "mean":
-        return (hidden * kept).sum(1) / count
-    if mode == "mean_sqrt_len_tokens":
-        return (hidden * kept).sum(1) / jnp.sqrt(count)
-    if mode == "weightedmean":
-        weights = kept * (positions + 1 - first)[..., None]
-        return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1e-9)
-    last = hidden.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-    return jnp.take_along_axis(hidden * kept, last[:, None, None], axis=1)[:, 0]
-
-
 def is_text(batch) -> bool:
     """A text, or a list or tuple of texts (as opposed to a Batch or id arrays)."""
     return isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch))
-
-
-# One contract for every function that takes a metric, loss or target function (Model.grad and the analyses):
-# it is written with jax.numpy (it runs inside a compiled program) and returns floats, one value per batch row,
-# shape [B] — each row an example of its own — or one value for the whole batch, shape ().
-
-def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
-    """A metric's, loss's or target's return value checked against the one contract: float [B] or (). Integers
-    and booleans are refused everywhere, not only where a gradient of them would silently be zero: one rule,
-    and a cast (.astype(float)) is all it asks."""
-    dtype, shape = getattr(values, "dtype", None), getattr(values, "shape", None)
-    if isinstance(values, float):
-        dtype, shape = jnp.dtype(jnp.float32), ()
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or tuple(shape) not in ((), (n_rows,)):
-        got = f"shape {tuple(shape)}, dtype {dtype}" if dtype is not None else f"a {type(values).__name__}"
-        raise AnalysisError(f"the {what} must return floats written with jax.numpy: one value per batch row, shape "
-                            f"({n_rows},), or one value for the whole batch, shape (); it returned {got}. Reduce "
-                            f"the other axes inside the {what} (e.g. .mean(-1)) and cast counts with .astype(float).")
-    return jnp.asarray(values, jnp.float32)
-
-
-def metric_function(fn: Callable) -> Callable:
-    """fn itself if it can be called; else the contract's message (a number where the function goes used to end
-    in "'int' object is not callable" inside the trace)."""
-    if not callable(fn):
-        raise AnalysisError(f"the metric (loss, target) must be a function fn(output) returning floats, e.g. "
-                            f"lambda out: out.logits[:, 0, 1]; got {type(fn).__name__} {fn!r}.")
-    return fn
-
-
-def traced_call(fn: Callable, output, what: str = "metric"):
-    """fn(output), which runs inside a compiled program: a NumPy-only metric gets a message, not a traceback."""
-    try:
-        return fn(output)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError) as error:
-        raise AnalysisError(f"the {what} {getattr(fn, '__name__', fn)!r} must be written with jax.numpy "
-                            f"(jnp.linalg.norm, not np.linalg.norm, no float() or np.asarray): it runs inside a "
-                            f"compiled program. JAX said: {str(error).splitlines()[0]}") from None
 
 
 def _check_whole_numbers(name: str, value: np.ndarray) -> None:
@@ -190,40 +129,6 @@ def _check_whole_numbers(name: str, value: np.ndarray) -> None:
     if fractional.any():
         raise InputError(f"{name} must hold whole numbers; found {value[fractional][0]} in a {value.dtype} array. "
                          f"Pass an int array, as model.tokenize makes.")
-
-
-def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> tuple[int, ...]:
-    """The row lengths programs are compiled for, up to max_length: `smallest`, then per_octave evenly spaced
-    lengths per doubling (2: 16, 24, 32, 48, 64, 96, …; 1: 128, 256, 512, …), then max_length itself.
-
-    Each new length compiles a new program (seconds on a CPU, and memory); padding a row to the next bucket
-    costs up to 1/per_octave more tokens past `smallest`, and padding keys are masked, so real tokens get the
-    same values up to rounding. Model.length_buckets is (1, 16): see there.
-    """
-    buckets, octave = [], smallest
-    while octave < max_length:
-        buckets += range(octave, 2 * octave, max(1, octave // per_octave))
-        octave *= 2
-    return (*[b for b in buckets if b < max_length], max_length)
-
-
-def bucket_length(length: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket that holds `length` tokens (buckets ascending, the last at least `length`)."""
-    return next(b for b in buckets if b >= length)
-
-
-def _padded_to(inputs: Inputs, length: int, pad_id: int) -> Inputs:
-    """Every array of `inputs` padded on the right to [B, length] (masked padding reading position row 0)."""
-    extra = ((0, 0), (0, length - inputs.shape[1]))
-    pad = lambda array: None if array is None else jnp.pad(array, extra)  # noqa: E731
-    return Inputs(jnp.pad(inputs.input_ids, extra, constant_values=pad_id), pad(inputs.token_type_ids),
-                  pad(inputs.attention_mask), pad(inputs.position_ids))
-
-
-def _cut(name: str, value, length: int):
-    """A captured value of a padded run cut back to the real length on each of its T and S axes (minibert.sites)."""
-    axes = site_axes(name, value.ndim)
-    return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
 
 
 def _cut_output(out: Output, length: int, heads) -> Output:
@@ -249,9 +154,12 @@ class Model:
             self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
             nnx.replace_by_pure_dict(self.state, params)
         self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
+        self.bucket_rule = buckets.COARSE  # (smallest, per_octave) of length_buckets: buckets.FINE for throughput
         self._hook_compiles: dict = {}  # programs compiled per hook code (hooks.count_compiles warns on many)
         self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
-        self._programs: dict = {}  # Model.jit's compiled functions, by (fn, static_argnames)
+        self._programs: dict = {}  # Model.jit's Programs, by (fn, static_argnames)
+        self._resident = programs.Resident()  # their compiled programs, least recently used out first
+        self._pads_safely: dict = {}  # (hook name, hook fn, its arrays' shapes, B) → whether it may run padded
         self._forward_jit = self.jit(Model._forward, static_argnames=("capture", "writer_def"))
         self._stage_jit = self.jit(Model._stage, static_argnames=("stage", "capture", "writer_def"))
         self._hook_sites: dict | None = None
@@ -350,7 +258,7 @@ class Model:
         if not inputs.shape[1] <= length <= self.config.max_tokens:
             raise InputError(f"cannot pad rows of {inputs.shape[1]} tokens to {length}: the length must lie between "
                              f"them and the model's {self.config.max_tokens} positions.")
-        return inputs if length == inputs.shape[1] else _padded_to(inputs, length, self.config.pad_token_id)
+        return inputs if length == inputs.shape[1] else inputs.padded_to(length, self.config.pad_token_id)
 
     def tokenize(self, texts, pairs=None, *, max_length: int | None = None, padding: str = "longest") -> Batch:
         """Texts (and second texts; a None pair leaves its row single) → a Batch. max_length truncates (longest
@@ -476,8 +384,33 @@ class Model:
         """
         key = (fn, tuple(static_argnames))
         if key not in self._programs:
-            self._programs[key] = jax.jit(self._counted(functools.partial(fn, self)), static_argnames=static_argnames)
+            self._programs[key] = programs.Program(self._counted(functools.partial(fn, self)), tuple(static_argnames),
+                                                   self._resident)
         return self._programs[key]
+
+    @property
+    def max_programs(self) -> int:
+        """How many compiled programs this model keeps at most (default programs.MAX_PROGRAMS); past it, the least
+        recently used is dropped with its memory, and compiles again (or loads from the persistent cache) when
+        next needed."""
+        return self._resident.limit
+
+    @max_programs.setter
+    def max_programs(self, limit: int) -> None:
+        if not isinstance(limit, int) or limit < 1:
+            raise InputError(f"max_programs={limit!r}: pass a whole number of programs, at least 1.")
+        self._resident.resize(limit)
+
+    @property
+    def compiled_programs(self) -> int:
+        """How many compiled programs this model holds now (at most max_programs)."""
+        return len(self._resident)
+
+    def clear_compiled(self) -> None:
+        """Drop every compiled program this model holds, and their memory; the next calls compile again (or load
+        from the persistent compilation cache)."""
+        self._resident.clear()
+        self._pads_safely.clear()
 
     def _counted(self, fn: Callable) -> Callable:
         """fn, with each trace of it counted in `traces`; traced inside another counted function, it counts once."""
@@ -583,11 +516,11 @@ class Model:
         capture = frozenset(self._names(names)) if names != () else frozenset()
         writers = writers_for(hooks, self.hook_names, self.config.architecture)
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
-        # Where the hooks allow it (_bucketable), rows are padded to a bucket length so that a new sentence
-        # length rarely compiles a new program; outputs and captures are cut back to T.
+        # Rows are padded to a bucket length (docs/compiled.md) where the hooks cannot tell, so that a new sentence
+        # length rarely compiles a new program; outputs and captures are cut back to the real length.
         length = inputs.shape[1]
-        if self._bucketable(writers):
-            inputs = _padded_to(inputs, bucket_length(length, self.length_buckets), self.config.pad_token_id)
+        if self._pads_safely_under(writers, inputs.shape[0]):
+            inputs = inputs.padded_to(buckets.bucket_length(length, self.length_buckets), self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
         else:
@@ -598,29 +531,32 @@ class Model:
                 captured |= {name: np.asarray(value) for name, value in values.items()}
         if inputs.shape[1] != length:
             out = _cut_output(out, length, self.config.heads)
-            captured = {n: _cut(n, v, length) for n, v in captured.items()}
+            captured = {n: buckets.cut(n, v, length) for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
 
-    def _bucketable(self, writers: Mapping[str, tuple[HookFn, ...]]) -> bool:
-        """Whether hooks may run on rows padded to a bucket length. Padding changes the length a hook sees, so
-        only where that cannot change what it computes: every hook is marked `any_length` (it reads no
-        value.shape along T or S, no position from the end, no array shaped by T), or sits at a site without a
-        T or S axis (the pooler, sequence logits). Other hooks run at the exact length."""
-        def positional(name: str) -> bool:
-            return bool({"T", "S"} & set(site_axes(name, len(self.hook_sites[name][0]))))
+    def _pads_safely_under(self, writers: Mapping[str, tuple[HookFn, ...]], rows: int) -> bool:
+        """Whether every hook may run on rows padded to a bucket length: it sits at a site without a T or S axis
+        (the pooler, sequence logits), is marked `any_length`, or passes buckets.pads_safely's probe (once per
+        hook, site and shapes of its arrays). Otherwise the run keeps the exact length."""
+        def safe(name: str, hook: HookFn) -> bool:
+            shape, dtype = self.hook_sites[name]
+            if hook.any_length or not buckets.has_positions(name, len(shape)):
+                return True
+            arrays = tuple((k, jax.typeof(v)) for k, v in sorted(hook.arrays.items()))
+            key = (name, StaticFn(hook.fn), arrays, rows)
+            if key not in self._pads_safely:
+                ctx = HookContext(name, layer_of(name), self.config.num_attention_heads, self.config.head_dim)
+                self._pads_safely[key] = buckets.pads_safely(hook, name, (rows, *shape[1:]), dtype, ctx)
+            return self._pads_safely[key]
 
-        return all(all(fn.any_length for fn in fns) or not positional(name) for name, fns in writers.items())
+        return all(safe(name, hook) for name, hooks in writers.items() for hook in hooks)
 
     @property
     def length_buckets(self) -> tuple[int, ...]:
-        """The row lengths run, model(batch) and run_with_cache pad to: every length up to 31, then 16 per
-        doubling (32, 34, …, 62, 64, 68, …, 124, 128, 136, …) up to the model's positions — length_buckets(
-        max_tokens, 1, 16). The rule: no length pays more than ~10% over its exact-length program (padding
-        adds under 1/16 of the tokens, 6.25%; attention's share of the work grows as T², so its part of the
-        cost grows by at most twice that), while a model compiles at most 16 programs per doubling of length
-        (96 up to 512). The coarser (16, 2) rule padded 147 tokens to 192, 31% more tokens (measured in
-        benchmarks/buckets.py; RESULTS.md "Length buckets")."""
-        return length_buckets(self.config.max_tokens, smallest=1, per_octave=16)
+        """The row lengths run, model(batch), run_with_cache, run_with_hooks and finetune pad to, up to the model's
+        positions: buckets.length_buckets under `bucket_rule` — buckets.COARSE (16, 24, 32, 48, 64, 96, …) unless
+        set to buckets.FINE for throughput (docs/compiled.md)."""
+        return buckets.length_buckets(self.config.max_tokens, *self.bucket_rule)
 
     def __call__(self, batch) -> Output:
         return self.run(batch)[0]

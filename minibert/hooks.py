@@ -12,18 +12,13 @@ Hook functions are Python callables traced into the jitted program. Arrays they 
 which head, a patch value, a position mask — go in a `HookFn(fn, head=3)`, whose
 keyword arrays are traced arguments: a sweep over heads or positions compiles once.
 
-A plain function may also read globals or closed-over values: the compiled program is keyed
-on a fingerprint of what the function reads (`fingerprint`), so `HEAD = 5` after a run with
-`HEAD = 4` recompiles rather than silently reusing the old value. The fingerprint sees the
-function's closure cells, the globals its own code names, default arguments and
-functools.partial arguments — scalars by value, arrays and other objects by identity. It does
-not see globals read by helper functions the hook calls, nor an object mutated in place: for
-values that change, and for sweeps (which should not recompile at all), use HookFn's arrays.
-
-A function written again with the same code, reading the same values (a loop's lambda, a notebook cell run
-again), reuses the program (`behaviour_key`); when one hook's code has compiled RECOMPILE_WARNING_AT
-programs anyway, a RecompileWarning says so once and names HookFn as the fix. Model.run pads rows to a
-bucket length only under hooks that cannot tell (`any_length`, or sites without positions).
+A plain function may also read globals or closed-over values: the compiled program is keyed on the
+function's code and what it reads (minibert.contract.StaticFn), so `HEAD = 5` after a run with `HEAD = 4`
+recompiles rather than silently reusing the old value, and a function written again with the same code,
+reading the same values (a loop's lambda, a notebook cell run again), reuses the program. For values that
+change, and for sweeps (which should not recompile at all), use HookFn's arrays; when one hook's code has
+compiled RECOMPILE_WARNING_AT programs anyway, a RecompileWarning says so once and names HookFn as the fix.
+Model.run pads rows to a bucket length under hooks that cannot tell (minibert.buckets.pads_safely).
 
 TransformerLens habits work too: `get_act_name("pattern", 3)`, `cache["pattern", -1]`, `cache.stack("pattern")`,
 `stack_activation`, `hook.layer()`, hooks as a list of (name, fn) pairs (`fwd_hooks=`), `names_filter=` for
@@ -35,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import functools
 import numbers
 import re
 import warnings
@@ -46,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.config import architectures_with
+from minibert.contract import StaticFn
 from minibert.errors import HookError
 from minibert.sites import HEAD_PARTS, MOVED, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
@@ -60,66 +55,12 @@ class HookContext:
     d_head: int
 
 
-class _Identity:
-    """An object compared by identity; holding it keeps its id from being reused while a program keyed on it lives."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __eq__(self, other):
-        return isinstance(other, _Identity) and other.obj is self.obj
-
-    def __hash__(self):
-        return id(self.obj)
-
-
-_EMPTY_CELL = object()
-
-
-def _by_value(obj):
-    """Scalars (and tuples of them) by value, anything else by identity."""
-    if obj is None or isinstance(obj, (bool, numbers.Number, str, bytes)):
-        return (type(obj), obj)
-    if isinstance(obj, tuple):
-        return tuple(_by_value(x) for x in obj)
-    return _Identity(obj)
-
-
-def fingerprint(fn: Callable) -> tuple:
-    """What a hook function reads besides its arguments: closure cells, the globals its code names,
-    default arguments, functools.partial arguments (scalars by value, other objects by identity).
-
-    Two calls with equal fingerprints trace to the same program; any change recompiles. Globals read by
-    functions the hook calls, and objects mutated in place, are not seen (see the module docstring).
-    """
-    if isinstance(fn, functools.partial):
-        return ("partial", _by_value(fn.args), _by_value(tuple(sorted(fn.keywords.items()))), fingerprint(fn.func))
-    code = getattr(fn, "__code__", None)
-    if code is None:  # a callable object: its attributes are its own business; identity is what we have
-        return ()
-    cells = tuple(_cell_contents(cell) for cell in fn.__closure__ or ())
-    names = sorted(set(code.co_names) & fn.__globals__.keys())
-    return (_by_value(cells), tuple((name, _by_value(fn.__globals__[name])) for name in names),
-            _by_value(fn.__defaults__), _by_value(tuple(sorted((fn.__kwdefaults__ or {}).items()))))
-
-
-def _cell_contents(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # a closure variable not assigned yet
-        return _EMPTY_CELL
-
-
 @jax.tree_util.register_pytree_node_class
 class HookFn:
     """A hook function with array arguments that jit traces rather than bakes in.
 
-    `HookFn(fn, head=jnp.int32(3))` calls `fn(value, ctx, head=...)`. Changing `head`
-    reuses the compiled program; changing a global or closed-over value `fn` reads recompiles (its
-    `fingerprint` keys the program). A fresh function with the same code reading the same values (a lambda
-    written again, a notebook cell run again) reuses the program: `same_behaviour` is the key.
+    `HookFn(fn, head=jnp.int32(3))` calls `fn(value, ctx, head=...)`. Changing `head` reuses the compiled
+    program; `fn` itself keys the program as a contract.StaticFn (its code and what it reads).
     """
 
     def __init__(self, fn: Callable, **arrays):
@@ -131,7 +72,7 @@ class HookFn:
 
     def tree_flatten(self):
         keys = tuple(sorted(self.arrays))
-        return [self.arrays[k] for k in keys], (_SameBehaviour(self.fn), keys)
+        return [self.arrays[k] for k in keys], (StaticFn(self.fn), keys)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
@@ -147,37 +88,11 @@ class HookFn:
         return f"HookFn({getattr(self.fn, '__name__', self.fn)}, {', '.join(self.arrays)})"
 
 
-def behaviour_key(fn: Callable):
-    """What decides what a hook function computes: its code, its module's globals, its bound object and
-    what it reads (fingerprint). Two functions with equal keys compute the same, so they share a program."""
-    if isinstance(fn, functools.partial):
-        return ("partial", behaviour_key(fn.func), fingerprint(fn))
-    code = getattr(fn, "__code__", None)
-    if code is None:  # a callable object: itself (its own __eq__) is all we know
-        return ("object", fn)
-    return (code, _Identity(fn.__globals__), _Identity(getattr(fn, "__self__", None)), fingerprint(fn))
-
-
-class _SameBehaviour:
-    """A hook function in a compiled program's key, equal to any function with the same behaviour_key."""
-
-    __slots__ = ("fn", "key")
-
-    def __init__(self, fn: Callable):
-        self.fn, self.key = fn, behaviour_key(fn)
-
-    def __eq__(self, other):
-        return isinstance(other, _SameBehaviour) and other.key == self.key
-
-    def __hash__(self):
-        return hash(self.key)
-
-
 def any_length(fn: Callable) -> Callable:
     """Mark a hook function (or HookFn) whose result at each position does not depend on the row length:
     it reads no value.shape along T or S, counts no position from the end (value[:, -1]), takes no mean or
-    sum over positions and holds no array shaped by T. Model.run may then pad the rows to a bucket length
-    (masked padding), so many sentence lengths share a few compiled programs. Returns `fn`, marked."""
+    sum over positions and holds no array shaped by T. Model.run pads rows to a bucket length under any hook
+    that passes buckets.pads_safely's probe; the mark promises it and skips the probe. Returns `fn`, marked."""
     target = fn.fn if isinstance(fn, HookFn) else fn
     try:
         target.minibert_any_length = True
@@ -209,8 +124,9 @@ def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict) -> N
                 f"hook {getattr(fn, '__name__', fn)!r}{where} has compiled {RECOMPILE_WARNING_AT} programs: each "
                 f"new value it closes over or reads as a global, and each new row length, compiles again (seconds "
                 f"and memory each). Pass the values that change as arrays, HookFn(fn, head=jnp.int32(h)), which "
-                f"compiles once for all of them; mark a hook that reads no positions with minibert.any_length(fn) "
-                f"so that row lengths share bucket programs.", RecompileWarning, stacklevel=2)
+                f"compiles once for all of them; a hook that reads the row length (a mean over positions, "
+                f"value[:, -1], an array shaped by it) runs at each exact length (docs/compiled.md).",
+                RecompileWarning, stacklevel=2)
 
 
 def add_delta(value, ctx: HookContext, delta):

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The persistent compilation cache (minibert.programs) goes to a folder of this run, never the user's cache folder;
+# subprocesses the tests start inherit it, and it goes when the run ends.
+if "MINIBERT_CACHE_DIR" not in os.environ:
+    os.environ["MINIBERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="minibert-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["MINIBERT_CACHE_DIR"], ignore_errors=True)
 
 import numpy as np
 import pytest

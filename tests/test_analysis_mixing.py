@@ -11,7 +11,7 @@ from conftest import make_hf_model, random_batch
 import minibert
 from minibert import HookFn, accounting
 from minibert.analysis import mixing
-from minibert.analysis.interventions import Keyed
+from minibert.contract import static_metric
 from minibert.errors import AnalysisError
 
 EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
@@ -343,7 +343,7 @@ def test_attention_attribution_sums_its_steps_in_bounded_memory(tiny, monkeypatc
     _, cache = tiny.run_with_cache(inputs, names=["blocks.0.attn.hook_pattern", "blocks.0.hook_resid_pre"])
     pattern, resid = cache["blocks.0.attn.hook_pattern"], cache["blocks.0.hook_resid_pre"]
     program = tiny.jit(mixing._integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"))
-    temp = {steps: program.lower(tiny.state, inputs, resid, pattern, jnp.int32(0), target_fn=Keyed(target_fn),
+    temp = {steps: program.lower(tiny.state, inputs, resid, pattern, jnp.int32(0), target_fn=static_metric(target_fn),
                                  steps=steps, riemann="right", chunk=3).compile().memory_analysis().temp_size_in_bytes
             for steps in (6, 600)}
     assert temp[600] - temp[6] <= 2 * 600 * 4, (temp, pattern.nbytes)

@@ -1,11 +1,13 @@
-"""How many programs run_with_hooks compiles (the model's trace counter, Model.traces): a fresh but identical
-lambda reuses its program, hooks marked any_length share the length buckets, one warning when a hook's code
-keeps compiling, and hooks that return something other than an array are refused."""
+"""How many programs a Model compiles (its trace counter, Model.traces) for given call sequences, as
+docs/compiled.md's policy says: a fresh but identical lambda reuses its program, hooks that do not read the row
+length share the length buckets with plain calls, one warning when a hook's code keeps compiling, the resident
+programs stay under Model.max_programs; and hooks that return something other than an array are refused."""
 
 from __future__ import annotations
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert import BertConfig, Model, hooks
 from minibert.accounting import flops_per_token
-from minibert.api import bucket_length, length_buckets
+from minibert.buckets import COARSE, FINE, bucket_length, length_buckets
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -61,29 +63,69 @@ def _zero_head_1(z, ctx):
     return z.at[:, :, 1].set(0.0)
 
 
-@pytest.mark.slow  # ten compilations
-def test_any_length_hooks_share_the_length_buckets(model):
-    """A hook marked any_length runs on rows padded to the bucket length: six lengths compile one program per
-    bucket they fall in, not one per length, and give the exact-length run's values (two fp32 programs of the
-    whole forward: tolerances.forward_rtol). Unmarked, each length compiles its own."""
-    lengths = (33, 34, 41, 42, 57, 58)  # buckets 34, 42, 58 (Model.length_buckets: 16 per doubling from 32)
-    marked = minibert.any_length(lambda z, ctx: _zero_head_1(z, ctx))
+def _mean_over_positions(z, ctx):
+    return z - z.mean(1, keepdims=True)
+
+
+def _last_position_doubled(z, ctx):
+    return z.at[:, -1].multiply(2.0)
+
+
+@pytest.mark.slow  # nine compilations
+def test_hooks_that_do_not_read_the_length_share_the_length_buckets(model):
+    """An unmarked hook that works position by position runs on rows padded to the bucket length: six lengths
+    compile one program per bucket they fall in, and give the exact-length run's values (two fp32 programs of
+    the whole forward: tolerances.forward_rtol, at the padded length). A hook that reads the row length (a mean
+    over positions) fails the probe and compiles one program per length, with the exact-length values."""
+    lengths = (17, 20, 25, 26, 33, 40)  # buckets 24, 24, 32, 32, 48, 48 (buckets.COARSE: 16, 24, 32, 48, …)
     before = model.traces
-    padded = [model.run_with_hooks(batch(n), {Z: marked}).last_hidden_state for n in lengths]
-    assert model.traces - before == len({bucket_length(n, model.length_buckets) for n in lengths})
+    padded = [model.run_with_hooks(batch(n), {Z: _zero_head_1}).last_hidden_state for n in lengths]
+    assert model.traces - before == len({bucket_length(n, model.length_buckets) for n in lengths}) == 3
+    for n, got in zip(lengths, padded):
+        exact = exact_forward(model, batch(n), {Z: _zero_head_1})
+        assert got.shape == exact.shape == (2, n, 32)
+        assert_close_to_scale(got, exact, forward_rtol(model.config, S=bucket_length(n, model.length_buckets)),
+                              f"length {n}")
+    exact = [exact_forward(model, batch(n), {Z: _mean_over_positions}) for n in lengths[:3]]
     before = model.traces
-    exact = [model.run_with_hooks(batch(n), {Z: _zero_head_1}).last_hidden_state for n in lengths]
-    assert model.traces - before == len(lengths)
-    for n, got, want in zip(lengths, padded, exact):
-        assert got.shape == want.shape == (2, n, 32)
-        assert_close_to_scale(got, want, forward_rtol(model.config, S=n), f"length {n}")
+    for n, want in zip(lengths[:3], exact):
+        got = model.run_with_hooks(batch(n), {Z: _mean_over_positions}).last_hidden_state
+        assert_close_to_scale(got, want, forward_rtol(model.config, S=n), f"mean over positions, length {n}")
+    assert model.traces - before == 3
+
+
+def exact_forward(model, batch, hooks):
+    """The forward at the batch's own length, through forward_fn (its own program, never padded)."""
+    return jax.jit(model.forward_fn(hooks=hooks))(model.state, model.inputs(batch))[0].last_hidden_state
+
+
+@pytest.mark.parametrize("hook, padded", [(_zero_head_1, True), (_mean_over_positions, False),
+                                          (_last_position_doubled, False),
+                                          (lambda z, ctx: z * jnp.ones(z.shape[1])[None, :, None, None], True),
+                                          (lambda z, ctx: jnp.roll(z, 1, axis=1), False)],
+                         ids=["head zeroed", "mean", "last position", "shaped by T, per position", "roll"])
+def test_the_probe_pads_exactly_the_hooks_whose_positions_do_not_read_the_length(model, hook, padded):
+    """buckets.pads_safely: a hook at hook_z runs padded (one program for lengths 17 and 20, both in bucket 24)
+    exactly when its first positions do not depend on how many follow."""
+    before = model.traces
+    for n in (17, 20):
+        model.run_with_hooks(batch(n), {Z: hook})
+    assert model.traces - before == (1 if padded else 2)
+
+
+def test_swapping_the_head_a_hook_zeroes_reuses_the_program(model):
+    """The head as a traced argument (HookFn): twelve ablations at lengths of one bucket, one program."""
+    before = model.traces
+    for head, n in zip(range(4), (17, 18, 20, 24)):
+        model.run_with_hooks(batch(n), {Z: minibert.HookFn(_zero_head, head=jnp.int32(head))})
+    assert model.traces - before == 1
 
 
 def test_hooks_at_sites_without_positions_are_bucketed(model):
     """The pooler's [B, D] has no T axis: a hook there cannot see the row length, so it needs no mark."""
     model = Model(BertConfig(**TINY, architecture="BertForPreTraining"), seed=1)
     before = model.traces
-    for n in (33, 34):  # one bucket, 34
+    for n in (33, 34):  # one bucket, 48
         model.run_with_hooks(batch(n), {"pooler.hook_pooler_out": lambda pooled, ctx: pooled * 2})
     assert model.traces - before == 1
 
@@ -114,32 +156,40 @@ def test_a_hook_returning_a_string_or_a_dict_is_refused(model, returned):
         model.run_with_hooks(batch(4), {Z: lambda z, ctx: returned})
 
 
-def test_buckets_pad_no_length_by_more_than_a_sixteenth():
-    """Model.length_buckets' rule (issue 19, E): a row of T tokens runs a program of at most T·(1 + 1/16) tokens
-    (the old rule ran 147 as 192), and at most 16 programs per doubling of length serve every T."""
-    model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
-    buckets = model.length_buckets
+def test_fine_buckets_pad_no_length_by_more_than_a_sixteenth():
+    """buckets.FINE (issue 19, E), for throughput: a row of T tokens runs a program of at most T·(1 + 1/16) tokens
+    (the coarse rule ran 147 as 192), and at most 16 programs per doubling of length serve every T."""
+    buckets = length_buckets(512, *FINE)
     assert all(bucket_length(T, buckets) <= T * (1 + 1 / 16) for T in range(1, 513))
     assert bucket_length(147, buckets) == 152
     for low in (32, 64, 128, 256):
         assert len([b for b in buckets if low <= b < 2 * low]) == 16
 
 
+def test_coarse_buckets_are_few_and_pad_by_at_most_half():
+    """buckets.COARSE, for interactive calls and training: 16, 24, 32, 48, … — two programs per doubling, so
+    texts of 1 to 96 tokens touch at most 6; past 16 tokens a row pads by under half its length (1 + 1/2)."""
+    model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
+    assert model.length_buckets == length_buckets(512, *COARSE)
+    assert model.length_buckets[:8] == (16, 24, 32, 48, 64, 96, 128, 192)
+    assert len({bucket_length(T, model.length_buckets) for T in range(1, 97)}) == 6
+    assert all(bucket_length(T, model.length_buckets) < T * 1.5 for T in range(17, 513))
+
+
 @pytest.mark.parametrize("width, ffn", [(384, 1536), (768, 3072)], ids=["MiniLM", "bert-base"])
 def test_no_length_does_a_tenth_more_work_than_its_exact_program(width, ffn):
-    """Issue 19 E's rule in work rather than time (no load moves it): a bucket's forward matmul FLOPs
+    """Issue 19 E's rule in work rather than time (no load moves it): a FINE bucket's forward matmul FLOPs
     (accounting.flops_per_token: linear layers per token, attention per token and key) over the exact length's,
     for every T up to 512 positions. Linear work grows by at most 1/16, attention's by (17/16)² − 1; at these
-    widths attention is under a quarter of the work, so the bound is near 6.5%. The previous rule (16, 24, 32,
-    48, …) did 1.57× the work at 257 (and ran a 1-token row as 16)."""
+    widths attention is under a quarter of the work, so the bound is near 6.5%. The coarse rule (16, 24, 32,
+    48, …) does 1.57× the work at 257 (and runs a 1-token row as 16)."""
     config = BertConfig(vocab_size=99, hidden_size=width, num_hidden_layers=2, num_attention_heads=width // 64,
                         intermediate_size=ffn, max_position_embeddings=512)
-    buckets = Model(config).length_buckets
+    buckets = length_buckets(512, *FINE)
     work = lambda T, n: n * flops_per_token(config, n) / (T * flops_per_token(config, T))  # noqa: E731
     worst = max(work(T, bucket_length(T, buckets)) for T in range(1, 513))
     assert worst <= 1.07, worst
-    previous = length_buckets(512, 16, 2)  # the rule before issue 19
-    assert work(257, bucket_length(257, previous)) > 1.5
+    assert work(257, bucket_length(257, length_buckets(512, *COARSE))) > 1.5
 
 
 def test_minibert_own_hooks_never_warn(model, monkeypatch):

@@ -29,7 +29,7 @@ LAYERS = {  # module (or subpackage) → layer, lowest first
     "minibert.families.modernbert_model": 2,
     "minibert.families.deberta_v2_model": 2,
     **{f"minibert.{name}": 2 for name in ("model", "hooks", "sites", "tokenizer", "tokenizers_hf", "checkpoint",
-                                          "sources", "accounting")},
+                                          "sources", "accounting", "contract", "pooling", "buckets", "programs")},
     "minibert.api": 3,
     "minibert": 3,  # the package's __init__ re-exports the api and what it stands on
     "minibert.analysis": 4,

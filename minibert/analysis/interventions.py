@@ -12,7 +12,7 @@ block behind a `lax.cond(i >= l)`, so all layers share one compilation instead o
 (blocks before l are skipped at run time, not computed and discarded).
 
 One contract for every function here, in `mixing`, `gradients` and `Model.grad` that takes a metric, loss or
-target function (`api.metric_values` checks it, with one message): it is written with jax.numpy (it runs
+target function (`contract.metric_values` checks it, with one message): it is written with jax.numpy (it runs
 inside a compiled program) and returns floats, either one value per batch row, shape [B] — each row an
 example of its own — or one value for the whole batch, shape () — the batch one example. Sweeps report the
 mean over rows of a [B] value and a () value as it is; gradient analyses differentiate each row's own value,
@@ -29,10 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert import accounting
-from minibert.api import Inputs, is_text, metric_function, metric_values, traced_call
+from minibert.api import Inputs, is_text
+from minibert.contract import metric_values, static_metric, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
-from minibert.hooks import HookError, HookFn, add_delta, fingerprint, site_axes
+from minibert.hooks import HookError, HookFn, add_delta, site_axes
 from minibert.tokenizer import Batch
 
 
@@ -95,22 +96,6 @@ def _row_mean(values, n_rows: int, what: str = "metric") -> jax.Array:
     return metric_values(values, n_rows, what).mean()
 
 
-class Keyed:
-    """A metric (loss, target) function as a static argument of a compiled program: equal when it is the same
-    function reading the same values (hooks.fingerprint), so changing a global or closed-over value it reads
-    recompiles."""
-
-    def __init__(self, fn: Callable):
-        self.fn = metric_function(fn)  # a number where the function goes: the contract's message
-        self.key = (fn, fingerprint(fn))
-
-    def __eq__(self, other):
-        return isinstance(other, Keyed) and other.key == self.key
-
-    def __hash__(self):
-        return hash(self.key)
-
-
 def _suffix_metrics(model, state, inputs, start, resid, items, shared, *, intervention, metric) -> jax.Array:
     """The mean metric after each intervention `intervention(start, item, shared)` (a hooks dict) → [N]
     (compiled with model.jit).
@@ -149,7 +134,7 @@ def _sweep(model, inputs, resids, n_items: int, intervention, shared, metric, ch
     rows = []
     for layer in range(resids.shape[0]):
         rows.append([program(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,
-                             intervention=intervention, metric=Keyed(metric))
+                             intervention=intervention, metric=static_metric(metric))
                      for part in jnp.asarray(items.reshape(n_chunks, size))])
     return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
 
@@ -307,7 +292,7 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
     clean_values = _site_values(model, clean_inputs, site)
     gradient = model.jit(_metric_and_site_gradient, static_argnames=("site", "metric"))
     corrupt_values, grads = gradient(model.state, corrupt_inputs, jnp.zeros_like(clean_values), site=site,
-                                     metric=Keyed(metric))
+                                     metric=static_metric(metric))
     patched = _clean_tokens(clean_inputs, clean_values.ndim)  # nothing is patched where the clean row has padding
     effect = jnp.where(patched, (clean_values - corrupt_values) * grads, 0)  # [L, B, T, ...]
     kept = (0, SWEPT_AXIS[per])  # layer and position, or layer and head
@@ -354,7 +339,7 @@ def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
     for batch in ([batches] if _one_batch(batches) else batches):
         inputs = model.inputs(batch)
         program = model.jit(_gate_gradients, static_argnames=("loss_fn",))
-        gradients = program(model.state, inputs, loss_fn=Keyed(loss_fn))  # [examples, L, H]
+        gradients = program(model.state, inputs, loss_fn=static_metric(loss_fn))  # [examples, L, H]
         total = total + np.abs(np.asarray(gradients)).sum(0)
         examples += gradients.shape[0]
     if examples == 0:

@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
-from minibert.analysis.interventions import Keyed
-from minibert.api import metric_values, traced_call
+from minibert.contract import StaticFn, metric_values, static_metric, traced_call
 from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, writers_for
@@ -224,7 +223,7 @@ def _replace_pattern(pattern, ctx, layer, replacement):
     return jnp.where(ctx.layer == layer, replacement, pattern).astype(pattern.dtype)
 
 
-def _suffix_target(model, state, inputs, resid, layer, target_fn: Keyed, pattern) -> jax.Array:
+def _suffix_target(model, state, inputs, resid, layer, target_fn: StaticFn, pattern) -> jax.Array:
     """Σ over rows of target_fn(output), with block `layer`'s attention pattern replaced by `pattern` [B, H, T, S],
     run from resid [B, T, D], the residual stream entering block `layer` (traced): blocks before it are skipped."""
     hooks = {PATTERNS: HookFn(_replace_pattern, layer=layer, replacement=pattern)}
@@ -236,7 +235,7 @@ def _suffix_target(model, state, inputs, resid, layer, target_fn: Keyed, pattern
 RIEMANN_FIRST_STEP = {"right": 1, "left": 0}  # k of the first step α = k/m: the paper's sum, Hao et al.'s code
 
 
-def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_fn: Keyed, steps: int,
+def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_fn: StaticFn, steps: int,
                          riemann: str, chunk: int):
     """A_l ⊙ (1/m) Σ_k ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], k = 1..m ("right") or
     0..m−1 ("left"), each step run and differentiated from resid [B, T, D], the residual stream entering
@@ -282,7 +281,7 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     L, B, _, T, _ = patterns.shape
     # One step is a forward and a backward pass through the blocks after l: at most all L blocks kept.
     chunk = items_per_chunk(activation_bytes(model.config, B, T, blocks=L, backward=True), steps)
-    keyed = Keyed(target_fn)  # a changed global or closed-over value target_fn reads recompiles, as in the sweeps
+    keyed = static_metric(target_fn)  # a changed global or closed-over value it reads recompiles, as in the sweeps
     program = model.jit(_integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"))
     return np.stack([np.asarray(program(model.state, inputs, resids[layer], patterns[layer], jnp.int32(layer),
                                         target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert.api import bucket_length
+from minibert.buckets import bucket_length
 from minibert.errors import DataFileError, DataFileMissing, InputError
 
 TASKS = ("sequence-classification", "token-classification", "masked-lm")

@@ -7,7 +7,7 @@
 Every request is a JSON object and every answer a JSON-ready dict (docs/serve.md lists the fields), so the
 HTTP server (minibert.app.serve) and the widget answer with the same function, `Workbench.answer`.
 
-How it stays fast: the text is tokenized, padded to a length bucket (api.length_buckets) and run by one
+How it stays fast: the text is tokenized, padded to a length bucket (buckets.length_buckets) and run by one
 program per bucket, which captures every value the views and the step-through show and ablates heads
 through a traced HookFn mask (interventions.ablate_heads): an ablation, a new head or a new sentence of
 the same bucket reuse the compiled program. Runs are kept in a small LRU cache, so the step-through of
@@ -27,11 +27,12 @@ import numpy as np
 
 from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
-from minibert.api import _cut as cut_to_length  # api's one cut of a padded capture (see NOTES: to be public)
-from minibert.api import bucket_length, length_buckets, pooled_tokens
+from minibert.buckets import bucket_length, length_buckets
+from minibert.buckets import cut as cut_to_length
 from minibert.errors import InputError, MinibertError
 from minibert.families.deberta_v2 import position_terms
 from minibert.hooks import HookFn
+from minibert.pooling import pooled_tokens
 from minibert.sites import PATTERNS
 from minibert.viz import views
 

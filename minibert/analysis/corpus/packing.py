@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.api import length_buckets
+from minibert.buckets import length_buckets
 from minibert.errors import AnalysisError
 
 
@@ -16,7 +16,7 @@ def default_buckets(max_length: int) -> tuple[int, ...]:
     """Row lengths 128, 256, 512, … up to max_length (just max_length when it is at most 128). Rows pack
     several documents, so one row length wastes little; each length is one program to compile — on a
     CPU a compile costs as much as many batches (benchmarks/RESULTS.md) — and attention over long rows
-    costs more per token, hence a few lengths for long documents. The rule is the core's (api.length_buckets)."""
+    costs more per token, hence a few lengths for long documents. The rule is the core's (buckets.length_buckets)."""
     return length_buckets(max_length, smallest=128, per_octave=1)
 
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from minibert.analysis.gradients import mask_tokens, mlm_loss_fn
 from minibert.analysis.sae.model import SAEConfig, encode, reconstruct
-from minibert.api import pooled_tokens
 from minibert.hooks import HookFn
+from minibert.pooling import pooled_tokens
 
 
 def evaluate(config: SAEConfig, params, x, dense_above: float = 0.1) -> dict[str, float | np.ndarray]:

@@ -1,0 +1,96 @@
+"""Length buckets: how many programs a Model compiles for rows of different lengths, and why results do not change.
+
+Every new row length is a new compiled program (seconds of tracing and compiling on a CPU, and memory while it
+lives), so Model.run pads the rows of a batch on the right to a bucket length and cuts what it returns back to
+the real length. Padding is masked: no real token attends to a padding key, and every other step of the forward
+works position by position, so real tokens get the same values up to rounding (tests/test_padding.py).
+
+Two rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
+
+- COARSE, for interactive calls (model(batch), run_with_cache, run_with_hooks, Model.grad) and for training
+  steps: 16, 24, 32, 48, 64, 96, 128, … — two lengths per doubling from 16. A notebook of sentences of 4 to 60
+  words touches five or six lengths; a padded row costs up to half again its tokens, milliseconds on a short
+  text, where each program it saves costs seconds.
+- FINE, where many batches share each program and throughput pays for more of them (a survey over a corpus of
+  unpacked rows, a long batch job): every length to 31, then 16 per doubling, so no length does more than ~7% more
+  work than its exact program (test_compiles: accounting.flops_per_token over every length to 512).
+
+Hooks run on the padded rows too, unless they read the row length: `pads_safely` tries each hook on random
+values at two lengths (PROBE_LENGTHS) and keeps the padding only where the first positions come out the same.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minibert.sites import site_axes
+
+COARSE = (16, 2)  # (smallest, per_octave) of length_buckets: interactive calls and training
+FINE = (1, 16)  # where throughput pays for programs: Model.bucket_rule = FINE
+
+
+def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> tuple[int, ...]:
+    """The row lengths programs are compiled for, up to max_length: `smallest`, then per_octave evenly spaced
+    lengths per doubling (2: 16, 24, 32, 48, 64, 96, …; 1: 128, 256, 512, …; 16 from 1: every length to 31, then
+    32, 34, …), then max_length itself. Padding a row to its bucket adds under 1/per_octave of its tokens past
+    `smallest`."""
+    buckets, octave = [], smallest
+    while octave < max_length:
+        buckets += range(octave, 2 * octave, max(1, octave // per_octave))
+        octave *= 2
+    return (*[b for b in buckets if b < max_length], max_length)
+
+
+def bucket_length(length: int, buckets) -> int:
+    """The smallest bucket that holds `length` tokens (buckets ascending, the last at least `length`)."""
+    return next(b for b in buckets if b >= length)
+
+
+def cut(name: str, value, length: int):
+    """A captured value of a padded run cut back to the real length on each of its T and S axes (minibert.sites)."""
+    axes = site_axes(name, value.ndim)
+    return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
+
+
+def has_positions(name: str, ndim: int) -> bool:
+    """Whether the value at hook `name` has a T or S axis (the pooler's [B, D] and sequence logits have none)."""
+    return bool({"T", "S"} & set(site_axes(name, ndim)))
+
+
+# ---- hooks on padded rows -----------------------------------------------------------------------------------
+
+PROBE_LENGTHS = (5, 8)  # a row and a longer one, whose first 5 positions must come out the same
+PROBE_RTOL = 1e-4  # far above float32 rounding of one hook on two shapes (~1e-7), far below what a length changes
+
+
+def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
+    """Whether `hook` (a HookFn) at site `name` gives on padded rows what it gives at the real length: it is
+    called on random values of PROBE_LENGTHS positions (T and S alike, the other axes as `shape` [B, …] has them),
+    and the first positions of the longer result must equal the shorter one's.
+
+    A hook that counts positions from the end (value[:, -1]), takes a mean or sum over positions, rolls or shifts
+    them, or holds an array shaped by the real length (a patch from a cached run) fails the probe, and runs at the
+    exact length. Not seen: a hook that branches in Python on value.shape past the probe lengths, or that reads
+    values at padded positions only on real data (docs/compiled.md, "Hooks on padded rows")."""
+    axes = site_axes(name, len(shape))
+    short, long = PROBE_LENGTHS
+
+    def at(length):
+        return tuple(length if axis in ("T", "S") else size for axis, size in zip(axes, shape))
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal(at(long)).astype(np.dtype(dtype)) if jnp.issubdtype(dtype, jnp.floating) \
+        else rng.integers(0, 2, at(long)).astype(np.dtype(dtype))
+    try:
+        padded = np.asarray(cut(name, jnp.asarray(hook(jnp.asarray(values), ctx)), short), np.float64)
+        exact = np.asarray(hook(jnp.asarray(cut(name, values, short)), ctx), np.float64)
+    except Exception:  # noqa: BLE001 (a shape error at another length is the answer; the real run raises the rest)
+        return False
+    return padded.shape == exact.shape and bool(np.allclose(padded, exact, rtol=PROBE_RTOL, atol=PROBE_RTOL))
+
+
+def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Array | None:
+    """[B, T] ids, types, mask or positions padded on the right to [B, length] with `fill`."""
+    return None if array is None else jnp.pad(array, ((0, 0), (0, length - array.shape[1])), constant_values=fill)

@@ -1,0 +1,145 @@
+"""What minibert asks of the functions you pass it, and how such a function keys a compiled program.
+
+The metric contract: every function that takes a metric, loss or target function (Model.grad and the analyses)
+runs it inside a compiled program, so it is written with jax.numpy and returns floats, one value per batch row,
+shape [B] — each row an example of its own — or one value for the whole batch, shape ().
+
+The static key: a hook or metric function is part of the program it is traced into, so the program is kept
+under a key that stands for the function (`StaticFn`). Two functions share a program when they compute the
+same: the same code, reading the same values (`behaviour_key`), so a lambda written again (a loop, a notebook
+cell run again) reuses the program, while `HEAD = 5` after a run with `HEAD = 4` compiles a new one rather than
+silently reusing the old value. The key sees the function's closure cells, the globals its own code names,
+default arguments and functools.partial arguments — scalars by value, arrays and other objects by identity
+(`fingerprint`). It does not see globals read by helper functions the function calls, nor an object mutated in
+place: values that change go in as traced arrays (hooks.HookFn), which compile once for all of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from minibert.errors import AnalysisError
+
+# ---- the metric contract ----------------------------------------------------------------------------------
+
+
+def metric_values(values, n_rows: int, what: str = "metric") -> jax.Array:
+    """A metric's, loss's or target's return value checked against the one contract: float [B] or (). Integers
+    and booleans are refused everywhere, not only where a gradient of them would silently be zero: one rule,
+    and a cast (.astype(float)) is all it asks."""
+    dtype, shape = getattr(values, "dtype", None), getattr(values, "shape", None)
+    if isinstance(values, float):
+        dtype, shape = jnp.dtype(jnp.float32), ()
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or tuple(shape) not in ((), (n_rows,)):
+        got = f"shape {tuple(shape)}, dtype {dtype}" if dtype is not None else f"a {type(values).__name__}"
+        raise AnalysisError(f"the {what} must return floats written with jax.numpy: one value per batch row, shape "
+                            f"({n_rows},), or one value for the whole batch, shape (); it returned {got}. Reduce "
+                            f"the other axes inside the {what} (e.g. .mean(-1)) and cast counts with .astype(float).")
+    return jnp.asarray(values, jnp.float32)
+
+
+def metric_function(fn: Callable) -> Callable:
+    """fn itself if it can be called; else the contract's message (a number where the function goes used to end
+    in "'int' object is not callable" inside the trace)."""
+    if not callable(fn):
+        raise AnalysisError(f"the metric (loss, target) must be a function fn(output) returning floats, e.g. "
+                            f"lambda out: out.logits[:, 0, 1]; got {type(fn).__name__} {fn!r}.")
+    return fn
+
+
+def traced_call(fn: Callable, output, what: str = "metric"):
+    """fn(output), which runs inside a compiled program: a NumPy-only metric gets a message, not a traceback."""
+    try:
+        return fn(output)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError) as error:
+        raise AnalysisError(f"the {what} {getattr(fn, '__name__', fn)!r} must be written with jax.numpy "
+                            f"(jnp.linalg.norm, not np.linalg.norm, no float() or np.asarray): it runs inside a "
+                            f"compiled program. JAX said: {str(error).splitlines()[0]}") from None
+
+
+# ---- a function as a static key ----------------------------------------------------------------------------
+
+
+class _Identity:
+    """An object compared by identity; holding it keeps its id from being reused while a program keyed on it lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+_EMPTY_CELL = object()
+
+
+def _by_value(obj):
+    """Scalars (and tuples of them) by value, anything else by identity."""
+    if obj is None or isinstance(obj, (bool, numbers.Number, str, bytes)):
+        return (type(obj), obj)
+    if isinstance(obj, tuple):
+        return tuple(_by_value(x) for x in obj)
+    return _Identity(obj)
+
+
+def fingerprint(fn: Callable) -> tuple:
+    """What a function reads besides its arguments: closure cells, the globals its code names, default
+    arguments, functools.partial arguments (scalars by value, other objects by identity)."""
+    if isinstance(fn, functools.partial):
+        return ("partial", _by_value(fn.args), _by_value(tuple(sorted(fn.keywords.items()))), fingerprint(fn.func))
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its attributes are its own business; identity is what we have
+        return ()
+    cells = tuple(_cell_contents(cell) for cell in fn.__closure__ or ())
+    names = sorted(set(code.co_names) & fn.__globals__.keys())
+    return (_by_value(cells), tuple((name, _by_value(fn.__globals__[name])) for name in names),
+            _by_value(fn.__defaults__), _by_value(tuple(sorted((fn.__kwdefaults__ or {}).items()))))
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a closure variable not assigned yet
+        return _EMPTY_CELL
+
+
+def behaviour_key(fn: Callable):
+    """What decides what a function computes: its code, its module's globals, its bound object and what it
+    reads (fingerprint). Two functions with equal keys compute the same, so they share a program."""
+    if isinstance(fn, functools.partial):
+        return ("partial", behaviour_key(fn.func), fingerprint(fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: itself (its own __eq__) is all we know
+        return ("object", fn)
+    return (code, _Identity(fn.__globals__), _Identity(getattr(fn, "__self__", None)), fingerprint(fn))
+
+
+class StaticFn:
+    """A function as a static argument of a compiled program (jax.jit's static_argnames, a pytree's aux data):
+    equal to any function with the same behaviour_key. `.fn` is the function."""
+
+    __slots__ = ("fn", "key")
+
+    def __init__(self, fn: Callable):
+        self.fn, self.key = fn, behaviour_key(fn)
+
+    def __eq__(self, other):
+        return isinstance(other, StaticFn) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+def static_metric(fn: Callable) -> StaticFn:
+    """A metric (loss, target) function checked against the contract and keyed for a compiled program."""
+    return StaticFn(metric_function(fn))
