@@ -17,10 +17,10 @@ One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer comput
     resid_post = ln1 + MLP(ln1)
     block out  = LayerNorm(resid_post)      (= next block's resid_pre)
 
-The other families (config.FAMILIES) are this encoder with small, explicit variations: RoBERTa
+The other families (minibert.families) are this encoder with small, explicit variations: RoBERTa
 numbers positions from pad_token_id + 1; DistilBERT has no segment embeddings; ELECTRA and ALBERT
 project E-wide embeddings up to D; ALBERT applies one block's weights in every layer. A family whose blocks,
-embeddings or heads differ more (ModernBERT: pre-LN, rotary, GeGLU; families/modernbert_model.py) brings its
+embeddings or heads differ more (ModernBERT: pre-LN, rotary, GeGLU; families/modernbert.py) brings its
 own and reuses the pieces here (LayerNorm, attend, attention_output).
 """
 
@@ -35,7 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert.config import Config, Heads
+from minibert import attention
+from minibert.config import Config
+from minibert.families.base import Heads
 
 
 class Hooks(Protocol):
@@ -62,8 +64,9 @@ class Dropout:
     name them: `hidden` (embeddings and each sublayer's output before it joins the residual stream),
     `attention` (the attention pattern before it weighs v) and `classifier` (the classifier's input).
 
-    The key is explicit: each site draws its mask from fold_in(key, crc32(site)), so one step is reproducible
-    from its key. A rate of 0 returns the value itself, so NO_DROPOUT's forward is the inference computation.
+    The key is explicit: each site draws its mask from mask_key(key, site), so one step is reproducible from its
+    key (cuDNN's fused attention dropout aside: attention.cudnn_attention). A rate of 0 returns the value itself,
+    so NO_DROPOUT's forward is the inference computation.
     Hooks see values before their dropout (hook_attn_out, hook_pattern keep their meaning in training).
     """
 
@@ -74,7 +77,7 @@ class Dropout:
     def _drop(key, site: str, x, rate: float):
         if rate == 0.0:
             return x
-        keep = jax.random.bernoulli(jax.random.fold_in(key, zlib.crc32(site.encode())), 1.0 - rate, x.shape)
+        keep = jax.random.bernoulli(mask_key(key, site), 1.0 - rate, x.shape)
         return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
     def hidden(self, site: str, x):
@@ -88,6 +91,17 @@ class Dropout:
 
 
 NO_DROPOUT = Dropout()
+
+
+def mask_key(key, site: str) -> jax.Array:
+    """The key a dropout site draws its mask from: fold_in(key, crc32(site)), turned into an rbg key.
+
+    An rbg key draws its bits with XLA's RngBitGenerator, one pass over the mask, where the default threefry
+    key computes a 20-round hash per 32 bits (and on an accelerator kept [B, H, T, S] u32 intermediates for the
+    backward pass). Four threefry words of the site's key seed it, so the mask stays a function of the step's
+    key and the site, whatever the caller's key implementation."""
+    words = jax.random.bits(jax.random.fold_in(key, zlib.crc32(site.encode())), (4,), jnp.uint32)
+    return jax.random.wrap_key_data(words, impl="rbg")
 
 
 def gelu(x):
@@ -229,9 +243,9 @@ def attention_softmax(scores):
 
 
 def fused_attention(q, k, v, key_mask):
-    """explicit_attention's z through `jax.nn.dot_product_attention`: cuDNN flash attention on GPUs (bf16/fp16),
-    XLA's own fusion elsewhere. q, k, v [B, T|S, H, K], key_mask [B, 1, 1, S] → z [B, T, H, K]."""
-    return jax.nn.dot_product_attention(q, k, v, mask=key_mask)
+    """explicit_attention's z through XLA's `jax.nn.dot_product_attention` (the "xla" backend of attention.py;
+    cuDNN's kernel is attention.cudnn_attention). q, k, v [B, T|S, H, K], key_mask [B, 1, 1|T, S] → z [B, T, H, K]."""
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask, implementation="xla")
 
 
 def unwatched_attention(q, k, v, key_mask):
@@ -258,9 +272,12 @@ class Attention(nnx.Module):
         self.W_O = _weight(rngs, (H, K, D), dtype)
         self.b_O = _zeros((D,), dtype)
 
-    def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
-        """x [B, T, D], key_mask [B, 1, 1, S] (True = real token) → attention output [B, T, D]."""
-        q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
+    def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT,
+                 first_token_only: bool = False):
+        """x [B, T, D], key_mask [B, 1, 1, S] (True = real token) → attention output [B, T, D]; with
+        first_token_only, the output of the first query alone, [B, 1, D] (keys and values from every token)."""
+        queries = x[:, :1] if first_token_only else x
+        q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", queries, self.W_Q[...]) + self.b_Q[...])
         k = hooks(f"{name}.hook_k", jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
         v = hooks(f"{name}.hook_v", jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
         z = attend(q, k, v, key_mask, hooks, name, dropout)
@@ -268,16 +285,42 @@ class Attention(nnx.Module):
 
 
 def attend(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
-    """z [B, T, H, K] = softmax(q·k/√K + mask)·v, by the cheapest path that still shows what is watched.
-    key_mask: bool, broadcast to [B, H, T, S] ([B, 1, 1, S] for padding; [B, 1, T, S] for a local window)."""
+    """z [B, T, H, K] = softmax(q·k/√K + mask)·v, by the cheapest kernel that still shows what is watched
+    (attention.choose, per platform). key_mask: bool, broadcast to [B, H, T, S] ([B, 1, 1, S] for padding;
+    [B, 1, T, S] for a local window)."""
     watched = any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern"))
-    if watched or dropout.attention_rate:  # dropout acts on the pattern, which only this path forms
-        z = explicit_attention(q, k, v, key_mask, hooks, name, dropout)
-    else:
-        # Nobody looks at the scores: the fused kernel (cuDNN flash attention on GPU) gives the same z.
-        # On CPU, unwatched_attention is faster than XLA's dot_product_attention (benchmarks/RESULTS.md).
-        z = jax.lax.platform_dependent(q, k, v, key_mask, cpu=unwatched_attention, default=fused_attention)
+
+    def choice(platform):
+        return attention.choose(platform, q.dtype, q.shape, k.shape, key_mask.shape, watched=watched,
+                                dropout=bool(dropout.attention_rate), cudnn=attention.cudnn_present())
+
+    backends = {platform: choice(platform) for platform in ("cpu", "cuda", "tpu")}  # tpu: every other platform
+    attention.log_once(choice(attention.platform()))
+    kernels = {platform: _kernel(backend.name, hooks, name, dropout) for platform, backend in backends.items()}
+    if len({backend.name for backend in backends.values()}) == 1:  # one kernel: no branch (hooks traced once)
+        z = kernels["cpu"](q, k, v, key_mask)
+    else:  # the program picks its platform's kernel when lowered (another lowers for CUDA than for the CPU)
+        z = jax.lax.platform_dependent(q, k, v, key_mask, cpu=kernels["cpu"], cuda=kernels["cuda"],
+                                       default=kernels["tpu"])
     return hooks(f"{name}.hook_z", z)  # [B, T, H, K]
+
+
+def _kernel(backend: str, hooks: Hooks, name: str, dropout: Dropout):
+    """(q, k, v, key_mask) → z for an attention.Backend's name."""
+    def explicit(q, k, v, key_mask):
+        return explicit_attention(q, k, v, key_mask, hooks, name, dropout)
+
+    def cudnn_where_lengths_describe_the_mask(q, k, v, key_mask):
+        lengths, described = attention.key_lengths(jnp.broadcast_to(key_mask, (q.shape[0], 1, 1, k.shape[1])))
+        otherwise = explicit if dropout.attention_rate else fused_attention
+        return jax.lax.cond(
+            described.all(),
+            lambda: attention.cudnn_attention(q, k, v, lengths, dropout.attention_rate, f"{name}.pattern"),
+            lambda: otherwise(q, k, v, key_mask))
+
+    # fused_attention is read when the kernel is built, so a script that swaps the module attribute is heard
+    return {"explicit": explicit, "unwatched": unwatched_attention, "xla": fused_attention,
+            "cudnn": cudnn_where_lengths_describe_the_mask}[backend]
 
 
 def attention_output(z, W_O, b_O, hooks: Hooks, name: str):
@@ -314,11 +357,18 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, dtype, rngs)
         self.ln2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
 
-    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT, **shared):
-        """shared: the encoder-level state of a family that has some (Family.shared), for its attention."""
+    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT,
+                 first_token_only: bool = False, **shared):
+        """shared: the encoder-level state of a family that has some (Family.shared), for its attention.
+        first_token_only (BERT's Attention): the block's output at the first position alone, [B, 1, D], for a head
+        that reads nothing else (Bert.first_token_suffices); keys and values still come from every token."""
         resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
+        if first_token_only:
+            shared["first_token_only"] = True
         attn_out = hooks(f"{name}.hook_attn_out",
                          self.attn(resid_pre, key_mask, hooks, f"{name}.attn", dropout, **shared))
+        if first_token_only:  # every later step is per position: the first one is all that is left
+            resid_pre = resid_pre[:, :1]
         resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
         normalized_mid = self.ln1(resid_mid, hooks, f"{name}.ln1")
         mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(normalized_mid, hooks, f"{name}.mlp"))
@@ -395,17 +445,17 @@ class Bert(nnx.Module):
     def __init__(self, cfg: Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
         self.config = cfg
         # A family whose embeddings or blocks are not BERT's names its own (Family.embeddings, Family.block).
-        block = cfg.family.code("block", Block)
-        self.embed = cfg.family.code("embeddings", Embeddings)(cfg, dtype, rngs)
+        block = cfg.family.block or Block
+        self.embed = (cfg.family.embeddings or Embeddings)(cfg, dtype, rngs)
         if cfg.family.shared_layers:  # ALBERT: every entry is the same Block, so its weights are stored once
             self.blocks = nnx.List([block(cfg, dtype, rngs, 0)] * cfg.num_hidden_layers)
         else:
             self.blocks = nnx.List([block(cfg, dtype, rngs, i) for i in range(cfg.num_hidden_layers)])
-        shared = cfg.family.code("shared", None)  # state every block reads (Family.shared), stored once
+        shared = cfg.family.shared  # state every block reads (Family.shared), stored once
         self.shared = shared(cfg, dtype, rngs) if shared is not None else None
         # A family whose heads are not BERT's (ModernBERT: a final LayerNorm, then its own heads) names its own
         # head stage (Family.head); it replaces every part below.
-        family_head = cfg.family.code("head", None)
+        family_head = cfg.family.head
         self.family_head = family_head(cfg, dtype, rngs) if family_head is not None else None
         heads = cfg.heads if self.family_head is None else Heads(pooler=False)
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
@@ -419,14 +469,27 @@ class Bert(nnx.Module):
     # (api.Model.run(offload=True)) and the sweeps of analysis/ compose them.
 
     def __call__(self, input_ids, token_type_ids, attention_mask, hooks: Hooks = NO_HOOKS,
-                 position_ids=None, dropout: Dropout = NO_DROPOUT) -> Output:
+                 position_ids=None, dropout: Dropout = NO_DROPOUT, first_token_only: bool = False) -> Output:
         """input_ids, token_type_ids, attention_mask: int [B, T] (position_ids: Embeddings; dropout: training)
-        → Output."""
+        → Output. first_token_only (where first_token_suffices): the last block computes position 0 alone, so
+        last_hidden_state is [B, 1, D]."""
         key_mask = self.key_mask(attention_mask)
         resid = self.embedding(input_ids, token_type_ids, hooks, position_ids, dropout)
-        for i in range(len(self.blocks)):
+        last = len(self.blocks) - 1
+        for i in range(last):
             resid = self.block(i, resid, key_mask, hooks, dropout)
+        resid = self.block(last, resid, key_mask, hooks, dropout, first_token_only)
         return self.head(resid, hooks, dropout, key_mask)
+
+    @property
+    def first_token_suffices(self) -> bool:
+        """Whether the head reads the last block at the first position ([CLS]) only: a sequence classifier (or
+        BertModel's pooler alone) on BERT's own blocks and heads, where Bert(first_token_only=True) computes the
+        last block's first position alone and gives the same logits and pooled output."""
+        heads = self.config.heads
+        return (self.family_head is None and self.pooler is not None and self.mlm is None and self.nsp is None
+                and self.discriminator is None and heads.classifier in (None, "sequence")
+                and type(self.blocks[-1]) is Block)
 
     @staticmethod
     def key_mask(attention_mask) -> jax.Array:
@@ -438,9 +501,12 @@ class Bert(nnx.Module):
         """Stage 0: the residual stream entering block 0, [B, T, D]."""
         return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks, position_ids, dropout))
 
-    def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT) -> jax.Array:
-        """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D]."""
+    def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT,
+              first_token_only: bool = False) -> jax.Array:
+        """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D] ([B, 1, D]: Block)."""
         shared = {} if self.shared is None else {"shared": self.shared}
+        if first_token_only:
+            shared["first_token_only"] = True
         return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout, **shared)
 
     def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, key_mask=None) -> Output:

@@ -4,14 +4,26 @@ in float32 and bfloat16, with padding, fully masked rows and rows with a single 
 
 from __future__ import annotations
 
+import collections
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from tolerances import U32, U_BF16, assert_close_to_scale, dot_rtol, sum_rtol
 
+from minibert import attention
 from minibert.hooks import HookFn, HookPoints
-from minibert.model import NO_HOOKS, attention_softmax, explicit_attention, fused_attention, unwatched_attention
+from minibert.model import (
+    NO_HOOKS,
+    Dropout,
+    attend,
+    attention_softmax,
+    explicit_attention,
+    fused_attention,
+    unwatched_attention,
+)
 
 B, T, H, K = 3, 9, 4, 16
 
@@ -126,3 +138,154 @@ def test_gradients_through_masked_scores_are_finite():
     got = jax.grad(loss(explicit))(q)
     assert np.isfinite(np.asarray(got)).all()
     assert_close_to_scale(got, jax.grad(loss(unwatched_attention))(q), 2 * z_rtol(q, k), "∂/∂q")
+
+
+# ---- which kernel runs where (minibert.attention) -------------------------------------------------------------
+
+CHOICES = [  # (platform, dtype, K, T, mask form, watched, dropout, cuDNN present) → backend, by attention.py's rules
+    ("cpu", "float32", 64, 128, "keys", False, False, False, "unwatched"),
+    ("cpu", "bfloat16", 64, 128, "keys", False, False, True, "unwatched"),
+    ("cpu", "float32", 64, 128, "keys", False, True, False, "explicit"),
+    ("cpu", "float32", 64, 128, "keys", True, False, False, "explicit"),
+    ("cuda", "bfloat16", 64, 128, "keys", False, False, True, "cudnn"),
+    ("cuda", "float16", 128, 512, "keys", False, True, True, "cudnn"),
+    ("cuda", "float32", 64, 128, "keys", False, False, True, "xla"),
+    ("cuda", "float32", 64, 128, "keys", False, True, True, "explicit"),
+    ("cuda", "bfloat16", 64, 128, "keys", True, False, True, "explicit"),
+    ("cuda", "bfloat16", 64, 128, "keys", False, False, False, "xla"),
+    ("cuda", "bfloat16", 12, 128, "keys", False, False, True, "xla"),
+    ("cuda", "bfloat16", 256, 128, "keys", False, False, True, "xla"),
+    ("cuda", "bfloat16", 64, 9, "keys", False, False, True, "xla"),
+    ("cuda", "bfloat16", 64, 128, "per-query", False, False, True, "xla"),
+    ("cuda", "bfloat16", 64, 128, "per-query", False, True, True, "explicit"),
+    ("tpu", "bfloat16", 64, 128, "keys", False, False, False, "xla"),
+    ("rocm", "bfloat16", 64, 128, "keys", False, True, False, "explicit"),
+]
+
+
+def choice(platform, dtype="bfloat16", K=64, T=128, form="keys", **flags):
+    """attention.choose for a batch of 4 rows of T tokens, 12 heads of width K."""
+    mask = (4, 1, 1 if form == "keys" else T, T)
+    return attention.choose(platform, dtype, (4, T, 12, K), (4, T, 12, K), mask, **flags)
+
+
+@pytest.mark.parametrize("platform, dtype, K, T, form, watched, dropout, cudnn, want", CHOICES)
+def test_choose_follows_the_rules(platform, dtype, K, T, form, watched, dropout, cudnn, want):
+    backend = choice(platform, dtype, K, T, form, watched=watched, dropout=dropout, cudnn=cudnn)
+    assert backend.name == want
+    assert backend.reason  # every answer says why
+
+
+def test_reasons_name_what_decided():
+    assert "head width" in choice("cuda", K=12, cudnn=True).reason
+    assert "bfloat16/float16" in choice("cuda", "float32", cudnn=True).reason
+    assert "per-query" in choice("cuda", form="per-query", cudnn=True).reason
+    assert "even lengths" in choice("cuda", T=9, cudnn=True).reason
+    assert "dropout fused" in choice("cuda", dropout=True, cudnn=True).reason
+    assert attention.mask_form((3, 1, 1, 9)) == "keys" and attention.mask_form((3, 1, 9, 9)) == "per-query"
+
+
+def brute_force_lengths(mask: np.ndarray):
+    """Key lengths by a loop: a row is described by its length when it reads 1…1 0…0 with at least one 1."""
+    lengths, described = [], []
+    for row in mask:
+        n = int(row.sum())
+        lengths.append(n)
+        described.append(n > 0 and all(row[:n]) and not any(row[n:]))
+    return lengths, described
+
+
+@pytest.mark.parametrize("rows", [
+    [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]],  # right padding
+    [[0, 1, 1, 1], [1, 1, 1, 1]],  # left padding
+    [[1, 0, 1, 0]],  # a hole
+    [[1, 1, 0, 0], [0, 0, 0, 0]],  # a row of padding only
+])
+def test_key_lengths_describe_right_padded_rows_only(rows):
+    mask = np.asarray(rows, bool)
+    want_lengths, want_described = brute_force_lengths(mask)
+    for key_lengths in (attention.key_lengths, jax.jit(attention.key_lengths)):  # NumPy and traced alike
+        lengths, described = key_lengths(mask[:, None, None, :])
+        assert np.asarray(lengths).tolist() == want_lengths and np.asarray(described).tolist() == want_described
+
+
+def lowered_ops(fn, *args, platform: str) -> collections.Counter:
+    """The StableHLO ops (and custom-call targets) of fn lowered for `platform`, counted."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    ops = collections.Counter(re.findall(r"stablehlo\.([a-z_]+)", text))
+    ops.update(f"custom_call {t}" for t in re.findall(r'custom_call @?"?([\w$]+)', text))
+    return ops
+
+
+def computed(ops: collections.Counter) -> collections.Counter:
+    """ops without the platform switch's own: lax.platform_dependent lowers, for one platform, to a case on a
+    constant index (case, its regions' returns, the index constants)."""
+    return collections.Counter({op: n for op, n in ops.items() if op not in ("case", "return", "constant")})
+
+
+def attend_unwatched(q, k, v, mask):
+    return attend(q, k, v, mask, NO_HOOKS, "blocks.0.attn")
+
+
+def test_cuda_lowering_takes_the_xla_kernel_and_the_cpu_lowering_the_unwatched_one():
+    """One traced attend, lowered for each platform (on this CPU): the CUDA program is fused_attention's
+    (XLA's dot_product_attention, op for op), the CPU program unwatched_attention's, and neither calls cuDNN
+    (float32: cuDNN flash attention takes half precision only)."""
+    args = inputs(8)
+    cuda = computed(lowered_ops(attend_unwatched, *args, platform="cuda"))
+    assert cuda == computed(lowered_ops(fused_attention, *args, platform="cuda"))
+    cpu = computed(lowered_ops(attend_unwatched, *args, platform="cpu"))
+    assert cpu == computed(lowered_ops(unwatched_attention, *args, platform="cpu")) != cuda
+    assert not any("cudnn" in op for op in cuda)
+
+
+def even_length_inputs(seed):
+    """bf16 q, k, v [2, 16, 4, 16] and a right-padded key mask (16 and 7 real keys): a call cuDNN can take."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 4, 16)), jnp.bfloat16) for _ in range(3))
+    return q, k, v, jnp.asarray(np.arange(16)[None] < np.array([[16], [7]]))[:, None, None, :]
+
+
+@pytest.fixture
+def cudnn_lowerable(monkeypatch):
+    """Let this CPU lower cuDNN calls for CUDA. jax traces a cuDNN call only where jaxlib reports cuDNN's version
+    (its private check_cudnn_version; the CPU jaxlib has none) and attention.choose picks cuDNN only where a CUDA
+    device exists; both are patched for the test. The lowering itself, the custom call and its backend config,
+    is jax's CUDA rule, unchanged."""
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90100)
+    monkeypatch.setattr(attention, "cudnn_present", lambda: True)
+
+
+def test_bf16_cuda_lowering_calls_cudnn_flash_attention_forward_and_backward(cudnn_lowerable):
+    """bf16 on CUDA: the program holds cuDNN's fused attention (forward; with grad its backward too), behind the
+    run-time check of key lengths whose other branch is XLA's kernel; the CPU lowering of the same trace none."""
+    q, k, v, mask = even_length_inputs(9)
+    forward = lowered_ops(attend_unwatched, q, k, v, mask, platform="cuda")
+    assert forward["custom_call __cudnn$fmhaSoftmax"] == 1
+    xla = lowered_ops(fused_attention, q, k, v, mask, platform="cuda")
+    assert forward["dot_general"] == xla["dot_general"] == 2  # the fallback: XLA's q·k and pattern·v
+
+    def loss(q, k, v, mask):
+        return attend_unwatched(q, k, v, mask).astype(jnp.float32).sum()
+
+    backward = lowered_ops(jax.grad(loss), q, k, v, mask, platform="cuda")
+    assert backward["custom_call __cudnn$fmhaSoftmaxBackward"] == 1
+    assert not any("cudnn" in op for op in lowered_ops(attend_unwatched, q, k, v, mask, platform="cpu"))
+
+
+def test_attention_dropout_on_cuda_is_cudnns_fused_dropout(cudnn_lowerable):
+    """With attention dropout, the bf16 CUDA program drops inside cuDNN's kernel (fmhaSoftmaxDropout and its
+    backward) and draws no [B, H, T, S] mask of its own where key lengths describe the mask; the XLA fallback
+    branch (not right-padded) drops on the explicit path with rbg bits."""
+    q, k, v, mask = even_length_inputs(10)
+    drop = Dropout(jax.random.key(0), attention=0.1)
+
+    def loss(q, k, v, mask):
+        return attend(q, k, v, mask, NO_HOOKS, "blocks.0.attn", drop).astype(jnp.float32).sum()
+
+    ops = lowered_ops(jax.grad(loss), q, k, v, mask, platform="cuda")
+    assert ops["custom_call __cudnn$fmhaSoftmaxDropout"] == 1
+    assert ops["custom_call __cudnn$fmhaSoftmaxDropoutBackward"] == 1
+    assert ops["rng_bit_generator"] == 1  # the fallback branch's one rbg draw; no threefry hash of a mask
