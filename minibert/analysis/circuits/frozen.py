@@ -1,0 +1,129 @@
+"""The frozen-layernorm skip path: what direct attribution, edge attribution and edge patching carry along.
+
+Record each layernorm's σ (per token) at a run. With σ held, LN(x) = γ ⊙ (x − mean x)/σ + β is affine in x.
+The *skip path* from a component that writes to the residual stream to a later point is the chain of these
+frozen maps through the residual connections only, never through a later attention or MLP
+(docs/circuits.md). Where a block reads and writes the stream, by the family's norm (Family.norm):
+
+    post-LN (BERT):   attn_in[l] → + attention → LN1 → mlp_in[l] → + MLP → LN2 → attn_in[l + 1] … → final
+    pre-LN (ModernBERT): attn_in[l] → + attention → mlp_in[l] → + MLP → attn_in[l + 1] … → final → ln_final
+
+In a post-LN block every add is followed by a layernorm on the stream, so the skip path is a chain of frozen
+affine maps; in a pre-LN block the layernorms sit inside the sublayers' own inputs and the skip path is the
+identity up to `ln_final`, which the readout freezes (`readout_hooks`).
+
+Everything here works on values captured through hooks (`point_names`, `scale_names`) and the weights
+`Model.layer_weights` gives: no piece of the forward is rebuilt beyond the frozen layernorm itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from minibert.analysis.lens import BLOCK_OUTPUT
+from minibert.errors import AnalysisError
+from minibert.hooks import HookFn
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a family's blocks read and write the residual stream, as per-block hook names."""
+
+    mlp_in: str  # the stream as the MLP reads it (its own input, before any layernorm of its own)
+    block_out: str  # the block's output, the next block's attn_in
+    norms: tuple[str, ...]  # layernorms on the stream inside each block, in order (post-LN: after each add)
+    final_norm: str | None  # a layernorm between the last block and the readout (pre-LN: ln_final)
+
+
+LAYOUTS = {
+    "post": Layout("ln1.hook_out", BLOCK_OUTPUT["post"], ("ln1", "ln2"), None),
+    "pre": Layout("hook_resid_mid", BLOCK_OUTPUT["pre"], (), "ln_final"),
+}
+
+
+def layout(model) -> Layout:
+    """The model's Layout; a model whose heads' outputs cannot be read apart (no attn.hook_result) is refused."""
+    if "blocks.0.attn.hook_result" not in model.hook_names:
+        raise AnalysisError(f"{model.config.family.name} has no per-head output hook (attn.hook_result), so its "
+                            f"heads cannot be circuit nodes; circuits need a family whose heads write z·W_O[h].")
+    return LAYOUTS[model.config.family.norm]
+
+
+def point_names(model) -> dict[str, list[str]]:
+    """The hook names of the stream's points: {"attn_in": [L], "mlp_in": [L], "final": [1]}."""
+    lay, L = layout(model), model.config.num_hidden_layers
+    return {"attn_in": [f"blocks.{i}.hook_resid_pre" for i in range(L)],
+            "mlp_in": [f"blocks.{i}.{lay.mlp_in}" for i in range(L)],
+            "final": [f"blocks.{L - 1}.{lay.block_out}"]}
+
+
+def scale_names(model) -> list[str]:
+    """The σ hooks of the layernorms on the skip path inside the blocks, norm by norm, layer by layer."""
+    L = model.config.num_hidden_layers
+    return [f"blocks.{i}.{norm}.hook_scale" for norm in layout(model).norms for i in range(L)]
+
+
+def _stop_gradient(value, ctx):
+    return jax.lax.stop_gradient(value)
+
+
+def readout_hooks(model) -> dict:
+    """Hooks that freeze the σ of the layernorm between the last block and the readout (pre-LN's ln_final) at
+    the run being differentiated: the gradient at `final` then is the skip path's last frozen map."""
+    norm = layout(model).final_norm
+    return {} if norm is None else {f"{norm}.hook_scale": HookFn(_stop_gradient)}
+
+
+@struct.dataclass
+class Points:
+    """Values at the stream's points: attn_in [L, ..., D], mlp_in [L, ..., D], final [..., D]."""
+
+    attn_in: jax.Array
+    mlp_in: jax.Array
+    final: jax.Array
+
+
+@struct.dataclass
+class SkipPath:
+    """The skip path of one run: for each layernorm on the stream inside a block (Layout.norms), its σ
+    [L, B, T, 1] recorded at the run, its gain γ and bias β [L, D]. Empty for pre-LN families."""
+
+    scales: tuple[jax.Array, ...]
+    gains: tuple[jax.Array, ...]
+    biases: tuple[jax.Array, ...]
+
+    def carry(self, embed, attn, mlp, *, with_biases: bool = False) -> Points:
+        """The stream at every point when only `embed` [B, T, D] is written at the start, `attn` [L, B, T, D] by
+        each block's attention and `mlp` [L, B, T, D] by each MLP, carried through the frozen layernorms:
+        linear in what is written (with_biases=False) or affine, each layernorm adding its β (True)."""
+        def norm(k, x, sigma, gamma, beta):  # the k-th frozen layernorm of the block, or nothing (pre-LN)
+            if k >= len(self.scales):
+                return x
+            centred = (x - x.mean(-1, keepdims=True)) / sigma[k]
+            return centred * gamma[k] + beta[k] if with_biases else centred * gamma[k]
+
+        def block(x, layer):
+            written_attn, written_mlp, sigma, gamma, beta = layer
+            mid = norm(0, x + written_attn, sigma, gamma, beta)
+            return norm(1, mid + written_mlp, sigma, gamma, beta), (x, mid)
+
+        final, (attn_in, mlp_in) = jax.lax.scan(block, embed, (attn, mlp, self.scales, self.gains, self.biases))
+        return Points(attn_in, mlp_in, final)
+
+
+def skip_weights(model) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """(gains, biases) of the skip path's layernorms, [L, D] each: passed into programs as arguments."""
+    norms = layout(model).norms
+    return (tuple(model.layer_weights(f"{n}.scale") for n in norms),
+            tuple(model.layer_weights(f"{n}.bias") for n in norms))
+
+
+def skip_path(model, captured, weights) -> SkipPath:
+    """The SkipPath of a run whose `captured` values hold scale_names(model), with skip_weights(model)."""
+    names, L = scale_names(model), model.config.num_hidden_layers
+    scales = tuple(jnp.stack([captured[n] for n in names[k * L:(k + 1) * L]]) for k in range(len(weights[0])))
+    return SkipPath(scales, *weights)
