@@ -229,6 +229,38 @@ def test_probe_errors_name_the_problem(tiny):
         probes.fit_linear_probes(np.zeros((1, 3, 2)), np.array([0, 1, 5]), num_classes=2)
 
 
+def test_probes_refuse_one_class_non_finite_features_column_labels_and_no_items():
+    """Each once gave a silent answer or a raw exception: one class scored 1.0 on every layer, a NaN fitted and
+    predicted class 0, +inf gave accuracies like [0.25, 1.0], a column vector of labels raised a TypeError, no
+    items a numpy ValueError."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 40, 5)).astype(np.float32)
+    features = probes.Features(x, np.repeat(np.arange(10), 4), "hook_resid_post")
+    labels = rng.integers(0, 2, 40)
+    with pytest.raises(AnalysisError, match="one class"):
+        probes.probe(features, [0] * 40)
+    with pytest.raises(AnalysisError, match="one class"):
+        probes.fit_linear_probes(x, np.zeros(40, int))
+    for bad in (np.nan, np.inf, -np.inf):
+        values = x.copy()
+        values[1, 7, 3] = bad
+        with pytest.raises(AnalysisError, match="non-finite.*layer 1, item 7, feature 3"):
+            probes.probe(probes.Features(values, features.sentence, "hook_resid_post"), list(labels))
+        with pytest.raises(AnalysisError, match="non-finite"):
+            probes.predict({"W": np.ones((2, 5, 2)), "b": np.zeros((2, 2))}, values)
+        with pytest.raises(AnalysisError, match="dev features hold 1 non-finite"):
+            probes.fit_linear_probes(x, labels, dev=(values, labels))
+    with pytest.raises(AnalysisError, match=r"column vector: pass labels.ravel\(\)"):
+        probes.probe(features, labels[:, None])
+    with pytest.raises(AnalysisError, match=r"column vector: pass labels.ravel\(\)"):
+        probes.fit_linear_probes(x, labels[:, None])
+    empty = np.zeros((2, 0, 5), np.float32)
+    with pytest.raises(AnalysisError, match="at least one layer, item and feature"):
+        probes.fit_linear_probes(empty, np.zeros(0, int))
+    with pytest.raises(AnalysisError, match="at least one layer, item and feature"):
+        probes.probe(probes.Features(empty, np.zeros(0, int), "hook_resid_post"), [])
+
+
 def test_probes_are_exported():
     assert minibert.analysis.probes is probes
 

@@ -97,18 +97,19 @@ def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: f
     not lower the objective end the run. bias=False fits no b (scikit-learn's fit_intercept=False). Returns
     ({"W": [L, F, C], "b": [L, C]} as NumPy, steps [L]: the step of the kept parameters).
     """
-    x = np.asarray(getattr(features, "values", features), np.float32)
-    y = np.asarray(labels)
-    if x.ndim != 3 or y.shape != (x.shape[1],):
-        raise AnalysisError(f"features must be [L, N, F] with one label per item; got {x.shape} and {y.shape}.")
+    x = checked_features(features)
+    y = _checked_labels(labels, x.shape[1])
     num_classes = int(y.max()) + 1 if num_classes is None else num_classes
     if y.min() < 0 or y.max() >= num_classes:
         raise AnalysisError(f"labels must be integers in [0, {num_classes}); found {y.min()}…{y.max()}.")
+    if num_classes < 2:
+        raise AnalysisError("the labels hold one class: every probe would score accuracy 1.0 by predicting it. "
+                            "Pass labels of at least two classes.")
     x_dev = y_dev = None
     if dev is not None:
-        x_dev = np.asarray(getattr(dev[0], "values", dev[0]), np.float32)
-        y_dev = np.asarray(dev[1])
-        if x_dev.shape[0] != x.shape[0] or x_dev.shape[2] != x.shape[2] or y_dev.shape != (x_dev.shape[1],):
+        x_dev = checked_features(dev[0], "dev features")
+        y_dev = _checked_labels(dev[1], x_dev.shape[1], "dev labels")
+        if x_dev.shape[0] != x.shape[0] or x_dev.shape[2] != x.shape[2]:
             raise AnalysisError(f"dev features {x_dev.shape} / labels {y_dev.shape} do not match the training "
                                 f"features {x.shape}; pass the same layers and feature size.")
     params, steps = _fit_layers(jnp.asarray(x), jnp.asarray(y), x_dev, y_dev, jnp.float32(l2), jnp.float32(tol),
@@ -118,9 +119,34 @@ def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: f
     return jax.tree.map(np.asarray, params), np.asarray(steps)
 
 
+def checked_features(features, what: str = "features") -> np.ndarray:
+    """features (a Features or an array) as float32 [L, N, F], refused where empty or not finite: a NaN or an
+    infinity fits and predicts a class (argmax of NaN logits is 0) without any sign of the fault."""
+    x = np.asarray(getattr(features, "values", features), np.float32)
+    if x.ndim != 3 or 0 in x.shape:
+        raise AnalysisError(f"{what} must be [L, N, F] with at least one layer, item and feature; got {x.shape}.")
+    finite = np.isfinite(x)
+    if not finite.all():
+        layer, item, feature = np.argwhere(~finite)[0]
+        raise AnalysisError(f"{what} hold {(~finite).sum()} non-finite values (NaN or ±inf), the first at layer "
+                            f"{layer}, item {item}, feature {feature} ({x[layer, item, feature]}); a probe on them "
+                            f"is meaningless. Drop or fix those items (an activation overflowed, or the input "
+                            f"carried NaN).")
+    return x
+
+
+def _checked_labels(labels, n: int, what: str = "labels") -> np.ndarray:
+    """labels as integers [n]; a column vector [n, 1] is refused by name rather than broadcast."""
+    y = np.asarray(labels)
+    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
+        raise AnalysisError(f"{what} must be integers [N] = [{n}], one per item; got {y.dtype} {y.shape}"
+                            + (" (a column vector: pass labels.ravel())" if y.shape == (n, 1) else "") + ".")
+    return y
+
+
 def predict(params, features) -> np.ndarray:
     """Predicted class per layer and item: [L, N] from features [L, N, F]."""
-    x = np.asarray(getattr(features, "values", features), np.float32)
+    x = checked_features(features)
     logits = np.einsum("LNF,LFC->LNC", x, params["W"])
     return np.argmax(logits + params["b"][:, None] if "b" in params else logits, axis=-1)
 
@@ -178,6 +204,10 @@ def probe(features: Features, labels: Sequence[Hashable], *, dev: float = 0.1, t
           max_steps: int = 500, patience: int = 20, seed: int = 0, samples: int = 1000,
           classes: Sequence[Hashable] | None = None) -> ProbeResult:
     """Split by sentence, train every layer's probe (early stopping on dev), score on test with a bootstrap."""
+    checked_features(features)
+    if np.ndim(labels) != 1:
+        raise AnalysisError(f"labels must be one label per item, a flat list [N]; got shape {np.shape(labels)}"
+                            + (" (a column vector: pass labels.ravel())" if np.ndim(labels) == 2 else "") + ".")
     if len(labels) != len(features):
         raise AnalysisError(f"{len(features)} items but {len(labels)} labels; pass one label per word or sentence.")
     y, classes = encode_labels(labels, classes)
