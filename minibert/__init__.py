@@ -23,10 +23,7 @@ from minibert.errors import (
 )
 from minibert.hooks import Cache, HookContext, HookFn, RecompileWarning, any_length, get_act_name
 from minibert.model import Output
-from minibert.programs import use_persistent_cache
 from minibert.tokenizer import Batch, Tokenizer
-
-use_persistent_cache()  # compiled programs persist across processes unless MINIBERT_COMPILATION_CACHE=0 (programs.py)
 
 __all__ = [
     "Batch",

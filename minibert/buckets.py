@@ -3,7 +3,7 @@
 Every new row length is a new compiled program (seconds of tracing and compiling on a CPU, and memory while it
 lives), so Model.run pads the rows of a batch on the right to a bucket length and cuts what it returns back to
 the real length. Padding is masked: no real token attends to a padding key, and every other step of the forward
-works position by position, so real tokens get the same values up to rounding (tests/test_padding.py).
+works position by position, so real tokens get the same values up to rounding.
 
 Two rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
 
@@ -13,7 +13,7 @@ Two rules (docs/compiled.md, "Compiled programs", has the whole policy and its m
   text, where each program it saves costs seconds.
 - FINE, where many batches share each program and throughput pays for more of them (a survey over a corpus of
   unpacked rows, a long batch job): every length to 31, then 16 per doubling, so no length does more than ~7% more
-  work than its exact program (test_compiles: accounting.flops_per_token over every length to 512).
+  work than its exact program (accounting.flops_per_token, over every length to 512).
 
 Hooks run on the padded rows too, unless they read the row length: `pads_safely` tries each hook on random
 values at two lengths (PROBE_LENGTHS) and keeps the padding only where the first positions come out the same.

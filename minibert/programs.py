@@ -42,7 +42,7 @@ def cache_directory() -> Path | None:
 
 
 def use_persistent_cache() -> Path | None:
-    """Point JAX's persistent compilation cache at cache_directory() (called when minibert is imported); the
+    """Point JAX's persistent compilation cache at cache_directory() (done when this module is imported); the
     folder in use, or None. Every program is written, however small or quick to compile: on a CPU a small
     model's forward compiles in about a second, which the cache turns into milliseconds."""
     configured = jax.config.jax_compilation_cache_dir
@@ -57,6 +57,9 @@ def use_persistent_cache() -> Path | None:
     if importlib.util.find_spec("filelock") is not None:
         jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     return directory
+
+
+use_persistent_cache()  # on by default: every minibert program a process compiles is kept for the next
 
 
 class Resident:

@@ -1,0 +1,10 @@
+"""Circuits for encoders: token attributions, direct attribution per head, edge attribution patching,
+circuits and their faithfulness (docs/circuits.md has the definitions).
+
+    from minibert.analysis import circuits
+    circuits.token_attribution(model, texts, metric)            # per-token scores [B, T]
+"""
+
+from minibert.analysis.circuits.tokens import TokenAttribution, integration_points, token_attribution
+
+__all__ = ["TokenAttribution", "integration_points", "token_attribution"]

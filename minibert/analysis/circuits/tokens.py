@@ -1,0 +1,205 @@
+"""Token attributions: how much of a metric's value each input token (or word) accounts for.
+
+They act on the word embeddings x = W_E[input_ids] (the hook embed.hook_embed), positions and segments held at
+the input's, as captum's LayerIntegratedGradients on embeddings.word_embeddings does. The baseline x' is the
+embedding of [PAD] (baseline="pad"), of [MASK] ("mask") or 0 ("zero") at every position that is not a special
+token; [CLS], [SEP] and padding keep their own embedding (docs/circuits.md):
+
+    integrated_gradients   IG_t = Σ_E (x_t − x'_t) ⊙ ∫₀¹ ∂F(x' + α(x − x'))/∂x_t dα   (Sundararajan et al. 2017)
+    gradient_x_input       Σ_E x_t ⊙ ∂F(x)/∂x_t
+    occlusion              F(x) − F(x with the pieces of one word (or one token) replaced by the baseline's)
+
+The integral is captum's Gauss–Legendre rule over `steps` points (default) or the right Riemann sum
+α = k/steps, k = 1..steps. Completeness: Σ_t IG_t = F(x) − F(x') up to the rule's error and rounding.
+Each call is one compiled program: the steps (or the occluded words) run `chunk` at a time inside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minibert.accounting import activation_bytes, items_per_chunk
+from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
+from minibert.analysis.gradients import _special_ids
+from minibert.analysis.words import word_groups, word_labels
+from minibert.api import is_text, metric_values, traced_call
+from minibert.contract import StaticFn, static_metric
+from minibert.errors import AnalysisError
+from minibert.hooks import HookFn
+from minibert.tokenizer import Batch
+
+METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
+BASELINES = ("pad", "mask", "zero")
+INTEGRATIONS = ("gausslegendre", "riemann_right")
+
+
+def integration_points(steps: int, integration: str = "gausslegendre") -> tuple[np.ndarray, np.ndarray]:
+    """(α [steps], weights [steps]) of the rule on [0, 1], as captum's approximation_parameters gives them:
+    Gauss–Legendre's nodes and weights moved from [−1, 1] to [0, 1], or α = k/steps with weight 1/steps."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise AnalysisError(f"steps must be a positive int (points of the integral; captum's default is 50); got "
+                            f"{steps!r}.")
+    if integration == "gausslegendre":
+        nodes, weights = np.polynomial.legendre.leggauss(steps)
+        return 0.5 * (nodes + 1), 0.5 * weights
+    if integration == "riemann_right":
+        return np.arange(1, steps + 1) / steps, np.full(steps, 1 / steps)
+    raise AnalysisError(f"integration must be one of {INTEGRATIONS}; got {integration!r}.")
+
+
+@dataclasses.dataclass
+class TokenAttribution:
+    """Scores per token [B, T] (per word [B, W] for words=True; a row with fewer words ends in zeros), the
+    labels of each row's scored tokens or words, F(x) and F(x') per row [B]."""
+
+    scores: np.ndarray
+    labels: list[list[str]]
+    metric: np.ndarray
+    baseline_metric: np.ndarray
+    method: str
+
+    @property
+    def total(self) -> np.ndarray:
+        """Σ of each row's scores [B]."""
+        return self.scores.sum(1)
+
+    @property
+    def completeness_gap(self) -> np.ndarray:
+        """Σ_t IG_t − (F(x) − F(x')) per row [B]: the integral rule's error plus rounding (integrated
+        gradients; the other methods make no such promise)."""
+        return self.total - (self.metric - self.baseline_metric)
+
+
+def _replace(value, ctx, new):
+    return new.astype(value.dtype)
+
+
+def _metric_at(model, state, inputs, metric: StaticFn, embedded) -> jax.Array:
+    """F per row [B] with the word embeddings replaced by `embedded` [B, T, E] (positions and segments held)."""
+    out, _ = model.forward_fn((), {"embed.hook_embed": HookFn(_replace, new=embedded)})(state, inputs)
+    values = metric_values(traced_call(metric.fn, out), inputs.shape[0])
+    if values.ndim == 0:  # checked while tracing, before anything runs
+        raise AnalysisError(f"token attributions are per row: the metric must return one value per batch row, shape "
+                            f"({inputs.shape[0]},), not one value for the batch; return e.g. out.logits[:, 0, c] "
+                            f"rather than its mean.")
+    return values
+
+
+def _integrated(model, state, inputs, start, end, baseline, alphas, weights, *, metric: StaticFn, chunk: int):
+    """(Σ_E (end − start) ⊙ Σ_k w_k ∂F(start + α_k(end − start)), F(end), F(baseline)) — IG from start = x',
+    gradient × input from start = 0 with the one point α = 1 (compiled with model.jit)."""
+    def weighted_gradient(point):
+        alpha, weight = point
+        gradient = jax.grad(lambda x: _metric_at(model, state, inputs, metric, x).sum())
+        return weight * gradient(start + alpha * (end - start))
+
+    mean_gradient = chunked_sum(weighted_gradient, (alphas, weights), chunk)
+    return (((end - start) * mean_gradient).sum(-1), _metric_at(model, state, inputs, metric, end),
+            _metric_at(model, state, inputs, metric, baseline))
+
+
+def _occluded(model, state, inputs, embedded, baseline, masks, *, metric: StaticFn, chunk: int):
+    """(F(x) − F(x with masks[k]'s positions from the baseline) [K, B], F(x), F(x')) (model.jit)."""
+    full = _metric_at(model, state, inputs, metric, embedded)
+    occlude = lambda mask: full - _metric_at(model, state, inputs, metric,  # noqa: E731
+                                             jnp.where(mask[..., None], baseline, embedded))
+    return chunked_map(occlude, masks, chunk), full, _metric_at(model, state, inputs, metric, baseline)
+
+
+def _baseline_embeddings(model, inputs, baseline: str) -> tuple[jax.Array, jax.Array]:
+    """(x [B, T, E], x' [B, T, E]): the word embeddings and the baseline's, specials and padding kept."""
+    if baseline not in BASELINES:
+        raise AnalysisError(f"baseline must be one of {BASELINES}; got {baseline!r}.")
+    if model.tokenizer is None:
+        raise AnalysisError("token attributions keep the special tokens in the baseline, so they need the model's "
+                            "tokenizer; load the model with its tokenizer files.")
+    ids = inputs.input_ids
+    special = jnp.isin(ids, jnp.asarray(_special_ids(model))) | (inputs.attention_mask == 0)
+    table = model.W_E
+    embedded = table[ids]
+    if baseline == "zero":
+        replaced = jnp.zeros_like(embedded)
+    else:
+        replaced = jnp.broadcast_to(table[getattr(model.tokenizer, f"{baseline}_token_id")], embedded.shape)
+    return embedded, jnp.where(special[..., None], embedded, replaced)
+
+
+def _units(batch, inputs, words: bool) -> list[list[list[int]]]:
+    """Per row, the positions of each unit scored: each word's pieces (words=True), else each real token."""
+    mask = np.asarray(inputs.attention_mask)
+    if not words:
+        return [[[t] for t in np.flatnonzero(row)] for row in mask]
+    if not isinstance(batch, Batch):
+        raise AnalysisError("words=True needs the tokenizer's word boundaries: pass texts or a Batch "
+                            "(model.tokenize), not id arrays.")
+    return [word_groups(batch.word_ids[b], batch.sequence_ids[b], mask[b]) for b in range(len(mask))]
+
+
+def _labels(model, batch, inputs, units) -> list[list[str]]:
+    if isinstance(batch, Batch):
+        tokens = batch.tokens
+    else:
+        tokens = model.to_str_tokens(np.asarray(inputs.input_ids))
+    return [word_labels(tokens[b], row) for b, row in enumerate(units)]
+
+
+def _unit_masks(units, shape) -> np.ndarray:
+    """bool [K, B, T]: item k covers the k-th unit of every row (nothing in a row with fewer units)."""
+    masks = np.zeros((max(len(row) for row in units), *shape), bool)
+    for b, row in enumerate(units):
+        for k, positions in enumerate(row):
+            masks[k, b, positions] = True
+    return masks
+
+
+def _per_unit(token_scores: np.ndarray, units) -> np.ndarray:
+    """[B, T] token scores → [B, W]: each unit's tokens summed."""
+    out = np.zeros((len(units), max(len(row) for row in units)), token_scores.dtype)
+    for b, row in enumerate(units):
+        for k, positions in enumerate(row):
+            out[b, k] = token_scores[b, positions].sum()
+    return out
+
+
+def token_attribution(model, batch, metric: Callable, method: str = "integrated_gradients", baseline: str = "pad",
+                      steps: int = 50, integration: str = "gausslegendre", words: bool = False) -> TokenAttribution:
+    """Per-token (or, with words=True, per-word: a word's pieces summed, or occluded together) attributions of
+    `metric(output)`, one value per row [B], to the input tokens → TokenAttribution (module docstring).
+
+    method: "integrated_gradients" (`steps` points of `integration`, "gausslegendre" or "riemann_right"),
+    "gradient_x_input" or "occlusion" (every word, or token, of every row in one program).
+    baseline: "pad", "mask" or "zero" (specials and padding keep their own embedding).
+    """
+    if method not in METHODS:
+        raise AnalysisError(f"method must be one of {METHODS}; got {method!r}.")
+    if is_text(batch):
+        batch = model.tokenize(batch)
+    inputs = model.inputs(batch)
+    B, T = inputs.shape
+    keyed = static_metric(metric)
+    embedded, base = _baseline_embeddings(model, inputs, baseline)
+    units = _units(batch, inputs, words)
+    forward_bytes = activation_bytes(model.config, B, T, itemsize=jnp.dtype(model.dtype).itemsize)
+    if method == "occlusion":
+        masks = _unit_masks(units, (B, T))
+        program = model.jit(_occluded, static_argnames=("metric", "chunk"))
+        changes, full, at_baseline = program(model.state, inputs, embedded, base, jnp.asarray(masks), metric=keyed,
+                                             chunk=items_per_chunk(forward_bytes, len(masks)))
+        per_unit = np.asarray(changes).T  # [B, K]
+        scores = per_unit if words else np.einsum("BK,KBT->BT", per_unit, masks)
+    else:
+        alphas, weights = integration_points(steps, integration) if method == "integrated_gradients" else ([1.0], [1.0])
+        start = base if method == "integrated_gradients" else jnp.zeros_like(embedded)
+        program = model.jit(_integrated, static_argnames=("metric", "chunk"))
+        step_bytes = forward_bytes * model.config.num_hidden_layers * 2  # a backward keeps every block's values
+        token_scores, full, at_baseline = program(
+            model.state, inputs, start, embedded, base, jnp.asarray(alphas, jnp.float32),
+            jnp.asarray(weights, jnp.float32), metric=keyed, chunk=items_per_chunk(step_bytes, len(alphas)))
+        scores = _per_unit(np.asarray(token_scores), units) if words else np.asarray(token_scores)
+    return TokenAttribution(scores, _labels(model, batch, inputs, units), np.asarray(full), np.asarray(at_baseline),
+                            method)
