@@ -55,6 +55,11 @@ class DataFileMissing(DataFileError, FileNotFoundError):
     """A data file that does not exist."""
 
 
+class DivergedError(MinibertError, FloatingPointError):
+    """A training run whose loss or weights stopped being finite: names the step and the setting to lower.
+    Nothing of the run after that point is saved."""
+
+
 class DistributedError(MinibertError, RuntimeError):
     """Processes of a multi-process run that disagree (settings, weights, corpus) or stopped answering: names
     the processes and how to resume."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 
 import minibert
 from minibert import training
-from minibert.errors import InputError
+from minibert.errors import DataFileError, InputError
 from tests.conftest import make_hf_model
 
 SETTINGS = dict(task="sequence-classification", num_labels=2, epochs=3, batch_size=4, learning_rate=1e-3,
@@ -80,3 +81,71 @@ def test_a_killed_run_resumes_to_the_same_bits(tmp_path):
         np.testing.assert_array_equal(ours, theirs)
     with pytest.raises(InputError, match="learning_rate: 0.001 then, 0.002 now"):
         training.finetune(model, examples, resume=run_dir, **(SETTINGS | {"learning_rate": 2e-3}))
+
+
+# ---- what a resumed run must share with the saved one, and folders that are not runs (issue 32 A3, B, C) -----
+
+QUICK = dict(task="sequence-classification", num_labels=2, epochs=1, batch_size=4, learning_rate=1e-3, dropout=0.0,
+             progress=False, trainable="classifier.*")
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """(base model, rows, the folder of a finished run on them that trained the head alone)."""
+    directory = tmp_path_factory.mktemp("saved")
+    make_hf_model(directory / "hf", "BertModel", scale=0.1)
+    model = minibert.load(directory / "hf")
+    rows = _rows(8)
+    training.finetune(model, rows, resume=directory / "run", **QUICK)
+    return model, rows, directory / "run"
+
+
+def test_resume_refuses_flipped_labels_another_base_and_other_hooks(saved_run, tmp_path):
+    """Before: each of these resumed (exit 0) as if it were the saved run — every label flipped (same count),
+    another encoder under the saved head (trainable='classifier.*'), a hook the run never had."""
+    model, rows, run = saved_run
+    flipped = [(text, 1 - label) for text, label in rows]
+    with pytest.raises(InputError, match=r"other settings \(the training data \(texts, pairs and labels, as "
+                                         r"tokenized\) differ\)"):
+        training.finetune(model, flipped, resume=run, **QUICK)
+    make_hf_model(tmp_path / "other", "BertModel", scale=0.1, seed=1)
+    with pytest.raises(InputError, match=r"other settings \(the base model's weights differ\)"):
+        training.finetune(minibert.load(tmp_path / "other"), rows, resume=run, **QUICK)
+    with pytest.raises(InputError, match=r"other settings \(the hooks \(names, functions, their arrays\) differ\)"):
+        training.finetune(model, rows, resume=run, hooks={"blocks.0.hook_resid_post": lambda v, ctx: v * 0.5},
+                          **QUICK)
+    again = training.finetune(model, rows, resume=run, **QUICK)  # the same run: it is complete, nothing trains
+    assert len(again.history.loss) == 2
+
+
+def test_a_folder_of_a_users_files_is_never_a_run(saved_run, tmp_path):
+    """Before: a folder holding the user's files trained from scratch into it, a sub-folder named 7/ was a
+    KeyError, and an existing file an orbax NotADirectoryError after the work."""
+    model, rows, _ = saved_run
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("my notes")
+    with pytest.raises(DataFileError, match=r"mine holds 'notes.txt', which is no checkpoint of a run"):
+        training.finetune(model, rows, resume=tmp_path / "mine", **QUICK)
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "my notes"
+    (tmp_path / "seven" / "7").mkdir(parents=True)
+    (tmp_path / "seven" / "7" / "draft.txt").write_text("mine")
+    with pytest.raises(DataFileError, match=r"seven holds '7', which is no checkpoint of a run"):
+        training.finetune(model, rows, resume=tmp_path / "seven", **QUICK)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(DataFileError, match=r"a_file is a file; pass a folder"):
+        training.finetune(model, rows, resume=tmp_path / "a_file", **QUICK)
+    with pytest.raises(InputError, match=r"checkpoint_every=0: pass a whole number of updates, at least 1"):
+        training.finetune(model, rows, checkpoint_every=0, **QUICK)
+
+
+def test_a_damaged_checkpoint_is_named(saved_run, tmp_path):
+    """Before: a truncated checkpoint (its metadata cut short) was a JSONDecodeError from inside orbax."""
+    model, rows, run = saved_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    metadata = copy / "2" / "meta" / "metadata"
+    metadata.write_bytes(metadata.read_bytes()[:40])
+    with pytest.raises(DataFileError, match=r"the checkpoint .*run/2 cannot be read \(JSONDecodeError.*Delete that "
+                                            r"folder to continue from the checkpoint before it"):
+        training.finetune(model, rows, resume=copy, **QUICK)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -28,8 +30,8 @@ from minibert.config import ARCHITECTURES, Config
 from minibert.errors import InputError
 from minibert.hooks import writers_for
 from minibert.training import data as data_
-from minibert.training import optim
-from minibert.training.resume import Checkpoints
+from minibert.training import guards, optim
+from minibert.training.resume import Checkpoints, run_fingerprints
 
 HEAD_CLASS = {"sequence-classification": "ForSequenceClassification",
               "token-classification": "ForTokenClassification", "masked-lm": "ForMaskedLM"}
@@ -275,10 +277,11 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     (a rate ≤ 0, a negative decay, …) are InputErrors naming the setting.
     """
     task = data_.checked_task(task)
-    rows = data if isinstance(data, list) and all(isinstance(r, data_.Example) for r in data) \
-        else data_.examples(data, task=task)
+    rows = data_.examples(data, task=task)
     compute_dtype = _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype)
     accumulate = optim.checked_accumulate(accumulate)
+    if not _whole(checkpoint_every) or checkpoint_every < 1:
+        raise InputError(f"checkpoint_every={checkpoint_every!r}: pass a whole number of updates, at least 1.")
     names = data_.label_names(rows, task, num_labels)
     start, new = _task_model(model, task, names, seed)
     cfg, settings = start.config, source_settings(model)
@@ -309,7 +312,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                           pad_id=cfg.pad_token_id, mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size,
                           rows=devices.rows(batch_size))
     evaluator = compiled_eval(step) if eval_data is not None else None
-    eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names) if evaluator else None
+    eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names,
+                                 "the eval data") if evaluator else None
 
     history, micro = History(), 0
     checkpoints = Checkpoints(resume) if resume is not None else None
@@ -319,6 +323,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                     "shuffle": shuffle, "seed": seed, "accumulate": accumulate,
                     "compute_dtype": str(step.compute_dtype), "trainable": sorted(moving)}
     if checkpoints is not None:
+        run_settings |= run_fingerprints(model, encoded, eval_encoded, writers)
         found = checkpoints.restore({"params": trainable_params, "opt": opt_state}, run_settings)
         if found is not None:
             micro, saved, meta = found
@@ -327,6 +332,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
 
     def save():
         if checkpoints is not None:
+            guards.check_weights(trainable_params, micro // accumulate, total_steps, learning_rate)
             checkpoints.save(micro, {"params": trainable_params, "opt": opt_state},
                              {"settings": run_settings, "history": dataclasses.asdict(history)})
 
@@ -349,6 +355,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                     update = micro // accumulate - 1
                     history.loss.append(float(np.mean([float(x) for x in losses])))
                     history.learning_rate.append(float(lr(update)))
+                    guards.check_loss(history.loss[-1], update + 1, total_steps, history.learning_rate[-1])
                     bar.update(history.loss[-1], tokens)
                     losses, tokens = [], 0
                     if (update + 1) % checkpoint_every == 0 and micro % per_epoch:  # the epoch's end saves below
@@ -362,6 +369,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                 save()
     if checkpoints is not None:
         checkpoints.close()
+    guards.check_weights(trainable_params, micro // accumulate, total_steps, learning_rate)
 
     trained = Model.from_parameters(cfg, devices.local(trainable_params | frozen), model.tokenizer,
                                     pooling=model.pooling, source=model.source)
@@ -374,10 +382,10 @@ COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, whi
 def _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype) -> jnp.dtype:
     """Refuse settings that cannot train (a typo would otherwise run, silently doing nothing or diverging);
     returns compute_dtype as a dtype."""
-    if epochs < 1 or batch_size < 1:
-        raise InputError(f"epochs={epochs}, batch_size={batch_size}: both must be at least 1.")
-    if not learning_rate > 0:
-        raise InputError(f"learning_rate={learning_rate!r}: pass a positive peak rate (e.g. 2e-5).")
+    if not (_whole(epochs) and _whole(batch_size)) or epochs < 1 or batch_size < 1:
+        raise InputError(f"epochs={epochs!r}, batch_size={batch_size!r}: both must be whole numbers, at least 1.")
+    if not (isinstance(learning_rate, numbers.Real) and 0 < learning_rate < math.inf):
+        raise InputError(f"learning_rate={learning_rate!r}: pass a positive, finite peak rate (e.g. 2e-5).")
     if not weight_decay >= 0:
         raise InputError(f"weight_decay={weight_decay!r}: pass 0 (none) or a positive decay (e.g. 0.01).")
     if max_grad_norm is not None and not max_grad_norm > 0:
@@ -390,6 +398,10 @@ def _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_
         raise InputError(f"compute_dtype={compute_dtype!r}: pass one of {', '.join(COMPUTE_DTYPES)} (bfloat16: "
                          f"bf16 compute with float32 master weights).")
     return dtype
+
+
+def _whole(n) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
 
 
 def _mask_id(model: Model, task: str) -> int | None:

@@ -67,7 +67,8 @@ def warmup_steps(warmup: float | int, total_steps: int) -> int:
     Trainer's warmup_ratio), an int ≥ 1 a count."""
     if isinstance(warmup, float) and 0.0 <= warmup < 1.0:
         return math.ceil(warmup * total_steps)
-    if int(warmup) != warmup or warmup < 0:
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not math.isfinite(warmup) \
+            or int(warmup) != warmup or warmup < 0:  # nan and inf first: int() of them raises
         raise InputError(f"warmup={warmup!r}: pass a fraction of the steps in [0, 1) or a whole number of steps.")
     return int(warmup)
 
