@@ -66,29 +66,30 @@ PROBE_RTOL = 1e-4  # far above float32 rounding of one hook on two shapes (~1e-7
 
 
 def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
-    """Whether `hook` (a HookFn) at site `name` gives on padded rows what it gives at the real length: it is
-    called on random values of PROBE_LENGTHS positions (T and S alike, the other axes as `shape` [B, …] has them),
-    and the first positions of the longer result must equal the shorter one's.
+    """Whether `hook` (a HookFn) at site `name` gives on padded rows what it gives at the real length: one small
+    compiled program calls it on random values of PROBE_LENGTHS positions (T and S alike, the other axes as
+    `shape` [B, …] has them), and the first positions of the longer result must equal the shorter one's.
 
     A hook that counts positions from the end (value[:, -1]), takes a mean or sum over positions, rolls or shifts
     them, or holds an array shaped by the real length (a patch from a cached run) fails the probe, and runs at the
-    exact length. Not seen: a hook that branches in Python on value.shape past the probe lengths, or that reads
-    values at padded positions only on real data (docs/compiled.md, "Hooks on padded rows")."""
+    exact length. Not seen: a hook that branches in Python on value.shape past the probe lengths. Like any
+    tracing, the probe calls the hook (twice, with traced values), so a hook that prints prints then too."""
     axes = site_axes(name, len(shape))
     short, long = PROBE_LENGTHS
 
-    def at(length):
-        return tuple(length if axis in ("T", "S") else size for axis, size in zip(axes, shape))
+    def gap(values):
+        padded, exact = cut(name, hook(values, ctx), short), hook(cut(name, values, short), ctx)
+        if padded.shape != exact.shape:
+            raise ValueError("the hook changed the value's shape")
+        return jnp.max(jnp.abs(padded - exact) / (1 + jnp.abs(exact)))
 
+    at_long = tuple(long if axis in ("T", "S") else size for axis, size in zip(axes, shape))
     rng = np.random.default_rng(0)
-    values = rng.standard_normal(at(long)).astype(np.dtype(dtype)) if jnp.issubdtype(dtype, jnp.floating) \
-        else rng.integers(0, 2, at(long)).astype(np.dtype(dtype))
+    values = rng.standard_normal(at_long) if jnp.issubdtype(dtype, jnp.floating) else rng.integers(0, 2, at_long)
     try:
-        padded = np.asarray(cut(name, jnp.asarray(hook(jnp.asarray(values), ctx)), short), np.float64)
-        exact = np.asarray(hook(jnp.asarray(cut(name, values, short)), ctx), np.float64)
+        return bool(jax.jit(gap)(jnp.asarray(values, dtype)) <= PROBE_RTOL)
     except Exception:  # noqa: BLE001 (a shape error at another length is the answer; the real run raises the rest)
         return False
-    return padded.shape == exact.shape and bool(np.allclose(padded, exact, rtol=PROBE_RTOL, atol=PROBE_RTOL))
 
 
 def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Array | None:

@@ -5,7 +5,12 @@ programs stay under Model.max_programs; and hooks that return something other th
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +19,7 @@ import pytest
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import BertConfig, Model, hooks
+from minibert import BertConfig, Model, hooks, programs
 from minibert.accounting import flops_per_token
 from minibert.buckets import COARSE, FINE, bucket_length, length_buckets
 
@@ -201,3 +206,103 @@ def test_minibert_own_hooks_never_warn(model, monkeypatch):
         for n in (3, 4, 5):
             model.grad(batch(n), lambda out: out.last_hidden_state.sum(), Z)
     assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
+
+
+# ---- resident programs: at most Model.max_programs, least recently used out --------------------------------------
+
+def test_the_resident_programs_stay_under_max_programs(model):
+    """Five buckets' programs through a model that keeps three: never more than three resident; the two least
+    recently used went, so running their lengths again compiles again, while the most recent runs as it is."""
+    model.max_programs = 3
+    lengths = (10, 20, 30, 40, 60)  # buckets 16, 24, 32, 48, 64
+    for n in lengths:
+        model(batch(n))
+        assert model.compiled_programs <= 3
+    assert model.compiled_programs == 3
+    before = model.traces
+    model(batch(60))  # the most recent: resident
+    assert model.traces == before
+    model(batch(10))  # the oldest: dropped, compiled again (and now the most recent)
+    assert model.traces == before + 1 and model.compiled_programs == 3
+    model(batch(40))  # used before 60 and 10, so still resident
+    assert model.traces == before + 1
+
+
+def test_clear_compiled_drops_every_program(model):
+    model(batch(10))
+    model.run_with_cache(batch(10), names="blocks.*.attn.hook_pattern")
+    assert model.compiled_programs == 2
+    model.clear_compiled()
+    assert model.compiled_programs == 0
+    before = model.traces
+    model(batch(10))
+    assert model.traces == before + 1 and model.compiled_programs == 1
+
+
+def test_max_programs_must_be_a_positive_count(model):
+    with pytest.raises(minibert.InputError, match="max_programs=0: pass a whole number"):
+        model.max_programs = 0
+
+
+# ---- the persistent compilation cache (minibert.programs) ---------------------------------------------------------
+
+SESSION = """
+import collections, json, sys
+import jax.monitoring
+events = collections.Counter()
+jax.monitoring.register_event_listener(lambda event, **kwargs: events.update([event]))
+import jax, minibert
+model = minibert.Model(minibert.BertConfig(**{tiny!r}), seed=1)
+for n in (4, 9, 20):
+    model({{"input_ids": [[5] * n]}})
+    model.run_with_cache({{"input_ids": [[5] * n]}}, names="blocks.*.attn.hook_pattern")
+    model.run_with_hooks({{"input_ids": [[5] * n]}}, {{"blocks.1.attn.hook_z": lambda z, ctx: z.at[:, :, 2].set(0.0)}})
+print(json.dumps({{"dir": jax.config.jax_compilation_cache_dir, "traces": model.traces,
+                  "hits": events["/jax/compilation_cache/cache_hits"],
+                  "misses": events["/jax/compilation_cache/cache_misses"]}}))
+"""
+
+
+def run_session(env: dict) -> dict:
+    """SESSION in a fresh Python process with `env` (over this one's): what it reports."""
+    done = subprocess.run([sys.executable, "-c", SESSION.format(tiny=TINY)], capture_output=True, text=True,
+                          env=os.environ | env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def cache_entries(directory: Path) -> set[str]:
+    return {path.name for path in directory.glob("*-cache")}
+
+
+@pytest.mark.slow  # three Python processes, each compiling a model's programs or loading them
+def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path):
+    """A session of plain calls, captures and hooks at lengths of two buckets (16, 24), in a fresh process with
+    an empty cache folder: every program XLA compiles is written there. The same session in a second process
+    traces as many programs and loads every one (cache hits, no miss), adding no entry; with
+    MINIBERT_COMPILATION_CACHE=0 nothing is read or written."""
+    folder = tmp_path / "cache"
+    first = run_session({"MINIBERT_CACHE_DIR": str(folder)})
+    entries = cache_entries(folder)
+    assert first["dir"] == str(folder) and first["hits"] == 0 and first["misses"] == len(entries) > 0
+    assert first["traces"] == 6  # plain, patterns, hook × buckets 16 and 24 (lengths 4, 9 → 16; 20 → 24)
+    second = run_session({"MINIBERT_CACHE_DIR": str(folder)})
+    assert second["traces"] == first["traces"] and second["misses"] == 0 and second["hits"] == first["misses"]
+    assert cache_entries(folder) == entries
+    off = run_session({"MINIBERT_CACHE_DIR": str(folder), "MINIBERT_COMPILATION_CACHE": "0"})
+    assert off["dir"] is None and off["hits"] == off["misses"] == 0
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    """MINIBERT_CACHE_DIR, else XDG_CACHE_HOME/minibert/jax, else ~/.cache/minibert/jax; off with 0."""
+    for name in ("MINIBERT_CACHE_DIR", "XDG_CACHE_HOME", "MINIBERT_COMPILATION_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert programs.cache_directory() == tmp_path / ".cache" / "minibert" / "jax"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert programs.cache_directory() == tmp_path / "xdg" / "minibert" / "jax"
+    monkeypatch.setenv("MINIBERT_CACHE_DIR", str(tmp_path / "mine"))
+    assert programs.cache_directory() == tmp_path / "mine"
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
+        assert programs.cache_directory() is None
