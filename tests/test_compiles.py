@@ -16,12 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import make_hf_model
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import BertConfig, Model, hooks, programs
+from minibert import BertConfig, Model, hooks, programs, training
 from minibert.accounting import flops_per_token
 from minibert.buckets import COARSE, FINE, bucket_length, length_buckets
+from minibert.training import data as data_
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -306,3 +308,53 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     for off in ("0", "off", "false"):
         monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
         assert programs.cache_directory() is None
+
+
+# ---- fine-tuning: one step program per length bucket its batches touch ------------------------------------------
+
+def lognormal_lengths(n: int, median: float = 25.0, sigma: float = 0.6, seed: int = 0) -> np.ndarray:
+    """Token counts of short texts (synthetic): lognormal around `median`, at least 3 ([CLS], a word, [SEP])."""
+    return np.maximum(np.round(np.random.default_rng(seed).lognormal(np.log(median), sigma, n)), 3).astype(int)
+
+
+def test_a_realistic_dataset_touches_at_most_six_training_buckets():
+    """2,000 synthetic examples of lognormal lengths (median 25 tokens), batches of 16 in three shuffled epochs, as
+    training.data.batches makes them for a model of 512 positions: at most 6 row lengths, so at most 6 step programs
+    (buckets.FINE would touch about 30)."""
+    lengths = lognormal_lengths(2000)
+    encoded = data_.Encoded([np.full(n, 5) for n in lengths], [np.zeros(n, int) for n in lengths],
+                            [np.zeros(1, int) for _ in lengths])
+    model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
+
+    def touched(buckets):
+        return {batch["input_ids"].shape[1] for epoch in range(3)
+                for batch in data_.batches(encoded, data_.epoch_order(len(lengths), epoch, 0, True), 16,
+                                           "sequence-classification", buckets, pad_id=0)}
+    assert len(touched(model.length_buckets)) <= 6
+    assert len(touched(length_buckets(512, *FINE))) > 20
+
+
+@pytest.mark.slow  # fine-tunes a tiny model on three lengths
+def test_finetune_compiles_one_step_per_bucket_and_says_so(tmp_path, capsys):
+    """Texts of 3, 20 and 40 words (5, 22 and 42 tokens) in batches of their own: the step compiles once per bucket
+    (16, 24, 48) — JAX's own trace events of the step function, counted apart from minibert — result.step_lengths
+    names them, and the progress bar says "compiling the step for N-token rows" for each."""
+    make_hf_model(tmp_path, "BertModel")
+    model = minibert.load(tmp_path)
+    rows = [training.Example(" ".join(["a"] * n), None, i % 2) for i, n in enumerate([3] * 4 + [20] * 4 + [40] * 4)]
+    traces = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traces.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        result = training.finetune(model, rows, num_labels=2, epochs=1, batch_size=4, shuffle=False,
+                                   learning_rate=1e-3, dropout=0.0)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert result.step_lengths == (16, 24, 48)
+    assert traces.count("train") == 3
+    shown = capsys.readouterr().err
+    assert all(f"compiling the step for {n}-token rows" in shown for n in (16, 24, 48))

@@ -15,6 +15,7 @@ Trainer's LambdaLR does). Biases and LayerNorm gains and biases do not decay.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import time
@@ -133,6 +134,8 @@ class Progress:
     """A tqdm bar over optimisation steps showing the loss and tokens per second (since the bar opened).
 
         with Progress(total_steps, "fine-tuning") as bar:
+            with bar.compiling(length):   # around each step: says so while a new row length compiles
+                ...
             bar.update(loss, tokens)   # after each step; loss a scalar, tokens the real tokens it saw
     """
 
@@ -140,6 +143,22 @@ class Progress:
                  clock: Callable[[], float] = time.perf_counter):
         self.bar = tqdm(total=total, desc=description, disable=not enabled, unit="step")
         self.clock, self.start, self.tokens = clock, clock(), 0
+        self.description = description
+        self.lengths: list[int] = []  # the row lengths a step ran at, in the order they first came: one program each
+
+    @contextlib.contextmanager
+    def compiling(self, length: int):
+        """Around a step on rows of `length` tokens: the first time that length comes, the step compiles (or loads
+        from the persistent compilation cache) before it runs, and the bar says so meanwhile."""
+        new = length not in self.lengths
+        if new:
+            self.lengths.append(length)
+            self.bar.set_description_str(f"{self.description}: compiling the step for {length}-token rows")
+        try:
+            yield
+        finally:
+            if new:
+                self.bar.set_description_str(self.description)
 
     def update(self, loss, tokens: int) -> None:
         self.tokens += int(tokens)
