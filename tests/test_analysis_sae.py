@@ -3,13 +3,16 @@ algorithm, exact splicing of an identity SAE, SAELens' file layout, resuming, th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 from tolerances import U32, assert_close_to_scale, dot_rtol, forward_rtol, head_rtol, sum_rtol
 
 from minibert.analysis import sae
+from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.gradients import mask_tokens
 from minibert.errors import AnalysisError, DataFileError
 
@@ -218,9 +221,91 @@ def test_save_load_round_trip_in_saelens_layout(tmp_path):
         np.testing.assert_array_equal(loaded[name], params[name])
     assert loaded["W_enc"].shape == (D, S) and loaded["W_dec"].shape == (S, D)
     params["W_dec"] = params["W_dec"].T.copy()
-    sae.save(tmp_path / "bad", config, params)
+    with pytest.raises(DataFileError, match="W_dec should be"):  # the cfg would describe other weights
+        sae.save(tmp_path / "bad", config, params)
+    save_file({**params, "W_dec": params["W_dec"]}, str(tmp_path / "sae" / "sae_weights.safetensors"))
     with pytest.raises(DataFileError, match="W_dec should be"):
-        sae.load(tmp_path / "bad")
+        sae.load(tmp_path / "sae")
+
+
+def test_saved_cfg_is_saelens_6_layout(tmp_path):
+    """SAELens (>= 6) treats a cfg.json without sae_lens_version, or older than 6.0, as a pre-6 file and rebuilds
+    its metadata from top-level keys, dropping hook_name and model_name. Its check, as in sae_lens/loading/
+    pretrained_sae_loaders.py: the top-level version, else metadata's, compared with packaging's Version."""
+    from packaging.version import Version
+
+    config = sae.SAEConfig(d_in=D, d_sae=S, k=5, hook_name="blocks.2.hook_resid_post", model_name="tiny")
+    sae.save(tmp_path, config, sae.init_params(config))
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    version = cfg.get("sae_lens_version") or cfg["metadata"].get("sae_lens_version")
+    assert version and Version(version) >= Version("6.0.0-rc.0")
+    assert cfg["metadata"]["sae_lens_version"] == version  # where SAELens 6's own save_model writes it
+    assert (cfg["metadata"]["hook_name"], cfg["metadata"]["model_name"]) == ("blocks.2.hook_resid_post", "tiny")
+
+
+def test_save_and_load_refuse_what_would_lose_or_misread_an_sae(tmp_path):
+    """sae.save into a directory holding another SAE replaced it; a cfg whose d_sae does not match the weights was
+    written; a non-JSON cfg or cut-short weights raised raw JSON/safetensors errors."""
+    config = sae.SAEConfig(d_in=D, d_sae=S, k=5)
+    params = sae.init_params(config, seed=1)
+    sae.save(tmp_path / "first", config, params)
+    before = {name: (tmp_path / "first" / name).read_bytes() for name in ("cfg.json", "sae_weights.safetensors")}
+    other = sae.SAEConfig(d_in=D, d_sae=2 * S, k=5)
+    with pytest.raises(DataFileError, match="already holds cfg.json and sae_weights.safetensors"):
+        sae.save(tmp_path / "first", other, sae.init_params(other))
+    assert {name: (tmp_path / "first" / name).read_bytes() for name in before} == before
+    sae.save(tmp_path / "first", other, sae.init_params(other), overwrite=True)
+    assert sae.load(tmp_path / "first")[0].d_sae == 2 * S
+    with pytest.raises(DataFileError, match=r"W_enc should be \(16, 64\)"):  # d_sae 64 in the cfg, 32 latents
+        sae.save(tmp_path / "mismatch", dataclasses.replace(config, d_sae=2 * S), params)
+    assert not (tmp_path / "mismatch").exists()
+    (tmp_path / "first" / "cfg.json").write_text("{not json")
+    with pytest.raises(DataFileError, match="is not JSON"):
+        sae.load(tmp_path / "first")
+    sae.save(tmp_path / "cut", config, params)
+    weights = tmp_path / "cut" / "sae_weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(DataFileError, match="cannot be read"):
+        sae.load(tmp_path / "cut")
+
+
+def test_bad_settings_and_non_finite_batches_are_refused():
+    """k=2.5 and k_aux=-1 were accepted and failed at the first step; a negative learning rate (gradient ascent),
+    inf or NaN trained; one NaN activation put NaN into every parameter (152 of them in the report)."""
+    for options in (dict(k=2.5), dict(k_aux=-1), dict(k=0), dict(k=True), dict(l1_warmup=-1),
+                    dict(l1_coefficient=float("nan")), dict(aux_coefficient=-1.0)):
+        with pytest.raises(AnalysisError, match="SAEConfig"):
+            sae.SAEConfig(d_in=D, d_sae=S, **options)
+    config = sae.SAEConfig(d_in=D, d_sae=S, k=4)
+    for rate in (-1e-3, 0.0, float("inf"), float("nan")):
+        with pytest.raises(AnalysisError, match="learning_rate"):
+            sae.Trainer(config, learning_rate=rate)
+    with pytest.raises(AnalysisError, match="warmup"):
+        sae.Trainer(config, warmup=-1)
+    trainer = sae.Trainer(config, learning_rate=1e-2)
+    before = {name: np.asarray(value).copy() for name, value in trainer.params.items()}
+    x = np.random.default_rng(0).normal(size=(8, D)).astype(np.float32)
+    x[5, 3] = np.nan
+    with pytest.raises(AnalysisError, match="1 non-finite activations.*row 5"):
+        trainer.step(x)
+    assert trainer.steps == 0
+    for name, value in trainer.params.items():
+        np.testing.assert_array_equal(value, before[name])  # untouched: the step never ran
+
+
+def test_trainer_save_writes_the_path_it_returns_and_resume_refuses_foreign_files(tmp_path):
+    """Trainer.save("run") returned run but wrote run.npz; Trainer.resume of another file or a cut-short one
+    raised raw numpy/zipfile errors."""
+    trainer = sae.Trainer(sae.SAEConfig(d_in=D, d_sae=S, k=4))
+    path = trainer.save(tmp_path / "run")
+    assert path == tmp_path / "run" and path.is_file() and not (tmp_path / "run.npz").exists()
+    assert sae.Trainer.resume(path).config == trainer.config
+    (tmp_path / "notes.txt").write_text("my notes")
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    for bad in (tmp_path / "notes.txt", cut):
+        with pytest.raises(DataFileError, match="is not a whole SAE checkpoint"):
+            sae.Trainer.resume(bad)
 
 
 def test_resumed_training_takes_the_same_steps(tmp_path):
@@ -321,3 +406,133 @@ def test_sae_benchmark_smoke(capsys, monkeypatch, tmp_path):
             line.startswith("| transformers")]
     assert len(rows) == 2 and rows[0].split("|")[2] == rows[1].split("|")[2]  # the same tokens trained on
     sys.modules.pop("sae", None)
+
+
+@pytest.mark.slow
+def test_a_resumed_trainer_refuses_another_hooks_activations(tiny_mlm, tmp_path):
+    """Two hooks of the same width: the trainer records the stream it trained on (hook and weights) and, once
+    resumed, refuses the other one instead of training on it silently."""
+    model = tiny_mlm[0]
+    config = sae.SAEConfig(d_in=sae.hook_width(model, "blocks.0.hook_resid_post"), d_sae=S, k=4,
+                           hook_name="blocks.0.hook_resid_post")
+
+    def stream(hook):
+        return sae.activations(model, STREAM_TEXTS, hook, batch_size=16, buffer_tokens=48, batch_tokens=64)
+
+    trainer = sae.Trainer(config, learning_rate=1e-3)
+    trainer.train(stream("blocks.0.hook_resid_post"), steps=1)
+    resumed = sae.Trainer.resume(trainer.save(tmp_path / "run.npz"))
+    assert resumed.source == {"hook_name": "blocks.0.hook_resid_post", "weights": weights_digest(model)}
+    with pytest.raises(AnalysisError, match="'blocks.1.hook_resid_post''s but the SAE reads"):
+        resumed.train(stream("blocks.1.hook_resid_post"), steps=1)
+    unnamed = sae.Trainer.resume(sae.Trainer(dataclasses.replace(config, hook_name=None)).save(tmp_path / "u.npz"))
+    unnamed.train(stream("blocks.0.hook_resid_post"), steps=1)
+    again = sae.Trainer.resume(unnamed.save(tmp_path / "u.npz"))
+    with pytest.raises(AnalysisError, match="resume on the same hook"):
+        again.train(stream("blocks.1.hook_resid_post"), steps=1)
+    assert again.steps == 1
+
+
+@pytest.mark.slow
+def test_the_activation_cache_keeps_a_users_files_and_names_a_missing_batch(tiny_mlm, tmp_path):
+    """cache= a directory of the user's own 000000.npy and activations.json overwrote them; a finished cache with
+    a .npy deleted raised a raw FileNotFoundError half-way through training."""
+    model = tiny_mlm[0]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    np.save(mine / "000000.npy", np.arange(3))
+    (mine / "activations.json").write_text('{"my": "notes"}')
+    with pytest.raises(DataFileError, match="not a minibert activation-cache record"):
+        _stream(model, STREAM_TEXTS, cache=mine)
+    (mine / "activations.json").unlink()
+    with pytest.raises(DataFileError, match="holds files but no activation cache"):
+        _stream(model, STREAM_TEXTS, cache=mine)
+    np.testing.assert_array_equal(np.load(mine / "000000.npy"), np.arange(3))
+    _stream(model, STREAM_TEXTS, cache=tmp_path / "cache")
+    (tmp_path / "cache" / "000001.npy").unlink()
+    with pytest.raises(DataFileError, match="000001.npy is missing; delete the directory"):
+        _stream(model, STREAM_TEXTS, cache=tmp_path / "cache")
+
+
+@pytest.mark.slow
+def test_sae_helpers_take_one_text_pairs_and_files_and_refuse_the_wrong_width(tiny_mlm, tmp_path):
+    """token_activations read a str as one text (not one text per character), (text, pair) tuples and pairs= as
+    the tokenizer pairs them, and a .tsv corpus file as training reads it; the wrong width is named."""
+    model = tiny_mlm[0]
+    hook = "blocks.1.mlp.hook_post"
+    one = sae.token_activations(model, "ab cd ef", hook)
+    np.testing.assert_array_equal(one, sae.token_activations(model, ["ab cd ef"], hook))  # the same program
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_text("ab cd\tef\ng h\ti j k\n", encoding="utf-8")
+    batch = model.tokenize(["ab cd", "g h"], ["ef", "i j k"])
+    _, cache = model.run_with_cache(batch, names=[hook])
+    ids = np.asarray(batch.input_ids)
+    keep = (np.asarray(batch.attention_mask) > 0) & ~np.isin(ids, [model.tokenizer.cls_token_id,
+                                                                    model.tokenizer.sep_token_id])
+    expected = np.asarray(cache[hook]).reshape(*ids.shape, -1)[keep]
+    for texts, pairs in ((["ab cd", "g h"], ["ef", "i j k"]), ([("ab cd", "ef"), ("g h", "i j k")], None),
+                         (corpus, None), (str(corpus), None)):
+        np.testing.assert_array_equal(sae.token_activations(model, texts, hook, pairs=pairs), expected)
+    config = sae.SAEConfig(d_in=7, d_sae=S, k=4, hook_name=hook)
+    params = sae.init_params(config)
+    width = sae.hook_width(model, hook)
+    with pytest.raises(AnalysisError, match=rf"\[N, 7\] with N ≥ 1; got shape \({len(one)}, {width}\)"):
+        sae.evaluate(config, params, one)
+    with pytest.raises(AnalysisError, match=f"gives {width}-wide vectors but the SAE reads d_in=7"):
+        sae.spliced_fidelity(model, config, params, ["ab cd ef"])
+
+
+@pytest.mark.slow
+def test_spliced_fidelity_on_a_classifier_against_transformers(tmp_path):
+    """A sequence classifier: clean, spliced and zero-ablated runs recomputed in transformers (a forward pre-hook
+    on block 0's second LayerNorm replaces its input, minibert's blocks.0.hook_resid_post, by the SAE's numpy
+    reconstruction or by 0), cross-entropy, KL and accuracy in float64. Tolerance: each program's logits are
+    within δ = head_rtol × max|logit| of exact; a CE moves by ≤ 2δ, KL(p‖q) = Σ p(log p − log q) by ≤ 4δ(1 + KL)
+    (log-probabilities by 2δ each, p by a factor e^{±2δ}), and loss recovered (a − s)/(a − c) by
+    (4δ + |ratio|·4δ) / (|a − c| − 4δ)."""
+    import torch
+    from conftest import make_hf_model
+
+    import minibert
+
+    hf = make_hf_model(tmp_path, "BertForSequenceClassification", num_labels=3).eval()
+    model = minibert.load(tmp_path)
+    texts, labels = ["ab cd ef", "g h i j k", "a b", "cd ab g"], np.array([0, 2, 1, 2])
+    hook = "blocks.0.hook_resid_post"
+    config = sae.SAEConfig(d_in=model.config.hidden_size, d_sae=24, k=3, hook_name=hook)
+    params = {name: np.asarray(value, np.float64) for name, value in sae.init_params(config, seed=5).items()}
+    got = sae.spliced_fidelity(model, config, params, texts, labels=labels)
+
+    def numpy_sae(x):
+        pre = (x - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
+        kept = np.where(pre >= np.sort(pre, -1)[..., -config.k][..., None], np.maximum(pre, 0), 0)
+        return kept @ params["W_dec"] + params["b_dec"]
+
+    batch = model.tokenize(texts)
+    inputs = {k: torch.tensor(np.asarray(v)) for k, v in batch.to_dict().items()}
+    norm = hf.bert.encoder.layer[0].output.LayerNorm
+    runs = {}
+    for name, replace in (("clean", None), ("spliced", numpy_sae), ("ablated", np.zeros_like)):
+        handle = None if replace is None else norm.register_forward_pre_hook(
+            lambda module, args, replace=replace: (torch.tensor(replace(args[0].double().numpy()),
+                                                                dtype=args[0].dtype),))
+        with torch.no_grad():
+            runs[name] = hf(**inputs).logits.double().numpy()
+        if handle is not None:
+            handle.remove()
+    log_p = {name: logits - np.log(np.exp(logits).sum(-1, keepdims=True)) for name, logits in runs.items()}
+    ce = {name: -lp[np.arange(len(labels)), labels].mean() for name, lp in log_p.items()}
+    kl = np.mean(np.sum(np.exp(log_p["clean"]) * (log_p["clean"] - log_p["spliced"]), -1))
+    recovered = (ce["ablated"] - ce["spliced"]) / (ce["ablated"] - ce["clean"])
+    scale = max(np.abs(r).max() for r in runs.values())
+    delta = head_rtol(model.config, S=np.asarray(batch.input_ids).shape[1]) * scale
+    for name in runs:
+        assert abs(got[f"ce_{name}"] - ce[name]) <= 2 * delta + sum_rtol(len(labels)) * ce[name], name
+    assert abs(got["kl"] - kl) <= 4 * delta * (1 + kl) and kl > 100 * delta  # the SAE changes the outputs
+    gap = abs(ce["ablated"] - ce["clean"])
+    assert gap > 8 * delta
+    assert abs(got["loss_recovered"] - recovered) <= 4 * delta * (1 + abs(recovered)) / (gap - 4 * delta)
+    margins = {name: np.diff(np.sort(r, -1)[:, -2:], axis=-1) for name, r in runs.items()}
+    assert all((m > 4 * delta).all() for m in margins.values())  # no near-tie: the argmax is the same in both
+    for name in ("clean", "spliced"):
+        assert got[f"accuracy_{name}"] == np.mean(runs[name].argmax(-1) == labels)

@@ -96,6 +96,41 @@ def test_browser_refuses_a_mismatched_hook(browsed):
     model, config, params, _ = browsed
     with pytest.raises(VizError, match="wide vectors"):
         feature_browser(model, config, params, TEXTS, hook_name="blocks.1.mlp.hook_post")
+    for name in ("top", "batch_size"):
+        with pytest.raises(VizError, match=f"{name}=0 must be a whole number ≥ 1"):
+            feature_browser(model, config, params, TEXTS, **{name: 0})
+
+
+def test_browser_reads_one_text_pairs_and_files_and_is_reached_as_the_readme_writes(browsed, tmp_path):
+    """A str was run one character per text; pairs and corpus files (what training reads) were refused;
+    `from minibert import viz; viz.features.feature_browser` raised AttributeError."""
+    from minibert import viz
+
+    model, config, params, _ = browsed
+    one = feature_browser(model, config, params, TEXTS[0], top=2)
+    real = int(np.asarray(model.tokenize([TEXTS[0]]).attention_mask).sum())
+    assert one.data["tokens_seen"] == real  # one text, not one per character
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_text("ab cd\tef gh\nc d\te f\n", encoding="utf-8")
+    paired = model.tokenize(["ab cd", "c d"], ["ef gh", "e f"])
+    for texts, pairs in ((corpus, None), (["ab cd", "c d"], ["ef gh", "e f"]), ([("ab cd", "ef gh"), ("c d", "e f")],
+                                                                                  None)):
+        got = viz.features.feature_browser(model, config, params, texts, pairs=pairs, top=2)
+        assert got.data["tokens_seen"] == int(np.asarray(paired.attention_mask).sum())
+
+
+def test_nearest_tokens_skip_embedding_rows_past_the_vocabulary(browsed, monkeypatch):
+    """ModernBERT-base pads its embedding table past its tokenizer (50,368 rows, 50,280 tokens): a padding row
+    nearest to a decoder direction had no token (KeyError). Here rows past the tokenizer's ids are appended,
+    equal to the decoder rows themselves (cosine 1, the nearest of all) and must not be chosen."""
+    model, config, params, _ = browsed
+    table = np.asarray(model.W_E, np.float32)
+    padded = np.concatenate([table, np.asarray(params["W_dec"], np.float32)])
+    monkeypatch.setattr(type(model), "W_E", property(lambda self: padded))
+    browser = feature_browser(model, config, params, TEXTS, top=2)
+    vocabulary = set(model.tokenizer.ids_to_tokens.values())
+    assert all(browser.data["tokens"][t] in vocabulary for latent in browser.data["latents"]
+               for t in latent["nearest"])
 
 
 @pytest.mark.browser
@@ -104,10 +139,22 @@ def test_browser_page_draws_a_latent(browsed, tmp_path, browser):
     path = features.save(tmp_path / "features.html")
     busiest = max(range(len(features.data["latents"])), key=lambda j: features.data["latents"][j]["fires"])
     page = browser.new_page()
+    console = []
+    page.on("console", lambda message: console.append(message.text))
     page.goto(path.as_uri())
-    page.fill("#fb-pick", str(busiest))
-    page.wait_for_selector("#fb-view .ctx")
+    page.wait_for_selector("#fb-view .ctx")  # it opens on the most frequent latent, not on latent 0
     assert page.locator("#fb-view h2").inner_text() == f"latent {busiest}"
     assert page.locator("#fb-view .ctx").count() == len(features.data["latents"][busiest]["contexts"])
     assert page.locator(".bar").count() == len(HISTOGRAM_EDGES) - 1
+    powers = range(int(np.ceil(HISTOGRAM_EDGES[0])), int(HISTOGRAM_EDGES[-1]) + 1)  # 10^-3 … 10^2
+    assert page.locator(".tick").all_inner_texts() == [f"{10.0 ** p:g}" for p in powers]
+    rows = page.locator("#fb-overview tr")
+    assert rows.count() == 1 + min(20, len(features.data["latents"]))  # a header and the most frequent latents
+    fires = sorted((latent["fires"] for latent in features.data["latents"]), reverse=True)
+    assert [int(t) for t in page.locator("#fb-overview tr td:nth-child(2)").all_inner_texts()] == fires[:20]
+    page.select_option("#fb-order", index=0)  # the "most frequent first" heading: once a console warning
+    quietest = min(range(len(features.data["latents"])), key=lambda j: features.data["latents"][j]["fires"])
+    page.fill("#fb-pick", str(quietest))
+    assert page.locator("#fb-view h2").inner_text() == f"latent {quietest}"
+    assert console == []
     page.close()

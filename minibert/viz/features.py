@@ -1,13 +1,14 @@
 """A feature browser for a sparse autoencoder: one offline HTML page, one latent shown at a time.
 
-For each latent: its top-activating contexts (a window of tokens around the peak, each token shaded by its
+The page opens on the most frequent latent, under an overview table of the most frequent ones. For each
+latent: its top-activating contexts (a window of tokens around the peak, each token shaded by its
 activation relative to the latent's maximum), a histogram of its non-zero activations (log10 bins), how
 often it fires, and the tokens whose input embeddings are closest (cosine) to its decoder direction (when the
 SAE reads a stream as wide as the embeddings). The page holds all latents as one zlib-compressed JSON blob
 (token strings once, activations as bytes), which the browser inflates; text reaches the page only as data
 set with textContent, never as markup.
 
-    browser = feature_browser(model, config, params, texts)      # texts: a list of strings
+    browser = feature_browser(model, config, params, texts)      # texts: a text, a list, pairs or a corpus file
     browser.save("features.html")
 """
 
@@ -46,13 +47,16 @@ def _chunk_summary(params, x, *, config, top, window):
 
 
 def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
-    """[S, count] ids of the tokens whose input embeddings have the highest cosine with each decoder row."""
+    """[S, count] ids of the tokens whose input embeddings have the highest cosine with each decoder row. Only
+    rows the tokenizer has a token for take part: tables padded past the vocabulary (ModernBERT-base: 50,368
+    rows for 50,280 tokens) have rows no text can reach."""
     embeddings = np.asarray(model.W_E, np.float32)  # the word-embedding table [V, E]
     if embeddings.shape[1] != W_dec.shape[1]:
         return None
-    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    ids = np.array(sorted(i for i in model.tokenizer.ids_to_tokens if 0 <= i < len(embeddings)))
+    unit = embeddings[ids] / np.maximum(np.linalg.norm(embeddings[ids], axis=1, keepdims=True), 1e-12)
     rows = W_dec / np.maximum(np.linalg.norm(W_dec, axis=1, keepdims=True), 1e-12)
-    return np.asarray(jax.lax.top_k(jnp.asarray(rows) @ jnp.asarray(unit).T, count)[1])
+    return ids[np.asarray(jax.lax.top_k(jnp.asarray(rows) @ jnp.asarray(unit).T, min(count, len(ids)))[1])]
 
 
 class FeatureBrowser:
@@ -63,7 +67,11 @@ class FeatureBrowser:
 
     def page(self) -> str:
         blob = base64.b64encode(zlib.compress(json.dumps(self.data, separators=(",", ":")).encode(), 9)).decode()
-        body = (f'<div id="fb-meta"></div><label>latent <input id="fb-pick" type="number" min="0" value="0"></label> '
+        fires = [latent["fires"] for latent in self.data["latents"]]
+        first = max(range(len(fires)), key=fires.__getitem__)  # the most frequent latent: latent 0 may never fire
+        body = (f'<div id="fb-meta"></div><details id="fb-overview-box" open><summary>overview: the most frequent '
+                f'latents</summary><table id="fb-overview"></table></details>'
+                f'<label>latent <input id="fb-pick" type="number" min="0" value="{first}"></label> '
                 f'<select id="fb-order"></select><div id="fb-view"></div>'
                 f'<script type="application/json" id="fb-data">{_safe_json(blob)}</script><script>{_SCRIPT}</script>')
         return page(self.title, body, style=_STYLE)
@@ -79,26 +87,35 @@ class FeatureBrowser:
     document = renamed_method("document", "page")  # a "document" is one text of a batch (viz.document)
 
 
-def feature_browser(model, config: SAEConfig, params, texts, *, hook_name: str | None = None, top: int = 5,
-                    window: int = 4, nearest: int = 5, max_length: int = 128, batch_size: int = 32,
+def feature_browser(model, config: SAEConfig, params, texts, *, pairs=None, hook_name: str | None = None,
+                    top: int = 5, window: int = 4, nearest: int = 5, max_length: int = 128, batch_size: int = 32,
                     title: str = "SAE features") -> FeatureBrowser:
-    """Browse every latent of an SAE over `texts` (see the module docstring); window: tokens each side of a peak."""
-    from minibert.analysis.sae.source import hook_width
+    """Browse every latent of an SAE over `texts` (see the module docstring); window: tokens each side of a peak.
+    texts, pairs: as sae.text_rows reads them — one text (a str), a list, pairs, (text, pair) tuples or a corpus
+    file — so the browser can show the very rows the SAE was trained on."""
+    from minibert.analysis.sae.source import hook_width, text_rows
 
     hook_name = hook_name or config.hook_name
     if hook_name is None or hook_width(model, hook_name) != config.d_in:
         raise VizError(f"hook {hook_name!r} does not give {config.d_in}-wide vectors; pass the hook_name the SAE "
                        f"was trained on.")
-    texts = list(texts)
-    if not texts:
+    for name, value, least in (("top", top, 1), ("window", window, 0), ("nearest", nearest, 0),
+                               ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise VizError(f"{name}={value!r} must be a whole number ≥ {least}.")
+    rows, has_pairs = text_rows(texts, pairs)
+    rows = list(rows)
+    if not rows:
         raise VizError("pass at least one text to find the latents' top contexts in.")
+    texts, pairs = [a for a, _ in rows], [b for _, b in rows] if has_pairs else None
     params = {name: jnp.asarray(value, jnp.float32) for name, value in params.items()}
     S, span = config.d_sae, np.arange(-window, window + 1)
     best = {"value": np.zeros((S, 0), np.float32), "acts": np.zeros((S, 0, len(span)), np.float32),
             "ids": np.zeros((S, 0, len(span)), np.int64)}  # ids −1: outside the peak's text
     counts, tokens_seen = np.zeros((S, len(HISTOGRAM_EDGES) - 1), np.int64), 0
     for start in range(0, len(texts), batch_size):
-        batch = model.tokenize(texts[start:start + batch_size], max_length=max_length)
+        batch = model.tokenize(texts[start:start + batch_size],
+                               None if pairs is None else pairs[start:start + batch_size], max_length=max_length)
         _, cache = model.run_with_cache(batch, names=[hook_name])
         real = np.asarray(batch.attention_mask) > 0
         x = np.asarray(cache[hook_name], np.float32).reshape(*real.shape, -1)[real]
@@ -138,10 +155,17 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1100px;co
           ".ctx{font-family:ui-monospace,monospace;margin:4px 0;white-space:pre-wrap}"
           ".tok{padding:1px 2px;border-radius:3px}.bar{display:inline-block;width:14px;background:#0969da;"
           "vertical-align:bottom;margin-right:1px}.hist{height:80px;display:flex;align-items:flex-end}"
-          ".near span{border:1px solid #d0d7de;border-radius:4px;padding:1px 4px;margin-right:4px}")
+          ".near span{border:1px solid #d0d7de;border-radius:4px;padding:1px 4px;margin-right:4px}"
+          ".ticks{position:relative;height:16px;font-size:11px;color:#57606a}.tick{position:absolute;"
+          "transform:translateX(-50%)}.axis{font-size:12px;color:#57606a;margin-top:2px}"
+          "#fb-overview td,#fb-overview th{padding:2px 8px;text-align:left;font-size:13px}")
+
+OVERVIEW_ROWS = 20  # latents the overview table lists, most frequent first
+BAR_WIDTH = 15  # px: a histogram bar's 14 px and its 1 px margin (.bar), so tick i sits at i × 15 px
 
 _SCRIPT = r"""
 (async function () {
+  const OVERVIEW_ROWS = @OVERVIEW_ROWS@, BAR_WIDTH = @BAR_WIDTH@;
   const blob = JSON.parse(document.getElementById("fb-data").textContent);
   const bytes = Uint8Array.from(atob(blob), (c) => c.charCodeAt(0));
   const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
@@ -154,10 +178,24 @@ _SCRIPT = r"""
     data.latents.length + " latents at " + data.hook + ", over " + data.tokens_seen + " tokens";
   pick.max = data.latents.length - 1;
   const ranked = data.latents.map((l, i) => i).sort((a, b) => data.latents[b].fires - data.latents[a].fires);
-  order.appendChild(el("option", "most frequent first"));
+  const heading = el("option", "most frequent first"); heading.value = "";  // no number: the pick is left alone
+  order.appendChild(heading);
   for (const i of ranked.slice(0, 500)) { const o = el("option", "latent " + i + " (" + data.latents[i].fires + ")");
     o.value = i; order.appendChild(o); }
   order.onchange = () => { if (order.value !== "") { pick.value = order.value; show(); } };
+  const overview = document.getElementById("fb-overview"), head = el("tr");
+  for (const name of ["latent", "fires on", "share of tokens", "max activation", "top token"])
+    head.appendChild(el("th", name));
+  overview.appendChild(head);
+  for (const i of ranked.slice(0, OVERVIEW_ROWS)) { const l = data.latents[i], row = el("tr"), open = el("button",
+      "latent " + i);
+    open.onclick = () => { pick.value = i; show(); };
+    const peak = l.contexts.length ? l.contexts[0] : null;
+    const topToken = peak ? data.tokens[peak[0][peak[1].indexOf(255)]] : "";
+    row.appendChild(el("td")).appendChild(open);
+    for (const cell of [String(l.fires), (100 * l.fires / Math.max(1, data.tokens_seen)).toFixed(2) + "%",
+                        String(l.max), topToken]) row.appendChild(el("td", cell));
+    overview.appendChild(row); }
   function show() {
     const i = Math.max(0, Math.min(data.latents.length - 1, Number(pick.value) || 0)), l = data.latents[i];
     view.replaceChildren(el("h2", "latent " + i), el("p", "fires on " + l.fires + " of " + data.tokens_seen +
@@ -176,6 +214,12 @@ _SCRIPT = r"""
       bar.title = c + " tokens in [10^" + data.edges[b].toFixed(2) + ", 10^" + data.edges[b + 1].toFixed(2) + ")";
       hist.appendChild(bar); });
     view.appendChild(hist);
+    const ticks = el("div", undefined, "ticks"), lo = data.edges[0], bins = data.edges.length - 1;
+    for (let p = Math.ceil(lo); p <= last; p++) {  // a label at each power of ten, where it falls on the bins
+      const t = el("span", String(10 ** p), "tick");
+      t.style.left = ((p - lo) / (last - lo) * bins * BAR_WIDTH) + "px"; ticks.appendChild(t); }
+    view.appendChild(ticks);
+    view.appendChild(el("p", "activation (log scale); the tallest bar is " + top + " tokens", "axis"));
     if (l.nearest.length) { view.appendChild(el("h3", "nearest token embeddings to its decoder direction"));
       const near = el("div", undefined, "near");
       for (const t of l.nearest) near.appendChild(el("span", data.tokens[t]));
@@ -183,4 +227,4 @@ _SCRIPT = r"""
   }
   pick.oninput = show; show();
 })();
-"""
+""".replace("@OVERVIEW_ROWS@", str(OVERVIEW_ROWS)).replace("@BAR_WIDTH@", str(BAR_WIDTH))

@@ -5,7 +5,8 @@ fidelity — the model run with the SAE's reconstruction written in place of the
 - FVU: Σ‖x − x̂‖² / Σ‖x − mean(x)‖² over the tokens (0 perfect; 1 no better than the mean).
 - dead: fraction of latents that never fire on the tokens given; dense: fraction firing on more than
   `dense_above` of them (SAELens' feature-density plots flag those above 10%).
-- fidelity, masked-LM checkpoints: masked-LM cross-entropy with the reconstruction spliced in, minus without.
+- fidelity, checkpoints with a head (masked-LM or classifier): cross-entropy clean, spliced and ablated, loss
+  recovered, KL and accuracy (spliced_fidelity).
 - fidelity, sentence-transformers checkpoints: cosine between the sentence embeddings with and without (pooled
   as the checkpoint's Pooling module says).
 """
@@ -18,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis.gradients import mask_tokens, mlm_loss_fn
+from minibert.analysis.gradients import IGNORE, mask_tokens
 from minibert.analysis.sae.model import SAEConfig, encode, reconstruct
+from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 from minibert.pooling import pooled_tokens
 
@@ -27,6 +29,9 @@ from minibert.pooling import pooled_tokens
 def evaluate(config: SAEConfig, params, x, dense_above: float = 0.1) -> dict[str, float | np.ndarray]:
     """{"l0", "fvu", "dead", "dense", "frequency" [S]} on activations x [N, d_in]."""
     x = jnp.asarray(x, jnp.float32)
+    if x.ndim != 2 or x.shape[1] != config.d_in or not x.shape[0]:
+        raise AnalysisError(f"evaluate takes activations [N, d_in] = [N, {config.d_in}] with N ≥ 1; got shape "
+                            f"{tuple(x.shape)}. Pass sae.token_activations of the hook the SAE was trained on.")
     latents = encode(config, params, x)
     error = x - reconstruct(config, params, x)
     frequency = np.asarray(jnp.mean(latents > 0, axis=0))
@@ -61,23 +66,110 @@ def _unchanged(value, ctx):
     return value
 
 
-def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | None = None,
-                     seed: int = 0) -> dict[str, float]:
-    """Masked-LM models: {"ce_clean", "ce_spliced", "ce_increase"} on texts with 15% of words masked (seed).
-    Other models: {"cosine"}, the mean cosine between sentence embeddings with and without the SAE, pooled as
-    the checkpoint's sentence-transformers Pooling says (sentence_vectors; the mean where it says nothing).
-    The clean run writes the hook's own value back, so both runs are the same program but for the SAE."""
+def _zeroed(value, ctx):
+    return jnp.zeros_like(value)
+
+
+def _replaced_by_mean(value, ctx, mean):
+    return jnp.broadcast_to(mean, value.shape).astype(value.dtype)
+
+
+ABLATIONS = ("zero", "mean")
+
+
+def _ablation_hooks(model, batch, hook_name: str, ablation: str) -> dict:
+    """{hook: writer} replacing the hook's value by 0, or by its mean over the batch's real tokens."""
+    if ablation == "zero":
+        return {hook_name: _zeroed}
+    _, cache = model.run_with_cache(batch, names=[hook_name])
+    value = np.asarray(cache[hook_name], np.float64)
+    real = np.asarray(model.inputs(batch).attention_mask) > 0
+    return {hook_name: HookFn(_replaced_by_mean, mean=jnp.asarray(value[real].mean(0), jnp.float32))}
+
+
+def _head_scores(runs: dict, targets: np.ndarray) -> dict[str, float]:
+    """Cross-entropy against targets [P], accuracy, and KL(clean ‖ spliced) of the logits [P, C] of each run
+    ("clean", "spliced", "ablated"); loss recovered = (CE_ablated − CE_spliced) / (CE_ablated − CE_clean)."""
+    log_probs = {name: jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1) for name, logits in runs.items()}
+    picked = jnp.asarray(targets)[:, None]
+    ce = {name: float(-jnp.mean(jnp.take_along_axis(lp, picked, -1))) for name, lp in log_probs.items()}
+    clean, spliced = log_probs["clean"], log_probs["spliced"]
+    scores = {f"ce_{name}": value for name, value in ce.items()}
+    scores |= {"ce_increase": ce["spliced"] - ce["clean"],
+               "loss_recovered": (ce["ablated"] - ce["spliced"]) / (ce["ablated"] - ce["clean"]),
+               "kl": float(jnp.mean(jnp.sum(jnp.exp(clean) * (clean - spliced), -1))),
+               "accuracy_clean": float(jnp.mean(jnp.argmax(clean, -1) == picked[:, 0])),
+               "accuracy_spliced": float(jnp.mean(jnp.argmax(spliced, -1) == picked[:, 0]))}
+    return scores
+
+
+def _checked_width(model, config: SAEConfig, hook_name: str) -> None:
+    from minibert.analysis.sae.source import hook_width
+
+    width = hook_width(model, hook_name)
+    if width != config.d_in:
+        raise AnalysisError(f"{hook_name!r} gives {width}-wide vectors but the SAE reads d_in={config.d_in}; pass "
+                            f"the hook the SAE was trained on.")
+
+
+def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | None = None, seed: int = 0, *,
+                     pairs=None, labels=None, ablation: str = "zero") -> dict[str, float]:
+    """How much of the model's behaviour survives the SAE's reconstruction written in place of the hook's value.
+
+    texts, pairs: as sae.text_rows reads them (a text, a list, pairs, (text, pair) tuples or a corpus file).
+    Models with a head score three runs — clean, spliced, and ablated (the hook's value replaced by 0, or by its
+    mean over the batch's real tokens: ablation="zero" | "mean") — on the head's outputs:
+    {"ce_clean", "ce_spliced", "ce_ablated", "ce_increase", "loss_recovered" = (CE_ablated − CE_spliced) /
+    (CE_ablated − CE_clean) (1: the SAE loses nothing; 0: no better than ablating), "kl" (mean KL(clean ‖
+    spliced) of the head's distributions), "accuracy_clean", "accuracy_spliced"}.
+    - masked-LM heads: at 15% of words masked (seed), against the masked tokens.
+    - classifier heads (sequence or token): against `labels` (class ids, one per text) where given, else the
+      clean run's predictions (accuracy_spliced is then the agreement with the clean model); token heads score
+      every real token against the clean predictions.
+    Models without a head: {"cosine"}, the mean cosine between sentence embeddings with and without the SAE,
+    pooled as the checkpoint's sentence-transformers Pooling says (the mean where it says nothing).
+    The clean run writes the hook's own value back, so it is the same program as the spliced one but for the SAE.
+    """
+    from minibert.analysis.sae.source import text_batch
+
+    hook_name = hook_name or config.hook_name
+    if hook_name is None:
+        raise AnalysisError("the SAE's config names no hook_name; pass hook_name=.")
+    if ablation not in ABLATIONS:
+        raise AnalysisError(f"ablation={ablation!r}: pick 'zero' or 'mean'.")
+    _checked_width(model, config, hook_name)
     hooks = splice_hook(config, params, hook_name)
     unchanged = {name: _unchanged for name in hooks}
-    batch = model.tokenize(list(texts))
-    if model.config.heads.mlm:
-        masked, labels = mask_tokens(model, batch, seed=seed)
-        loss = mlm_loss_fn(labels)
-        clean = float(loss(model.run_with_hooks(masked, hooks=unchanged)))
-        spliced = float(loss(model.run_with_hooks(masked, hooks=hooks)))
-        return {"ce_clean": clean, "ce_spliced": spliced, "ce_increase": spliced - clean}
+    batch = text_batch(model, texts, pairs)
+    heads = model.config.heads
+    if heads.mlm:
+        masked, targets = mask_tokens(model, batch, seed=seed)
+        where = np.nonzero(targets != IGNORE)
+        runs = {name: model.run_with_hooks(masked, hooks=run_hooks).logits[where] for name, run_hooks in
+                (("clean", unchanged), ("spliced", hooks),
+                 ("ablated", _ablation_hooks(model, masked, hook_name, ablation)))}
+        return _head_scores(runs, targets[where])
+    if heads.classifier is not None:
+        logits = {name: model.run_with_hooks(batch, hooks=run_hooks).logits for name, run_hooks in
+                  (("clean", unchanged), ("spliced", hooks),
+                   ("ablated", _ablation_hooks(model, batch, hook_name, ablation)))}
+        if heads.classifier == "token":
+            where = np.nonzero(np.asarray(batch.attention_mask) > 0)
+            logits = {name: value[where] for name, value in logits.items()}
+        targets = np.argmax(np.asarray(logits["clean"]), -1) if labels is None else _class_ids(labels, len(batch),
+                                                                                                heads.classifier)
+        return _head_scores(logits, targets)
     mask = batch.attention_mask
     a = sentence_vectors(model, model.run_with_hooks(batch, hooks=unchanged), mask)
     b = sentence_vectors(model, model.run_with_hooks(batch, hooks=hooks), mask)
     cosine = jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
     return {"cosine": float(jax.device_get(cosine.mean()))}
+
+
+def _class_ids(labels, texts: int, classifier: str) -> np.ndarray:
+    labels = np.asarray(labels)
+    if classifier != "sequence" or labels.shape != (texts,) or not np.issubdtype(labels.dtype, np.integer):
+        raise AnalysisError(f"labels are class ids, one per text ({texts}), for a sequence classifier; got "
+                            f"{labels.dtype} {labels.shape}. Leave labels out to score against the clean "
+                            f"predictions.")
+    return labels

@@ -44,9 +44,17 @@ class SAEConfig:
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise AnalysisError(f"architecture={self.architecture!r}: pick 'topk' (Gao et al. 2024) or 'relu' (L1).")
-        if self.d_in < 1 or self.d_sae < 1 or (self.architecture == "topk" and not 0 < self.k <= self.d_sae):
-            raise AnalysisError(f"d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}: widths must be ≥ 1 and "
-                                f"0 < k ≤ d_sae.")
+        least = {"d_in": 1, "d_sae": 1, "k": 1, "l1_warmup": 0} | ({"k_aux": 1} if self.k_aux is not None else {})
+        for name, smallest in least.items():
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < smallest:
+                raise AnalysisError(f"SAEConfig {name}={value!r} must be a whole number ≥ {smallest}.")
+        if self.architecture == "topk" and self.k > self.d_sae:
+            raise AnalysisError(f"k={self.k} latents kept of d_sae={self.d_sae}: k must be at most d_sae.")
+        for name in ("aux_coefficient", "l1_coefficient"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float | np.floating) or isinstance(value, bool) or not 0 <= value < np.inf:
+                raise AnalysisError(f"SAEConfig {name}={value!r} must be a finite number ≥ 0.")
 
     @property
     def aux_k(self) -> int:

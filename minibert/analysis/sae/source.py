@@ -11,6 +11,7 @@ with the same model weights, hook, max_length and texts reads them back instead 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -41,10 +42,58 @@ def hook_width(model, hook_name: str) -> int:
     return int(np.prod(shape[2:]))
 
 
-def token_activations(model, texts, hook_name: str, max_length: int = 128, special: bool = False) -> np.ndarray:
+CORPUS_SUFFIXES = (".txt", ".tsv", ".jsonl")
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether a str passed as texts names a corpus file: it ends in a corpus suffix, or is an existing file."""
+    if "\n" in text or len(text) > 4096:
+        return False
+    try:
+        return Path(text).suffix in CORPUS_SUFFIXES or Path(text).is_file()
+    except OSError:  # a name the file system refuses (too long, …) is a text
+        return False
+
+
+def text_rows(texts, pairs=None) -> tuple[Iterator[tuple[str, str | None]], bool]:
+    """((text, second text or None) rows, whether there are pairs) of what the SAE helpers take, as training reads
+    it: a corpus file (a pathlib.Path, or a str that ends in .txt/.tsv/.jsonl or names an existing file:
+    reading.CorpusFile's formats), one text (any other str), a list or stream of texts with `pairs` (second
+    texts, None for a text alone), or of (text, second text) tuples."""
+    if isinstance(texts, Path) or (isinstance(texts, str) and _names_a_file(texts)):
+        if pairs is not None:
+            raise AnalysisError("a corpus file holds its own pairs (A<TAB>B in a .tsv); leave pairs out.")
+        corpus = reading.CorpusFile(texts)
+        return corpus.rows(), corpus.has_pairs
+    if isinstance(texts, str):
+        texts, pairs = [texts], None if pairs is None else [pairs]
+    if pairs is not None:
+        return zip(texts, pairs, strict=True), True
+    rows = iter(texts)
+    first = next(rows, None)
+    if first is None:
+        return iter(()), False
+    as_row = (lambda row: tuple(row)) if isinstance(first, tuple) else (lambda text: (text, None))
+    if isinstance(first, tuple) and len(first) != 2:
+        raise AnalysisError(f"texts[0] is a tuple of {len(first)}; pass (text, second text) pairs or plain texts.")
+    return (as_row(row) for row in itertools.chain([first], rows)), isinstance(first, tuple)
+
+
+def text_batch(model, texts, pairs=None, max_length: int | None = None):
+    """One padded Batch of every row text_rows reads (for held-out sets, checks and the feature browser)."""
+    rows, has_pairs = text_rows(texts, pairs)
+    rows = list(rows)
+    if not rows:
+        raise AnalysisError("no texts given; pass a text, a list of texts, (text, pair) tuples or a corpus file.")
+    return model.tokenize([a for a, _ in rows], [b for _, b in rows] if has_pairs else None, max_length=max_length)
+
+
+def token_activations(model, texts, hook_name: str, max_length: int = 128, special: bool = False, *,
+                      pairs=None) -> np.ndarray:
     """[N, d] the hook's value at every real token of `texts` ([CLS]/[SEP] left out unless special), each text
-    padded in one batch (no packing): for held-out sets and checks."""
-    batch = model.tokenize(list(texts), max_length=max_length)
+    padded in one batch (no packing): for held-out sets and checks. texts and pairs: as text_rows reads them
+    (a text, a list, pairs, (text, pair) tuples or a corpus file: the rows an SAE was trained on)."""
+    batch = text_batch(model, texts, pairs, max_length)
     _, cache = model.run_with_cache(batch, names=[hook_name])
     values = np.asarray(cache[hook_name], np.float32)
     values = values.reshape(*values.shape[:2], -1)
@@ -60,22 +109,13 @@ def _packed_capture(model, state, arrays, *, hook_name: str):
     return packed_captures(model, state, arrays, [hook_name])[hook_name]
 
 
-def _rows(texts) -> tuple[Iterator[tuple[str, str | None]], bool]:
-    """((text, pair or None) rows, whether there are pairs) of a corpus file (reading.CorpusFile's formats) or an
-    iterable of strings."""
-    if isinstance(texts, str | Path):
-        corpus = reading.CorpusFile(texts)
-        return corpus.rows(), corpus.has_pairs
-    return ((text, None) for text in texts), False
-
-
 def _forward_batches(model, rows, pairs: bool, hook_name: str, max_length: int,
                      batch_tokens: int) -> Iterator[np.ndarray]:
     """[n, d] the real, non-special tokens' values of each packed forward batch, in the order the packer fills."""
     buckets = packing.checked_buckets(None, max_length, model.config.max_tokens)
     rows_per_batch = packing.batch_rows(buckets[-1], batch_tokens, 1)
     packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
-    capture = model.jit(_packed_capture, static_argnames="hook_name")
+    capture = model.jit(_packed_capture, static_argnames=("hook_name",))
 
     def run(batches):
         for size, packed in batches:
@@ -101,25 +141,53 @@ class _Cache:
     def complete(self) -> dict | None:
         """The record of a finished cache of the same settings; None where there is none or it was cut short.
         A finished cache of other settings is refused rather than overwritten."""
-        if not self.info.is_file():
-            return None
-        try:
-            record = json.loads(self.info.read_text())
-        except json.JSONDecodeError:
-            return None
-        if not record.get("complete"):
+        record = self._own_record()
+        if record is None or not record.get("complete"):
             return None
         if record.get("settings") != self.settings:
             raise DataFileError(f"{self.directory} caches activations of other settings ({record.get('settings')}); "
                                 f"pass another cache directory, or delete this one.")
         return record
 
+    def _own_record(self) -> dict | None:
+        """This directory's cache record; None where the directory is new or empty. A directory holding anything
+        else — files without our record, or an activations.json we did not write — is refused: writing the
+        cache would replace a user's 000000.npy or activations.json."""
+        if self.directory.exists() and not self.directory.is_dir():
+            raise DataFileError(f"cache={self.directory} is a file; pass a directory for the activation cache.")
+        if not self.info.is_file():
+            if self.directory.is_dir() and any(self.directory.iterdir()):
+                raise DataFileError(f"cache={self.directory} holds files but no activation cache ({CACHE_INFO}); "
+                                    f"pass a new or empty directory, so nothing of yours is overwritten.")
+            return None
+        try:
+            record = json.loads(self.info.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+        if not isinstance(record, dict) or "settings" not in record:
+            raise DataFileError(f"{self.info} is not a minibert activation-cache record; pass a new or empty "
+                                f"directory as cache, so nothing of yours is overwritten.")
+        return record
+
     def read(self, record: dict, texts_digest: str) -> Iterator[np.ndarray]:
         if record["texts"] != texts_digest:
             raise DataFileError(f"{self.directory} caches the activations of other texts; pass the texts it was "
                                 f"written from, another cache directory, or delete this one.")
-        for index in range(record["batches"]):
-            yield np.load(self.directory / f"{index:06d}.npy")
+        names = [self.directory / f"{index:06d}.npy" for index in range(record["batches"])]
+        missing = [name.name for name in names if not name.is_file()]
+        if missing:  # checked before the first batch: training does not stop half-way
+            raise DataFileError(f"{self.directory} says it holds {len(names)} batches but {', '.join(missing[:3])} "
+                                f"{'is' if len(missing) == 1 else 'are'} missing; delete the directory to rebuild "
+                                f"the cache.")
+        return (self._load(name) for name in names)
+
+    @staticmethod
+    def _load(name: Path) -> np.ndarray:
+        try:
+            return np.load(name)
+        except (OSError, ValueError, EOFError) as error:
+            raise DataFileError(f"{name} is not a whole cached batch ({error}); delete its directory to rebuild the "
+                                f"cache.") from None
 
     def write(self, batches: Iterator[np.ndarray], digest: TextsDigest) -> Iterator[np.ndarray]:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -141,17 +209,18 @@ class _Cache:
 
 def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, batch_size: int = 1024,
                 batch_tokens: int | None = None, buffer_tokens: int = 32_768, max_length: int | None = None,
-                seed: int = 0, cache: str | Path | None = None) -> Iterator[np.ndarray]:
+                seed: int = 0, cache: str | Path | None = None) -> ActivationStream:
     """Batches [batch_size, d] of shuffled token activations at `hook_name` ([CLS]/[SEP] left out).
 
-    texts: a list or stream of strings, or a corpus file (.txt one text per line, .tsv pairs, .jsonl; as
-    corpus.survey reads it). Documents are packed into rows of `max_length` tokens (default 128, or the model's
-    positions if fewer; longer documents truncated),
+    texts: a list or stream of strings or of (text, second text) tuples, or a corpus file (.txt one text per
+    line, .tsv pairs, .jsonl; as corpus.survey reads it; see text_rows). Documents are packed into rows of
+    `max_length` tokens (default 128, or the model's positions if fewer; longer documents truncated),
     `batch_tokens` tokens per forward (default: packing.default_batch_tokens of the device). The buffer fills to
     `buffer_tokens`, is shuffled, and gives out half of itself as batches before it refills, so tokens of one
     text spread over many batches. The last, partial batch is dropped. cache: a directory to write the
     activations to, or to read them from when it holds a finished cache of the same weights, hook, max_length
-    and texts (the texts are then read and hashed, but not run).
+    and texts (the texts are then read and hashed, but not run); a directory holding anything else is refused.
+    The stream's `.source` names the hook and weights it reads (Trainer.train checks it).
     """
     hook_width(model, hook_name)
     if buffer_tokens < 2 * batch_size:
@@ -159,19 +228,36 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
     if batch_tokens is None:
         batch_tokens = packing.default_batch_tokens(jax.devices()[0].platform)
     max_length = min(128, model.config.max_tokens) if max_length is None else max_length
-    rows, pairs = _rows(texts)
+    rows, pairs = text_rows(texts)
     digest = TextsDigest()
     rows = digest.through(rows)
+    source = {"hook_name": hook_name, "weights": weights_digest(model)}
     store = None
     if cache is not None:
-        store = _Cache(cache, {"weights": weights_digest(model), "hook_name": hook_name, "max_length": max_length})
+        store = _Cache(cache, {"weights": source["weights"], "hook_name": hook_name, "max_length": max_length})
         record = store.complete()
         if record is not None:
             for _ in rows:  # the texts' digest, without running the model
                 pass
-            return _shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens, seed)
+            return ActivationStream(_shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens,
+                                              seed), source)
     forward = _forward_batches(model, rows, pairs, hook_name, max_length, batch_tokens)
-    return _shuffled(forward if store is None else store.write(forward, digest), batch_size, buffer_tokens, seed)
+    return ActivationStream(_shuffled(forward if store is None else store.write(forward, digest), batch_size,
+                                      buffer_tokens, seed), source)
+
+
+class ActivationStream:
+    """activations' batches, and what they read: source = {"hook_name", "weights" (the model's weights digest)},
+    which Trainer.train records and checks, so a resumed SAE does not train on another hook of the same width."""
+
+    def __init__(self, batches: Iterator[np.ndarray], source: dict):
+        self.batches, self.source = batches, source
+
+    def __iter__(self) -> ActivationStream:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return next(self.batches)
 
 
 def _shuffled(chunks: Iterator[np.ndarray], batch_size: int, buffer_tokens: int, seed: int) -> Iterator[np.ndarray]:

@@ -8,6 +8,9 @@ tokens; the default here suits small runs). Dead latents feed the TopK SAE's Aux
     for x in activations(model, texts, "blocks.3.hook_resid_post"):
         trainer.step(x)                     # {"total", "mse", "aux"}: this step's losses
     trainer.save("run.npz"); trainer = Trainer.resume("run.npz")
+
+train() on sae.activations' stream records the hook and model weights it reads (Trainer.source) and refuses
+another stream, even of the same width, after a resume.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import zipfile
 from pathlib import Path
 
 import jax
@@ -44,6 +49,15 @@ def _train_step(params, opt_state, since_fired, x, step, dead_tokens, *, config,
     return params, opt_state, since_fired, parts
 
 
+def _check_settings(learning_rate, warmup, dead_tokens) -> None:
+    """A negative rate ascends the loss, inf or NaN destroys the parameters at the first step."""
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, int | float) or not 0 < learning_rate < np.inf:
+        raise AnalysisError(f"learning_rate={learning_rate!r} must be a finite number > 0 (SAEs train at ~1e-4).")
+    for name, value, smallest in (("warmup", warmup, 0), ("dead_tokens", dead_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+            raise AnalysisError(f"{name}={value!r} must be a whole number ≥ {smallest}.")
+
+
 @functools.cache
 def _adam(learning_rate: float, warmup: int) -> optax.GradientTransformation:
     """Adam (no weight decay, no clipping) at a rate constant after a linear warm-up; one object per setting, so
@@ -56,8 +70,10 @@ class Trainer:
     """Holds an SAE's parameters and optimiser state; `step(x)` trains on one batch x [N, d_in]."""
 
     def __init__(self, config: SAEConfig, *, learning_rate: float = 2e-4, warmup: int = 0,
-                 dead_tokens: int = 1_000_000, seed: int = 0, params=None):
+                 dead_tokens: int = 1_000_000, seed: int = 0, params=None, source: dict | None = None):
+        _check_settings(learning_rate, warmup, dead_tokens)
         self.config, self.learning_rate, self.warmup, self.dead_tokens = config, learning_rate, warmup, dead_tokens
+        self.source = source  # {"hook_name", "weights"} of the activation stream trained on, once train() saw one
         self.seed = seed
         self.optimizer = _adam(learning_rate, warmup)
         self.params = init_params(config, seed) if params is None else {k: jnp.asarray(v) for k, v in params.items()}
@@ -76,9 +92,14 @@ class Trainer:
         return np.asarray(self.since_fired) >= self.dead_tokens
 
     def step(self, x) -> dict[str, float]:
-        x = jnp.asarray(x, jnp.float32)
+        x = np.asarray(x, np.float32)
         if x.ndim != 2 or x.shape[1] != self.config.d_in:
             raise AnalysisError(f"a training batch is [N, {self.config.d_in}] activations; got shape {x.shape}.")
+        finite = np.isfinite(x)
+        if not finite.all():  # one NaN would reach every parameter through Adam's moments
+            row = int(np.argwhere(~finite)[0, 0])
+            raise AnalysisError(f"this batch holds {(~finite).sum()} non-finite activations (NaN or ±inf), the first "
+                                f"in row {row}; the step would put NaN into the SAE's parameters. Drop those rows.")
         self.params, self.opt_state, self.since_fired, parts = _train_step(
             self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
             config=self.config, optimizer=self.optimizer)
@@ -87,6 +108,7 @@ class Trainer:
 
     def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
         """Train on an iterable of batches (at most `steps` of them); returns each step's losses."""
+        self._check_source(getattr(batches, "source", None))
         history = []
         with Progress(steps, "SAE", enabled=progress) as bar:
             for x in batches:
@@ -96,13 +118,32 @@ class Trainer:
                 bar.update(history[-1]["total"], len(x))
         return history
 
+    def _check_source(self, source: dict | None) -> None:
+        """Batches from sae.activations say which hook and weights they read (ActivationStream.source): refuse a
+        stream of another hook than the config's, or other than the one this trainer (or the run it resumes)
+        trained on, even where the widths agree; then remember it."""
+        if source is None:
+            return
+        if self.config.hook_name is not None and source["hook_name"] != self.config.hook_name:
+            raise AnalysisError(f"these activations are {source['hook_name']!r}'s but the SAE reads "
+                                f"{self.config.hook_name!r}; stream the hook it was configured for.")
+        if self.source is not None and source != self.source:
+            raise AnalysisError(f"this SAE was trained on {self.source} and these activations come from {source}; "
+                                f"resume on the same hook and model weights, or start a new Trainer.")
+        self.source = source
+
     def save(self, path) -> Path:
-        """Everything needed to resume (parameters, Adam's moments, step, dead-latent counters) in one .npz."""
+        """Everything needed to resume (parameters, Adam's moments, step, dead-latent counters, the stream trained
+        on) in one .npz file written at exactly `path` (no suffix added; replaced whole, never half-written)."""
         path = Path(path)
         leaves = jax.tree_util.tree_leaves((self.params, self.opt_state, self.since_fired))
         settings = dict(config=dataclasses.asdict(self.config), learning_rate=self.learning_rate, warmup=self.warmup,
-                        dead_tokens=self.dead_tokens, seed=self.seed, steps=self.steps)
-        np.savez(path, settings=json.dumps(settings), **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+                        dead_tokens=self.dead_tokens, seed=self.seed, source=self.source, steps=self.steps)
+        temporary = path.with_name(path.name + ".tmp")
+        with temporary.open("wb") as file:  # a file object: np.savez appends no ".npz"
+            np.savez(file, settings=json.dumps(settings),
+                     **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+        os.replace(temporary, path)
         return path
 
     @classmethod
@@ -111,11 +152,16 @@ class Trainer:
         path = Path(path)
         if not path.is_file():
             raise DataFileMissing(f"no SAE checkpoint at {path}; pass the file Trainer.save wrote.")
-        with np.load(path) as saved:
-            settings = json.loads(str(saved["settings"]))
-            leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
-        steps = settings.pop("steps")
-        trainer = cls(SAEConfig(**settings.pop("config")), **settings)
+        try:
+            with np.load(path) as saved:
+                settings = json.loads(str(saved["settings"]))
+                leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
+            steps = settings.pop("steps")
+            config = SAEConfig(**settings.pop("config"))
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, AnalysisError) as error:
+            raise DataFileError(f"{path} is not a whole SAE checkpoint ({type(error).__name__}: {error}); pass the "
+                                f"file Trainer.save wrote, uncut.") from None
+        trainer = cls(config, **settings)
         structure = jax.tree_util.tree_structure((trainer.params, trainer.opt_state, trainer.since_fired))
         if structure.num_leaves != len(leaves):
             raise DataFileError(f"{path} holds {len(leaves)} arrays; this SAE's state has {structure.num_leaves}.")
