@@ -64,7 +64,7 @@ class Dropout:
     name them: `hidden` (embeddings and each sublayer's output before it joins the residual stream),
     `attention` (the attention pattern before it weighs v) and `classifier` (the classifier's input).
 
-    The key is explicit: each site draws its mask from mask_key(key, site), so one step is reproducible from its
+    The key is explicit: each site draws its mask from mask_key(site_key(site)), so one step is reproducible from its
     key (cuDNN's fused attention dropout aside: attention.cudnn_attention). A rate of 0 returns the value itself,
     so NO_DROPOUT's forward is the inference computation.
     Hooks see values before their dropout (hook_attn_out, hook_pattern keep their meaning in training).
@@ -73,34 +73,37 @@ class Dropout:
     def __init__(self, key=None, *, hidden: float = 0.0, attention: float = 0.0, classifier: float = 0.0):
         self.key, self.hidden_rate, self.attention_rate, self.classifier_rate = key, hidden, attention, classifier
 
-    @staticmethod
-    def _drop(key, site: str, x, rate: float):
+    def site_key(self, site: str) -> jax.Array:
+        """The key of one dropout site: fold_in(key, crc32(site))."""
+        return jax.random.fold_in(self.key, zlib.crc32(site.encode()))
+
+    def _drop(self, site: str, x, rate: float):
         if rate == 0.0:
             return x
-        keep = jax.random.bernoulli(mask_key(key, site), 1.0 - rate, x.shape)
+        keep = jax.random.bernoulli(mask_key(self.site_key(site)), 1.0 - rate, x.shape)
         return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
     def hidden(self, site: str, x):
-        return self._drop(self.key, site, x, self.hidden_rate)
+        return self._drop(site, x, self.hidden_rate)
 
     def attention(self, site: str, x):
-        return self._drop(self.key, site, x, self.attention_rate)
+        return self._drop(site, x, self.attention_rate)
 
     def classifier(self, site: str, x):
-        return self._drop(self.key, site, x, self.classifier_rate)
+        return self._drop(site, x, self.classifier_rate)
 
 
 NO_DROPOUT = Dropout()
 
 
-def mask_key(key, site: str) -> jax.Array:
-    """The key a dropout site draws its mask from: fold_in(key, crc32(site)), turned into an rbg key.
+def mask_key(site_key) -> jax.Array:
+    """The key a dropout site draws its mask from: its site key (Dropout.site_key) turned into an rbg key.
 
     An rbg key draws its bits with XLA's RngBitGenerator, one pass over the mask, where the default threefry
     key computes a 20-round hash per 32 bits (and on an accelerator kept [B, H, T, S] u32 intermediates for the
-    backward pass). Four threefry words of the site's key seed it, so the mask stays a function of the step's
-    key and the site, whatever the caller's key implementation."""
-    words = jax.random.bits(jax.random.fold_in(key, zlib.crc32(site.encode())), (4,), jnp.uint32)
+    backward pass). Four words drawn from the site key seed it, so the mask stays a function of the step's key
+    and the site, whatever the caller's key implementation."""
+    words = jax.random.bits(site_key, (4,), jnp.uint32)
     return jax.random.wrap_key_data(words, impl="rbg")
 
 
@@ -181,6 +184,9 @@ def position_rows(input_ids, pad_token_id: int, offset: bool):
         return xp.arange(input_ids.shape[1])[None]
     real = input_ids != pad_token_id
     return xp.where(real, xp.cumsum(real, axis=1) + pad_token_id, pad_token_id)
+
+
+GATHERED = ("embed.word", "embed.position", "embed.token_type")  # parameters read by row (a gather), not multiplied
 
 
 class Embeddings(nnx.Module):
@@ -408,7 +414,10 @@ class MaskedLMHead(nnx.Module):
         transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
         # TransformerLens' names: its mlm_head ends with the layernorm, whose output enters its unembed
         transformed = self.ln(transformed, hooks, "mlm_head.ln", out="unembed.hook_in")
-        logits = jnp.einsum("BTE,VE->BTV", transformed, word_embeddings) + self.decoder_bias[...]
+        # the tied table may be float32 while the head computes in bf16 (Bert.compute_dtype): the product runs in
+        # the head's dtype, as an untied decoder would
+        decoder = word_embeddings.astype(transformed.dtype)
+        logits = jnp.einsum("BTE,VE->BTV", transformed, decoder) + self.decoder_bias[...]
         return hooks("unembed.hook_out", logits)
 
 
@@ -498,8 +507,15 @@ class Bert(nnx.Module):
 
     def embedding(self, input_ids, token_type_ids, hooks: Hooks = NO_HOOKS, position_ids=None,
                   dropout: Dropout = NO_DROPOUT) -> jax.Array:
-        """Stage 0: the residual stream entering block 0, [B, T, D]."""
-        return hooks("hook_full_embed", self.embed(input_ids, token_type_ids, hooks, position_ids, dropout))
+        """Stage 0: the residual stream entering block 0, [B, T, D], in the blocks' dtype (compute_dtype)."""
+        embedded = self.embed(input_ids, token_type_ids, hooks, position_ids, dropout)
+        return hooks("hook_full_embed", embedded.astype(self.compute_dtype()))
+
+    def compute_dtype(self):
+        """The dtype the blocks compute in: that of their weights. It can differ from the embeddings': training in
+        bf16 gathers rows from float32 tables (their gradients, scatter-adds over every token, sum in float32) and
+        casts the embedded stream once, here (training.finetune.compute_parameters)."""
+        return next(w.dtype for w in jax.tree.leaves(nnx.state(self.blocks[0], nnx.Param)) if w.ndim >= 2)
 
     def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT,
               first_token_only: bool = False) -> jax.Array:

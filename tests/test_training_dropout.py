@@ -77,3 +77,18 @@ def test_rate_zero_is_the_inference_forward_and_dropout_changes_training_outputs
     dropped = forward(jax.random.key(0), 0.2)
     assert not np.allclose(dropped.logits, plain.logits)
     np.testing.assert_array_equal(dropped.logits, forward(jax.random.key(0), 0.2).logits)  # the key decides
+
+
+def test_masks_come_from_one_rbg_draw_not_a_threefry_hash_per_value():
+    """A site's mask is one RngBitGenerator draw (rbg key, model.mask_key): the lowered program's only ops on the
+    mask's n words are that draw and turning bits into uniforms (shifts, or, bitcast), never threefry's rounds
+    (xor/rotations over n words), which the site key's 4 seed words alone go through."""
+    n = 4096
+    x = jnp.ones((n,), jnp.float32)
+    text = jax.jit(lambda key: Dropout(key, hidden=0.1).hidden("site", x)).lower(jax.random.key(0)).as_text()
+    assert text.count("stablehlo.rng_bit_generator") == 1
+    mask_sized = [line for line in text.splitlines() if f"tensor<{n}xui32>" in line]
+    assert any("rng_bit_generator" in line for line in mask_sized)
+    assert not any("stablehlo.xor" in line for line in mask_sized)
+    threefry = jax.jit(lambda key: jax.random.bernoulli(key, 0.9, (n,))).lower(jax.random.key(0)).as_text()
+    assert any("stablehlo.xor" in line and f"{n}xui32" in line for line in threefry.splitlines())  # what it avoids
