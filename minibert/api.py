@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert import buckets, checkpoint, programs, sources
+from minibert import attention, buckets, checkpoint, programs, sources
 from minibert.config import Config
 from minibert.contract import StaticFn, metric_function, metric_values, traced_call
 from minibert.errors import ConfigError, InputError
@@ -435,10 +435,11 @@ class Model:
         count_compiles(writers, self._hook_compiles)
         return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
 
-    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def, dropout=NO_DROPOUT):
+    def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def, dropout=NO_DROPOUT,
+                 first_token_only: bool = False):
         hooks = self._hook_points(writer_leaves, writer_def, capture)
         out = self._module(state)(inputs.input_ids, inputs.token_type_ids, inputs.attention_mask, hooks,
-                                  inputs.position_ids, dropout)
+                                  inputs.position_ids, dropout, first_token_only)
         return out, hooks.captured
 
     def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
@@ -453,13 +454,15 @@ class Model:
         return out, hooks.captured
 
     def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None, *,
-                   dropout: Mapping[str, float] | None = None) -> Callable:
+                   dropout: Mapping[str, float] | None = None, first_token_only: bool = False) -> Callable:
         """A pure function `(state, inputs) -> (Output, {name: value})` to compose inside your own
         jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state or
         model.state_from(named parameters).
 
         `dropout`: training's rates {"hidden": …, "attention": …, "classifier": …} (model.Dropout); the function
-        then takes a third argument, the PRNG key its masks are drawn from, so one step is reproducible."""
+        then takes a third argument, the PRNG key its masks are drawn from, so one step is reproducible.
+        `first_token_only`: the last block computes position 0 alone (model.Bert.first_token_suffices: a head that
+        reads [CLS] only; training's sequence classifier), so last_hidden_state is [B, 1, D]."""
         capture = frozenset(self._names(names)) if names != () else frozenset()
         leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
         rates = _dropout_rates(dropout)
@@ -469,7 +472,7 @@ class Model:
                 raise InputError("forward_fn: a dropout key goes with dropout rates: pass both "
                                  "(forward_fn(dropout={...}) then fn(state, inputs, key)) or neither.")
             drop = NO_DROPOUT if rates is None else Dropout(dropout_key, **rates)
-            return self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop)
+            return self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop, first_token_only)
 
         return self._counted(forward)
 
@@ -557,6 +560,18 @@ class Model:
         positions: buckets.length_buckets under `bucket_rule` — buckets.COARSE (16, 24, 32, 48, 64, 96, …) unless
         set to buckets.FINE for throughput (docs/compiled.md)."""
         return buckets.length_buckets(self.config.max_tokens, *self.bucket_rule)
+
+    def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
+        """Which attention kernel model(batch) runs, and why (minibert.attention; docs/accelerators.md): on the
+        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"), for this batch padded to its
+        bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
+        the answer as attention.choose says."""
+        inputs = self.inputs(batch)
+        mask = inputs.padded_to(buckets.bucket_length(inputs.shape[1], self.length_buckets),
+                                self.config.pad_token_id).attention_mask
+        platform = platform or attention.platform()
+        return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,
+                                  cudnn=platform == "cuda")
 
     def __call__(self, batch) -> Output:
         return self.run(batch)[0]

@@ -289,3 +289,21 @@ def test_attention_dropout_on_cuda_is_cudnns_fused_dropout(cudnn_lowerable):
     assert ops["custom_call __cudnn$fmhaSoftmaxDropout"] == 1
     assert ops["custom_call __cudnn$fmhaSoftmaxDropoutBackward"] == 1
     assert ops["rng_bit_generator"] == 1  # the fallback branch's one rbg draw; no threefry hash of a mask
+
+
+def test_model_attention_backend_names_the_kernel_for_this_batch(tmp_path):
+    """model.attention_backend(batch): on this CPU the unwatched kernel; asked for CUDA, a bf16 model's
+    right-padded batch gets cuDNN, the same model in float32 XLA, and a left-padded batch XLA, naming its rows."""
+    import minibert
+    from tests.conftest import make_hf_model
+
+    make_hf_model(tmp_path, "BertModel")  # 4 heads of width 8
+    bf16 = minibert.load(tmp_path, dtype=jnp.bfloat16)
+    right = {"input_ids": np.full((2, 6), 7), "token_type_ids": np.zeros((2, 6), int),
+             "attention_mask": np.array([[1] * 6, [1, 1, 1, 0, 0, 0]])}
+    left = right | {"attention_mask": np.array([[1] * 6, [0, 0, 0, 1, 1, 1]])}
+    assert bf16.attention_backend(right).name == "unwatched"  # this machine is a CPU
+    assert bf16.attention_backend(right, platform="cuda").name == "cudnn"
+    assert minibert.load(tmp_path).attention_backend(right, platform="cuda").name == "xla"
+    backend = bf16.attention_backend(left, platform="cuda")
+    assert backend.name == "xla" and "rows [1]" in backend.reason
