@@ -16,6 +16,7 @@ from minibert import attention, buckets, checkpoint, programs, sources
 from minibert.config import Config
 from minibert.contract import StaticFn, metric_function, metric_values, traced_call
 from minibert.errors import ConfigError, InputError
+from minibert.families.reading import read_config
 from minibert.hooks import (
     Cache,
     HookContext,
@@ -90,7 +91,7 @@ def load(name: str | Path | None = None, *, dtype=jnp.float32, download: bool = 
     dtype = _checked_dtype(dtype)
     directory = sources.resolve(name, download=download)
     model_dir, pooling = checkpoint.sentence_transformers_layout(directory)
-    cfg = Config.from_hf(model_dir, architecture=architecture)
+    cfg = read_config(model_dir, architecture=architecture)
     bin_path = model_dir / "pytorch_model.bin"
     if allow_pickle and bin_path.exists() and not (model_dir / "model.safetensors").exists():
         tensors = checkpoint.read_pytorch_bin(bin_path, allow_pickle=True)
@@ -218,9 +219,7 @@ class Model:
     def save(self, directory: str | Path) -> Path:
         """Write this model as a Hugging Face directory — config.json with `architectures`, model.safetensors
         with transformers' key names, the tokenizer files — that AutoModelFor… and minibert.load read."""
-        from minibert.training.save import save  # training builds on this module, so it is imported here
-
-        return save(self, directory)
+        return checkpoint.save(self, directory)
 
     # ---- positions ------------------------------------------------------------------------------------
 

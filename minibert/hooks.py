@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import architectures_with
 from minibert.contract import StaticFn
 from minibert.errors import HookError
+from minibert.families.registry import architectures_with
 from minibert.sites import HEAD_PARTS, MOVED, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
-from minibert.config import ARCHITECTURES, FAMILIES, Config, architectures_with
+from minibert.config import Config
+from minibert.families.registry import ARCHITECTURES, FAMILIES, architectures_with
 
 # What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
 # or a forward variation of the family (Family.positions / mlp / norm; its own head stage, Family.head).
@@ -132,7 +133,7 @@ SITES: tuple[Site, ...] = (
          "use", per_block=True, needs="rotary"),
     Site("attn.hook_rot_k", BSHK, "k rotated by position s (rotary)", per_block=True, needs="rotary"),
     Site("attn.hook_qk", BHTS, "q·k — raw dot products, before scaling and mask", per_block=True),
-    # DeBERTa's scores are three terms (families/deberta_v2_model.py), each already divided by √(K·m), m = 1 + the
+    # DeBERTa's scores are three terms (families/deberta_v2.py), each already divided by √(K·m), m = 1 + the
     # number of position terms; a term the config's pos_att_type omits is 0. Their sum is hook_attn_scores.
     Site("attn.hook_c2c", BHTS, "q_t·k_s/√(K·m) — content→content", per_block=True, needs="disentangled"),
     Site("attn.hook_c2p", BHTS, "q_t·(r W_K')[δ(t,s)]/√(K·m) — content→position, r the relative table",

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from minibert.errors import SourceError
+from minibert.families.registry import FAMILIES
 
 DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
@@ -25,8 +26,6 @@ INSTALL_HUB = "pip install 'minibert[hub]'"
 
 def hub_files() -> list[str]:
     """The files fetched from the Hub: the checkpoint's, and the tokenizer files of every registered family."""
-    from minibert.families import FAMILIES
-
     tokenizer_files = (name for family in FAMILIES.values() for name in family.tokenizer_files)
     return list(dict.fromkeys((*CHECKPOINT_FILES, *tokenizer_files)))
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert.config import read_json_object
 from minibert.errors import TokenizerError
+from minibert.files import read_json_object
 
 SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 MAX_CHARS_PER_WORD = 100

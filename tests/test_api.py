@@ -16,6 +16,7 @@ from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings, forw
 
 from minibert import Batch, Config, InputError, Model
 from minibert.api import POOLINGS, Inputs, is_text, parameter_shapes
+from minibert.families.registry import config_for
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +138,8 @@ def test_the_familys_own_positions_given_explicitly_change_nothing(tiny):
 
 
 def test_roberta_numbers_positions_from_the_pad_row():
-    roberta = Model(Config(architecture="RobertaModel", vocab_size=30, hidden_size=8, num_hidden_layers=1,
-                           num_attention_heads=2, intermediate_size=12, pad_token_id=1, max_position_embeddings=16))
+    roberta = Model(config_for("RobertaModel", vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=12, pad_token_id=1, max_position_embeddings=16))
     ids = np.array([[0, 7, 9, 2, 1, 1]])  # fairseq's numbering: real tokens from pad + 1, padding on the pad row
     np.testing.assert_array_equal(roberta.position_ids(ids), [[2, 3, 4, 5, 1, 1]])
 

@@ -1,4 +1,5 @@
-"""minibert/config.py: strict config.json keys, field types, the ARCHITECTURES table, head labels."""
+"""minibert/config.py and families/reading.py: strict config.json keys, field types, a Config's family and
+architecture, the ARCHITECTURES table, head labels."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import transformers
 
 from minibert import ConfigError, Model
-from minibert.config import ARCHITECTURES, BertConfig, head_label
+from minibert.config import Config, head_label
+from minibert.families.reading import read_config
+from minibert.families.registry import ARCHITECTURES, FAMILIES, config_for
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -22,12 +25,12 @@ def hf_config(architecture: str = "BertModel", **changes) -> dict:
 
 @pytest.mark.parametrize("architecture", BERT_ARCHITECTURES)
 def test_real_hugging_face_configs_pass_the_allow_list(architecture):
-    cfg = BertConfig.from_hf(hf_config(architecture))
+    cfg = read_config(hf_config(architecture))
     assert (cfg.architecture, cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim) == (architecture, 32, 2, 8)
 
 
 def test_bundled_config_json_passes(bundled_dir):
-    cfg = BertConfig.from_hf(bundled_dir)  # a directory: its config.json, as written by transformers 4.8
+    cfg = read_config(bundled_dir)  # a directory: its config.json, as written by transformers 4.8
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (384, 6, 12)
     assert cfg.source.endswith("config.json")
 
@@ -41,12 +44,12 @@ def test_bundled_config_json_passes(bundled_dir):
 ])
 def test_keys_that_change_the_computation_are_named_with_their_value(key, value, message):
     with pytest.raises(ConfigError, match=message):
-        BertConfig.from_hf(hf_config(**{key: value}))
+        read_config(hf_config(**{key: value}))
 
 
 def test_harmless_keys_pass_at_their_harmless_values():
-    cfg = BertConfig.from_hf(hf_config(is_decoder=False, add_cross_attention=False, pruned_heads={},
-                                       gradient_checkpointing=True, classifier_dropout=0.3))
+    cfg = read_config(hf_config(is_decoder=False, add_cross_attention=False, pruned_heads={},
+                                gradient_checkpointing=True, classifier_dropout=0.3))
     assert cfg.architecture == "BertModel"
 
 
@@ -65,29 +68,29 @@ def test_harmless_keys_pass_at_their_harmless_values():
 ])
 def test_field_types_and_values_are_checked(key, value, message):
     with pytest.raises(ConfigError, match=message):
-        BertConfig.from_hf(hf_config(**{key: value}))
+        read_config(hf_config(**{key: value}))
 
 
 def test_errors_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(hf_config(hidden_act="swishy")))
     with pytest.raises(ConfigError, match=rf"{tmp_path / 'config.json'}: hidden_act 'swishy'"):
-        BertConfig.from_hf(tmp_path)
+        read_config(tmp_path)
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="holds a JSON list; it must hold an object"):
-        BertConfig.from_hf(tmp_path)
+        read_config(tmp_path)
 
 
 def test_num_labels_counts_the_labels_where_there_is_no_id2label():
     config = hf_config("BertForSequenceClassification", num_labels=3)
     del config["id2label"]
-    assert BertConfig.from_hf(config).num_labels == 3
+    assert read_config(config).num_labels == 3
     with pytest.raises(ConfigError, match="num_labels must be a positive integer, got 0"):
-        BertConfig.from_hf(config | {"num_labels": 0})
+        read_config(config | {"num_labels": 0})
 
 
 def test_labels_come_from_id2label_in_class_order():
     labels = {"1": "pos", "0": "neg", "2": "mixed"}
-    cfg = BertConfig.from_hf(hf_config("BertForSequenceClassification", id2label=labels))
+    cfg = read_config(hf_config("BertForSequenceClassification", id2label=labels))
     assert cfg.id2label == ("neg", "pos", "mixed") and cfg.num_labels == 3
 
 
@@ -107,11 +110,27 @@ def test_architectures_table_matches_transformers_classes(architecture):
 @pytest.mark.parametrize("architecture", BERT_ARCHITECTURES)
 def test_architectures_table_decides_the_models_head_hooks(architecture):
     heads = ARCHITECTURES[architecture]
-    names = set(Model(BertConfig(**TINY, architecture=architecture)).hook_names)
+    names = set(Model(Config(**TINY, architecture=architecture)).hook_names)
     assert ("pooler.hook_pooler_out" in names) == heads.pooler
     assert ("unembed.hook_out" in names) == heads.mlm
     assert ("nsp_head.hook_nsp_out" in names) == heads.nsp
     assert ("classifier.hook_logits" in names) == (heads.classifier is not None)
+
+
+def test_a_config_carries_its_family_and_an_architecture_of_that_family():
+    """The family is a field (BERT's by default); the architecture defaults to the family's bare model, and another
+    family's class name is refused, naming the way to build it (config_for sets the family from the registry)."""
+    assert (Config().family, Config().architecture) == (FAMILIES["bert"], "BertModel")
+    roberta = Config(family=FAMILIES["roberta"], pad_token_id=1)
+    assert (roberta.model_type, roberta.architecture, roberta.heads) == ("roberta", "RobertaModel",
+                                                                         ARCHITECTURES["RobertaModel"])
+    assert config_for("RobertaForMaskedLM", pad_token_id=1).family is FAMILIES["roberta"]
+    with pytest.raises(ConfigError, match=r"'RobertaModel' is not a BERT class; .*config_for\(architecture"):
+        Config(architecture="RobertaModel")
+    with pytest.raises(ConfigError, match="family must be a Family"):
+        Config(family="roberta")
+    with pytest.raises(ConfigError, match="architecture 'GPT2Model' is not supported"):
+        config_for("GPT2Model")
 
 
 def test_head_label_is_one_indexed():

@@ -13,9 +13,8 @@ from test_families_modern import make_modernbert
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import families, viz
+from minibert import viz
 from minibert.app import serve
-from minibert.families import modernbert
 from minibert.families.deberta_v2 import position_terms
 from minibert.viz import views
 from minibert.viz.views import TERMS
@@ -52,18 +51,10 @@ def test_widget_carries_the_pages_code(tiny_mlm):
 
 @pytest.fixture(scope="module")
 def tiny_modernbert(tmp_path_factory):
-    """A tiny random ModernBertForMaskedLM (4 layers: global, local, local, global; a 6-token window), loaded with
-    ModernBERT registered (it joins families.MODULES when the site table orders pre-LN blocks; until then here)."""
-    added = "modernbert" not in families.FAMILIES
-    if added:
-        families.register(modernbert.FAMILIES[0])
-    try:
-        directory = tmp_path_factory.mktemp("tiny-modernbert")
-        make_modernbert(directory, "ForMaskedLM")
-        yield minibert.load(directory)
-    finally:
-        if added:
-            families.unregister("modernbert")
+    """A tiny random ModernBertForMaskedLM (4 layers: global, local, local, global; a 6-token window)."""
+    directory = tmp_path_factory.mktemp("tiny-modernbert")
+    make_modernbert(directory, "ForMaskedLM")
+    return minibert.load(directory)
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
@@ -100,7 +91,7 @@ def test_step_sends_the_operands_of_its_dot_products(request, family):
 
 # ModernBERT's step-through, in its order (pre-LN: ln1 before attention, rotary q and k, GeGLU's two halves, no
 # LayerNorm after the residual, ln_final after the last block), each step's hook as the family defines it
-# (minibert/families/modernbert_model.py), and what of the hook's [B, …] value the step shows.
+# (minibert/families/modernbert.py), and what of the hook's [B, …] value the step shows.
 PRE_LN_WALK = [("word", "embed.hook_embed", "t"), ("embed_ln", "hook_full_embed", "t"),
                ("x", "hook_resid_pre", "t"), ("ln1", "ln1.hook_out", "t"), ("q", "attn.hook_q", "t,h"),
                ("k", "attn.hook_k", ":,h"), ("v", "attn.hook_v", ":,h"), ("rot_q", "attn.hook_rot_q", "t,h"),

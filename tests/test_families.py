@@ -23,10 +23,11 @@ from test_parity import TINY, assert_close, assert_parity
 from tolerances import forward_rtol
 
 import minibert
-from minibert import families
 from minibert import model as model_lib
-from minibert.config import ARCHITECTURES, FAMILIES, Config
-from minibert.families import Family, LayerKeys
+from minibert.config import Config
+from minibert.families import Family, LayerKeys, registry
+from minibert.families.reading import read_config
+from minibert.families.registry import ARCHITECTURES, FAMILIES, config_for
 from minibert.tokenizers_hf import tokenizer_for
 
 VOCAB = 99
@@ -191,8 +192,7 @@ def test_tokenizer_matches_transformers(tmp_path, model_type):
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
     architecture = HF_CLASSES[model_type] + "Model"
     segments = model_type == "albert"
-    config = Config(architecture=architecture, type_vocab_size=2 if segments else 1,
-                    pad_token_id=hf_tokenizer.pad_token_id)
+    config = config_for(architecture, type_vocab_size=2 if segments else 1, pad_token_id=hf_tokenizer.pad_token_id)
     ours = tokenizer_for(tmp_path, config)
     rng = np.random.default_rng(7)
     texts, pairs = fuzz_texts(rng, 300), fuzz_texts(rng, 300)
@@ -219,7 +219,7 @@ def test_every_family_class_is_in_the_tables():
     """ARCHITECTURES names exactly the classes transformers has for each family's heads minibert builds."""
     import transformers
 
-    for name, model_type in ((n, Config(architecture=n).model_type) for n in ARCHITECTURES):
+    for name, model_type in ((n, config_for(n).model_type) for n in ARCHITECTURES):
         assert hasattr(transformers, name), name
         assert getattr(transformers, name).config_class.model_type == model_type
     # ModernBERT's and DeBERTa's parity: test_families_modern.py, test_families_deberta.py
@@ -233,21 +233,21 @@ def test_transformers_config_dicts_pass_the_allow_list(model_type):
 
     prefix = HF_CLASSES[model_type]
     written = getattr(transformers, f"{prefix}Config")(**SIZES[model_type]).to_dict()
-    cfg = Config.from_hf(written | {"architectures": [prefix + "ForMaskedLM"]})
+    cfg = read_config(written | {"architectures": [prefix + "ForMaskedLM"]})
     assert (cfg.model_type, cfg.architecture) == (model_type, prefix + "ForMaskedLM")
     assert cfg.hidden_size == SIZES[model_type].get("hidden_size", SIZES[model_type].get("dim"))
 
 
 def test_distilbert_names_and_no_segments():
-    cfg = Config.from_hf({"model_type": "distilbert", "dim": 30, "n_layers": 2, "n_heads": 5, "hidden_dim": 37,
+    cfg = read_config({"model_type": "distilbert", "dim": 30, "n_layers": 2, "n_heads": 5, "hidden_dim": 37,
                           "activation": "relu", "sinusoidal_pos_embds": True})
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size,
             cfg.hidden_act, cfg.type_vocab_size) == (30, 2, 5, 37, "relu", 1)
     assert cfg.architecture == "DistilBertModel" and not cfg.heads.pooler
     with pytest.raises(minibert.ConfigError, match="both 'dim' and 'hidden_size'"):
-        Config.from_hf({"model_type": "distilbert", "dim": 30, "hidden_size": 30})
+        read_config({"model_type": "distilbert", "dim": 30, "hidden_size": 30})
     with pytest.raises(minibert.ConfigError, match="type_vocab_size"):  # DistilBERT has no segment table
-        Config.from_hf({"model_type": "distilbert", "type_vocab_size": 2})
+        read_config({"model_type": "distilbert", "type_vocab_size": 2})
 
 
 @pytest.mark.parametrize("config,message", [
@@ -262,18 +262,18 @@ def test_distilbert_names_and_no_segments():
 ])
 def test_family_config_errors_name_the_key(config, message):
     with pytest.raises(minibert.ConfigError, match=message):
-        Config.from_hf(config)
+        read_config(config)
 
 
 def test_family_layouts():
-    roberta = Config(architecture="RobertaModel", pad_token_id=1, max_position_embeddings=514)
+    roberta = config_for("RobertaModel", pad_token_id=1, max_position_embeddings=514)
     assert (roberta.first_position, roberta.max_tokens) == (2, 512)
-    electra = Config(architecture="ElectraModel", hidden_size=256, num_attention_heads=4, embedding_size=128)
+    electra = config_for("ElectraModel", hidden_size=256, num_attention_heads=4, embedding_size=128)
     assert electra.has_projection and electra.embed_dim == 128
-    assert not Config(architecture="ElectraModel", hidden_size=256, num_attention_heads=4).has_projection
-    assert Config(architecture="AlbertModel", embedding_size=768).has_projection  # ALBERT always projects
+    assert not config_for("ElectraModel", hidden_size=256, num_attention_heads=4).has_projection
+    assert config_for("AlbertModel", embedding_size=768).has_projection  # ALBERT always projects
     # The shared-layer bound (config.MAX_SHARED_LAYERS) holds for shared blocks only; the bound itself is accepted.
-    assert Config(architecture="AlbertModel", num_hidden_layers=96).num_hidden_layers == 96
+    assert config_for("AlbertModel", num_hidden_layers=96).num_hidden_layers == 96
     assert Config(architecture="BertModel", num_hidden_layers=1000).num_hidden_layers == 1000
 
 
@@ -290,7 +290,7 @@ def test_roberta_from_vocab_and_merges(tmp_path):
     (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in model["merges"]) + "\n")
     hf_tokenizer = transformers.RobertaTokenizer(vocab=str(tmp_path / "vocab.json"),
                                                  merges=str(tmp_path / "merges.txt"))
-    ours = tokenizer_for(tmp_path, Config(architecture="RobertaModel", type_vocab_size=1, pad_token_id=1))
+    ours = tokenizer_for(tmp_path, config_for("RobertaModel", type_vocab_size=1, pad_token_id=1))
     texts = fuzz_texts(np.random.default_rng(8), 200)
     batch, theirs = ours(texts[:100], texts[100:]), hf_rows(hf_tokenizer, texts[:100], texts[100:])
     assert batch.input_ids.tolist() == theirs["input_ids"]
@@ -301,7 +301,7 @@ def test_roberta_from_vocab_and_merges(tmp_path):
 def test_sentencepiece_only_directory_says_how_to_convert(tmp_path):
     (tmp_path / "spiece.model").write_bytes(b"\x00")
     with pytest.raises(minibert.TokenizerError, match="save_pretrained"):
-        tokenizer_for(tmp_path, Config(architecture="AlbertModel"))
+        tokenizer_for(tmp_path, config_for("AlbertModel"))
 
 
 @pytest.mark.parametrize("model_type,segment", [("distilbert", 0), ("electra", 1)])
@@ -410,9 +410,9 @@ def test_released_config_files_load():
                     "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
                     "max_position_embeddings": 514, "model_type": "roberta", "num_attention_heads": 12,
                     "num_hidden_layers": 12, "pad_token_id": 1, "type_vocab_size": 1, "vocab_size": 50265}
-    assert Config.from_hf(albert_base_v2).embed_dim == 128
-    assert Config.from_hf(distilbert_base_uncased).hidden_size == 768
-    assert Config.from_hf(roberta_base).max_tokens == 512
+    assert read_config(albert_base_v2).embed_dim == 128
+    assert read_config(distilbert_base_uncased).hidden_size == 768
+    assert read_config(roberta_base).max_tokens == 512
 
 
 def test_head_checkpoint_with_the_bare_models_pooler(tmp_path):
@@ -459,9 +459,9 @@ def test_flops_per_token_match_traced_matmuls(architecture):
     from minibert import accounting
 
     projected = architecture.startswith(("Albert", "Electra"))
-    cfg = Config(vocab_size=99, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
-                 max_position_embeddings=40, embedding_size=10 if projected else None, architecture=architecture,
-                 id2label=("a", "b", "c"))
+    cfg = config_for(architecture, vocab_size=99, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                     intermediate_size=37, max_position_embeddings=40, embedding_size=10 if projected else None,
+                     id2label=("a", "b", "c"))
     model = minibert.Model(cfg, seed=0)
     B, T = 2, 8
     ids = jnp.full((B, T), 5, jnp.int32)
@@ -498,7 +498,7 @@ def test_full_size_parameter_counts_match_transformers(model_type, suffix):
     with torch.device("meta"):
         hf_model = getattr(transformers, prefix + suffix)(hf_config)
     theirs = sum(p.numel() for p in hf_model.parameters())  # tied and shared weights once
-    ours = nnx.eval_shape(lambda: Bert(Config.from_hf(hf_config.to_dict())))
+    ours = nnx.eval_shape(lambda: Bert(read_config(hf_config.to_dict())))
     assert sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(ours, nnx.Param))) == theirs
 
 
@@ -509,8 +509,8 @@ def test_dependency_words_encode_as_the_sentence_does(tmp_path, model_type):
 
     write_tokenizer(tmp_path, model_type)
     type_vocab_size = 2 if model_type in ("albert", "electra") else 1
-    tokenizer = tokenizer_for(tmp_path, Config(architecture=HF_CLASSES[model_type] + "Model",
-                                               type_vocab_size=type_vocab_size, pad_token_id=0))
+    tokenizer = tokenizer_for(tmp_path, config_for(HF_CLASSES[model_type] + "Model", type_vocab_size=type_vocab_size,
+                                                   pad_token_id=0))
     words = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
     ids, groups = syntax.encode_words(tokenizer, words)
     batch = tokenizer([" ".join(words)])
@@ -557,9 +557,9 @@ TOY = Family("toybert", "ToyBERT", "Toy", "toy", renames=(("width", "hidden_size
 
 @pytest.fixture
 def toy_family():
-    families.register(TOY)
+    registry.register(TOY)
     yield TOY
-    families.unregister(TOY.model_type)
+    registry.unregister(TOY.model_type)
 
 
 def _as_toy(directory):
@@ -605,38 +605,24 @@ def test_a_family_defined_in_a_test_loads_through_its_module_alone(tmp_path, toy
 
 
 def test_the_registry_is_the_modules_families():
-    """FAMILIES is exactly what the modules of families.MODULES declare, and only a registered family loads."""
-    import importlib
-
-    declared = [f for m in families.MODULES for f in importlib.import_module(f"minibert.families.{m}").FAMILIES]
+    """FAMILIES is exactly what the modules of registry.MODULES declare, and only a registered family loads."""
+    declared = [f for module in registry.MODULES for f in module.FAMILIES]
     assert list(FAMILIES.values()) == declared
     with pytest.raises(minibert.ConfigError, match="model_type 'toybert' is not a family"):
-        Config.from_hf({"model_type": "toybert"})
+        read_config({"model_type": "toybert"})
     with pytest.raises(minibert.ConfigError, match="registered already"):
-        families.register(FAMILIES["bert"])
+        registry.register(FAMILIES["bert"])
 
 
 @pytest.mark.parametrize("changes,message", [
     (dict(norm="pre"), r"selects norm = 'pre', which model.Block does not compute: name the family's block code"),
-    (dict(positions="rotary", block="m:Block"), "name its block code .* and its embeddings"),
+    (dict(positions="rotary", block=model_lib.Block), "name its block code .* and its embeddings"),
     (dict(mlp="swiglu"), r"mlp 'swiglu' is not one of \('dense', 'glu'\)"),
     (dict(tokenizer="bytes"), "tokenizer 'bytes' is not one of"),
 ])
 def test_a_family_selecting_a_variation_names_its_code(changes, message):
     with pytest.raises(minibert.ConfigError, match=message):
         dataclasses.replace(TOY, **changes)
-
-
-@pytest.mark.parametrize("model_type", ["bert", "roberta", "albert"])
-def test_moved_tables_keep_their_old_names_for_a_release(model_type):
-    from minibert import checkpoint, config, sources
-
-    with pytest.deprecated_call():
-        assert checkpoint.HEAD_KEYS[model_type] == FAMILIES[model_type].head_keys
-    with pytest.deprecated_call():
-        assert set(FAMILIES[model_type].tokenizer_files) <= set(sources.HUB_FILES)
-    with pytest.deprecated_call():
-        assert config.FAMILY_VALUES.get(model_type, {}) == dict(FAMILIES[model_type].values)
 
 
 class PreLNBlock(model_lib.Block):
@@ -652,7 +638,7 @@ class PreLNBlock(model_lib.Block):
 
 
 TOY_PRE_LN = dataclasses.replace(TOY, model_type="toyprebert", name="ToyPreBERT", prefix="ToyPre", norm="pre",
-                                 block=f"{__name__}:PreLNBlock")
+                                 block=PreLNBlock)
 
 
 def pre_ln_reference(params, ids, types, mask, eps: float):
@@ -694,12 +680,12 @@ def test_a_family_plugs_in_its_own_block(tmp_path):
     settings = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(settings | {"model_type": "toyprebert",
                                                                  "architectures": ["ToyPreModel"]}))
-    families.register(TOY_PRE_LN)
+    registry.register(TOY_PRE_LN)
     try:
         model = minibert.load(tmp_path)
         out = model(batch).last_hidden_state
     finally:
-        families.unregister(TOY_PRE_LN.model_type)
+        registry.unregister(TOY_PRE_LN.model_type)
     assert all(isinstance(block, PreLNBlock) for block in model.module.blocks)
     reference = pre_ln_reference(model.params, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                                  model.config.layer_norm_eps)

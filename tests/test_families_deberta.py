@@ -26,27 +26,13 @@ from test_families_modern import PAD, VOCAB, hf_outputs, padded_batch  # ids 5â€
 from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings
 
 import minibert
-from minibert import families
-from minibert.config import Config, Heads
+from minibert.config import Config
 from minibert.errors import ConfigError, InputError, TokenizerError
-from minibert.families import deberta_v2
-from minibert.families.deberta_v2_model import enhanced_mask_decoder, log_buckets
+from minibert.families import Heads
+from minibert.families.deberta_v2 import enhanced_mask_decoder, log_buckets
+from minibert.families.reading import read_config
 from minibert.model import Bert
 from minibert.tokenizers_hf import tokenizer_for
-
-pytestmark = pytest.mark.usefixtures("deberta_registered")
-
-
-@pytest.fixture(scope="module")
-def deberta_registered():
-    """Registered for these tests whether or not families.MODULES lists it yet."""
-    registered = "deberta-v2" in families.FAMILIES
-    if not registered:
-        families.register(deberta_v2.FAMILIES[0])
-    yield
-    if not registered:
-        families.unregister("deberta-v2")
-
 
 LENGTH = 19  # longer than position_buckets: distances beyond Â±4 go to log buckets, beyond the largest to the clamp
 # DeBERTa-v3's layout (shared keys, no absolute positions, normalised relative table, no segments) at tiny sizes.
@@ -346,7 +332,7 @@ V2_XLARGE = {  # microsoft/deberta-v2-xlarge's config.json
 def test_the_v2_xlarge_config_is_refused_for_its_convolution_layer():
     """Its keys read (attention_head_size = 1536 / 24 included); the model is refused naming the convolution, also
     when built from the config alone (no checkpoint, so no key table)."""
-    config = Config.from_hf(V2_XLARGE)
+    config = read_config(V2_XLARGE)
     with pytest.raises(ConfigError, match="conv_kernel_size = 3: the convolution layer"):
         nnx.eval_shape(lambda: Bert(config))
 
@@ -369,7 +355,7 @@ def test_full_size_parameter_counts(size, suffix):
     with torch.device("meta"):
         hf_model = getattr(transformers, "DebertaV2" + suffix)(hf_config)
     theirs = sum(p.numel() for p in hf_model.parameters())  # tied weights (the MLM decoder) counted once
-    config = Config.from_hf(hf_config.to_dict())
+    config = read_config(hf_config.to_dict())
     shapes = nnx.state(nnx.eval_shape(lambda: Bert(config)), nnx.Param)
     ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
     assert ours == theirs
@@ -398,7 +384,7 @@ def test_deberta_tokenizer_matches_transformers(tmp_path):
     write_deberta_tokenizer(tmp_path)
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert (tmp_path / "tokenizer.json").exists() and not (tmp_path / "vocab.txt").exists()
-    ours = tokenizer_for(tmp_path, Config.from_hf(dict(V3, max_position_embeddings=512, model_type="deberta-v2")))
+    ours = tokenizer_for(tmp_path, read_config(dict(V3, max_position_embeddings=512, model_type="deberta-v2")))
     rng = np.random.default_rng(12)
     texts, pairs = fuzz_texts(rng, 200), fuzz_texts(rng, 200)
     for first, second in [(texts, None), (texts[:100], pairs[:100])]:
@@ -415,7 +401,7 @@ def test_deberta_tokenizer_matches_transformers(tmp_path):
 def test_a_directory_with_only_spm_model_says_how_to_convert(tmp_path):
     (tmp_path / "spm.model").write_bytes(b"\x00")  # DeBERTa-v3's SentencePiece file name
     with pytest.raises(TokenizerError, match=r"spm\.model.*save_pretrained"):
-        tokenizer_for(tmp_path, Config.from_hf(dict(V3, model_type="deberta-v2")))
+        tokenizer_for(tmp_path, read_config(dict(V3, model_type="deberta-v2")))
 
 
 def unpacked(packed: dict) -> np.ndarray:
@@ -462,3 +448,15 @@ def test_neuron_view_shows_the_three_terms(tmp_path, browser):
     pattern = np.asarray(cache.stack("hook_pattern"))[layer, 0, head, query]
     np.testing.assert_allclose(shown_column(page.page, "softmax"), pattern, rtol=0, atol=viz.views.SOFTMAX_TOLERANCE)
     assert page.problems == []
+
+
+def test_share_att_key_must_be_a_boolean_and_cls_dropout_loads(tmp_path):
+    """issue 32 A5/A8: "share_att_key": "false" (a string) read as true, silently another attention; a fine-tuned
+    config's cls_dropout (a training-only rate) was refused at load."""
+    make_deberta(tmp_path, "ForSequenceClassification", num_hidden_layers=1, **V2)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"share_att_key": "false"}))
+    with pytest.raises(ConfigError, match="share_att_key must be true or false"):
+        minibert.load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"cls_dropout": 0.1}))
+    assert minibert.load(tmp_path).config.architecture == "DebertaV2ForSequenceClassification"

@@ -25,7 +25,7 @@ import minibert
 from minibert import HookFn, analysis, training, viz
 from minibert.analysis import corpus, probes
 from minibert.api import Inputs
-from minibert.config import Config
+from minibert.families.reading import read_config
 from minibert.sites import PATTERNS
 from minibert.tokenizer import Tokenizer
 
@@ -55,7 +55,7 @@ def redrawn(model: minibert.Model, seed: int) -> dict:
 
 def tiny(model_type: str, directory, architecture: str = "ForMaskedLM", seed: int = 0) -> minibert.Model:
     """A tiny random model of the family, with a WordPiece vocabulary (the methods do not depend on it)."""
-    cfg = Config.from_hf(SIZES | FAMILY_SETTINGS[model_type] | {"model_type": model_type, "num_labels": 3,
+    cfg = read_config(SIZES | FAMILY_SETTINGS[model_type] | {"model_type": model_type, "num_labels": 3,
                                                                   "architectures": [PREFIX[model_type] + architecture]})
     write_vocab(directory, VOCAB)
     tokenizer = Tokenizer.from_dir(directory, segments=cfg.family.token_types)

@@ -26,6 +26,8 @@ import minibert
 from minibert.config import Config
 from minibert.errors import ConfigError, InputError
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
+from minibert.families.reading import read_config
+from minibert.families.registry import config_for
 from minibert.model import Bert
 from minibert.tokenizers_hf import tokenizer_for
 
@@ -171,7 +173,7 @@ def test_older_config_keys_give_the_same_layers(tmp_path):
                local_rope_theta=10_000.0, model_type="modernbert")
     new = hf.to_dict()
     for source in (old, new):
-        config = Config.from_hf(source)
+        config = read_config(source)
         assert layer_kinds(config) == tuple(hf.layer_types)
         for kind in (GLOBAL, LOCAL):
             assert rope_theta(config, kind) == hf.rope_parameters[kind]["rope_theta"]
@@ -193,7 +195,7 @@ def test_unsupported_settings_are_refused(tmp_path, change, named):
 
 def test_a_model_built_from_a_config_alone_is_refused_alike():
     """Without a checkpoint there is no key table to check the config: the model's code checks it."""
-    config = Config.from_hf(dict(MODERN, model_type="modernbert", classifier_pooling="max"))
+    config = read_config(dict(MODERN, model_type="modernbert", classifier_pooling="max"))
     with pytest.raises(ConfigError, match="classifier_pooling"):
         nnx.eval_shape(lambda: Bert(config))
 
@@ -212,7 +214,7 @@ def test_full_size_parameter_counts(size, suffix):
     hf_config = transformers.ModernBertConfig(**FULL_SIZE[size], architectures=["ModernBert" + suffix])
     with torch.device("meta"):
         theirs = sum(p.numel() for p in getattr(transformers, "ModernBert" + suffix)(hf_config).parameters())
-    config = Config.from_hf(hf_config.to_dict())
+    config = read_config(hf_config.to_dict())
     shapes = nnx.state(nnx.eval_shape(lambda: Bert(config)), nnx.Param)
     ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
     assert ours == theirs
@@ -245,8 +247,8 @@ def test_modernbert_tokenizer_matches_transformers(tmp_path):
 
     write_modernbert_tokenizer(tmp_path)
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    ours = tokenizer_for(tmp_path, Config(architecture="ModernBertModel", type_vocab_size=1,
-                                          pad_token_id=hf_tokenizer.pad_token_id))
+    ours = tokenizer_for(tmp_path, config_for("ModernBertModel", type_vocab_size=1,
+                                              pad_token_id=hf_tokenizer.pad_token_id))
     rng = np.random.default_rng(11)
     texts, pairs = fuzz_texts(rng, 200), fuzz_texts(rng, 200)
     for first, second in [(texts, None), (texts[:100], pairs[:100])]:
@@ -305,3 +307,20 @@ def test_patching_runs_through_modernbert_blocks(tmp_path):
         expected = float(metric(model.run_with_hooks(corrupted, {name: patch}))[0])
         _, head_tol = rtols(model.config, 9)
         assert abs(grid[layer, position] - expected) <= head_tol * abs(grid).max()
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("local_rope_theta", 0, "local_rope_theta must be a finite number > 0, got 0"),  # loaded, then NaN everywhere
+    ("norm_eps", -1, "norm_eps must be a finite number > 0, got -1"),
+    ("global_rope_theta", "abc", "global_rope_theta must be a finite number > 0, got 'abc'"),  # a raw ValueError
+    ("norm_eps", "x", "norm_eps must be a finite number > 0, got 'x'"),
+    ("norm_bias", "false", "norm_bias must be true or false"),  # the string read as true
+])
+def test_numeric_and_boolean_settings_are_checked_at_load(tmp_path, key, value, named):
+    """issue 32 A5/C: each of these loaded (or raised a raw exception) and gave NaN or a silently other model."""
+    make_modernbert(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_parameters", None)  # the pre-transformers-5 keys, as Hub configs carry them
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {key: value}))
+    with pytest.raises(ConfigError, match=named):
+        minibert.load(tmp_path)

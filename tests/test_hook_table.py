@@ -9,9 +9,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from minibert import BertConfig, Model
+from minibert import Model
 from minibert.app.cli import main
-from minibert.config import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES
+from minibert.config import Config
+from minibert.families.registry import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES, config_for
 from minibert.sites import SITES, Site, all_hook_names, hook_names, site, site_axes, site_doc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
@@ -21,13 +22,12 @@ SIZES = {"B": 2, "T": 3, "S": 3, "H": 4, "K": 6, "D": 24, "E": 24, "F": 7, "V": 
 PROJECTED_E = 9
 
 
-def tiny_config(architecture: str, layers: int = 2) -> BertConfig:
+def tiny_config(architecture: str, layers: int = 2) -> Config:
     """A tiny config of any registered architecture at SIZES (projected embeddings where the family has them)."""
     projects = FAMILIES[ARCHITECTURE_FAMILY[architecture]].projection is not None
-    return BertConfig(vocab_size=SIZES["V"], hidden_size=SIZES["D"], num_hidden_layers=layers,
+    return config_for(architecture, vocab_size=SIZES["V"], hidden_size=SIZES["D"], num_hidden_layers=layers,
                       num_attention_heads=SIZES["H"], intermediate_size=SIZES["F"], max_position_embeddings=8,
-                      architecture=architecture, id2label=("a", "b", "c"),
-                      embedding_size=PROJECTED_E if projects else None)
+                      id2label=("a", "b", "c"), embedding_size=PROJECTED_E if projects else None)
 
 
 def test_docs_table_is_what_the_code_generates(tmp_path):

@@ -1,8 +1,8 @@
-"""The package's layers: every import points down (or sideways within a layer), and `import minibert`
-stays light (no matplotlib).
+"""The package's layers: every import points down (or sideways within a layer), no module imports one that
+imports it back (the import graph has no cycle), and `import minibert` stays light (no matplotlib).
 
-    app (cli, demo)  →  analysis, viz  →  api  →  model, hooks, tokenizer(s), checkpoint, sources, accounting
-                     →  config  →  errors
+    app (cli, demo)  →  analysis, viz, training  →  api  →  config, families, model, hooks, sites, tokenizer(s),
+                     checkpoint, sources, accounting  →  errors, files
 
 Imports inside functions count too: a lazy import is still a dependency.
 """
@@ -23,20 +23,19 @@ PACKAGE = Path(minibert.__file__).parent
 LAYERS = {  # module (or subpackage) → layer, lowest first
     "minibert.errors": 0,
     "minibert.deprecation": 0,  # moved names' module __getattr__
-    "minibert.config": 1,
-    "minibert.families": 1,  # one module per family; config reads the registry
-    # a family's forward code stands on model.py; model.Bert imports it by path (Family.code) when it builds
-    "minibert.families.modernbert_model": 2,
-    "minibert.families.deberta_v2_model": 2,
-    **{f"minibert.{name}": 2 for name in ("model", "hooks", "sites", "tokenizer", "tokenizers_hf", "checkpoint",
-                                          "sources", "accounting", "contract", "pooling", "buckets", "programs")},
-    "minibert.api": 3,
-    "minibert": 3,  # the package's __init__ re-exports the api and what it stands on
-    "minibert.analysis": 4,
-    "minibert.viz": 4,
-    "minibert.training": 4,  # fine-tuning stands on the api, as the analyses do
-    **{f"minibert.training.{name}": 2 for name in ("save", "optim")},  # Model.save writes through them
-    "minibert.app": 5,
+    "minibert.files": 0,
+    # The model and what it is built from and loaded with. Within the layer the direction is the import graph's
+    # (test_the_import_graph_has_no_cycle): config stands on families' records, a family's code on model.py, the
+    # registry on every family, checkpoint on the registry.
+    **{f"minibert.{name}": 1 for name in ("config", "families", "model", "attention", "hooks", "contract", "sites",
+                                          "tokenizer", "tokenizers_hf", "checkpoint", "sources", "accounting",
+                                          "buckets", "pooling", "programs")},
+    "minibert.api": 2,
+    "minibert": 2,  # the package's __init__ re-exports the api and what it stands on
+    "minibert.analysis": 3,
+    "minibert.viz": 3,
+    "minibert.training": 3,  # fine-tuning stands on the api, as the analyses do
+    "minibert.app": 4,
 }
 
 
@@ -56,11 +55,17 @@ def layer(module: str) -> int:
     return LAYERS[module]
 
 
-def imported_modules(path: Path) -> set[str]:
+def imported_modules(path: Path, typing_only: bool = True) -> set[str]:
     """The minibert modules a file imports (`from minibert import viz` is minibert.viz; `from minibert
-    import Model` is the package itself)."""
+    import Model` is the package itself); without `typing_only`, not those under `if TYPE_CHECKING:`, which never
+    run."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set() if typing_only else {id(node) for guard in ast.walk(tree) if _is_type_checking_guard(guard)
+                                         for stmt in guard.body for node in ast.walk(stmt)}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -72,7 +77,39 @@ def imported_modules(path: Path) -> set[str]:
     return {name for name in found if name == "minibert" or name.startswith("minibert.")}
 
 
+def _is_type_checking_guard(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and _dotted(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def import_graph(paths) -> dict[str, set[str]]:
+    """module → the minibert modules it imports when it runs (a function's imports included)."""
+    return {module_name(path): imported_modules(path, typing_only=False) - {module_name(path)} for path in paths}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph as [a, b, …, a], or [] when it has none (depth-first search, three colours)."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        stack.append(node)
+        for successor in sorted(graph.get(node, ())):
+            if state.get(successor) == "open":
+                return stack[stack.index(successor):] + [successor]
+            if successor not in state and (cycle := visit(successor)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return []
 
 
 def test_every_module_has_a_layer():
@@ -92,6 +129,24 @@ def test_imports_point_down(path):
     upward = {name: layer(name) for name in imported_modules(path)
               if layer(name) > layer(module) and name not in MOVED_UP.get(module, ())}
     assert not upward, f"{module} (layer {layer(module)}) imports from layers above it: {upward}"
+
+
+def test_the_import_graph_has_no_cycle():
+    """No minibert module imports (directly or through others) a module that imports it: each can be read, and
+    loaded, after what it stands on. A package's __init__ importing its own modules is an edge like any other."""
+    cycle = find_cycle(import_graph(SOURCES))
+    assert not cycle, f"minibert's modules import each other in a circle: {' → '.join(cycle)}"
+
+
+def test_cycle_check_sees_a_cycle_and_skips_typing_only_imports(tmp_path):
+    """The check itself can fail: a circle of three modules is found, a chain is not, and an import under
+    `if TYPE_CHECKING:` (annotations only; it never runs) is no edge."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+    (tmp_path / "keys.py").write_text("from typing import TYPE_CHECKING\nfrom minibert import errors\n"
+                                      "if TYPE_CHECKING:\n    from minibert.config import Config\n")
+    assert imported_modules(tmp_path / "keys.py", typing_only=False) == {"minibert.errors"}
+    assert imported_modules(tmp_path / "keys.py") == {"minibert.errors", "minibert.config"}
 
 
 def test_layer_check_sees_an_upward_import(tmp_path):

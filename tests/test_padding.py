@@ -47,13 +47,13 @@ def test_wordpiece_batch_mixes_single_sentences_and_pairs(bundled, bundled_dir):
 def test_tokenizers_library_batch_mixes_single_sentences_and_pairs(tmp_path):
     from test_families import write_tokenizer
 
-    from minibert.config import Config
+    from minibert.families.registry import config_for
     from minibert.tokenizers_hf import SubwordTokenizer, tokenizer_for
 
     write_tokenizer(tmp_path, "roberta")
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    ours = tokenizer_for(tmp_path, Config(architecture="RobertaModel", type_vocab_size=1,
-                                          pad_token_id=hf_tokenizer.pad_token_id))
+    ours = tokenizer_for(tmp_path, config_for("RobertaModel", type_vocab_size=1,
+                                              pad_token_id=hf_tokenizer.pad_token_id))
     assert isinstance(ours, SubwordTokenizer)
     batch = ours(MIXED_TEXTS, MIXED_PAIRS)
     assert_rows_match_transformers(batch, hf_tokenizer, MIXED_TEXTS, MIXED_PAIRS, hf_tokenizer.pad_token_id)

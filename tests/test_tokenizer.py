@@ -257,12 +257,12 @@ ROBERTA_VOCAB = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": 4, "a": 
     (json.dumps(ROBERTA_VOCAB)[:30], "#version: 0.2\na b\n", "EOF while parsing"),
 ])
 def test_vocab_json_and_merges_that_do_not_fit_are_named(tmp_path, vocab, merges, message):
-    from minibert.config import Config
+    from minibert.families.registry import config_for
     from minibert.tokenizers_hf import tokenizer_for
 
     (tmp_path / "vocab.json").write_text(vocab)
     (tmp_path / "merges.txt").write_text(merges)
-    config = Config(architecture="RobertaModel", type_vocab_size=1, pad_token_id=1)
+    config = config_for("RobertaModel", type_vocab_size=1, pad_token_id=1)
     if message is None:
         assert tokenizer_for(tmp_path, config)("ab").tokens == [["<s>", "ab", "</s>"]]
         return

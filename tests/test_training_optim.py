@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from minibert import checkpoint
-from minibert.config import BertConfig
 from minibert.errors import InputError
+from minibert.families.reading import read_config
 from minibert.training import optim
 from tests.tolerances import U32, sum_rtol
 
@@ -107,7 +107,7 @@ def test_decay_mask_is_the_trainers(tmp_path):
     hf = make_hf_model(tmp_path, "BertForSequenceClassification", num_labels=3)
     # The method reads nothing of the Trainer (whose construction needs accelerate, not installed here).
     hf_decays = set(transformers.Trainer.get_decay_parameter_names(None, hf))
-    cfg = BertConfig.from_hf(tmp_path)
+    cfg = read_config(tmp_path)
     table = checkpoint.key_table(cfg)
     prefix = cfg.family.key_prefix + "."
     ours = {table[key.removeprefix(prefix)][0]: key in hf_decays for key, _ in hf.named_parameters()}

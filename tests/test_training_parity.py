@@ -15,9 +15,9 @@ import transformers
 
 import minibert
 from minibert import training
+from minibert.checkpoint import hf_tensors
 from minibert.training import data as data_
 from minibert.training import optim
-from minibert.training.save import hf_tensors
 from tests.conftest import make_hf_model
 from tests.tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings, forward_rtol
 

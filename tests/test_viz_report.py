@@ -11,7 +11,7 @@ import types
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.config import FAMILIES
+from minibert.families.registry import FAMILIES
 from minibert.viz import report
 
 HOSTILE = "<img src=x onerror=alert(1)>"

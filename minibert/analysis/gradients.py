@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.config import architectures_with
 from minibert.errors import AnalysisError, InputError
+from minibert.families.registry import architectures_with
 from minibert.hooks import Cache
 from minibert.model import Output
 from minibert.sites import PATTERNS

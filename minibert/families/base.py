@@ -1,14 +1,14 @@
 """Family: everything that makes one model_type differ from BERT, in one record.
 
-A family module (bert.py, roberta.py, …) builds its Family and lists it in FAMILIES; families/__init__.py
-registers every module named in its one table. Config, checkpoint, model, the tokenizers and sources read
-only this record, so a new family is its module plus one word in that table (docs: families/__init__.py).
+A family module (bert.py, roberta.py, …) builds its Family, with its own forward code where BERT's does not
+compute it, and lists it in FAMILIES; families/registry.py registers every module named in its one table.
+Config carries its Family; checkpoint, model, the tokenizers and sources read only this record, so a new family is
+its module plus one word in that table (docs/families.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -101,20 +101,19 @@ class Family:
     positions: str = "table"
     mlp: str = "dense"
     attention: str = "full"
-    # "module:Class" of an nnx.Module built as Class(cfg, dtype, rngs) that replaces model.Block (called as
-    # block(resid, key_mask, hooks, name)) or model.Embeddings (embed(input_ids, token_type_ids, hooks)).
-    # A path, not the class, so a family module need not import model.py (which imports config, which
-    # imports the families).
-    block: str | None = None
-    embeddings: str | None = None
-    # "module:Class" replacing the head stage (model.Bert.head): built as Class(cfg, dtype, rngs), called as
+    # The family's own forward code, classes of its module (None: model.py's): an nnx.Module built as
+    # Class(cfg, dtype, rngs, layer) that replaces model.Block (called as block(resid, key_mask, hooks, name)), and
+    # one built as Class(cfg, dtype, rngs) that replaces model.Embeddings (embed(input_ids, token_type_ids, hooks)).
+    block: type | None = None
+    embeddings: type | None = None
+    # Replaces the head stage (model.Bert.head): built as Class(cfg, dtype, rngs), called as
     # head(hidden, word_embeddings, hooks, dropout, key_mask) → model.Output. For a family whose heads are not
     # BERT's pooler / MLM / classifier (ModernBERT: a final LayerNorm, then dense → act → norm before each head).
-    head: str | None = None
-    # "module:Class" of encoder-level state every block reads (DeBERTa's relative-position table): built once as
+    head: type | None = None
+    # Encoder-level state every block reads (DeBERTa's relative-position table): built once as
     # Class(cfg, dtype, rngs) into model.Bert.shared, its weights stored once, and passed to each block call as
     # block(…, shared=it).
-    shared: str | None = None
+    shared: type | None = None
 
     def __post_init__(self):
         if self.tokenizer not in TOKENIZER_FILES:
@@ -138,13 +137,18 @@ class Family:
     def tokenizer_files(self) -> tuple[str, ...]:
         return TOKENIZER_FILES[self.tokenizer]
 
-    def code(self, part: str, default: type) -> type:
-        """The class the family names for `part` ("block" or "embeddings"), else model.py's `default`."""
-        path = getattr(self, part)
-        if path is None:
-            return default
-        module, _, name = path.partition(":")
-        return getattr(importlib.import_module(module), name)
+    def architectures(self) -> dict[str, Heads]:
+        """The family's class names of config.json → the heads on top (<prefix>Model, <prefix>ForMaskedLM, …).
+        Sequence classifiers of families without a pooler put a dense layer and the family's activation on token 0:
+        minibert calls that layer the pooler."""
+        suffixes = {
+            "Model": Heads(pooler=self.base_pooler),
+            "ForMaskedLM": Heads(pooler=False, mlm=True),
+            "ForPreTraining": self.pretraining,
+            "ForSequenceClassification": Heads(pooler=True, classifier="sequence"),
+            "ForTokenClassification": Heads(pooler=False, classifier="token"),
+        }
+        return {self.prefix + suffix: heads for suffix, heads in suffixes.items() if heads is not None}
 
 
 def _choices(family: Family, selected: dict[str, bool]) -> str:

@@ -1,5 +1,6 @@
-"""BERT (Devlin et al., 2019): the family every default of Family describes."""
+"""BERT (Devlin et al., 2019): the family every default of Family describes, and Config's default family."""
 
 from minibert.families.base import Family, Heads
 
-FAMILIES = (Family("bert", "BERT", "Bert", "bert", pretraining=Heads(pooler=True, mlm=True, nsp=True)),)
+BERT = Family("bert", "BERT", "Bert", "bert", pretraining=Heads(pooler=True, mlm=True, nsp=True))
+FAMILIES = (BERT,)

@@ -1,14 +1,14 @@
-"""Training inside minibert: fine-tuning (finetune), its data (examples), saving for transformers (save), and
-the optimiser every trainer shares (optim).
+"""Training inside minibert: fine-tuning (finetune), its data (examples), saving for transformers (save, which
+minibert.checkpoint writes), and the optimiser every trainer shares (optim).
 
     from minibert import training
     result = training.finetune(model, training.examples("train.tsv"), task="sequence-classification")
     result.model.save("out/")
 """
 
+from minibert.checkpoint import save
 from minibert.training import optim
 from minibert.training.data import TASKS, Example, examples
 from minibert.training.finetune import History, Result, finetune, with_head
-from minibert.training.save import save
 
 __all__ = ["TASKS", "Example", "History", "Result", "examples", "finetune", "optim", "save", "with_head"]

@@ -28,7 +28,7 @@ import optax
 
 from minibert import checkpoint
 from minibert.api import Inputs, Model, parameter_shapes
-from minibert.config import ARCHITECTURES, Config
+from minibert.config import Config
 from minibert.errors import InputError
 from minibert.hooks import writers_for
 from minibert.training import data as data_
@@ -64,7 +64,7 @@ class Result:
 def task_config(cfg: Config, task: str, labels: tuple[str, ...]) -> Config:
     """The model's config with the task's head (<Family>ForSequenceClassification, …) and labels."""
     architecture = cfg.family.prefix + HEAD_CLASS[data_.checked_task(task)]
-    if architecture not in ARCHITECTURES:
+    if architecture not in cfg.family.architectures():
         raise InputError(f"{cfg.family.name} has no {architecture}, so minibert cannot fine-tune it for {task}.")
     return dataclasses.replace(cfg, architecture=architecture, id2label=labels or cfg.id2label)
 

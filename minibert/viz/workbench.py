@@ -511,7 +511,7 @@ PRE_LN_STEPS = (
      "ln_final.hook_out", _QUERY, ("resid_post",)),
 )
 # DeBERTa (attention "disentangled"): post-LN BERT whose scores are three terms, each already divided by √(K·m)
-# (m = 1 + the number of position terms; minibert/families/deberta_v2_model.py). r is the relative table, δ(t, s)
+# (m = 1 + the number of position terms; minibert/families/deberta_v2.py). r is the relative table, δ(t, s)
 # the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own position projections.
 _DISENTANGLED_SCORES = (
     ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", "attn.hook_c2c",

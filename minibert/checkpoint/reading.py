@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints of the BERT family → minibert parameters, by a strict table per family.
+"""Reading Hugging Face checkpoints of the BERT family → minibert parameters, by a strict table per family.
 
 Every checkpoint key minibert reads is named in `key_table`, with the minibert
 parameter it becomes and the reshaping that puts it in the shape the maths uses
@@ -23,11 +23,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import Config, read_json_object
-from minibert.deprecation import deprecated_values
+from minibert.config import Config
 from minibert.errors import CheckpointError
-from minibert.families import FAMILIES
-from minibert.families.keys import HeadKeys, Rule, as_dict  # noqa: F401 (HeadKeys re-exported)
+from minibert.families.keys import Rule
+from minibert.files import read_json_object
 
 # Keys Hugging Face saves that carry no weights (buffers).
 IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -389,13 +388,3 @@ def check_config(cfg: Config, tensors: Mapping[str, object], *, source: str = "c
     if said > max(found) + 1:
         raise CheckpointError(f"{source}: config.json says num_hidden_layers = {said}, but the weights have "
                               f"{max(found) + 1}. Fix config.json (or use the config that came with these weights).")
-
-
-_MOVED = {  # names that moved into minibert/families/ (kept one release; README "Moved")
-    "LAYER_KEYS": lambda: {t: as_dict(f.layer_keys) for t, f in FAMILIES.items()},
-    "HEAD_KEYS": lambda: {t: f.head_keys for t, f in FAMILIES.items()},
-}
-
-
-__getattr__ = deprecated_values("minibert.checkpoint", _MOVED, "each family's module in minibert/families/ holds its "
-                                                               "keys (Family.layer_keys, Family.head_keys).")

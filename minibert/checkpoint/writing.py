@@ -1,7 +1,7 @@
 """Save a Model as a Hugging Face directory: config.json, model.safetensors with transformers' key names, and
 the tokenizer files, so that transformers' AutoModelFor… (and minibert.load) read it back.
 
-The keys come from the same table that loads checkpoints (checkpoint.key_table): each rule's converter is a
+The keys come from the same table that loads checkpoints (reading.key_table): each rule's converter is a
 reshape, transpose or selection, so applying it to the index array 0 … n − 1 of the Hugging Face shape says
 where every Hugging Face entry went; the inverse is that gather run backwards. No second table to keep in step.
 """
@@ -13,19 +13,17 @@ import json
 import shutil
 from pathlib import Path
 
-import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from minibert import checkpoint
-from minibert.config import ARCHITECTURES, Config
+from minibert.checkpoint.reading import key_table, sentence_transformers_layout
+from minibert.config import Config
 from minibert.errors import DataFileError
-from minibert.training.optim import parameter_names
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json")
 # Config fields that are not config.json keys of the same name
-_NOT_KEYS = ("architecture", "id2label", "settings", "source", "embedding_size")
+_NOT_KEYS = ("family", "architecture", "id2label", "settings", "source", "embedding_size")
 
 
 def to_hf(value: np.ndarray, hf_shape: tuple[int, ...], converter, cfg: Config, key: str) -> np.ndarray:
@@ -43,9 +41,9 @@ def to_hf(value: np.ndarray, hf_shape: tuple[int, ...], converter, cfg: Config, 
 def hf_tensors(cfg: Config, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{Hugging Face key: tensor}; encoder keys carry the family's prefix (`bert.`) in head models, as
     save_pretrained writes them. Tied keys (the MLM decoder) are left out: transformers ties them on load."""
-    table = checkpoint.key_table(cfg)
+    table = key_table(cfg)
     bare = cfg.family.prefix + "Model"
-    encoder = set(checkpoint.key_table(dataclasses.replace(cfg, architecture=bare))) if bare in ARCHITECTURES else set()
+    encoder = set(key_table(dataclasses.replace(cfg, architecture=bare)))
     prefix = "" if cfg.architecture == bare else cfg.family.key_prefix + "."
     return {(prefix + key if key in encoder else key): to_hf(params[path], shape, converter, cfg, key)
             for key, (path, shape, converter) in table.items()}
@@ -75,7 +73,7 @@ def save(model, directory: str | Path) -> Path:
         raise DataFileError(f"{directory} is a file; pass a directory to save the model in.")
     directory.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    params = dict(zip(parameter_names(model.state), (np.asarray(x) for x in jax.tree_util.tree_leaves(model.state))))
+    params = {name: np.asarray(value) for name, value in model.named_parameters().items()}
     save_file(hf_tensors(cfg, params), directory / "model.safetensors", metadata={"format": "pt"})
     source = _source_dir(model)
     original = json.loads((source / "config.json").read_text()) if source and (source / "config.json").exists() \
@@ -96,4 +94,4 @@ def _source_dir(model) -> Path | None:
     source = Path(model.source)
     if not source.is_dir():
         return None
-    return checkpoint.sentence_transformers_layout(source)[0]
+    return sentence_transformers_layout(source)[0]
