@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from minibert.api import Inputs, Model, parameter_shapes
 from minibert.config import Config
 from minibert.errors import InputError
 from minibert.hooks import writers_for
+from minibert.model import GATHERED
 from minibert.training import data as data_
 from minibert.training import guards, optim
 from minibert.training.resume import Checkpoints, run_fingerprints
@@ -141,17 +143,46 @@ class Step:
     compute_dtype: object
 
     def logits(self, flat, batch, key, writer_leaves):
-        if self.compute_dtype != jnp.float32:  # bf16 compute, fp32 master weights: the cast is differentiated
-            flat = {n: p.astype(self.compute_dtype) for n, p in flat.items()}
+        flat = compute_parameters(flat, self.compute_dtype)  # differentiated: gradients reach the fp32 masters
         # The hooks' leaves are the step's arguments (traced), so new hook values reuse the compiled step.
         writers = jax.tree_util.tree_unflatten(self.writer_def, writer_leaves)
-        forward = self.model.forward_fn(hooks=writers, dropout=self.rates)
+        forward = self.model.forward_fn(hooks=writers, dropout=self.rates,
+                                        first_token_only=self.first_token_only(writers))
         inputs = Inputs(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         out, _ = forward(self.model.state_from(flat), inputs, key)
         return out.logits
 
+    def first_token_only(self, writers: Mapping) -> bool:
+        """Whether the step may compute the last block at [CLS] alone (Bert.first_token_suffices): a sequence
+        classifier's loss reads nothing else, unless a hook in the last block reads or writes another position."""
+        last = f"blocks.{self.model.config.num_hidden_layers - 1}."
+        return (self.task == "sequence-classification" and self.model.module.first_token_suffices
+                and not any(name.startswith(last) for name in writers))
+
     def loss(self, trainable, frozen, batch, key, writer_leaves):
         return task_loss(self.logits(trainable | frozen, batch, key, writer_leaves), batch, self.task)
+
+
+class LateLosses:
+    """Each update's loss, recorded one step late. float(loss) waits for the step that computed it: asked right
+    after that step is dispatched, it leaves the accelerator idle while Python prepares the next batch (a host sync
+    per step). Asked once the next step is dispatched, it waits for a step that is done or nearly so, and every
+    loss still reaches the history and the progress bar. `flush` records what is pending (before a checkpoint, an
+    evaluation, the end of the run)."""
+
+    def __init__(self, record: Callable[[int, float, int], None]):
+        self.record, self.pending = record, None  # record(update, mean loss, tokens)
+
+    def add(self, update: int, losses: list, tokens: int) -> None:
+        """Queue update's micro-batch losses (device scalars); record the update queued before it."""
+        self.flush()
+        self.pending = (update, losses, tokens)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            update, losses, tokens = self.pending
+            self.pending = None
+            self.record(update, float(np.mean([float(x) for x in losses])), tokens)
 
 
 def compiled_step(step: Step, optimizer: optax.GradientTransformation) -> Callable:
@@ -163,6 +194,18 @@ def compiled_step(step: Step, optimizer: optax.GradientTransformation) -> Callab
         return optax.apply_updates(trainable, updates), opt_state, loss
 
     return jax.jit(train, donate_argnums=(0, 2))
+
+
+def compute_parameters(flat: Mapping[str, jax.Array], dtype) -> dict[str, jax.Array]:
+    """The parameters a step computes with, cast here and nowhere else (the optimiser keeps float32 masters).
+    In `dtype`: every matmul weight and bias. Float32 still: the tables rows are gathered from (model.GATHERED:
+    their gradient sums one row per token, 8,192 adds per token-type row at 32×512, which bf16 would round at every
+    add; the embedded stream is cast once, Bert.embedding) and LayerNorm's gain and bias (LayerNorm computes in
+    float32: a bf16 gain would be converted straight back)."""
+    if dtype == jnp.float32:
+        return dict(flat)
+    return {n: p if n in GATHERED or n.rsplit(".", 1)[-1] in ("scale", "bias") else p.astype(dtype)
+            for n, p in flat.items()}
 
 
 def compiled_eval(step: Step) -> Callable:
@@ -282,6 +325,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     task = data_.checked_task(task)
     rows = data_.examples(data, task=task)
     compute_dtype = _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype)
+    if compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+        warnings.warn(CPU_BF16, stacklevel=2)
     accumulate = optim.checked_accumulate(accumulate)
     if not _whole(checkpoint_every) or checkpoint_every < 1:
         raise InputError(f"checkpoint_every={checkpoint_every!r}: pass a whole number of updates, at least 1.")
@@ -343,6 +388,15 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     shown = progress and jax.process_index() == 0  # one bar per run, not one per process
     with optim.Progress(total_steps, f"fine-tuning ({task})", enabled=shown) as bar:
         bar.bar.update(len(history.loss))
+
+        def record(update: int, loss: float, tokens: int):
+            history.loss.append(loss)
+            with jax.default_device(jax.local_devices(backend="cpu")[0]):  # not queued behind the running step
+                history.learning_rate.append(float(lr(update)))
+            guards.check_loss(loss, update + 1, total_steps, history.learning_rate[-1])
+            bar.update(loss, tokens)
+
+        late = LateLosses(record)
         for epoch in range(micro // per_epoch, epochs):
             order = data_.epoch_order(len(encoded), epoch, seed, shuffle)
             losses, tokens = [], 0
@@ -357,13 +411,12 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                 tokens += int(batch["attention_mask"].sum())
                 if micro % accumulate == 0:
                     update = micro // accumulate - 1
-                    history.loss.append(float(np.mean([float(x) for x in losses])))
-                    history.learning_rate.append(float(lr(update)))
-                    guards.check_loss(history.loss[-1], update + 1, total_steps, history.learning_rate[-1])
-                    bar.update(history.loss[-1], tokens)
+                    late.add(update, losses, tokens)
                     losses, tokens = [], 0
                     if (update + 1) % checkpoint_every == 0 and micro % per_epoch:  # the epoch's end saves below
+                        late.flush()
                         save()
+            late.flush()
             if evaluator is not None:
                 eval_settings = dict(batch_settings, mask_seed=(seed, epochs))  # the same masks every epoch
                 scores = evaluate(evaluator, trainable_params | frozen, eval_encoded, eval_settings, writer_leaves,
@@ -381,6 +434,9 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which finetune does not do
+CPU_BF16 = ("compute_dtype=bfloat16 on a CPU is slower than float32, not faster: XLA:CPU has no bf16 matmul kernels "
+            "and converts each bf16 product's operands to float32 and its result back (benchmarks/RESULTS.md, 'bf16 "
+            "compute on a CPU'). Train in float32 here; bfloat16 pays on GPUs and TPUs.")
 
 
 def _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype) -> jnp.dtype:
