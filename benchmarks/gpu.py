@@ -210,6 +210,21 @@ def probe_rows(smoke: bool) -> list[list[str]]:
     return [[f"probes, {name}", seconds, ratio, f"{100 * agreement:.1f}%"] for name, seconds, ratio in rows]
 
 
+def tiny_checkpoint(directory: Path) -> Path:
+    """A small random BertModel for --smoke (bert-base's layout, a fraction of its size)."""
+    import torch
+    import transformers
+
+    if not (directory / "model.safetensors").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, architectures=["BertModel"])
+        transformers.BertModel(cfg).eval().save_pretrained(directory)
+        (directory / "vocab.txt").write_text((harness.bundled_dir() / "vocab.txt").read_text())
+    return directory
+
+
 def sections(args):
     """The report's Markdown sections in order, each yielded as soon as it is measured (a run cut short by a time
     limit keeps what it measured); a section that fails gives its error in place of its table."""
@@ -218,8 +233,7 @@ def sections(args):
                                             ("repeats", args.repeats)) if value}
     device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
     scratch = harness.scratch_dir()
-    random_dir = (harness.tiny_checkpoint(scratch / "tiny-bert") if args.smoke
-                  else harness.make_bert_base(scratch / "bert-base"))
+    random_dir = tiny_checkpoint(scratch / "tiny-bert") if args.smoke else harness.make_bert_base(scratch / "bert-base")
     bundled = random_dir if args.smoke else Path(args.bundled or harness.bundled_dir())
     # --smoke runs the tiny model only (every code path, seconds of compiling); the bundled one in full runs.
     checkpoints = {"tiny BERT (random)": random_dir} if args.smoke else {"bert-base shape (random)": random_dir,

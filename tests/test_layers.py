@@ -118,10 +118,16 @@ def test_every_module_has_a_layer():
         layer(module_name(path))
 
 
+# Deprecated aliases whose new home is in a higher layer: the old name forwards there for one release (README,
+# "Moved") and goes with its entry here. Nothing else may import upward.
+MOVED_UP = {"minibert.analysis.corpus.distributed": {"minibert.app.distributed"}}  # corpus.initialize
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
 def test_imports_point_down(path):
     module = module_name(path)
-    upward = {name: layer(name) for name in imported_modules(path) if layer(name) > layer(module)}
+    upward = {name: layer(name) for name in imported_modules(path)
+              if layer(name) > layer(module) and name not in MOVED_UP.get(module, ())}
     assert not upward, f"{module} (layer {layer(module)}) imports from layers above it: {upward}"
 
 

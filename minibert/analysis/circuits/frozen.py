@@ -96,22 +96,23 @@ class SkipPath:
     gains: tuple[jax.Array, ...]
     biases: tuple[jax.Array, ...]
 
+    def through(self, k: int, layer, x, *, with_biases: bool = False):
+        """x [..., B, T, D] through the k-th frozen layernorm of block `layer` (none in a pre-LN block: x)."""
+        if k >= len(self.scales):
+            return x
+        centred = (x - x.mean(-1, keepdims=True)) / self.scales[k][layer]
+        return centred * self.gains[k][layer] + self.biases[k][layer] if with_biases else centred * self.gains[k][layer]
+
     def carry(self, embed, attn, mlp, *, with_biases: bool = False) -> Points:
         """The stream at every point when only `embed` [B, T, D] is written at the start, `attn` [L, B, T, D] by
         each block's attention and `mlp` [L, B, T, D] by each MLP, carried through the frozen layernorms:
         linear in what is written (with_biases=False) or affine, each layernorm adding its β (True)."""
-        def norm(k, x, sigma, gamma, beta):  # the k-th frozen layernorm of the block, or nothing (pre-LN)
-            if k >= len(self.scales):
-                return x
-            centred = (x - x.mean(-1, keepdims=True)) / sigma[k]
-            return centred * gamma[k] + beta[k] if with_biases else centred * gamma[k]
-
         def block(x, layer):
-            written_attn, written_mlp, sigma, gamma, beta = layer
-            mid = norm(0, x + written_attn, sigma, gamma, beta)
-            return norm(1, mid + written_mlp, sigma, gamma, beta), (x, mid)
+            index, written_attn, written_mlp = layer
+            mid = self.through(0, index, x + written_attn, with_biases=with_biases)
+            return self.through(1, index, mid + written_mlp, with_biases=with_biases), (x, mid)
 
-        final, (attn_in, mlp_in) = jax.lax.scan(block, embed, (attn, mlp, self.scales, self.gains, self.biases))
+        final, (attn_in, mlp_in) = jax.lax.scan(block, embed, (jnp.arange(attn.shape[0]), attn, mlp))
         return Points(attn_in, mlp_in, final)
 
 

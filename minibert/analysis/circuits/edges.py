@@ -1,0 +1,405 @@
+"""Edge attribution patching (Syed, Rager & Conmy 2023), EAP-IG (Hanna, Pezzelle & Belinkov 2024), circuits,
+their faithfulness, and path patching (Wang et al. 2022), for encoders.
+
+Nodes (docs/circuits.md). Senders write to the residual stream: the embeddings, each head's output
+o_{l,h} = z_{l,h}·W_O[h], each MLP's output. Receivers read it: each head's q, k and v input, each MLP's input,
+the output (the readout). An edge joins a sender to a later receiver; its term is the sender's change
+o_u(corrupted) − o_u(clean) carried along the skip path frozen at the clean run (frozen.py) to the receiver.
+
+    EAP       score(u→v) = ⟨P_{u→v}(o_u(corrupted) − o_u(clean)), ∂metric/∂in_v⟩ at the clean run
+    EAP-IG    the same with ∂metric/∂in_v averaged over `steps` runs whose embeddings go from corrupted to clean,
+              e(α) = e_clean − (1 − α)(e_clean − e_corrupted), α = k/steps, k = 1..steps (steps=1 is EAP)
+
+Scores are of the metric's mean over rows; a [B] metric's rows are examples of their own. A receiver's input
+gradient ∂metric/∂in_v is the gradient that flows into that receiver alone: for a head's q, k or v, back through
+its own projection (and, pre-LN, its own layernorm); for an MLP, its branch (the stream's gradient less the
+skip connection's).
+
+Patching (circuit_faithfulness, path_patching) runs the clean input with every receiver v's input changed by
+Σ_{u→v patched} P_{u→v}(o_u(corrupted) − o_u(patched run)): each edge outside the circuit brings its sender's
+corrupted output instead of the one the patched run itself computes (the clean one, for a single edge). Each
+receiver recomputes its own layernorm from its changed input, so in pre-LN families patching every edge is the
+corrupted run; in post-LN ones the frozen skip path is an approximation (m(empty) is reported beside
+m(corrupted)). Texts of different lengths align as interventions.patch_activations aligns them: padded on the
+right, nothing patched where the clean row has padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minibert.accounting import activation_bytes, items_per_chunk
+from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
+from minibert.analysis.circuits.direct import stacked
+from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
+from minibert.analysis.interventions import _paired_inputs
+from minibert.api import metric_values, traced_call
+from minibert.config import head_label
+from minibert.contract import StaticFn, static_metric
+from minibert.errors import AnalysisError
+from minibert.hooks import HookFn, add_delta
+
+METHODS = ("eap", "eap-ig")
+QKV = "qkv"
+
+
+# ---- the graph: node labels and which edges exist -------------------------------------------------------------
+
+def sender_labels(L: int, H: int) -> list[str]:
+    """"embed", then per block its heads ("L-H", 1-indexed) and "MLP l" (1-indexed): forward order."""
+    return ["embed"] + [label for layer in range(L)
+                        for label in [head_label(layer, h) for h in range(H)] + [f"MLP {layer + 1}"]]
+
+
+def receiver_labels(L: int, H: int) -> list[str]:
+    """Per block its heads' inputs ("L-H.q", .k, .v) and "MLP l in", then "output": forward order."""
+    return [label for layer in range(L)
+            for label in [f"{head_label(layer, h)}.{c}" for c in QKV for h in range(H)] + [f"MLP {layer + 1} in"]] \
+        + ["output"]
+
+
+def edge_mask(L: int, H: int) -> np.ndarray:
+    """bool [senders, receivers]: the sender writes before the receiver reads (a block's heads read what the
+    earlier blocks wrote, its MLP also what its own heads wrote; the output reads everything)."""
+    writes = np.array([0] + [2 * layer + 1 + (h == H) for layer in range(L) for h in range(H + 1)])
+    reads = np.array([2 * layer + 1 + (k == 3 * H) for layer in range(L) for k in range(3 * H + 1)] + [2 * L + 1])
+    return writes[:, None] < reads[None, :]
+
+
+@dataclasses.dataclass
+class Circuit:
+    """A set of edges: bool [senders, receivers] (True = kept clean), with the graph's node labels."""
+
+    edges: np.ndarray
+    senders: list[str]
+    receivers: list[str]
+
+    @property
+    def size(self) -> int:
+        return int(self.edges.sum())
+
+    def edge_list(self) -> list[tuple[str, str]]:
+        return [(self.senders[u], self.receivers[v]) for u, v in zip(*np.nonzero(self.edges))]
+
+
+@dataclasses.dataclass
+class CircuitGraph:
+    """Edge scores [senders, receivers] (0 where no edge joins them), the nodes' labels and the edges that exist."""
+
+    scores: np.ndarray
+    senders: list[str]
+    receivers: list[str]
+    edges: np.ndarray
+    layers: int
+    heads: int
+    method: str
+
+    def circuit(self, top: int | None = None, threshold: float | None = None) -> Circuit:
+        """The `top` edges by |score|, or every edge with |score| ≥ threshold."""
+        if (top is None) == (threshold is None):
+            raise AnalysisError("circuit takes top=n (the n edges with the largest |score|) or threshold=t (every "
+                                "edge with |score| ≥ t); pass one of them.")
+        magnitude = np.where(self.edges, np.abs(self.scores), -np.inf)
+        if threshold is not None:
+            return Circuit(self.edges & (magnitude >= threshold), self.senders, self.receivers)
+        if not isinstance(top, (int, np.integer)) or top < 0:
+            raise AnalysisError(f"top must be a number of edges ≥ 0; got {top!r}.")
+        kept = np.zeros(magnitude.size, bool)
+        kept[np.argsort(-magnitude, axis=None, kind="stable")[:min(int(top), int(self.edges.sum()))]] = True
+        return Circuit(kept.reshape(magnitude.shape), self.senders, self.receivers)
+
+    def sweep(self, sizes: Sequence[int]) -> list[Circuit]:
+        """circuit(top=n) for each n of `sizes`: what circuit_faithfulness takes for a faithfulness curve."""
+        return [self.circuit(top=n) for n in sizes]
+
+    def top_edges(self, n: int = 10) -> list[tuple[str, str, float]]:
+        """The n edges with the largest |score|: (sender, receiver, score)."""
+        kept = self.circuit(top=n).edges
+        ranked = sorted(zip(*np.nonzero(kept)), key=lambda uv: -abs(self.scores[uv]))
+        return [(self.senders[u], self.receivers[v], float(self.scores[u, v])) for u, v in ranked]
+
+
+# ---- what a run reads and writes --------------------------------------------------------------------------------
+
+def _sender_names(model) -> list[str]:
+    L = model.config.num_hidden_layers
+    return ["hook_full_embed", *[f"blocks.{i}.{s}" for s in ("attn.hook_result", "hook_mlp_out") for i in range(L)]]
+
+
+def _senders(model, captured) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(e [B, T, D], heads [L, B, T, H, D], mlps [L, B, T, D]) of a run's captures."""
+    return (captured["hook_full_embed"], stacked(captured, model, "attn.hook_result"),
+            stacked(captured, model, "hook_mlp_out"))
+
+
+def attention_inputs(model, state, layer: int, resid, inputs) -> tuple[jax.Array, ...]:
+    """Block `layer`'s q, k, v [B, T, H, K] computed from the stream resid [B, T, D] entering it (the block runs
+    through model.block; in a compiled program everything after q, k, v is dropped as unused)."""
+    names = [f"blocks.{layer}.attn.hook_{c}" for c in QKV]
+    hooks = model.hook_points(names=names)
+    model.block(state, layer, resid, inputs, hooks)
+    return tuple(hooks.captured[n] for n in names)
+
+
+def _replace(value, ctx, new):
+    return new.astype(value.dtype)
+
+
+def _head_input_gradients(model, state, layer: int, resid, inputs, g) -> jax.Array:
+    """[3, H, B, T, D]: ∂metric/∂ the input of each head's q, k and v in block `layer`, from the gradients g
+    [3, B, T, H, K] at q, k, v: each (c, h) part of g pulled back alone through q, k, v's computation from the
+    stream resid [B, T, D] entering the block."""
+    H = g.shape[-2]
+    _, pullback = jax.vjp(lambda x: attention_inputs(model, state, layer, x, inputs), resid)
+    one_hot = jnp.eye(3 * H).reshape(3 * H, 3, 1, 1, H, 1)  # (c, h) → its own part of g
+    return jax.vmap(lambda part: pullback(tuple(part))[0])(one_hot * g[None]).reshape(3, H, *resid.shape)
+
+
+def _receiver_gradients(model, state, inputs, embedding, *, metric: StaticFn) -> dict:
+    """∂(mean metric)/∂ each receiver's input, the embeddings' output replaced by `embedding`: "attn"
+    [L, 3, H, B, T, D], "mlp" [L, B, T, D], "output" [B, T, D]."""
+    cfg = model.config
+    L, H, K = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
+    B, T = inputs.shape
+    points = point_names(model)
+    qkv = [f"blocks.{i}.attn.hook_{c}" for i in range(L) for c in QKV]
+    skips = [f"blocks.{i}.hook_resid_post" for i in range(L)]
+    streams = sorted(set(points["mlp_in"] + skips + points["final"]))
+    zeros = {n: jnp.zeros((B, T, H, K), jnp.float32) for n in qkv} | \
+        {n: jnp.zeros((B, T, cfg.hidden_size), jnp.float32) for n in streams}
+
+    def objective(deltas):
+        hooks = {"hook_full_embed": HookFn(_replace, new=embedding)} | \
+            {n: HookFn(add_delta, delta=d) for n, d in deltas.items()}
+        out, captured = model.forward_fn(points["attn_in"], hooks)(state, inputs)
+        return metric_values(traced_call(metric.fn, out), B).mean(), captured
+
+    grads, captured = jax.grad(objective, has_aux=True)(zeros)
+    per_head = jnp.stack([_head_input_gradients(model, state, layer, captured[points["attn_in"][layer]], inputs,
+                                                jnp.stack([grads[f"blocks.{layer}.attn.hook_{c}"] for c in QKV]))
+                          for layer in range(L)])
+    mlp = jnp.stack([grads[points["mlp_in"][i]] - grads[skips[i]] for i in range(L)])  # the MLP's branch alone
+    return {"attn": per_head, "mlp": mlp, "output": grads[points["final"][0]]}
+
+
+def _sender_table(L: int, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind: 0 embed, 1 head, 2 MLP; layer; head) of every sender, in sender_labels' order."""
+    kind, layer, head = [0], [0], [0]
+    for i in range(L):
+        kind += [1] * H + [2]
+        layer += [i] * (H + 1)
+        head += list(range(H)) + [0]
+    return np.array(kind), np.array(layer), np.array(head)
+
+
+def _written(L: int, sender, change):
+    """What sender (kind, layer, head) writes where, for SkipPath.carry: (e, attn [L], mlp [L]) from the senders'
+    changes (e [B, T, D], heads [L, B, T, H, D], mlps [L, B, T, D])."""
+    kind, layer, head = sender
+    e, heads, mlps = change
+    at = (jnp.arange(L) == layer)[:, None, None, None]
+    return (jnp.where(kind == 0, e, 0.0), jnp.where(at & (kind == 1), heads[layer, :, :, head][None], 0.0),
+            jnp.where(at & (kind == 2), mlps[layer][None], 0.0))
+
+
+def _edge_scores(model, state, clean, corrupt, weights, alphas, senders, *, metric: StaticFn, step_chunk: int,
+                 sender_chunk: int):
+    """Every edge's score [senders, receivers] (compiled with model.jit): the clean and corrupted runs, the
+    receivers' gradients averaged over the steps, each sender's change carried to every receiver."""
+    cfg = model.config
+    L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    names = _sender_names(model) + scale_names(model)
+    _, clean_values = model.forward_fn(names)(state, clean)
+    _, corrupt_values = model.forward_fn(names)(state, corrupt)
+    skip = skip_path(model, clean_values, weights)
+    real = clean.attention_mask.astype(jnp.float32)[:, :, None]  # nothing is patched where the clean row pads
+    (e, heads, mlps), (e0, heads0, mlps0) = _senders(model, corrupt_values), _senders(model, clean_values)
+    change = (real * (e - e0), real[..., None] * (heads - heads0), real * (mlps - mlps0))
+    e_clean = clean_values["hook_full_embed"]
+    towards_clean = lambda alpha: _receiver_gradients(  # noqa: E731
+        model, state, clean, e_clean - (1 - alpha) * (e_clean - corrupt_values["hook_full_embed"]), metric=metric)
+    grads = jax.tree_util.tree_map(lambda g: g / alphas.shape[0], chunked_sum(towards_clean, alphas, step_chunk))
+
+    def scores_of(sender):
+        reached = skip.carry(*_written(L, sender, change))
+        heads = jnp.einsum("LBTD,LCHBTD->LCH", reached.attn_in, grads["attn"]).reshape(L, 3 * H)
+        mlps = jnp.einsum("LBTD,LBTD->L", reached.mlp_in, grads["mlp"])
+        return jnp.concatenate([jnp.concatenate([heads, mlps[:, None]], 1).ravel(),
+                                (reached.final * grads["output"]).sum()[None]])
+
+    return chunked_map(scores_of, senders, sender_chunk)
+
+
+def _check_method(method: str, steps: int) -> np.ndarray:
+    """The α of the gradient runs: [1] for EAP (the clean run), k/steps for EAP-IG."""
+    if method not in METHODS:
+        raise AnalysisError(f"method must be one of {METHODS}; got {method!r}.")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise AnalysisError(f"steps must be a positive int (EAP-IG's interpolation runs; 5 by default); got "
+                            f"{steps!r}.")
+    return np.ones(1) if method == "eap" else np.arange(1, steps + 1) / steps
+
+
+def _stream_bytes(model, inputs) -> int:
+    B, T = inputs.shape
+    return B * T * model.config.hidden_size * 4
+
+
+def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "eap", steps: int = 5) -> CircuitGraph:
+    """Every edge's attribution score (module docstring) for `metric(output)` (one value per row, or one for the
+    batch; its mean over rows) between the `clean` and `corrupted` batches → CircuitGraph. method "eap": the
+    gradient at the clean run; "eap-ig": averaged over `steps` runs interpolating the embeddings. One compiled
+    program: the steps and the senders each run in chunks sized to accounting.MEMORY_BUDGET."""
+    alphas = _check_method(method, steps)
+    layout(model)
+    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    cfg = model.config
+    L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    B, T = clean_inputs.shape
+    stream = _stream_bytes(model, clean_inputs)
+    step_bytes = activation_bytes(cfg, B, T, blocks=L, backward=True) + (3 * L * H + L + 1) * stream
+    program = model.jit(_edge_scores, static_argnames=("metric", "step_chunk", "sender_chunk"))
+    senders = tuple(jnp.asarray(a) for a in _sender_table(L, H))
+    scores = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model), jnp.asarray(alphas, jnp.float32),
+                     senders, metric=static_metric(metric), step_chunk=items_per_chunk(step_bytes, len(alphas)),
+                     sender_chunk=items_per_chunk((2 * L + 2) * stream, len(senders[0])))
+    edges = edge_mask(L, H)
+    return CircuitGraph(np.where(edges, np.asarray(scores), 0.0), sender_labels(L, H), receiver_labels(L, H), edges,
+                        L, H, method)
+
+
+# ---- patching edges: circuits, faithfulness, path patching ------------------------------------------------------
+
+def _one_head_each(changed) -> jax.Array:
+    """[H, B, T, H, K] (run h's own values for every head) → [B, T, H, K]: head h's values from run h."""
+    H = changed.shape[0]
+    return (changed * jnp.eye(H)[:, None, None, :, None]).sum(0)
+
+
+def _changed_head_inputs(model, state, layer: int, x, inputs, changes) -> dict:
+    """Hooks adding to block `layer`'s q, k, v what each head's own input change changes [3, H, B, T, D] make of
+    them: head h's q recomputed from x + changes[0, h] (through its layernorm, pre-LN), less the unchanged q."""
+    unchanged = attention_inputs(model, state, layer, x, inputs)
+    hooks = {}
+    for c, part in enumerate(QKV):
+        changed = jax.vmap(lambda d, c=c: attention_inputs(model, state, layer, x + d, inputs)[c])(changes[c])
+        hooks[f"blocks.{layer}.attn.hook_{part}"] = HookFn(add_delta, delta=_one_head_each(changed) - unchanged[c])
+    return hooks
+
+
+def _patched_metric(model, state, clean, corrupt, skip, real, cut, *, metric: StaticFn) -> jax.Array:
+    """The mean metric of the clean run with each receiver's input changed by its patched edges' terms (module
+    docstring); cut [senders, receivers] is 1 on patched edges. The stages run one block at a time: each
+    receiver's input is known only once the blocks before it ran."""
+    cfg, lay = model.config, layout(model)
+    L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    e_corrupt, heads_corrupt, mlps_corrupt = corrupt
+    x = model.embed(state, clean)
+    # pending[u]: sender u's corrupted output less its output in this run, carried to the current point
+    pending = jnp.zeros((1 + L * (H + 1), *x.shape), jnp.float32).at[0].set(real * (e_corrupt - x))
+    width = 3 * H + 1
+    for layer in range(L):
+        column, first_head = layer * width, 1 + layer * (H + 1)
+        into_heads = jnp.einsum("UBTD,UR->RBTD", pending, cut[:, column:column + 3 * H]).reshape(3, H, *x.shape)
+        head_hooks = _changed_head_inputs(model, state, layer, x, clean, into_heads)
+        attention = model.hook_points(head_hooks, names=[f"blocks.{layer}.attn.hook_result"])
+        model.block(state, layer, x, clean, attention)
+        heads_now = jnp.moveaxis(attention.captured[f"blocks.{layer}.attn.hook_result"], 2, 0)  # [H, B, T, D]
+        pending = pending.at[first_head:first_head + H].set(real * (jnp.moveaxis(heads_corrupt[layer], 2, 0)
+                                                                   - heads_now))
+        pending = skip.through(0, layer, pending)
+        into_mlp = jnp.einsum("UBTD,U->BTD", pending, cut[:, column + 3 * H])
+        # the MLP alone reads its changed input: the skip connection takes the change back out
+        mlp_hooks = head_hooks | {f"blocks.{layer}.{lay.mlp_in}": HookFn(add_delta, delta=into_mlp),
+                                  f"blocks.{layer}.hook_resid_post": HookFn(add_delta, delta=-into_mlp)}
+        block = model.hook_points(mlp_hooks, names=[f"blocks.{layer}.hook_mlp_out"])
+        x_next = model.block(state, layer, x, clean, block)
+        mlp_now = block.captured[f"blocks.{layer}.hook_mlp_out"]
+        pending = skip.through(1, layer, pending.at[first_head + H].set(real * (mlps_corrupt[layer] - mlp_now)))
+        x = x_next
+    out = model.head(state, x + jnp.einsum("UBTD,U->BTD", pending, cut[:, -1]))
+    return metric_values(traced_call(metric.fn, out), clean.shape[0]).mean()
+
+
+def _circuit_metrics(model, state, clean, corrupt, weights, cuts, *, metric: StaticFn, chunk: int):
+    """(the patched metric of every cut [N, senders, receivers] → [N], the corrupted run's metric) (model.jit)."""
+    names = _sender_names(model) + scale_names(model)
+    _, clean_values = model.forward_fn(names)(state, clean)
+    corrupt_out, corrupt_values = model.forward_fn(names)(state, corrupt)
+    skip = skip_path(model, clean_values, weights)
+    real = clean.attention_mask.astype(jnp.float32)[:, :, None]
+    corrupt_senders = _senders(model, corrupt_values)
+    patched = chunked_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
+                                                      metric=metric), cuts, chunk)
+    return patched, metric_values(traced_call(metric.fn, corrupt_out), corrupt.shape[0]).mean()
+
+
+def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float]:
+    layout(model)
+    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    cfg = model.config
+    B, T = clean_inputs.shape
+    run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
+        _stream_bytes(model, clean_inputs)
+    program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"))
+    patched, corrupt = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
+                               jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
+                               chunk=items_per_chunk(run_bytes, len(cuts)))
+    return np.asarray(patched), float(corrupt)
+
+
+@dataclasses.dataclass
+class Faithfulness:
+    """m(C) of each circuit with its size (edges kept), m(full graph) = `clean`, m(empty graph) = `empty` and
+    the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted))."""
+
+    sizes: np.ndarray
+    metrics: np.ndarray
+    clean: float
+    corrupted: float
+    empty: float
+
+    @property
+    def values(self) -> np.ndarray:
+        return (self.metrics - self.corrupted) / (self.clean - self.corrupted)
+
+
+def _graph_shape(model) -> tuple[int, int]:
+    return model.config.num_hidden_layers, model.config.num_attention_heads
+
+
+def circuit_faithfulness(model, clean, corrupted, metric: Callable,
+                         circuit: Circuit | Sequence[Circuit]) -> Faithfulness:
+    """Faithfulness of one circuit or of each of a list (graph.sweep(sizes) for a curve): the clean run with every
+    edge outside the circuit patched (module docstring), against the full graph (m(clean)) and the corrupted run.
+    Every circuit, the full graph and the empty one run in one compiled program, in chunks."""
+    circuits = [circuit] if isinstance(circuit, Circuit) else list(circuit)
+    edges = edge_mask(*_graph_shape(model))
+    if not circuits or any(c.edges.shape != edges.shape for c in circuits):
+        raise AnalysisError(f"circuit_faithfulness takes a Circuit (graph.circuit(top=n)) or a list of them from a "
+                            f"graph of this model ({edges.shape[0]} senders × {edges.shape[1]} receivers).")
+    cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
+    patched, corrupted = _patched_metrics(model, clean, corrupted, metric, cuts)
+    return Faithfulness(np.array([c.size for c in circuits]), patched[:-2], float(patched[-2]), corrupted,
+                        float(patched[-1]))
+
+
+def path_patching(model, clean, corrupted, metric: Callable, sender: str, receivers: Sequence[str]) -> float:
+    """Path patching (Wang et al. 2022): the mean metric of the clean run where `sender`'s corrupted output reaches
+    the named `receivers` only, along the frozen skip path, everything else clean. Labels as in the graph:
+    sender "embed", "L-H" or "MLP l"; receivers "L-H.q" (.k, .v), "MLP l in" or "output" (1-indexed)."""
+    L, H = _graph_shape(model)
+    senders, readers = sender_labels(L, H), receiver_labels(L, H)
+    unknown = [name for name in [sender, *receivers] if name not in senders + readers]
+    if sender not in senders or unknown:
+        raise AnalysisError(f"path_patching: {unknown or [sender]} not a sender then receivers of this model; senders "
+                            f"are 'embed', 'L-H' and 'MLP l' (1-indexed), receivers 'L-H.q'/.k/.v, 'MLP l in' and "
+                            f"'output'.")
+    cut = np.zeros((len(senders), len(readers)), bool)
+    cut[senders.index(sender), [readers.index(r) for r in receivers]] = True
+    return float(_patched_metrics(model, clean, corrupted, metric, (cut & edge_mask(L, H))[None])[0][0])
