@@ -26,6 +26,7 @@ import minibert
 from minibert import HookFn
 from minibert.analysis import flow, interventions, mixing
 from minibert.app import serve
+from minibert.buckets import bucket_length
 from minibert.viz._html import UNIT_BYTE_ERROR
 from minibert.viz.workbench import MAX_CHARS, Workbench
 
@@ -246,21 +247,58 @@ def test_one_program_per_length_bucket(mlm, client):
 
 
 def test_warm_up_compiles_every_program_a_request_runs(tmp_path):
-    """After serve.warm_up (every bucket, then the mixing maps), runs, steps and mixing maps of new texts with heads
-    ablated either way compile nothing: a fresh model, so no other test compiled them first."""
+    """After serve.warm_up (every bucket), runs and steps of new texts with heads ablated either way compile nothing:
+    a fresh model, so no other test compiled them first. The mixing maps compile when first asked, once."""
     make_hf_model(tmp_path, "BertForMaskedLM")
     model = minibert.load(tmp_path)
     workbench, said = Workbench(model, max_tokens=16), []
     serve.warm_up([workbench], step=said.append)
-    assert "ready" in said and said[-1].startswith("model 0: mixing maps compiled for 16 tokens")
+    n = len(workbench.buckets)
+    assert said[-1] == "ready" and said[-2] == f"model 0: compiled for {workbench.buckets[-1]} tokens ({n}/{n})"
     traces = model.traces
     for mode in ("zero", "mean"):
         body = {"text": f"a b {mode} d", "pair": "e", "ablate": [[1, 2]], "mode": mode}
         workbench.answer("run", body)
         workbench.answer("step", {**body, "layer": 1, "head": 0, "query": 2})
-        for method in ("value_zeroing", "alti"):
-            workbench.answer("mixing", {**body, "method": method})
     assert model.traces == traces
+    for method in ("value_zeroing", "alti"):
+        workbench.answer("mixing", {"text": "a b c d", "method": method})
+    traces = model.traces
+    for method in ("value_zeroing", "alti"):
+        workbench.answer("mixing", {"text": "a b e d", "pair": "c", "ablate": [[0, 1]], "method": method})
+    assert model.traces == traces
+
+
+def test_runs_are_answered_while_a_mixing_map_compiles(tiny_mlm):
+    """A mixing map compiling (held here on an event, as a long compile) holds up no run, step or tokenize of
+    another text, and `status` names it meanwhile (alti, for the bucket of "a b c"); afterwards nothing."""
+    import threading
+
+    workbench = Workbench(tiny_mlm[0], max_tokens=16)
+    release, entered = threading.Event(), threading.Event()
+    alti = mixing.alti
+
+    def held(*args, **kwargs):
+        entered.set()
+        assert release.wait(timeout=300)
+        return alti(*args, **kwargs)
+
+    mixing.alti = held
+    try:
+        waiting = threading.Thread(target=workbench.answer, args=("mixing", {"text": "a b c", "method": "alti"}))
+        waiting.start()
+        assert entered.wait(timeout=300)
+        bucket = bucket_length(5, workbench.buckets)  # [CLS] a b c [SEP]
+        assert workbench.answer("status", {})["compiling"] == [{"what": "alti", "tokens": bucket}]
+        assert workbench.answer("tokenize", {"text": "d e"})["tokens"] == ["[CLS]", "d", "e", "[SEP]"]
+        assert workbench.answer("run", {"text": "d e"})["tokens"] == ["[CLS]", "d", "e", "[SEP]"]
+        assert workbench.answer("step", {"text": "d e", "layer": 1, "head": 0, "query": 1})["query"] == 1
+        assert waiting.is_alive()  # the map is still compiling: the answers above did not wait for it
+    finally:
+        release.set()
+        mixing.alti = alti
+    waiting.join(timeout=300)
+    assert workbench.answer("status", {})["compiling"] == []
 
 
 def test_step_numbers_are_rounded_to_what_float32_holds():

@@ -41,8 +41,8 @@ class Server:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        app = serve.create_app([Workbench(model, max_tokens=64) for model in models], TOKEN, port=self.port,
-                               tour=tour)
+        self.workbenches = [Workbench(model, max_tokens=64) for model in models]
+        app = serve.create_app(self.workbenches, TOKEN, port=self.port, tour=tour)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -170,7 +170,8 @@ def test_clicking_a_head_shows_the_ablated_outputs(open_page, tiny_mlm):
 
 def test_ablation_shows_the_views_before_and_after(open_page, tiny_mlm):
     """Both sides are drawn; each neuron view's softmax column (layer 1, after the ablated layer-0 head) equals the
-    pattern of its run: run_with_cache's unablated, and the run under the ablation hooks."""
+    pattern of its run: run_with_cache's unablated, and the run under the ablation hooks. The neuron views show the
+    page's one selection: the head clicked (0-indexed 2) and the query (1), at the layer chosen in a view."""
     model = tiny_mlm[0]
     page = open_page()
     page.type("a b c d e")
@@ -181,8 +182,8 @@ def test_ablation_shows_the_views_before_and_after(open_page, tiny_mlm):
     mask = interventions.head_mask(0, 2, model.config.num_hidden_layers, model.config.num_attention_heads)
     name = "blocks.1.attn.hook_pattern"
     ablated = model.run(batch, names=[name], hooks=interventions.ablate_heads(mask))[1]  # run_with_hooks + capture
-    expected = {"before": np.asarray(model.run_with_cache(batch, [name])[1][name])[0, 0, 1],  # head 0, query 1
-                "after": np.asarray(ablated[name])[0, 0, 1]}
+    expected = {"before": np.asarray(model.run_with_cache(batch, [name])[1][name])[0, 2, 1],  # head 2, query 1
+                "after": np.asarray(ablated[name])[0, 2, 1]}
     rtol = forward_rtol(model.config, batch.input_ids.shape[1])
     assert np.abs(expected["before"] - expected["after"]).max() > 10 * rtol  # the two sides must differ to tell
     for side, pattern in expected.items():
@@ -208,8 +209,8 @@ def test_masking_a_token_compares_with_the_text_before(open_page, tiny_mlm):
     assert page.page.input_value("#wb-text") == "a b [MASK] d e"
     rtol = forward_rtol(model.config, 7)
     name = "blocks.0.attn.hook_pattern"
-    expected = {side: np.asarray(model.run_with_cache(model.tokenize([text]), [name])[1][name])[0, 0, 1]
-                for side, text in (("before", "a b c d e"), ("after", "a b [MASK] d e"))}  # head 0, query 1
+    expected = {side: np.asarray(model.run_with_cache(model.tokenize([text]), [name])[1][name])[0, 0, 3]
+                for side, text in (("before", "a b c d e"), ("after", "a b [MASK] d e"))}  # head 0, query 3 (chosen)
     assert np.abs(expected["before"] - expected["after"]).max() > 10 * rtol  # the two sides must differ to tell
     for side, pattern in expected.items():
         assert_close_to_scale(page.neuron_softmax(side, layer=0), pattern, rtol, side)
@@ -306,7 +307,7 @@ def test_tour_tells_tutorial_one_with_the_sentences_numbers(open_page, tiny_mlm)
                 assert page.page.input_value("#wb-step-layer-0") == str(layer)
                 assert page.page.input_value("#wb-step-head-0") == str(head)
             page.page.press("#wb-tour-next", "Enter")  # the keyboard drives the tour too
-        assert said[0].startswith("1/10") and said[-1].startswith("10/10") and "click 1-3 to ablate" in said[-1]
+        assert said[0].startswith("1/10") and said[-1].startswith("10/10") and "click 1-3 " in said[-1]
         assert not any("working it out" in line for line in said)
         assert page.page.locator(".wb-spotlight").count() == 1
         assert page.problems == []

@@ -165,18 +165,15 @@ def workbench_page(nonce: str, infos: list[dict], tour: bool = False) -> str:
 
 
 def warm_up(workbenches: Sequence[Workbench], step: Callable[[str], None]) -> None:
-    """Compile every length bucket's program before the first request needs it, saying how far it got; then the
-    mixing maps' programs (ALTI, value zeroing: seconds each, asked for only when a view shows them)."""
+    """Compile every length bucket's program before a request needs it, saying how far it got: the interactive
+    path (tokens, patterns, the step-through, an ablation) of the main model first, shortest texts first. It holds
+    no lock a request needs (Workbench.warm_up), so the page answers meanwhile; the mixing maps (ALTI, value
+    zeroing: seconds each) compile when a view first asks for them, and the page says so while they do."""
     for n, wb in enumerate(workbenches):
         for length in wb.buckets:
             wb.warm_up(length)
             step(f"model {n}: compiled for {length} tokens ({wb.buckets.index(length) + 1}/{len(wb.buckets)})")
     step("ready")
-    for n, wb in enumerate(workbenches):
-        for length in wb.buckets:
-            wb.warm_up_mixing(length)
-            step(f"model {n}: mixing maps compiled for {length} tokens ({wb.buckets.index(length) + 1}/"
-                 f"{len(wb.buckets)})")
 
 
 def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True,

@@ -18,6 +18,7 @@ positions are 0-indexed in requests and answers; the page labels heads "L-H", 1-
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Mapping
@@ -29,7 +30,8 @@ from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
 from minibert.buckets import bucket_length, length_buckets
 from minibert.buckets import cut as cut_to_length
-from minibert.errors import InputError, MinibertError
+from minibert.config import head_label
+from minibert.errors import InputError
 from minibert.families.deberta_v2 import position_terms
 from minibert.hooks import HookFn
 from minibert.pooling import pooled_tokens
@@ -114,7 +116,12 @@ class Workbench:
         self._capture = [name for name in dict.fromkeys(wanted) if name in present]
         self._runs: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()  # guards the run cache; one forward at a time
-        self._answering = threading.Lock()  # one answer at a time: memory stays flat under concurrent clients
+        # One answer of each kind at a time: memory stays flat under concurrent clients (an answer holds its run's
+        # captures and packed views, a few MB each at 128 tokens). A mixing map that compiles for seconds does not
+        # hold up the runs and steps an edit asks for; info, tokenize and status wait for nothing.
+        answering, mixing_one = threading.Lock(), threading.Lock()
+        self._answer_locks = {"run": answering, "step": answering, "mixing": mixing_one}
+        self._programs = Programs()
         self._drawing = ThreadPoolExecutor(1, thread_name_prefix="workbench-views")  # see _built_views
 
     # ---- requests -------------------------------------------------------------------------------------
@@ -125,8 +132,16 @@ class Workbench:
             raise InputError(f"unknown action {action!r}; the workbench answers {', '.join(ACTIONS)}.")
         if not isinstance(body, Mapping):
             raise InputError("the request body must be a JSON object, e.g. {\"text\": \"The cat sat.\"}.")
-        with self._answering:  # an answer holds its run's captures and packed views: a few MB each at 128 tokens
+        lock = self._answer_locks.get(action)
+        if lock is None:
             return ACTIONS[action](self, body)
+        with lock:
+            return ACTIONS[action](self, body)
+
+    def status(self, body: Mapping | None = None) -> dict:
+        """What is compiling now (the page says "compiling for 34-token texts…" while it waits): [{what, tokens}],
+        `what` one of PROGRAMS' keys, `tokens` the bucket length."""
+        return {"compiling": self._programs.compiling()}
 
     def info(self, body: Mapping | None = None) -> dict:
         """What the page needs to draw its controls: the model, its sizes, its head, the limits."""
@@ -135,7 +150,9 @@ class Workbench:
                 "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads, "d_model": cfg.hidden_size,
                 "d_head": cfg.head_dim, "d_ffn": cfg.intermediate_size, "outputs": self._output_kinds(),
                 "mask_token": tokenizer.mask_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
-                "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES)}
+                "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES),
+                "head_labels": [[head_label(layer, head) for head in range(cfg.num_attention_heads)]
+                                for layer in range(cfg.num_hidden_layers)]}
 
     def tokenize(self, body: Mapping) -> dict:
         request = self._request(body)
@@ -184,27 +201,17 @@ class Workbench:
                                             "model": views.model_view(tokens, maps, b_start, level=0).data}}
 
     def warm_up(self, length: int) -> None:
-        """Compile the programs a text of `length` tokens (a bucket) runs, before a request waits for them."""
+        """Compile the programs a text of `length` tokens (a bucket) runs, before a request waits for them. It holds
+        no lock a request needs: a request for another bucket runs meanwhile, and one for this bucket waits for this
+        compile only (which it would need anyway). Mixing maps compile when first asked (`mixing`)."""
         ids = np.full((1, length), self.model.tokenizer.cls_token_id)
         hooks = self._hooks((), self._replacement(Request("", None, (), "zero")))
-        with self._lock:
+        with self._programs.first("run", length):
             self.model.run(self._padded(ids, np.zeros_like(ids)), names=self._capture, hooks=hooks)
-            if self.model.pooling is not None:
+        if self.model.pooling is not None:
+            with self._programs.first("similarity", length):
                 pair = np.full((2, length), self.model.tokenizer.cls_token_id)
                 self.model.run(self._padded(pair, np.zeros_like(pair)), hooks=hooks)
-
-    def warm_up_mixing(self, length: int) -> None:
-        """Compile (by running once) the programs of the mixing maps that need their own, ALTI's and value
-        zeroing's, for a text of `length` tokens (a bucket); a family a measure refuses is skipped."""
-        ids = np.full((1, length), self.model.tokenizer.cls_token_id)
-        padded = self._padded(ids, np.zeros_like(ids))
-        hooks = self._mixing_hooks(Request("", None, (), "zero"))
-        with self._lock:
-            for measure in (mixing.alti, mixing.value_zeroing):
-                try:
-                    measure(self.model, padded, hooks=hooks)
-                except MinibertError:  # the request for it answers with the measure's own message
-                    pass
 
     # ---- checking and running ---------------------------------------------------------------------------
 
@@ -258,7 +265,7 @@ class Workbench:
         batch = self._batch(request)
         length = batch.input_ids.shape[1]
         hooks = self._hooks(request.ablate, replacement)
-        with self._lock:
+        with self._programs.first("run", bucket_length(length, self.buckets)), self._lock:
             out, cache = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), names=self._capture,
                                         hooks=hooks)
             captures = {name: np.asarray(cut_to_length(name, value, length))[0] for name, value in cache.items()}
@@ -287,7 +294,8 @@ class Workbench:
         if pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None:
             return None
         batch = self.model.tokenize([request.text, request.pair])
-        out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), hooks=hooks)[0]
+        with self._programs.first("similarity", bucket_length(batch.input_ids.shape[1], self.buckets)):
+            out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), hooks=hooks)[0]
         hidden = np.asarray(out.last_hidden_state, np.float64)[:, :batch.input_ids.shape[1]]
         a, b = _pooled(hidden, np.asarray(batch.attention_mask), self.model.pooling["mode"])
         return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
@@ -313,7 +321,7 @@ class Workbench:
         padded = self._padded(batch.input_ids, batch.token_type_ids)
         measure = {"value_zeroing": mixing.value_zeroing, "alti": mixing.alti}[method]
         length = len(run.tokens)
-        with self._lock:
+        with self._programs.first(method, padded["input_ids"].shape[1]):  # its own forward: not the run cache's lock
             return measure(self.model, padded, hooks=hooks)[:, 0, :length, :length]
 
     # ---- answers ----------------------------------------------------------------------------------------
@@ -362,7 +370,41 @@ class Workbench:
 
 
 ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": Workbench.run, "step": Workbench.step,
-           "mixing": Workbench.mixing}
+           "mixing": Workbench.mixing, "status": Workbench.status}
+PROGRAMS = ("run", "similarity", *MIXING_METHODS[2:])  # what `status` names: the compiled programs a workbench runs
+
+
+class Programs:
+    """Which of a workbench's programs (PROGRAMS, per bucket length) have run, and which run for the first time
+    now: a first run compiles, seconds on a CPU, and the page says so. Two first runs of one program wait for one
+    another (the second then finds it compiled) instead of compiling it twice."""
+
+    def __init__(self):
+        self._done: set[tuple[str, int]] = set()
+        self._now: dict[tuple[str, int], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def first(self, what: str, length: int):
+        """The context in which program `what` runs for rows of `length` (a bucket)."""
+        key = (what, length)
+        with self._guard:
+            if key in self._done:
+                lock = None
+            else:
+                lock = self._now.setdefault(key, threading.Lock())
+        if lock is None:
+            yield
+            return
+        with lock:
+            yield
+            with self._guard:
+                self._done.add(key)
+                self._now.pop(key, None)
+
+    def compiling(self) -> list[dict]:
+        with self._guard:
+            return [{"what": what, "tokens": length} for what, length in sorted(self._now)]
 
 
 def _b_start(batch) -> int | None:
@@ -451,7 +493,7 @@ POST_LN_STEPS = (
     ("segment", "segment embedding", "e_seg = W_type[type_t]", "embed.hook_token_type_embed", _QUERY, ()),
     ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word + e_pos + e_seg)", "hook_full_embed", _QUERY,
      ("word", "position", "segment")),
-    ("x", "block {layer} input", "x = h^{layer} (the residual stream entering block {layer})", "hook_resid_pre",
+    ("x", "block {layer} input", "x = h{layer_sup} (the residual stream entering block {layer})", "hook_resid_pre",
      _QUERY, ("embed_ln",)),
     ("q", "query", "q = x W_Q[h] + b_Q[h]", "attn.hook_q", _QUERY_HEAD, ("x",)),
     ("k", "keys (every token s)", "k_s = x_s W_K[h] + b_K[h]", "attn.hook_k", _KEYS_HEAD, ("x",)),
@@ -465,13 +507,14 @@ POST_LN_STEPS = (
      _QUERY, ("z",)),
     ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
     ("attn_out", "attention output", "a = Σ_h z_h W_O[h] + b_O", "hook_attn_out", _QUERY, ("concat", "head_out")),
-    ("resid_mid", "residual", "x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
-    ("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁", "ln1.hook_out", _QUERY, ("resid_mid",)),
+    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
+    ("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁  (μ, σ: the mean and standard deviation of r's {d_model} numbers)",
+     "ln1.hook_out", _QUERY, ("resid_mid",)),
     ("ffn_pre", "FFN in", "y W_in + b_in", "mlp.hook_pre", _QUERY, ("ln1",)),
     ("ffn_post", "activation", "act(y W_in + b_in)", "mlp.hook_post", _QUERY, ("ffn_pre",)),
     ("ffn_out", "FFN out", "m = act(…) W_out + b_out", "hook_mlp_out", _QUERY, ("ffn_post",)),
     ("resid_post", "residual", "y + m", "hook_resid_post", _QUERY, ("ln1", "ffn_out")),
-    ("ln2", "LayerNorm 2 (the block's output)", "h^{next} = LN(y + m)", "ln2.hook_out", _QUERY, ("resid_post",)),
+    ("ln2", "LayerNorm 2 (the block's output)", "h{next_sup} = LN₂(y + m)", "ln2.hook_out", _QUERY, ("resid_post",)),
 )
 # Pre-LN (norm "pre": ModernBERT): LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm
 # after the residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
@@ -479,7 +522,7 @@ PRE_LN_STEPS = (
     ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
      "embed.hook_embed", _QUERY, ()),
     ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", _QUERY, ("word",)),
-    ("x", "block {layer} input", "x = h^{layer} (the residual stream entering block {layer})", "hook_resid_pre",
+    ("x", "block {layer} input", "x = h{layer_sup} (the residual stream entering block {layer})", "hook_resid_pre",
      _QUERY, ("embed_ln",)),
     ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", _QUERY,
      ("x",)),
@@ -500,14 +543,15 @@ PRE_LN_STEPS = (
     ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
     ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", _QUERY, ("concat", "head_out")),
     ("resid_mid", "residual", "r = x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
-    ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r)", "ln2.hook_out", _QUERY, ("resid_mid",)),
+    ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r) = (r − μ)/σ · γ₂ + β₂  (μ, σ over r's {d_model} numbers)",
+     "ln2.hook_out", _QUERY, ("resid_mid",)),
     ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", _QUERY, ("ln2",)),
     ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", "mlp.hook_pre_linear", _QUERY, ("ln2",)),
     ("ffn_post", "gated activation", "act(g) ⊙ u", "mlp.hook_post", _QUERY, ("ffn_pre", "ffn_linear")),
     ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", "hook_mlp_out", _QUERY, ("ffn_post",)),
-    ("resid_post", "residual (the block's output)", "h^{next} = r + m", "hook_resid_post", _QUERY,
+    ("resid_post", "residual (the block's output)", "h{next_sup} = r + m", "hook_resid_post", _QUERY,
      ("resid_mid", "ffn_out")),
-    ("ln_final", "final LayerNorm (after the last block)", "LN_final(h^{next}): the last hidden state",
+    ("ln_final", "final LayerNorm (after the last block)", "LN_final(h{next_sup}): the last hidden state",
      "ln_final.hook_out", _QUERY, ("resid_post",)),
 )
 # DeBERTa (attention "disentangled"): post-LN BERT whose scores are three terms, each already divided by √(K·m)
@@ -534,12 +578,18 @@ def _step_table(family) -> tuple:
     return DISENTANGLED_STEPS if family.attention == "disentangled" else STEPS_BY_NORM[family.norm]
 
 
-def _score_step(model, d_head: int) -> tuple[str, float]:
-    """(the step whose values are q·k over a divisor, that divisor): the scores q·k/√K, or DeBERTa's c2c, divided
-    by √(K·m)."""
+def _score_step(model, d_head: int) -> tuple[str, tuple[float, str]]:
+    """(the step whose values are q·k over a divisor, (that divisor, as written)): the scores q·k/√K, or DeBERTa's
+    c2c, divided by √(K·m)."""
     if model.config.family.attention != "disentangled":
-        return "scaled", float(np.sqrt(d_head))
-    return "c2c", float(np.sqrt(d_head * (1 + len(position_terms(model.config)))))
+        return "scaled", (float(np.sqrt(d_head)), f"√{d_head}")
+    m = 1 + len(position_terms(model.config))
+    return "c2c", (float(np.sqrt(d_head * m)), f"√({d_head}·{m})")
+# The views that draw a step's values (the page links the step to them): the pattern is every view's; the neuron view
+# draws q and k (rotated where the family rotates them) and recomputes q·k, the scores and the softmax from them.
+DRAWN_IN = {"attn.hook_pattern": ("neuron", "head", "model"),
+            **{f"attn.hook_{name}": ("neuron",)
+               for name in ("q", "k", "rot_q", "rot_k", "qk", "attn_scores", *views.TERMS)}}
 _MODEL_SITES = ("embed.", "hook_full_embed", "ln_final.")  # hooks outside the blocks
 _AFTER_BLOCKS = "ln_final."  # shown with the last block only
 
@@ -558,6 +608,20 @@ def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
             _HEAD_ROW: lambda: value[head, query]}[pick]()
 
 
+def _start(value: np.ndarray, pick: str, head: int) -> int:
+    """Where this head's part begins in the values a step shows: h·K in the query's row of every head's [H, K]
+    (the concatenation of the heads), else 0."""
+    return head * value.shape[-1] if pick == _QUERY and value.ndim == 3 else 0
+
+
+_SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _superscript(n: int) -> str:
+    """12 → "¹²": a layer number written as the equations write it (h⁰, h¹…)."""
+    return str(n).translate(_SUPERSCRIPTS)
+
+
 def _first_shown(operand: str, shown) -> str | None:
     """An operand "a|b": a where it is shown, else b; None where none is."""
     return next((choice for choice in operand.split("|") if choice in shown), None)
@@ -569,7 +633,8 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
     shape, from (the ids of its operands)}; a step whose values are dot products also has `dot` (see
     `_dot_products`)."""
     cfg = model.config
-    fields = {"layer": layer, "next": layer + 1, "d_head": d_head}
+    fields = {"layer": layer, "next": layer + 1, "d_head": d_head, "d_model": cfg.hidden_size,
+              "layer_sup": _superscript(layer), "next_sup": _superscript(layer + 1)}
     last = layer == cfg.num_hidden_layers - 1
     steps, shown = [], set()
     for step_id, label, equation, site, pick, operands in _step_table(cfg.family):
@@ -580,7 +645,10 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
         sources = [_first_shown(operand, shown) for operand in operands]
         steps.append({"id": step_id, "label": label.format(**fields), "equation": equation.format(**fields),
                       "shape": list(values.shape), "values": _vector(values),
-                      "from": [source for source in sources if source is not None]})
+                      "from": [source for source in sources if source is not None],
+                      "per_key": pick in (_KEYS_HEAD, _HEAD_ROW),  # one value (row) per key token s
+                      "site": name, "start": _start(run.captures[name], pick, head),
+                      "views": list(DRAWN_IN.get(site, ()))})
         shown.add(step_id)
     dots = _dot_products(run, layer, head, d_head, model.named_parameters(), pre_ln=cfg.family.norm == "pre",
                          score=_score_step(model, d_head))
@@ -593,7 +661,7 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
 
 
 def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, pre_ln: bool,
-                  score: tuple[str, float]) -> dict[str, dict]:
+                  score: tuple[str, tuple[float, str]]) -> dict[str, dict]:
     """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
     left vector ("a|b" as in STEPS), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
     None, divisor}}, so that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row
@@ -610,9 +678,11 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
         value = np.asarray(value)  # sliced before dot() widens it to float64
         return value if part is None else value[part]
 
-    def dot(left: str, right_name: str, right, bias=None, divisor: float = 1.0, n: int = SHOWN) -> dict:
+    def dot(left: str, right_name: str, right, bias=None, divisor: tuple[float, str] = (1.0, ""), n: int = SHOWN,
+            over: str = "i") -> dict:
         return {"left": left, "right_name": right_name, "right": _rounded(np.asarray(right)[:n]).tolist(),
-                "bias": None if bias is None else _rounded(np.asarray(bias)[:n]).tolist(), "divisor": divisor}
+                "bias": None if bias is None else _rounded(np.asarray(bias)[:n]).tolist(), "divisor": divisor[0],
+                "divisor_text": divisor[1], "over": over}
 
     dots = {}
     rotated = captured("attn.hook_rot_k") is not None  # the scores use the rotated q and k
@@ -622,8 +692,8 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
         score_id, divisor = score
         dots["qk"] = dot(query, key, keys[:, head], n=len(keys))
         dots[score_id] = dot(query, key, keys[:, head], divisor=divisor, n=len(keys))
-    if values is not None:  # z_i = Σ_s α_s v_s,i
-        dots["z"] = dot("pattern", "v_s[i] (column i of v)", values[:, head].T)
+    if values is not None:  # z_i = Σ_s α_s v_s,i: a sum over the key tokens s
+        dots["z"] = dot("pattern", "v_s,i", values[:, head].T, over="s")
     fused = weights.get(f"blocks.{layer}.attn.W_QKV") is not None
     w_q = weight("attn.W_QKV", 0) if fused else weight("attn.W_Q")  # [D, H, K]
     b_q = weight("attn.b_QKV", 0) if fused else weight("attn.b_Q")  # [H, K]

@@ -34,14 +34,25 @@ function boot(script, id) {
   render(root, data);
 }
 
-/** Draw a view from its data ({kind, meta, arrays}) into root; the workbench calls this for data it fetched. */
-function render(root, data) {
+/** Draw a view from its data ({kind, meta, arrays}) into root; the workbench calls this for data it fetched, with
+    `page` (optional): {selection: {layer, head, query} to show, onSelect(change): called with the part of the
+    selection the reader changed in the view, ablated: [[layer, head], …] to mark}. Returns {select(selection)},
+    which moves the view to another selection without drawing it anew. */
+function render(root, data, page) {
   var body = el("div", {"class": "mbv-body"});
   root.appendChild(body);
   var arrays = {};
   for (var name in data.arrays) arrays[name] = packedArray(data.arrays[name]);
   var views = {head: headView, model: modelView, neuron: neuronView};
-  views[data.kind](body, data.meta, arrays, root);
+  page = page || {};
+  var chosen = function (change) { if (page.onSelect) page.onSelect(change); };
+  return views[data.kind](body, data.meta, arrays, root, {selection: page.selection || {}, onSelect: chosen,
+                                                           ablated: page.ablated || []}) || {select: function () {}};
+}
+
+/** Whether (layer, head) is among the ablated [[layer, head], …]. */
+function isAblated(ablated, layer, head) {
+  return ablated.some(function (pair) { return pair[0] === layer && pair[1] === head; });
 }
 
 // ---- small helpers ------------------------------------------------------------------------------
@@ -86,10 +97,16 @@ function isSpecial(token) {
   return /^\[[A-Z]+\]$/.test(token);
 }
 
+var FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Liberation Sans", "DejaVu Sans", ' +
+           "sans-serif";  // views.css's .mbv font: what a root not yet on the page will be drawn in
+
+/** The widest of `texts` as the view's SVG draws them (13 px; its font, or views.css's while root is off the
+    page and has none), with a pixel to spare for rounding. */
 function textWidth(root, texts) {
   var context = document.createElement("canvas").getContext("2d");
-  context.font = "13px " + getComputedStyle(root).fontFamily;
-  return texts.reduce(function (m, t) { return Math.max(m, context.measureText(t).width); }, 0);
+  context.font = (root.classList.contains("mbv-large") ? 16 : 13) + "px " +
+                 (root.isConnected && getComputedStyle(root).fontFamily || FONT);
+  return texts.reduce(function (m, t) { return Math.max(m, context.measureText(t).width); }, 0) + 1;
 }
 
 /** Select options for layer or head indices: labelled from 1, the 0-indexed number in the tooltip. */
@@ -521,7 +538,7 @@ function tokenLines(root, busy, opts) {
 // ---- head view ----------------------------------------------------------------------------------
 
 /** Toggle buttons, one per head in its colour (double-click: only that head), plus "all" and "none". */
-function headSwatches(meta, active, onChange) {
+function headSwatches(meta, active, onChange, ablated) {
   var wrap = el("span", {"class": "mbv-swatches", role: "group", "aria-label": "heads"});
   var buttons = meta.heads.map(function (h, n) {
     var b = el("button", {type: "button", "class": "mbv-swatch", style: "--c:" + headColor(h, meta.n_heads),
@@ -537,8 +554,13 @@ function headSwatches(meta, active, onChange) {
     b.addEventListener("click", function () { active.fill(choice[1]); onChange(); });
     wrap.appendChild(b);
   });
-  return {node: wrap, update: function () {
-    buttons.forEach(function (b, n) { b.setAttribute("aria-pressed", String(active[n])); });
+  return {node: wrap, update: function (layer) {
+    buttons.forEach(function (b, n) {
+      b.setAttribute("aria-pressed", String(active[n]));
+      var off = isAblated(ablated, meta.layers[layer], meta.heads[n]);
+      b.classList.toggle("mbv-ablated", off);
+      b.setAttribute("aria-label", "head " + (meta.heads[n] + 1) + (off ? " (ablated)" : ""));
+    });
   }};
 }
 
@@ -548,15 +570,19 @@ function headWeight(values, scale, n, T) {
   return function (i, j) { return values[offset + i * T + j] * scale; };
 }
 
-function headView(body, meta, arrays, root) {
+function headView(body, meta, arrays, root, page) {
   var T = meta.tokens.length, attention = arrays.attention, busy = busyTracker(root, body);
   var filters = sentenceFilters(meta);
-  var st = {layer: meta.layer, active: meta.active.slice(), filter: filters[0]};
+  var st = {layer: layerAt(meta, page.selection.layer, meta.layer), active: meta.active.slice(), filter: filters[0]};
   var lines = tokenLines(root, busy, {tokens: meta.tokens, bStart: meta.b_start, maxHeads: meta.heads.length, top: ROW});
-  var swatches = headSwatches(meta, st.active, draw);
+  var swatches = headSwatches(meta, st.active, draw, page.ablated);
   var controls = div("mbv-controls");
-  controls.appendChild(selectControl("Layer", oneIndexed(meta.layers),
-                                     st.layer, function (v) { st.layer = Number(v); draw(); }));
+  var layerSelect = selectControl("Layer", oneIndexed(meta.layers), st.layer, function (v) {
+    st.layer = Number(v);
+    draw();
+    page.onSelect({layer: meta.layers[st.layer]});
+  });
+  controls.appendChild(layerSelect);
   controls.appendChild(filterControl(filters, function (f) { st.filter = f; draw(); }));
   controls.appendChild(swatches.node);
   controls.appendChild(downloadControl(root, busy, "head-view", function () {
@@ -568,7 +594,7 @@ function headView(body, meta, arrays, root) {
   body.appendChild(scroller(lines.node));
 
   function draw() {
-    swatches.update();
+    swatches.update(st.layer);
     var values = attention.here[st.layer];
     if (!values) { busy.after(attention.layer(st.layer), draw); return; }
     var heads = [];
@@ -578,6 +604,19 @@ function headView(body, meta, arrays, root) {
     lines.draw({rows: st.filter[2], cols: st.filter[3], heads: heads});
   }
   draw();
+  return {select: function (selection) {
+    var layer = layerAt(meta, selection.layer, st.layer);
+    if (layer === st.layer) return;
+    st.layer = layer;
+    layerSelect.querySelector("select").value = String(layer);
+    draw();
+  }};
+}
+
+/** The index into meta.layers of the model's layer `layer` (0-indexed), or `otherwise` where the view lacks it. */
+function layerAt(meta, layer, otherwise) {
+  var at = meta.layers.indexOf(layer);
+  return at >= 0 ? at : otherwise;
 }
 
 // ---- model view ---------------------------------------------------------------------------------
@@ -585,14 +624,14 @@ function headView(body, meta, arrays, root) {
 /** One head's pattern (flat [T, T] values at offset) on a canvas: bertviz-style lines, or a
     query × key heat map: an image of at most one pixel per cell, scaled to the thumbnail, where
     the cells sharing a pixel overlap as painted cells would, 1 − Π(1 − w). */
-function drawThumbnail(canvas, values, offset, scale, T, color, filter, mode) {
+function drawThumbnail(canvas, values, offset, scale, T, color, filter, mode, size) {
   var ratio = window.devicePixelRatio || 1, context = canvas.getContext("2d");
-  canvas.width = canvas.height = Math.round(THUMB * ratio);
+  canvas.width = canvas.height = Math.round(size * ratio);
   context.setTransform(ratio, 0, 0, ratio, 0, 0);
-  context.clearRect(0, 0, THUMB, THUMB);
-  var step = (THUMB - 8) / T, i, j, w;
+  context.clearRect(0, 0, size, size);
+  var step = (size - 8) / T, i, j, w;
   if (mode === "matrix") {
-    var n = Math.min(T, Math.round((THUMB - 8) * ratio)), per = n / T, light = new Float32Array(n * n);
+    var n = Math.min(T, Math.round((size - 8) * ratio)), per = n / T, light = new Float32Array(n * n);
     for (i = filter[2][0]; i < filter[2][1]; i++) {
       for (j = filter[3][0]; j < filter[3][1]; j++) {
         w = values[offset + i * T + j] * scale;
@@ -604,7 +643,7 @@ function drawThumbnail(canvas, values, offset, scale, T, color, filter, mode) {
     var cells = el("canvas", {width: n, height: n});
     cells.getContext("2d").putImageData(image, 0, 0);
     context.imageSmoothingEnabled = false;  // sharp cells
-    context.drawImage(cells, 4, 4, THUMB - 8, THUMB - 8);
+    context.drawImage(cells, 4, 4, size - 8, size - 8);
     return;
   }
   var lines = [], side = canvas.width, rowAt = function (i) { return (4 + (i + 0.5) * step) * ratio; };
@@ -644,7 +683,7 @@ function gridPicture(root, grid) {
   return picture(root, [{node: node, x: 0, y: 0}], width, height);
 }
 
-function modelView(body, meta, arrays, root) {
+function modelView(body, meta, arrays, root, page) {
   var T = meta.tokens.length, attention = arrays.attention, busy = busyTracker(root, body);
   var filters = sentenceFilters(meta);
   var st = {filter: filters[0], mode: meta.thumbnail, open: null};
@@ -661,18 +700,24 @@ function modelView(body, meta, arrays, root) {
                                    "numbers). Click a thumbnail to enlarge it; Escape closes. Download saves the " +
                                    "grid, or the enlarged head when one is open."));
 
+  // Thumbnails as large as THUMB, smaller where every head of a row must fit the width the view is given (two
+  // models or before / after side by side on a 1366-px screen): no head is cut off.
+  var room = root.parentNode && root.parentNode.clientWidth ? root.parentNode.clientWidth - 110 : Infinity;
+  var size = Math.max(28, Math.min(THUMB, Math.floor(room / meta.heads.length) - 6));
   var stage = div("mbv-stage"), grid = div("mbv-grid");
-  grid.style.gridTemplateColumns = "auto repeat(" + meta.heads.length + ", " + (THUMB + 2) + "px)";
+  grid.style.gridTemplateColumns = "auto repeat(" + meta.heads.length + ", " + (size + 2) + "px)";
   grid.appendChild(div("mbv-axis"));
   meta.heads.forEach(function (h) { grid.appendChild(el("div", {"class": "mbv-axis", title: "0-indexed: " + h}, "Head " + (h + 1))); });
   var thumbs = [];
   meta.layers.forEach(function (l, a) {
     grid.appendChild(el("div", {"class": "mbv-axis mbv-rowlab", title: "0-indexed: " + l}, "Layer " + (l + 1)));
     meta.heads.forEach(function (h, b) {
-      var canvas = el("canvas", {"class": "mbv-thumb", tabindex: 0, role: "button", "data-layer": l, "data-head": h,
+      var off = isAblated(page.ablated, l, h);
+      var canvas = el("canvas", {"class": "mbv-thumb" + (off ? " mbv-ablated" : ""), tabindex: 0, role: "button",
+                                 "data-layer": l, "data-head": h,
                                  title: "Layer " + (l + 1) + ", head " + (h + 1) + " (0-indexed: " + l + ", " + h +
-                                        "): click to enlarge"});
-      canvas.style.width = canvas.style.height = THUMB + "px";
+                                        ")" + (off ? ", ablated" : "") + ": click to enlarge"});
+      canvas.style.width = canvas.style.height = size + "px";
       canvas.addEventListener("click", function () { open(a, b); });
       canvas.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(a, b); } });
       grid.appendChild(canvas);
@@ -698,6 +743,7 @@ function modelView(body, meta, arrays, root) {
   function open(a, b) {
     st.open = a == null ? null : [a, b];
     drawDetail();
+    if (st.open) page.onSelect({layer: meta.layers[a], head: meta.heads[b]});
   }
 
   /** The thumbnails of layer a, once its attention is here. */
@@ -706,7 +752,7 @@ function modelView(body, meta, arrays, root) {
     if (!values) return;
     thumbs.forEach(function (t) {
       if (t.a === a) drawThumbnail(t.canvas, values, t.b * T * T, attention.scale, T,
-                                   headColor(meta.heads[t.b], meta.n_heads), st.filter, st.mode);
+                                   headColor(meta.heads[t.b], meta.n_heads), st.filter, st.mode, size);
     });
   }
 
@@ -719,7 +765,8 @@ function modelView(body, meta, arrays, root) {
     if (!st.open) return;
     var a = st.open[0], b = st.open[1], l = meta.layers[a], h = meta.heads[b], values = attention.here[a];
     if (!values) return;  // drawn when the layer arrives
-    heading.textContent = "Layer " + (l + 1) + " \u00b7 Head " + (h + 1) + "  (0-indexed: layer " + l + ", head " + h + ")";
+    heading.textContent = "Layer " + (l + 1) + " \u00b7 Head " + (h + 1) + "  (0-indexed: layer " + l + ", head " + h + ")" +
+                          (isAblated(page.ablated, l, h) ? " \u00b7 ablated" : "");
     lines.draw({rows: st.filter[2], cols: st.filter[3],
                 heads: [{index: h, color: headColor(h, meta.n_heads), weight: headWeight(values, attention.scale, b, T)}]});
     stage.style.minHeight = detail.offsetHeight + "px";  // the panel floats over the grid; keep it unclipped
@@ -733,6 +780,13 @@ function modelView(body, meta, arrays, root) {
   meta.layers.forEach(function (_, a) {
     busy.after(attention.layer(a), function () { drawRow(a); if (st.open && st.open[0] === a) drawDetail(); });
   });
+  function mark(selection) {  // the selected head's thumbnail (an enlarged one keeps its own mark)
+    thumbs.forEach(function (t) {
+      t.canvas.classList.toggle("mbv-current", meta.layers[t.a] === selection.layer && meta.heads[t.b] === selection.head);
+    });
+  }
+  mark(page.selection);
+  return {select: mark};
 }
 
 // ---- neuron view --------------------------------------------------------------------------------
@@ -753,19 +807,30 @@ function softmax(scores) {
   return e.map(function (v) { return v / total; });
 }
 
-function neuronView(body, meta, arrays, root) {
+function neuronView(body, meta, arrays, root, page) {
   var T = meta.tokens.length, H = meta.heads.length, K = meta.d_head, busy = busyTracker(root, body);
   var given = arrays.attention;  // present only when it is not softmax(q·k/√K): then the page shows it
   // DeBERTa: its three score terms (c2c, c2p, p2c, each [H, T, T] per layer) side by side; their sum is the scores.
   var terms = meta.terms ? meta.terms.map(function (name) { return arrays[name]; }) : [];
   var reach = arrays.key_mask;  // present where the model masks keys (a local layer's window): [T, S] per layer
   var scoresName = terms.length ? meta.terms.join(" + ") : "q\u00b7k/\u221a" + K;
-  var st = {layer: meta.layer, head: meta.head, query: meta.query};
+  var chosen = page.selection;
+  var st = {layer: layerAt(meta, chosen.layer, meta.layer), head: Math.max(0, meta.heads.indexOf(chosen.head)),
+            query: chosen.query != null && chosen.query < T ? chosen.query : meta.query};
+  if (chosen.head == null) st.head = meta.head;
   var controls = div("mbv-controls");
-  controls.appendChild(selectControl("Layer", oneIndexed(meta.layers),
-                                     st.layer, function (v) { st.layer = Number(v); draw(); }));
-  controls.appendChild(selectControl("Head", oneIndexed(meta.heads),
-                                     st.head, function (v) { st.head = Number(v); draw(); }));
+  var layerSelect = selectControl("Layer", oneIndexed(meta.layers), st.layer, function (v) {
+    st.layer = Number(v);
+    draw();
+    page.onSelect({layer: meta.layers[st.layer]});
+  });
+  var headSelect = selectControl("Head", oneIndexed(meta.heads), st.head, function (v) {
+    st.head = Number(v);
+    draw();
+    page.onSelect({head: meta.heads[st.head]});
+  });
+  controls.appendChild(layerSelect);
+  controls.appendChild(headSelect);
   controls.appendChild(downloadControl(root, busy, "neuron-view", function () {
     var tableX = lines.width + 6;
     return picture(root, [{node: lines.svg(), x: 0, y: 0}, {node: tableSvg(), x: tableX, y: 0}],
@@ -782,7 +847,7 @@ function neuronView(body, meta, arrays, root) {
                                    "larger magnitude; hover a cell for its number. Layers and heads are numbered from 1; " +
                                    "tooltips give the 0-indexed number."));
   var lines = tokenLines(root, busy, {tokens: meta.tokens, bStart: meta.b_start, maxHeads: 1, top: 2 * ROW,
-                                      onPick: function (i) { st.query = i; draw(); }});
+                                      onPick: function (i) { st.query = i; draw(); page.onSelect({query: i}); }});
   var cell = Math.max(2, Math.min(6, Math.floor(192 / K))), vectorW = K * cell;
   var x = {label: 4, k: 18, qk: 18 + vectorW + 16};
   x.dot = x.qk + vectorW + 16;
@@ -900,7 +965,8 @@ function neuronView(body, meta, arrays, root) {
     lines.draw({rows: [0, T], cols: [0, T], query: i, heads: [{index: meta.heads[h], color: headColor(meta.heads[h], meta.n_heads),
                                                                weight: function (a, b) { return a === i ? p[b] : 0; }}]});
     status.textContent = "Query " + token(i) + " (position " + i + ", 0-indexed) \u00b7 layer " + (meta.layers[l] + 1) +
-                         ", head " + (meta.heads[h] + 1) + " \u00b7 d = " + K;
+                         ", head " + (meta.heads[h] + 1) + " (0-indexed: " + meta.layers[l] + ", " + meta.heads[h] + ")" +
+                         (isAblated(page.ablated, meta.layers[l], meta.heads[h]) ? " \u00b7 ablated" : "") + " \u00b7 d = " + K;
     var rows = [{kind: "q", j: i, y: ROW, x0: x.k, values: qv, scale: qScale}];
     keys.forEach(function (j) {
       rows.push({kind: "k", j: j, y: rowTop(j), x0: x.k, values: kv[j], scale: kScale},
@@ -940,4 +1006,16 @@ function neuronView(body, meta, arrays, root) {
     table.appendChild(fragment);
   }
   draw();
+  return {select: function (selection) {
+    var layer = layerAt(meta, selection.layer, st.layer), head = meta.heads.indexOf(selection.head);
+    var query = selection.query != null && selection.query < T ? selection.query : st.query;
+    head = head >= 0 ? head : st.head;
+    if (layer === st.layer && head === st.head && query === st.query) return;
+    st.layer = layer;
+    st.head = head;
+    st.query = query;
+    layerSelect.querySelector("select").value = String(layer);
+    headSelect.querySelector("select").value = String(head);
+    draw();
+  }};
 }
