@@ -11,6 +11,7 @@ Definitions are docs/definitions.md's (Clark et al. 2019 and successors); each m
 """
 
 from minibert.analysis import (
+    circuits,
     clustering,
     compare,
     embeddings,
@@ -25,6 +26,18 @@ from minibert.analysis import (
     sae,
     syntax,
     words,
+)
+from minibert.analysis.circuits import (
+    Circuit,
+    CircuitGraph,
+    DirectAttribution,
+    Faithfulness,
+    TokenAttribution,
+    circuit_faithfulness,
+    direct_attribution,
+    edge_attribution,
+    path_patching,
+    token_attribution,
 )
 from minibert.analysis.clustering import js_divergence, mds, stress
 from minibert.analysis.compare import Comparison, RelationExample, RelationResult, compare_models, relation_accuracy
@@ -76,6 +89,7 @@ from minibert.analysis.words import attention_to_word, word_attention, word_grou
 
 __all__ = [  # by topic, one name per line
     # modules
+    "circuits",
     "clustering",
     "compare",
     "embeddings",
@@ -133,6 +147,17 @@ __all__ = [  # by topic, one name per line
     "value_zeroing",
     "alti",
     "attention_attribution",
+    # circuits (issue 30)
+    "token_attribution",
+    "TokenAttribution",
+    "direct_attribution",
+    "DirectAttribution",
+    "edge_attribution",
+    "CircuitGraph",
+    "Circuit",
+    "circuit_faithfulness",
+    "Faithfulness",
+    "path_patching",
     # gradients
     "attention_gradients",
     "gradient_times_attention",
