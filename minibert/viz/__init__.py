@@ -8,11 +8,12 @@
     viz.explore(model)                                            # the live workbench, as a notebook widget
 """
 
-from minibert.viz import features, figures  # features: the SAE feature browser (viz.features.feature_browser)
+# circuits: circuit graphs, faithfulness curves, token text (analysis.circuits)
+from minibert.viz import circuits, features, figures  # features: the SAE feature browser (viz.features.feature_browser)
 from minibert.viz._check import VizError
 from minibert.viz._html import View
 from minibert.viz.explore import explore  # the live workbench as a notebook widget (needs anywidget)
 from minibert.viz.views import Document, document, head_view, model_view, neuron_view
 
-__all__ = ["Document", "View", "VizError", "document", "explore", "features", "figures", "head_view", "model_view",
-           "neuron_view"]
+__all__ = ["Document", "View", "VizError", "circuits", "document", "explore", "features", "figures", "head_view",
+           "model_view", "neuron_view"]
