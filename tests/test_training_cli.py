@@ -43,6 +43,10 @@ def _one_line_error(capsys, argv, fragment):
     (TWO_ROWS, ["--max-grad-norm", "-1"], "max_grad_norm=-1.0"),
     (TWO_ROWS, ["--weight-decay", "-0.1"], "weight_decay=-0.1"),
     (TWO_ROWS, ["--trainable", "classifier.*", "head.*"], "'head.*' matches no parameter"),
+    (TWO_ROWS, ["--warmup", "nan"], "warmup=nan"),  # issue 32 C: was int(nan)'s ValueError
+    (TWO_ROWS, ["--learning-rate", "inf"], "learning_rate=inf: pass a positive, finite peak rate"),
+    ("text\tlabel\na b\t0\nc\td\t1\n", [], "train.tsv, line 3: 3 fields but the header row has 2"),
+    ("text\tlabel\na\t2\nb\tneg\nc\tpos\n", [], "row 1's label 2 is a class number but row 2's 'neg' is a name"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, tiny, content, extra, fragment):
     data = tmp_path / "train.tsv"
@@ -63,12 +67,13 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys, tiny, name, content
 
 
 def test_a_task_the_family_cannot_do(tmp_path, capsys, tiny, monkeypatch):
-    """Every registered family has the three task heads, so the refusal is reached by removing one from the
-    registry the trainer consults (as a family added without a token head would be)."""
-    import importlib
+    """Every registered family has the three task heads, so the refusal is reached by removing one from what
+    the trainer consults, the family's architectures (as a family added without a token head would be)."""
+    from minibert.families.base import Family
 
-    finetune_module = importlib.import_module("minibert.training.finetune")
-    monkeypatch.setattr(finetune_module, "ARCHITECTURES", {"BertModel", "BertForSequenceClassification"})
+    every = Family.architectures
+    monkeypatch.setattr(Family, "architectures",
+                        lambda family: {k: v for k, v in every(family).items() if "TokenClass" not in k})
     (tmp_path / "train.jsonl").write_text('{"text": "a b", "label": ["X", "Y"]}\n')
     _one_line_error(capsys, ["finetune", str(tmp_path / "train.jsonl"), "--task", "token-classification", "--out",
                              str(tmp_path / "out"), "--model", str(tiny)],
@@ -100,3 +105,46 @@ def test_a_run_writes_a_loadable_model_and_its_history(tmp_path, capsys, tiny):
     assert json.loads((tmp_path / "out" / "history.json").read_text())["loss"] == history["loss"]
     capsys.readouterr()  # the runs' progress bars
     _one_line_error(capsys, [*argv, "--resume", "--learning-rate", "1e-3"], "holds a run with other settings")
+
+
+def test_latin1_data_and_an_eval_label_the_training_data_lack(tmp_path, capsys, tiny):
+    """Issue 32 C: a Latin-1 file was a UnicodeDecodeError traceback; an eval label outside the training classes
+    a ValueError traceback (a name) or a NaN evaluation (a number)."""
+    (tmp_path / "latin.tsv").write_bytes("text\tlabel\ncaf\xe9\t0\n".encode("latin-1"))
+    _one_line_error(capsys, ["finetune", str(tmp_path / "latin.tsv"), "--out", str(tmp_path / "out"), "--model",
+                             str(tiny)], "latin.tsv, line 2: not valid UTF-8 (byte 0xe9)")
+    (tmp_path / "train.tsv").write_text("text\tlabel\na b\tneg\nc d\tpos\n")
+    (tmp_path / "eval.tsv").write_text("text\tlabel\na b\tneutral\n")
+    _one_line_error(capsys, ["finetune", str(tmp_path / "train.tsv"), "--eval", str(tmp_path / "eval.tsv"), "--out",
+                             str(tmp_path / "out"), "--model", str(tiny)],
+                    "the eval data: row 1's label 'neutral' is not one of the training labels ['neg', 'pos']")
+
+
+def test_out_is_a_file_or_a_folder_of_the_users_files(tmp_path, capsys, tiny):
+    """Issue 32 B, C: --out notes.txt (a file) was a NotADirectoryError traceback; --resume on a folder holding the
+    user's model/ and history.json but no run trained from scratch and overwrote both."""
+    data = tmp_path / "train.tsv"
+    data.write_text(TWO_ROWS)
+    (tmp_path / "notes.txt").write_text("mine")
+    _one_line_error(capsys, ["finetune", str(data), "--out", str(tmp_path / "notes.txt"), "--model", str(tiny)],
+                    "notes.txt is a file; --out names a folder")
+    mine = tmp_path / "mine"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "config.json").write_text('{"mine": true}')
+    (mine / "history.json").write_text("{}")
+    _one_line_error(capsys, ["finetune", str(data), "--out", str(mine), "--resume", "--model", str(tiny)],
+                    f"{mine} holds no run to resume (no checkpoints folder)")
+    assert (mine / "model" / "config.json").read_text() == '{"mine": true}'
+    assert sorted(p.name for p in mine.iterdir()) == ["history.json", "model"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_a_diverged_run_writes_no_model(tmp_path, capsys, tiny):
+    """Issue 32 A4: --learning-rate 1e6 exited 0 and wrote model.safetensors of non-finite weights."""
+    data = tmp_path / "train.tsv"
+    data.write_text("text\tlabel\n" + "".join(f"w{i} w{i + 3} a b\t{i % 2}\n" for i in range(16)))
+    _one_line_error(capsys, ["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny),
+                             "--learning-rate", "1e6", "--epochs", "2", "--batch-size", "4", "--dropout", "0"],
+                    "training diverged")
+    assert not (tmp_path / "out" / "model").exists() and not (tmp_path / "out" / "history.json").exists()

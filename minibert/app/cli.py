@@ -212,15 +212,27 @@ def _warmup(text: str) -> float | int:
     return int(text) if text.isdigit() else float(text)
 
 
+def _checked_run_folder(out: Path, resume: bool) -> None:
+    """--out: a new or empty folder, or (with --resume) one holding a run; never a file or a folder of the user's
+    files, which the run's model/ and history.json would overwrite."""
+    if out.exists() and not out.is_dir():
+        raise DataFileError(f"{out} is a file; --out names a folder for the run (model/, history.json, checkpoints/).")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not resume:
+        raise DataFileError(f"{out} is not empty; pass --resume to continue the run saved there, or another --out.")
+    if not (out / "checkpoints").is_dir():
+        raise DataFileError(f"{out} holds no run to resume (no checkpoints folder), and the run would write over its "
+                            f"files; pass another --out.")
+
+
 def _finetune(args) -> int:
     import dataclasses
     import json
 
     from minibert import training
 
-    if args.out.exists() and not args.resume and any(args.out.iterdir()):
-        raise DataFileError(f"{args.out} is not empty; pass --resume to continue the run saved there, or another "
-                            f"--out.")
+    _checked_run_folder(args.out, args.resume)
     model = _load(args.model, args.download)
     data = training.examples(args.data, task=args.task)
     eval_data = training.examples(args.eval, task=args.task) if args.eval else None
