@@ -208,7 +208,7 @@ def test_token_probe_scores_the_test_split_and_its_control(tiny):
     sentences = [[str(rng.choice(letters)) for _ in range(rng.integers(3, 8))] for _ in range(40)]
     labels = [[int(w in "abcde") for w in words] for words in sentences]  # a property of the word (generated)
     result = probes.token_probe(tiny, sentences, labels, site="hook_resid_post", samples=100)
-    features = probes.word_features(tiny, sentences)
+    features = probes.word_features(tiny, sentences, site="hook_resid_post")
     test = np.isin(features.sentence, probes.split_sentences(40)["test"])
     y = np.concatenate(labels)
     expected = (probes.predict(result.params, features.values[:, test]) == y[test]).mean(1)
@@ -259,6 +259,65 @@ def test_probes_refuse_one_class_non_finite_features_column_labels_and_no_items(
         probes.fit_linear_probes(empty, np.zeros(0, int))
     with pytest.raises(AnalysisError, match="at least one layer, item and feature"):
         probes.probe(probes.Features(empty, np.zeros(0, int), "hook_resid_post"), [])
+
+
+def test_the_default_site_is_the_layer_output_the_probing_papers_read(tiny_mlm):
+    """In post-LN BERT hook_resid_post is the sum before the block's second LayerNorm; the papers probe the layer
+    output, transformers' hidden_states[l + 1]. The default features are those (first wordpiece of each word),
+    up to two programs' forward rounding (tolerances.forward_rtol)."""
+    import torch
+
+    model, hf = tiny_mlm
+    sentences = [["a", "c", "e"], ["f", "h"]]  # one wordpiece each in the tiny vocabulary
+    features = probes.word_features(model, sentences)
+    assert features.site == probes.layer_output_site(model) == "hook_normalized_resid_post"
+    for b, words in enumerate(sentences):
+        batch = model.tokenize([" ".join(words)])
+        with torch.no_grad():
+            hidden = hf(**{k: torch.tensor(np.asarray(v)) for k, v in batch.to_dict().items()},
+                        output_hidden_states=True).hidden_states
+        firsts = [1 + i for i in range(len(words))]  # one wordpiece per word here (asserted below)
+        assert len(batch.real_tokens(0)) == len(words) + 2
+        items = np.flatnonzero(features.sentence == b)
+        for layer in range(model.config.num_hidden_layers):
+            assert_close_to_scale(features.values[layer, items], hidden[layer + 1][0, firsts].numpy(),
+                                  forward_rtol(model.config, S=len(words) + 2), f"layer {layer}")
+
+
+def _typed_sentences(rng, n=60):
+    """Generated sentences over 30 word types; a word's label is a property of its type (its first letter)."""
+    types = [a + b for a in "abcdef" for b in "ghijk"]
+    sentences = [[str(rng.choice(types)) for _ in range(rng.integers(3, 7))] for _ in range(n)]
+    return sentences, [[int(w[0] in "abc") for w in words] for words in sentences]
+
+
+@pytest.mark.slow
+def test_token_probe_sweeps_l2_with_the_control_task_and_keeps_the_test_items(tiny):
+    """l2=None with the control task: every L2_GRID value trained on task and control (each row recomputed with
+    probe() at that l2), the kept one the highest mean dev selectivity; the result names its test items, their
+    gold classes and every layer's predictions, which give its accuracy."""
+    sentences, labels = _typed_sentences(np.random.default_rng(3))
+    result = probes.token_probe(tiny, sentences, labels, samples=50)
+    assert [row["l2"] for row in result.sweep] == list(probes.L2_GRID)
+    best = max(result.sweep, key=lambda row: row["dev_selectivity"])
+    assert result.l2 == best["l2"] and result.control.l2 == best["l2"]
+    features = probes.word_features(tiny, sentences)
+    flat = [label for row in labels for label in row]
+    words = [w for row in sentences for w in row]
+    for row in result.sweep[:2]:
+        task = probes.probe(features, flat, l2=row["l2"], samples=50)
+        control = probes.probe(features, probes.control_labels(words, flat), l2=row["l2"], samples=50)
+        assert row["dev_accuracy"] == task.dev_accuracy.mean()  # the same program on the same items
+        assert row["dev_control"] == control.dev_accuracy.mean()
+    y = probes.encode_labels(flat)[0]
+    np.testing.assert_array_equal(result.gold, y[result.test])
+    np.testing.assert_array_equal(result.predicted, probes.predict(result.params, features.take(result.test)))
+    np.testing.assert_array_equal(result.accuracy, (result.predicted == result.gold).mean(1))
+    typed = probes.token_probe(tiny, sentences, labels, l2=0.1, split="type", samples=50)
+    test_types = {words[i] for i in typed.test}
+    assert test_types and not test_types & {w for i, w in enumerate(words) if i not in set(typed.test)}
+    with pytest.raises(AnalysisError, match="split='words'"):
+        probes.token_probe(tiny, sentences, labels, split="words")
 
 
 def test_probes_are_exported():

@@ -1,7 +1,7 @@
 """Probes: small models trained on a frozen encoder's activations, every layer at once (docs/probes.md).
 
 Linear probes (Alain & Bengio 2016; Hewitt & Liang 2019) are multinomial logistic regressions, one per layer,
-on the activations of one hook site ("hook_resid_post", "mlp.hook_post", "attn.hook_z" flattened over
+on the activations of one hook site ("hook_normalized_resid_post", "mlp.hook_post", "attn.hook_z" flattened over
 heads, …). Token-level probes label words: a word's feature is its first wordpiece's activation or the
 mean of its wordpieces' ("first" | "mean", as word-level attention pools rows). Sentence-level probes
 label texts: the [CLS] position or the mean over real tokens. token_features gives every token of texts or
@@ -21,8 +21,13 @@ Control tasks (Hewitt & Liang 2019): each word type gets a random label drawn fr
 distribution; a probe that scores well on the control task memorises types rather than reading the
 property. Selectivity = task accuracy − control accuracy, per layer.
 
-    result = token_probe(model, words, labels, site="hook_resid_post", pool="first", control=True)
+    result = token_probe(model, words, labels, pool="first", control=True)   # site: each block's output
     result.accuracy, result.interval, result.selectivity    # [L], [L, 2] (bootstrap 95%), [L]
+    result.l2, result.sweep                                  # the l2 chosen by dev selectivity, and the sweep
+    result.test, result.gold, result.predicted               # test item indices, gold classes, [L, n] predictions
+
+The default site is each block's output (layer_output_site): in post-LN BERT that is hook_normalized_resid_post,
+the LayerNorm'd layer output the probing papers read — hook_resid_post there is the sum before that LayerNorm.
 
 Modules: features (activations and labels), linear (logistic-regression probes, control tasks), structural
 (Hewitt & Manning), clark (Clark et al.'s attention-based parser probe); every name is importable from here.
@@ -48,6 +53,7 @@ from minibert.analysis.probes.features import (
     Features,
     control_labels,
     encode_labels,
+    layer_output_site,
     read_text_labels,
     read_word_labels,
     sentence_features,
@@ -56,6 +62,9 @@ from minibert.analysis.probes.features import (
     word_features,
 )
 from minibert.analysis.probes.linear import (
+    DEFAULT_L2,
+    L2_GRID,
+    SPLITS,
     ProbeResult,
     bootstrap_accuracy,
     fit_linear_probes,
@@ -87,6 +96,10 @@ from minibert.analysis.probes.structural import (
 )
 
 __all__ = [
+    "DEFAULT_L2",
+    "L2_GRID",
+    "SPLITS",
+    "layer_output_site",
     "CLARK_PROBES",
     "DISTANCE_FEATURES",
     "Features",

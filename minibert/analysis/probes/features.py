@@ -37,8 +37,19 @@ class Features:
                         *(None if a is None else a[items] for a in (self.tokens, self.segment)))
 
 
-def _checked_site(model, site: str) -> str:
-    """`site` without a block prefix, checked to be a per-layer hook with a token axis (not a [T, S] map)."""
+def layer_output_site(model) -> str:
+    """Each block's output, the default probe site: hook_normalized_resid_post in post-LN models (BERT's blocks end
+    with LayerNorm(x + MLP(x)); their hook_resid_post is the sum before that LayerNorm), hook_resid_post in pre-LN
+    ones (ModernBERT), where it is the output. The probing papers read these layer outputs."""
+    return "hook_normalized_resid_post" if "blocks.0.hook_normalized_resid_post" in model.hook_names else \
+        "hook_resid_post"
+
+
+def _checked_site(model, site: str | None) -> str:
+    """`site` without a block prefix, checked to be a per-layer hook with a token axis (not a [T, S] map); None:
+    the block's output (layer_output_site)."""
+    if site is None:
+        return layer_output_site(model)
     name = f"blocks.0.{site}"
     if name not in model.hook_names:
         examples = sorted({n.split(".", 2)[2] for n in model.hook_names if n.startswith("blocks.0.")})
@@ -86,7 +97,7 @@ def _pool_words(values: np.ndarray, groups: Sequence[Sequence[int]], pool: str) 
     return np.stack([values[:, group].mean(1) for group in groups], axis=1)
 
 
-def word_features(model, sentences: Sequence[Sequence[str]], site: str = "hook_resid_post", pool: str = "first",
+def word_features(model, sentences: Sequence[Sequence[str]], site: str | None = None, pool: str = "first",
                   batch_size: int = 32) -> Features:
     """Per-word features [L, N, F] of pre-split sentences (lists of words, e.g. a CoNLL-U treebank's).
 
@@ -125,7 +136,7 @@ def _text_runs(model, texts: list, pairs, site: str, batch_size: int, max_length
         yield start, batch, values.reshape(*values.shape[:3], -1)
 
 
-def sentence_features(model, texts, pairs=None, site: str = "hook_resid_post", pool: str = "cls",
+def sentence_features(model, texts, pairs=None, site: str | None = None, pool: str = "cls",
                       batch_size: int = 32, max_length: int | None = None) -> Features:
     """Per-text features [L, N, F]: the [CLS] position's activation ("cls") or the mean over real tokens."""
     site = _checked_site(model, site)
@@ -142,7 +153,7 @@ def sentence_features(model, texts, pairs=None, site: str = "hook_resid_post", p
     return Features(np.concatenate(chunks, axis=1), np.arange(len(texts)), site)
 
 
-def token_features(model, texts, pairs=None, site: str = "hook_resid_post", batch_size: int = 32,
+def token_features(model, texts, pairs=None, site: str | None = None, batch_size: int = 32,
                    max_length: int | None = None) -> Features:
     """Per-token features [L, N, F] of texts (and pairs, second texts) as the model tokenizes them: every real
     token but the special ones ([CLS], [SEP], …), with its text (`tokens`) and segment (`segment`: 1 in the

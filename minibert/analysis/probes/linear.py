@@ -23,6 +23,10 @@ from minibert.analysis.probes.features import (
 )
 from minibert.errors import AnalysisError
 
+DEFAULT_L2 = 1e-3  # probe() and fit_linear_probes: a weak penalty, the optimum of a nearly unregularised probe
+L2_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)  # token_probe's sweep with the control task (Hewitt & Liang 2019)
+SPLITS = ("sentence", "type")
+
 
 def _cross_entropy(params, x, y):
     logits = x @ params["W"] + params.get("b", 0.0)
@@ -85,7 +89,7 @@ def _fit_layers(x, y, x_dev, y_dev, l2, tol, max_steps, patience, *, num_classes
     return jax.lax.map(lambda layer: fit(layer[0], x_dev=layer[1]), (x, x_dev))
 
 
-def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: float = 1e-3, dev=None,
+def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: float = DEFAULT_L2, dev=None,
                       max_steps: int = 500, patience: int | None = 20, tol: float = 1e-6, bias: bool = True,
                       vectorised: bool | None = None):
     """Train one multinomial logistic probe per layer, all in one compiled program (layers side by side with
@@ -181,6 +185,12 @@ class ProbeResult:
     classes: tuple
     site: str
     control: ProbeResult | None = None
+    test: np.ndarray | None = None  # [n] indices of the test items among the features' items
+    predicted: np.ndarray | None = None  # [L, n] each layer's predicted class index per test item (classes[i])
+    gold: np.ndarray | None = None  # [n] the test items' class indices
+    dev_accuracy: np.ndarray | None = None  # [L] on the dev split (None without one): what l2 is chosen on
+    l2: float | None = None  # the probe's l2
+    sweep: list[dict] | None = None  # token_probe's l2 sweep: one row per l2 (dev accuracy, control, selectivity)
 
     @property
     def selectivity(self) -> np.ndarray:
@@ -200,10 +210,12 @@ class ProbeResult:
         return rows
 
 
-def probe(features: Features, labels: Sequence[Hashable], *, dev: float = 0.1, test: float = 0.2, l2: float = 1e-3,
-          max_steps: int = 500, patience: int = 20, seed: int = 0, samples: int = 1000,
-          classes: Sequence[Hashable] | None = None) -> ProbeResult:
-    """Split by sentence, train every layer's probe (early stopping on dev), score on test with a bootstrap."""
+def probe(features: Features, labels: Sequence[Hashable], *, dev: float = 0.1, test: float = 0.2,
+          l2: float = DEFAULT_L2, max_steps: int = 500, patience: int = 20, seed: int = 0, samples: int = 1000,
+          classes: Sequence[Hashable] | None = None, groups=None) -> ProbeResult:
+    """Split by sentence (or by `groups` [N]: items of one group stay in one split, e.g. word types), train every
+    layer's probe (early stopping on dev), score on test with a bootstrap over sentences. The result keeps the
+    test items' indices, their gold classes and every layer's predictions (ProbeResult.test/gold/predicted)."""
     checked_features(features)
     if np.ndim(labels) != 1:
         raise AnalysisError(f"labels must be one label per item, a flat list [N]; got shape {np.shape(labels)}"
@@ -211,33 +223,65 @@ def probe(features: Features, labels: Sequence[Hashable], *, dev: float = 0.1, t
     if len(labels) != len(features):
         raise AnalysisError(f"{len(features)} items but {len(labels)} labels; pass one label per word or sentence.")
     y, classes = encode_labels(labels, classes)
-    splits = split_sentences(int(features.sentence.max()) + 1, dev, test, seed)
-    part = {name: np.isin(features.sentence, chosen) for name, chosen in splits.items()}
+    groups = features.sentence if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    if groups.shape != (len(features),):
+        raise AnalysisError(f"groups must give one group per item ({len(features)}); got shape {groups.shape}.")
+    splits = split_sentences(int(groups.max()) + 1, dev, test, seed)
+    part = {name: np.isin(groups, chosen) for name, chosen in splits.items()}
     dev_set = (features.take(part["dev"]), y[part["dev"]]) if part["dev"].any() else None
     params, steps = fit_linear_probes(features.take(part["train"]), y[part["train"]], num_classes=len(classes), l2=l2,
                                       dev=dev_set, max_steps=max_steps, patience=patience)
     tested = features.take(part["test"])
-    correct = predict(params, tested) == y[part["test"]]
+    predicted = predict(params, tested)
+    correct = predicted == y[part["test"]]
+    dev_accuracy = None if dev_set is None else (predict(params, dev_set[0]) == dev_set[1]).mean(1)
     return ProbeResult(correct.mean(1), bootstrap_accuracy(correct, tested.sentence, samples, seed=seed), params,
-                       steps, classes, features.site)
+                       steps, classes, features.site, test=np.flatnonzero(part["test"]), predicted=predicted,
+                       gold=y[part["test"]], dev_accuracy=dev_accuracy, l2=float(l2))
 
 
 def token_probe(model, sentences: Sequence[Sequence[str]], labels: Sequence[Sequence[Hashable]], *,
-                site: str = "hook_resid_post", pool: str = "first", control: bool = True, **options) -> ProbeResult:
+                site: str | None = None, pool: str = "first", control: bool = True, l2: float | None = None,
+                split: str = "sentence", **options) -> ProbeResult:
     """A probe of word labels on every layer (labels: one list per sentence, one label per word), with
-    Hewitt & Liang's control task when `control`. options: probe()'s (dev, test, l2, seed, …)."""
+    Hewitt & Liang's control task when `control`. options: probe()'s (dev, test, seed, …).
+
+    site: None reads each block's output (features.layer_output_site: hook_normalized_resid_post in post-LN
+    models, the site the probing papers read). l2=None with the control task sweeps L2_GRID: at each value the
+    task and control probes are trained, and the value with the highest mean dev selectivity (task − control
+    accuracy on the dev split) is kept — Hewitt & Liang's advice to choose probe capacity by selectivity; a
+    weak penalty lets a probe memorise each word type's control label. result.l2 says which, result.sweep
+    gives every value's dev numbers. l2=None without the control task uses DEFAULT_L2.
+    split="type": word types (lowercased) rather than sentences are split, so every test word is a type the
+    probe never saw (a lexical-memorisation check); the bootstrap still resamples sentences.
+    """
     if len(labels) != len(sentences) or any(len(w) != len(t) for w, t in zip(sentences, labels)):
         raise AnalysisError("labels must hold one list per sentence with one label per word.")
+    if split not in SPLITS:
+        raise AnalysisError(f"split={split!r}: pick 'sentence' or 'type' (unseen word types in test).")
     features = word_features(model, sentences, site, pool)
     flat = [label for sentence_labels in labels for label in sentence_labels]
-    result = probe(features, flat, **options)
-    if control:
-        words = [word for words in sentences for word in words]
-        result.control = probe(features, control_labels(words, flat, options.get("seed", 0)), **options)
-    return result
+    words = [word.lower() for words in sentences for word in words]
+    options["groups"] = words if split == "type" else None
+    if not control:
+        return probe(features, flat, l2=DEFAULT_L2 if l2 is None else l2, **options)
+    controls = control_labels(words, flat, options.get("seed", 0))
+    rows, best = [], None
+    for value in (L2_GRID if l2 is None else (l2,)):
+        result = probe(features, flat, l2=value, **options)
+        result.control = probe(features, controls, l2=value, **options)
+        if result.dev_accuracy is None:  # no dev split: nothing to choose on
+            return result
+        selectivity = float(np.mean(result.dev_accuracy - result.control.dev_accuracy))
+        rows.append({"l2": value, "dev_accuracy": float(result.dev_accuracy.mean()),
+                     "dev_control": float(result.control.dev_accuracy.mean()), "dev_selectivity": selectivity})
+        if best is None or selectivity > best[0]:
+            best = (selectivity, result)
+    best[1].sweep = rows
+    return best[1]
 
 
-def sentence_probe(model, texts, labels: Sequence[Hashable], *, pairs=None, site: str = "hook_resid_post",
+def sentence_probe(model, texts, labels: Sequence[Hashable], *, pairs=None, site: str | None = None,
                    pool: str = "cls", **options) -> ProbeResult:
     """A probe of text labels on every layer ([CLS] or mean-pooled features). options: probe()'s."""
     return probe(sentence_features(model, texts, pairs, site, pool), labels, **options)

@@ -87,7 +87,7 @@ class Trees:
                      self.roots[chosen], self.kind)
 
 
-def tree_data(model, sentences, kind: str = "distance", site: str = "hook_resid_post", pool: str = "mean") -> Trees:
+def tree_data(model, sentences, kind: str = "distance", site: str | None = None, pool: str = "mean") -> Trees:
     """Features and gold targets of CoNLL-U trees (syntax.Sentence list) for a structural probe; a word's feature is
     the mean of its wordpieces' by default, as their BERT features are."""
     if kind not in STRUCTURAL_KINDS:
@@ -304,7 +304,7 @@ def evaluate_structural(B: np.ndarray, trees: Trees) -> dict[str, np.ndarray]:
     return {name: np.array(values) for name, values in scores.items()}
 
 
-def structural_probe(model, sentences, kind: str = "distance", *, site: str = "hook_resid_post",
+def structural_probe(model, sentences, kind: str = "distance", *, site: str | None = None,
                      pool: str = "mean", dev: float = 0.1, test: float = 0.2, seed: int = 0,
                      **options) -> StructuralResult:
     """Hewitt & Manning's distance or depth probe on every layer, trained on a split of the trees and scored
