@@ -44,8 +44,9 @@ def z_rtol(q, k, u=U32):
     """Error of z relative to max |v|, for two implementations that round differently. Scores are length-K
     dot products (dot_rtol(K)·max|s| absolute); softmax turns a score error δ into a relative pattern error
     ≤ 2δ; the row sum is a sum of S non-negative terms; z is a length-S combination of v."""
+    K, S = q.shape[-1], k.shape[1]
     s_max = float(jnp.abs(jnp.einsum("BTHK,BSHK->BHTS", q, k)).max()) / np.sqrt(K)
-    one = 2 * s_max * dot_rtol(K, u) + sum_rtol(T, u) + dot_rtol(T, u)
+    one = 2 * s_max * dot_rtol(K, u) + sum_rtol(S, u) + dot_rtol(S, u)
     return 2 * one
 
 
@@ -307,3 +308,17 @@ def test_model_attention_backend_names_the_kernel_for_this_batch(tmp_path):
     assert minibert.load(tmp_path).attention_backend(right, platform="cuda").name == "xla"
     backend = bf16.attention_backend(left, platform="cuda")
     assert backend.name == "xla" and "rows [1]" in backend.reason
+
+
+def test_the_kernel_this_machine_picks_matches_float32_explicit():
+    """attend in bf16 on this machine's platform — cuDNN flash attention on an NVIDIA GPU, the unwatched kernel on a
+    CPU — against the float32 explicit path on the same rounded inputs, rows of 16 and 7 real keys. Bound as for
+    the bf16 fused kernel above: two bf16 score roundings (2·2u·max|s|), the pattern's and z's (2u), plus the
+    float32 paths' own difference."""
+    q, k, v, mask = even_length_inputs(11)
+    got = jax.jit(attend_unwatched)(q, k, v, mask)
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    want = explicit(q32, k32, v32, mask)
+    s_max = float(jnp.abs(jnp.einsum("BTHK,BSHK->BHTS", q32, k32)).max()) / np.sqrt(q.shape[-1])
+    rtol = U_BF16 * (4 * s_max + 2) + z_rtol(q32, k32)
+    assert_close_to_scale(got.astype(jnp.float32), want, rtol, str(attention.platform()))
