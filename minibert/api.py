@@ -135,9 +135,9 @@ def _check_whole_numbers(name: str, value: np.ndarray) -> None:
 def _cut_output(out: Output, length: int, heads) -> Output:
     """The Output fields with a token axis (hidden states; logits of per-token heads) cut back to the real length."""
     per_token = heads.mlm or heads.classifier == "token" or heads.discriminator
-    cut = {"last_hidden_state": out.last_hidden_state[:, :length]}
+    cut = {"last_hidden_state": buckets.cut_axes(out.last_hidden_state, "BT", length)}
     if per_token and out.logits is not None:
-        cut["logits"] = out.logits[:, :length]
+        cut["logits"] = buckets.cut_axes(out.logits, "BT", length)
     return out.replace(**cut)
 
 
@@ -184,8 +184,11 @@ class Model:
         return self.params["blocks"][0 if self.config.family.shared_layers else layer]
 
     def layer_weights(self, name: str) -> jax.Array:
-        """One weight of every block stacked over the layers, [L, ...], by its name inside a block: "attn.W_O"
-        [L, H, K, D], "ln1.scale" [L, D], "mlp.W_in" [L, D, F], … (ALBERT: its one shared block's, L times)."""
+        """One weight of every block stacked over the layers, [L, ...], by its name inside a block, in minibert's
+        einsum layout: "attn.W_Q"/"W_K"/"W_V" [L, D, H, K] (TransformerLens' model.W_Q is [L, H, D, K]: use
+        model.W_Q for that order), "attn.b_Q" [L, H, K], "attn.W_O" [L, H, K, D], "attn.b_O" [L, D],
+        "ln1.scale"/"ln1.bias" [L, D], "mlp.W_in" [L, D, F], "mlp.b_in" [L, F], "mlp.W_out" [L, F, D],
+        "mlp.b_out" [L, D] (ALBERT: its one shared block's, L times)."""
         def weight(layer):
             value = self.block_params(layer)
             for part in name.split("."):
@@ -195,6 +198,78 @@ class Model:
                 value = value[part]
             return value
         return jnp.stack([weight(layer) for layer in range(self.config.num_hidden_layers)])
+
+    # ---- TransformerLens' weight names and orders: [L, ...] stacks over the blocks -------------------------------
+    # W_Q, W_K, W_V [L, H, D, K]; W_O [L, H, K, D]; b_Q, b_K, b_V [L, H, K]; b_O [L, D]; W_in [L, D, F];
+    # W_out [L, F, D]; b_in [L, F]; b_out [L, D]. minibert's own block weights keep the einsum layout
+    # (layer_weights("attn.W_Q") is [L, D, H, K]); these give TransformerLens' order under its names, so code
+    # written for HookedTransformer (per-head norms over axes (2, 3), W_Q[l, h] a [D, K] matrix) reads them as is.
+
+    def _qkv(self, kind: str, which: str) -> jax.Array:
+        """attn.{kind}_{which} of every block, from the fused [3, ...] weight where the family fuses q, k, v."""
+        if f"{kind}_{which}" in self.block_params(0)["attn"]:
+            return self.layer_weights(f"attn.{kind}_{which}")
+        return self.layer_weights(f"attn.{kind}_QKV")[:, "QKV".index(which)]
+
+    @property
+    def W_Q(self) -> jax.Array:
+        """[L, H, D, K] query weights, TransformerLens' order (layer_weights("attn.W_Q") is [L, D, H, K])."""
+        return self._qkv("W", "Q").transpose(0, 2, 1, 3)
+
+    @property
+    def W_K(self) -> jax.Array:
+        """[L, H, D, K] key weights, TransformerLens' order."""
+        return self._qkv("W", "K").transpose(0, 2, 1, 3)
+
+    @property
+    def W_V(self) -> jax.Array:
+        """[L, H, D, K] value weights, TransformerLens' order."""
+        return self._qkv("W", "V").transpose(0, 2, 1, 3)
+
+    @property
+    def W_O(self) -> jax.Array:
+        """[L, H, K, D] output weights of each head (the same order as TransformerLens')."""
+        return self.layer_weights("attn.W_O")
+
+    @property
+    def b_Q(self) -> jax.Array:
+        """[L, H, K] query biases."""
+        return self._qkv("b", "Q")
+
+    @property
+    def b_K(self) -> jax.Array:
+        """[L, H, K] key biases."""
+        return self._qkv("b", "K")
+
+    @property
+    def b_V(self) -> jax.Array:
+        """[L, H, K] value biases."""
+        return self._qkv("b", "V")
+
+    @property
+    def b_O(self) -> jax.Array:
+        """[L, D] the attention output's bias."""
+        return self.layer_weights("attn.b_O")
+
+    @property
+    def W_in(self) -> jax.Array:
+        """[L, D, F] the MLP's input weights (ModernBERT's GeGLU: [L, D, 2, F])."""
+        return self.layer_weights("mlp.W_in")
+
+    @property
+    def W_out(self) -> jax.Array:
+        """[L, F, D] the MLP's output weights."""
+        return self.layer_weights("mlp.W_out")
+
+    @property
+    def b_in(self) -> jax.Array:
+        """[L, F] the MLP's input bias."""
+        return self.layer_weights("mlp.b_in")
+
+    @property
+    def b_out(self) -> jax.Array:
+        """[L, D] the MLP's output bias."""
+        return self.layer_weights("mlp.b_out")
 
     def param_count(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))

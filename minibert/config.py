@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from minibert.errors import ConfigError
 from minibert.families.base import Family, Heads
 from minibert.families.bert import BERT
@@ -25,8 +27,16 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 MAX_SHARED_LAYERS = 96
 
 
-def head_label(layer: int, head: int) -> str:
-    """The paper's 1-indexed "L-H" label of 0-indexed (layer, head): (0, 3) → "1-4" (Clark et al.)."""
+def head_label(layer: int, head: int, layers: int | None = None, heads: int | None = None) -> str:
+    """The paper's 1-indexed "L-H" label of 0-indexed (layer, head): (0, 3) → "1-4" (Clark et al.). Both must be
+    whole numbers ≥ 0, below `layers` and `heads` where given (Config.head_label gives the model's): a flat
+    index from argmax over [L, H] is refused — np.unravel_index (or divmod by H) gives (layer, head)."""
+    for name, value, limit in (("layer", layer, layers), ("head", head, heads)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0 or \
+                (limit is not None and value >= limit):
+            bound = "" if limit is None else f" and < {limit}"
+            raise ConfigError(f"head_label: {name} must be a whole number ≥ 0{bound} (0-indexed), got {value!r}; "
+                              f"for a flat index over [L, H] use divmod(index, H).")
     return f"{layer + 1}-{head + 1}"
 
 
@@ -149,6 +159,10 @@ class Config:
         """What the architecture puts on top of the encoder (Family.architectures): it follows from the two fields,
         so it is not a third that could disagree with them."""
         return self.family.architectures()[self.architecture]
+
+    def head_label(self, layer: int, head: int) -> str:
+        """head_label checked against this model's layers and heads: (0, 3) → "1-4"."""
+        return head_label(layer, head, self.num_hidden_layers, self.num_attention_heads)
 
     def setting(self, name: str):
         """One of the family's own settings (Family.settings), as config.json gave it or its default."""

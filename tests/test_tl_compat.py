@@ -126,3 +126,35 @@ def test_masked_keys_score_minus_infinity_in_a_padded_batch(pretraining):
     padding = np.broadcast_to(padding, scores.shape)
     assert padding.any() and np.isneginf(scores[padding]).all() and np.isfinite(scores[~padding]).all()
     assert (pattern[padding] == 0).all()
+
+
+def test_weights_under_transformerlens_names_and_orders(tiny_mlm):
+    """issue 32 A9: layer_weights("attn.W_Q") is [L, D, H, K] while TransformerLens' W_Q is [L, H, D, K]; per-head
+    norms over TL's axes summed the wrong ones silently. model.W_Q, … give TL's order, built here as TL's
+    convert_bert_weights builds them from the Hugging Face weights: W_Q = rearrange(query.weight, "(i h) m -> i m h"),
+    W_O = rearrange(output.dense.weight, "m (i h) -> i h m"), b_Q = rearrange(query.bias, "(i h) -> i h"). A
+    reshape and transpose of the same float32 values: equal exactly."""
+    from minibert.config import head_label
+    from minibert.errors import ConfigError
+
+    model, hf = tiny_mlm
+    H, K = model.config.num_attention_heads, model.config.head_dim
+    for layer, block in enumerate(hf.bert.encoder.layer):
+        attention = block.attention
+        for name, linear in (("Q", attention.self.query), ("K", attention.self.key), ("V", attention.self.value)):
+            weight, bias = linear.weight.detach().numpy(), linear.bias.detach().numpy()
+            tl_order = weight.reshape(H, K, -1).transpose(0, 2, 1)  # [H, D, K]
+            np.testing.assert_array_equal(getattr(model, f"W_{name}")[layer], tl_order)
+            np.testing.assert_array_equal(getattr(model, f"b_{name}")[layer], bias.reshape(H, K))
+        out = attention.output.dense.weight.detach().numpy()
+        np.testing.assert_array_equal(model.W_O[layer], out.reshape(-1, H, K).transpose(1, 2, 0))
+        np.testing.assert_array_equal(model.b_O[layer], attention.output.dense.bias.detach().numpy())
+        np.testing.assert_array_equal(model.W_in[layer], block.intermediate.dense.weight.detach().numpy().T)
+        np.testing.assert_array_equal(model.W_out[layer], block.output.dense.weight.detach().numpy().T)
+    assert model.W_Q.shape == (model.config.num_hidden_layers, H, model.config.hidden_size, K)
+    assert model.config.head_label(1, 2) == head_label(1, 2) == "2-3"
+    for layer, head in ((186, 7), (0, 9), (-1, 0), (1.0, 2), (True, 1)):
+        with pytest.raises(ConfigError, match="head_label"):
+            model.config.head_label(layer, head)
+    with pytest.raises(ConfigError, match="divmod"):
+        head_label(-1, 2)
