@@ -10,8 +10,8 @@ this jax has cuDNN. It returns a Backend, one of
                there than XLA's fused attention (benchmarks/RESULTS.md);
     xla        jax.nn.dot_product_attention(implementation="xla") (model.fused_attention): GPUs in float32,
                TPUs, masks cuDNN cannot take;
-    cudnn      cuDNN flash attention on NVIDIA GPUs in bf16/fp16, its padding mask given as key lengths;
-               attention dropout fused in the kernel.
+    cudnn      cuDNN flash attention on NVIDIA GPUs in bf16/fp16 (head width a multiple of 8 up to 128, even
+               lengths), its padding mask given as key lengths; attention dropout fused in the kernel.
 
 and the reason in words, which `Model.attention_backend(batch)` reports and model.attend logs once.
 
@@ -36,7 +36,6 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # lax.platform_dependent's names
 HALF_DTYPES = ("bfloat16", "float16")  # cuDNN flash attention's inputs
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention before Hopper; jax's check_is_flash_attention allows 256 on ≥ 9.0
 
