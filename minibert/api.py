@@ -399,8 +399,11 @@ class Model:
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise InputError(f"input_ids must lie in [0, {cfg.vocab_size}); found {ids.min()}…{ids.max()}. "
                              f"Were they made with another model's tokenizer?")
-        if types.min() < 0 or types.max() >= cfg.type_vocab_size:
-            raise InputError(f"token_type_ids must lie in [0, {cfg.type_vocab_size}); found {types.max()}.")
+        # A model without a segment table (DistilBERT, DeBERTa-v3) reads no token_type_ids: the 0 and 1 that
+        # Hugging Face's tokenizers give sentence A and B are accepted and ignored.
+        segments = cfg.type_vocab_size if cfg.family.token_types else max(cfg.type_vocab_size, 2)
+        if types.min() < 0 or types.max() >= segments:
+            raise InputError(f"token_type_ids must lie in [0, {segments}); found {types.min()}…{types.max()}.")
         positions = fields.get("position_ids") if position_ids is None else position_ids
         positions = None if positions is None else self._checked_positions(positions, ids.shape)
         return Inputs(*(jnp.asarray(a, jnp.int32) for a in (ids, types, mask)), position_ids=positions)
