@@ -7,18 +7,19 @@ dead/dense latents and spliced-in fidelity, saved in SAELens' file layout.
     trainer = sae.Trainer(config, learning_rate=2e-4, warmup=100)
     trainer.train(sae.activations(model, texts, config.hook_name, batch_size=1024))
     sae.evaluate(config, trainer.params, x)                   # {"l0", "fvu", "dead", "dense", "frequency"}
-    sae.spliced_fidelity(model, config, trainer.params, texts)
+    sae.spliced_fidelity(model, config, trainer.params, texts)  # {"ce_*", "loss_recovered", "kl", …} or {"cosine"}
     sae.save("out/sae", config, trainer.params); config, params = sae.load("out/sae")
 """
 
 from minibert.analysis.sae.metrics import evaluate, splice_hook, spliced_fidelity
 from minibert.analysis.sae.model import ARCHITECTURES, SAEConfig, decode, encode, init_params, reconstruct
 from minibert.analysis.sae.saelens import load, save
-from minibert.analysis.sae.source import activations, hook_width, token_activations
+from minibert.analysis.sae.source import ActivationStream, activations, hook_width, text_rows, token_activations
 from minibert.analysis.sae.training import Trainer
 
 __all__ = [
     "ARCHITECTURES",
+    "ActivationStream",
     "SAEConfig",
     "Trainer",
     "activations",
@@ -32,5 +33,6 @@ __all__ = [
     "save",
     "splice_hook",
     "spliced_fidelity",
+    "text_rows",
     "token_activations",
 ]
