@@ -1,7 +1,17 @@
 """One command for a GPU machine: minibert next to transformers (sdpa, eager) on the same card.
 
+    python benchmarks/gpu.py --quick [--out gpu.md]             # ≤ 4 minutes on one H100, compiles included
     python benchmarks/gpu.py [--bundled DIR] [--out gpu.md]     # on a GPU with jax[cuda], flax, torch, transformers
-    python benchmarks/gpu.py --smoke                            # tiny sizes on any machine (a test runs this)
+    python benchmarks/gpu.py --smoke [--quick]                  # tiny sizes on any machine (a test runs this)
+
+--quick (random bert-base, bf16): inference at 64×512 with nothing captured (the fused path: which attention kernel
+model.attention_backend names, and whether the compiled program holds a cuDNN custom call) and with every pattern
+captured, next to transformers' sdpa in bf16; one training step at 32×512 (finetune's, bf16 compute, fp32 master
+weights) with dropout 0 and with finetune's default 0.1, each next to PyTorch AMP at the same rate; MFU against the
+card's dense bf16 peak; the top 10 ops of the minibert step's profile. Each row is printed as it is measured, and
+what would not fit the time budget is skipped with a row saying so.
+
+The full run:
 
 For bert-base (random weights, bert-base-uncased shape) and the bundled checkpoint, in float32 and
 bfloat16, at B ∈ {64, 256} × T ∈ {128, 512}: tokens/s, MFU against the card's dense bf16 peak
@@ -19,10 +29,12 @@ Writes a Markdown report.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 # JAX would take 75% of the card at its first array, leaving torch's side of each comparison the rest; both grow
@@ -225,6 +237,184 @@ def tiny_checkpoint(directory: Path) -> Path:
     return directory
 
 
+# ---- --quick: the accelerator's rows that matter, in ≤ 4 minutes -------------------------------------------
+
+QUICK = dict(inference=(64, 512), training=(32, 512), repeats=(10, 5), budget=225.0)
+QUICK_SMOKE = dict(inference=(2, 16), training=(2, 16), repeats=(1, 1), budget=600.0)
+PATTERNS = "blocks.*.attn.hook_pattern"
+
+
+def has_cudnn_call(compiled_text: str) -> bool:
+    """Whether a compiled program calls cuDNN (a custom call's target: the text's metadata names Python files)."""
+    return re.search(r'custom_call_target="[^"]*cudnn', compiled_text, re.IGNORECASE) is not None
+
+
+class Budget:
+    """Seconds left of the run's budget; `fits(s)` says whether a case of about s seconds still fits."""
+
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+    def fits(self, seconds: float) -> bool:
+        return self.left() > seconds
+
+
+def timed_case(run, repeats: int) -> float:
+    """Median seconds of `repeats` calls after one warm call (each call blocks until its result is ready)."""
+    run()
+    return statistics.median(harness.timed(run)[1] for _ in range(repeats))
+
+
+def quick_inference(directory: Path, sizes: dict, device: str, peak, budget: Budget):
+    """Rows: minibert's bf16 forward with nothing captured and with every pattern captured, and transformers' sdpa."""
+    import torch
+
+    B, T = sizes["inference"]
+    model = minibert.load(directory, dtype=jnp.bfloat16)
+    batch = harness.random_ids(B, T, vocab=model.config.vocab_size)
+    inputs = model.inputs(batch)
+    flops = accounting.flops_per_token(model.config, T)
+    yield {"section": "inference", "case": "attention kernel", "note": str(model.attention_backend(batch))}
+    for case, names in (("minibert bf16, nothing captured (fused)", ()), ("minibert bf16, every pattern captured",
+                                                                          PATTERNS)):
+        if not budget.fits(30):
+            yield {"section": "inference", "case": case, "note": f"skipped: {budget.left():.0f} s left"}
+            continue
+        start = time.perf_counter()
+        compiled = jax.jit(model.forward_fn(names)).lower(model.state, inputs).compile()
+        compile_s = time.perf_counter() - start
+        seconds = timed_case(lambda compiled=compiled: harness.block(compiled(model.state, inputs)),
+                             sizes["repeats"][0])
+        yield quick_row("inference", case, B, T, seconds, flops, peak, compile_s=compile_s,
+                        cudnn=has_cudnn_call(compiled.as_text()))
+        del compiled
+    if budget.fits(15):
+        hf = harness.hf_model(directory, "sdpa").to(device=device, dtype=torch.bfloat16)
+        tensors = {k: torch.as_tensor(np.asarray(v), dtype=torch.long, device=device) for k, v in batch.items()}
+
+        def run():
+            with torch.no_grad():
+                hf(**tensors)
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        yield quick_row("inference", "transformers sdpa bf16", B, T, timed_case(run, sizes["repeats"][0]), flops,
+                        peak)
+        del hf
+
+
+def quick_training(directory: Path, sizes: dict, device: str, peak, budget: Budget):
+    """Rows: finetune's bf16 step with dropout 0 and 0.1, each next to PyTorch AMP at the same rate; the profile's
+    top 10 ops of the first."""
+    import training
+
+    classifier = training.classifier_dir(directory, directory.parent / f"{directory.name}-classifier")
+    model = minibert.load(classifier)
+    B, T = sizes["training"]
+    rows = training.inputs(B, T, model.config.vocab_size)
+    flops = 3 * accounting.flops_per_token(model.config, T, head=True)  # forward + backward (two matmuls per one)
+    compile_guess = 60.0
+    for dropout in (0.0, 0.1):
+        if budget.fits(compile_guess + 10):
+            train, args = training.step_program(model, rows, jnp.bfloat16, dropout)
+            start = time.perf_counter()
+            compiled = train.lower(*args).compile()
+            compile_s = time.perf_counter() - start
+            compile_guess = compile_s
+
+            def run(compiled=compiled, args=args):
+                args[0], args[2], loss = compiled(*args)
+                return float(loss)  # waits for the device, as PyTorch's float(loss) does
+
+            yield quick_row("training", f"minibert bf16 step, dropout {dropout}", B, T,
+                            timed_case(run, sizes["repeats"][1]), flops, peak, compile_s=compile_s,
+                            cudnn=has_cudnn_call(compiled.as_text()),
+                            attention=model.attention_backend(rows).name if not dropout else "—")
+            if not dropout and budget.fits(compile_guess + 20):
+                yield from profile_top(run, compiled.as_text(), device)
+            del compiled, run
+        else:
+            yield {"section": "training", "case": f"minibert bf16 step, dropout {dropout}",
+                   "note": f"skipped: {budget.left():.0f} s left"}
+        if budget.fits(15):
+            run = training.torch_step(classifier, rows, device, amp=device == "cuda", dropout=dropout)
+            yield quick_row("training", f"PyTorch {'AMP' if device == 'cuda' else 'fp32 (no GPU)'} step, dropout "
+                            f"{dropout}", B, T, timed_case(run, sizes["repeats"][1]), flops, peak)
+            del run
+
+
+def quick_row(section: str, case: str, B: int, T: int, seconds: float, flops: float, peak, **extra) -> dict:
+    tokens = B * T / seconds
+    mfu = accounting.achieved_fraction(tokens, flops, peak) if peak else None
+    row = {"section": section, "case": case, "BxT": f"{B}x{T}", "ms": harness.fmt(seconds * 1e3, 2),
+           "tokens_per_s": harness.fmt(tokens, 0), "mfu_pct": harness.fmt(100 * mfu, 1) if mfu else "—"}
+    return row | {k: harness.fmt(v, 1) if isinstance(v, float) else str(v) for k, v in extra.items()}
+
+
+def profile_top(run, compiled_text: str, device: str, steps: int = 3, top: int = 10):
+    """Rows: the ops of `steps` calls of `run` with the most time (GPU: the device's XLA ops; CPU: the host's
+    thunks), each with the output shape its compiled HLO gives it."""
+    import glob
+    import tempfile
+
+    from jax.profiler import ProfileData
+
+    shapes = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ", compiled_text, re.MULTILINE))
+    directory = tempfile.mkdtemp()
+    with jax.profiler.trace(directory):
+        for _ in range(steps):
+            run()
+    data = ProfileData.from_file(glob.glob(f"{directory}/**/*.xplane.pb", recursive=True)[0])
+    totals: dict[str, float] = collections.defaultdict(float)
+    for plane in data.planes:
+        on_device = plane.name.startswith("/device:GPU")
+        if not (on_device if device == "cuda" else plane.name == "/host:CPU"):
+            continue
+        for line in plane.lines:
+            if on_device and "XLA Ops" not in line.name or not on_device and line.name == "python":
+                continue
+            for event in line.events:
+                name = event.name.split(":")[0].lstrip("%")
+                if name in shapes:
+                    totals[name] += event.duration_ns / 1e6 / steps
+    total = sum(totals.values()) or 1.0
+    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        yield {"section": "profile (minibert bf16 step, dropout 0)", "op": name[:60], "ms_per_step": f"{ms:.3f}",
+               "share_pct": f"{100 * ms / total:.1f}", "shape": shapes[name][:60]}
+
+
+def quick_sections(args):
+    """--quick's rows, each printed as measured, as one Markdown table per section at the end."""
+    sizes = QUICK_SMOKE if args.smoke else QUICK
+    budget = Budget(sizes["budget"])
+    device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
+    peak = accounting.peak_flops(jax.devices()[0], jnp.bfloat16)
+    scratch = harness.scratch_dir()
+    directory = (tiny_checkpoint(scratch / "tiny-bert") if args.smoke
+                 else harness.make_bert_base(scratch / "bert-base"))
+    yield "\n".join([f"## GPU benchmark (quick{', smoke' if args.smoke else ''})", "",
+                     *(f"- {key}: {value}" for key, value in harness.machine().items())])
+    rows = []
+    for part in (quick_inference, quick_training):
+        try:
+            for row in part(directory, sizes, device, peak, budget):
+                rows.append(row)
+                print(" | ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr, flush=True)
+        except Exception as error:  # one failed part keeps the other's rows
+            if args.smoke:
+                raise
+            rows.append({"section": part.__name__, "case": "failed", "note": f"{type(error).__name__}: {error}"})
+    for section in dict.fromkeys(row["section"] for row in rows):
+        chosen = [row for row in rows if row["section"] == section]
+        header = list(dict.fromkeys(k for row in chosen for k in row if k not in ("section", "note")))
+        header += ["note"] if any("note" in row for row in chosen) else []
+        yield f"### {section}\n\n" + harness.markdown_table(header, [[row.get(k, "") for k in header]
+                                                                     for row in chosen])
+
+
 def sections(args):
     """The report's Markdown sections in order, each yielded as soon as it is measured (a run cut short by a time
     limit keeps what it measured); a section that fails gives its error in place of its table."""
@@ -233,7 +423,8 @@ def sections(args):
                                             ("repeats", args.repeats)) if value}
     device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
     scratch = harness.scratch_dir()
-    random_dir = tiny_checkpoint(scratch / "tiny-bert") if args.smoke else harness.make_bert_base(scratch / "bert-base")
+    random_dir = (tiny_checkpoint(scratch / "tiny-bert") if args.smoke
+                  else harness.make_bert_base(scratch / "bert-base"))
     bundled = random_dir if args.smoke else Path(args.bundled or harness.bundled_dir())
     # --smoke runs the tiny model only (every code path, seconds of compiling); the bundled one in full runs.
     checkpoints = {"tiny BERT (random)": random_dir} if args.smoke else {"bert-base shape (random)": random_dir,
@@ -274,7 +465,7 @@ def sections(args):
 
 
 def report(args) -> str:
-    return "\n\n".join(sections(args)) + "\n"
+    return "\n\n".join((quick_sections if args.quick else sections)(args)) + "\n"
 
 
 def main(argv=None) -> int:
@@ -282,6 +473,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bundled", default=None,
                         help="the bundled checkpoint directory (default: minibert.sources.resolve())")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any machine: checks the script runs")
+    parser.add_argument("--quick", action="store_true", help="the ≤ 4-minute run on one H100 (module docstring)")
     parser.add_argument("--batches", type=int, nargs="+", help="batch sizes of the main table (default 64 256)")
     parser.add_argument("--lengths", type=int, nargs="+", help="lengths of the main table (default 128 512)")
     parser.add_argument("--repeats", type=int, help="timed calls per case, after the first (default 5)")
@@ -289,7 +481,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.out:
         args.out.write_text("")
-    for section in sections(args):
+    for section in (quick_sections if args.quick else sections)(args):
         print(section + "\n", flush=True)
         if args.out:
             with args.out.open("a") as out:

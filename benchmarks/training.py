@@ -61,32 +61,40 @@ def inputs(batch: int, length: int, vocab: int) -> dict[str, np.ndarray]:
     return rows | {"labels": np.arange(batch, dtype=np.int32) % 2, "weight": np.ones(batch, np.float32)}
 
 
-def minibert_step(directory: Path, rows: dict, compute_dtype=jnp.float32):
-    """A function doing one step of finetune's compiled program on `rows`, carrying its parameters and state.
-    compute_dtype=jnp.bfloat16: finetune(compute_dtype=…)'s bf16 compute with fp32 master weights."""
-    model = minibert.load(directory)
+def step_program(model, rows: dict, compute_dtype=jnp.float32, dropout: float = 0.0):
+    """finetune's compiled step for `model` at `rows` and its arguments: (jitted step, [params, frozen, optimiser
+    state, batch, key, writer leaves]). compute_dtype=jnp.bfloat16: bf16 compute with fp32 master weights;
+    dropout: the one rate of finetune(dropout=…), hidden, attention and classifier alike."""
     params = {name: jnp.array(value, copy=True) for name, value in model.named_parameters().items()}
     optimizer = optim.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY, mask=optim.decay_mask(params),
                             max_grad_norm=MAX_GRAD_NORM)
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names,
                                                                        model.config.architecture))
-    step = Step(model, "sequence-classification", {}, writer_def, jnp.dtype(compute_dtype))
-    train = compiled_step(step, optimizer)
-    state = {"params": params, "opt": optimizer.init(params)}
+    rates = {"hidden": dropout, "attention": dropout, "classifier": dropout} if dropout else {}
+    step = Step(model, "sequence-classification", rates, writer_def, jnp.dtype(compute_dtype))
     batch = {name: jnp.asarray(value) for name, value in rows.items()}
-    key = jax.random.key(0)
+    return compiled_step(step, optimizer), [params, {}, optimizer.init(params), batch, jax.random.key(0),
+                                            writer_leaves]
+
+
+def minibert_step(directory: Path, rows: dict, compute_dtype=jnp.float32, dropout: float = 0.0):
+    """A function doing one step of finetune's compiled program on `rows` (step_program), carrying its parameters
+    and state, and the model."""
+    model = minibert.load(directory)
+    train, args = step_program(model, rows, compute_dtype, dropout)
 
     def run():
-        state["params"], state["opt"], loss = train(state["params"], {}, state["opt"], batch, key, writer_leaves)
+        args[0], args[2], loss = train(*args)
         return float(block(loss))
 
     return run, model
 
 
-def torch_step(directory: Path, rows: dict, device: str = "cpu", amp: bool = False):
+def torch_step(directory: Path, rows: dict, device: str = "cpu", amp: bool = False, dropout: float = 0.0):
     """One step of transformers' classifier with torch.optim.AdamW (decay off biases and LayerNorm, as Trainer).
     amp: the forward and backward under torch.autocast(bfloat16) with fp32 weights and optimiser (PyTorch's
-    mixed precision, what minibert's compute_dtype=bfloat16 does; bf16 needs no loss scaling)."""
+    mixed precision, what minibert's compute_dtype=bfloat16 does; bf16 needs no loss scaling). dropout: every
+    torch.nn.Dropout's rate (sdpa drops attention inside its kernel)."""
     import contextlib
 
     import torch
@@ -95,10 +103,10 @@ def torch_step(directory: Path, rows: dict, device: str = "cpu", amp: bool = Fal
     transformers.logging.set_verbosity_error()
     hf = transformers.BertForSequenceClassification.from_pretrained(str(directory), attn_implementation="sdpa")
     hf.to(device)
-    hf.train()  # dropout off below: the same computation as minibert's step
+    hf.train()  # dropout's rates set below: the same computation as minibert's step
     for module in hf.modules():
         if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+            module.p = dropout  # the attention's too: it passes its Dropout's p to sdpa
     decay = [p for n, p in hf.named_parameters() if optim.decays(_minibert_like(n))]
     rest = [p for n, p in hf.named_parameters() if not optim.decays(_minibert_like(n))]
     # fused on CUDA: one kernel for every parameter, the Trainer's default optimiser there (adamw_torch_fused)

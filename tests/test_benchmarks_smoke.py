@@ -24,6 +24,7 @@ SMOKED = {  # script → a line its report must hold
     "memory": "| offload=True |",
     "one_core": "| minibert, patterns |",
     "op_profile": "| dense matmuls (q/k/v/o, FFN, pooler) |",
+    "precision": "| bfloat16 |",
     "run": "### Hook machinery with nothing active",
     "scale_out": "| workers (1 core each) |",
     "survey": "| workload | programs traced (model.traces) |",
