@@ -59,6 +59,88 @@ def test_every_tutorial_is_in_the_nav():
         assert (ROOT / "docs" / page).exists(), f"mkdocs.yml's nav names {page}, which is not in docs/"
 
 
+# ---- a student's own sentences, layer and head -------------------------------------------------------------
+
+# What a student changes in each tutorial: (text of the tutorial, what they put instead): example sentences replaced
+# by others of other words and lengths, and the layer and head where a tutorial sets them by hand (the others
+# choose theirs from the numbers). Every tutorial has an entry, and every entry must still be in its tutorial.
+VARIANTS = {
+    "01_one_head_by_hand": [
+        ('sentences = ["The cat sat on the mat.", "The quick brown fox jumps over the lazy dog."]',
+         'sentences = ["A dog slept under the old wooden table for most of the long afternoon.", "Birds sing."]'),
+        ("LAYER, HEAD = 0, 2", "LAYER, HEAD = 1, 5")],
+    "02_patterns": [
+        ('first = ["The cat sat on the mat.", "She bought three apples', 'first = ["My brother never reads the '
+         'newspapers that arrive on Sunday mornings.", "She bought three apples'),
+        ('"The children played football in the park near the old church."', '"Snow covered every roof."')],
+    "03_heads_to_meaning": [
+        ('"I made the mistake."', '"We all made a terrible mistake yesterday evening."'),
+        ('"It\'s fine."', '"It is perfectly fine by me."')],
+    "04_intervening": [
+        ('["The company said profits rose sharply.", "Profits climbed steeply, the firm said."]',
+         '["Rain is expected tomorrow.", "The forecast says that it will probably rain all day tomorrow."]'),
+        ('"The film was wonderful."', '"That long novel felt truly wonderful to me."'),
+        ('"The film was terrible."', '"That long novel felt truly terrible to me."'),
+        ("LAYER, HEAD = 3, 7", "LAYER, HEAD = 1, 4")],
+    "05_your_own_checkpoint": [
+        ('"What a wonderful film."', '"Absolutely nobody in the audience enjoyed the second half of that show."')],
+    "06_context_mixing": [
+        ('["what do you think of the food ?"], ["the food was great but the service was slow ."]',
+         '["is the room quiet ?"], ["the staff were kind , yet the room by the lift was never quiet at night ."]')],
+    "07_finetuning": [
+        ('QUESTION = "what do you think of the {a} ?"', 'QUESTION = "how would you rate the {a} , all in all ?"')],
+    "08_probes_and_saes": [
+        ("sentences = syntax.read_conllu(syntax.sample_treebank())",
+         "sentences = syntax.read_conllu(syntax.sample_treebank())[1::2]")],
+    "09_circuits": [
+        ('QUESTION = "what do you think of the {a} ?"', 'QUESTION = "how would you rate the {a} , all in all ?"')],
+}
+
+
+def test_every_tutorial_has_a_students_variant():
+    assert sorted(VARIANTS) == [p.stem for p in TUTORIALS]
+    for page in TUTORIALS:
+        source = page.read_text(encoding="utf-8")
+        for old, _ in VARIANTS[page.stem]:
+            assert source.count(old) == 1, f"{page.name} no longer has {old!r} once: update VARIANTS"
+        hand_set = re.search(r"^LAYER, HEAD = .*$", source, re.MULTILINE)
+        assert not hand_set or any(old == hand_set.group() or old in hand_set.group()
+                                   for old, _ in VARIANTS[page.stem]), f"{page.name}: change its LAYER, HEAD too"
+
+
+@pytest.mark.slow  # a fresh interpreter runs a whole notebook
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda path: path.stem)
+def test_tutorial_runs_with_a_students_sentences(tutorial, tmp_path):
+    """The tutorial with VARIANTS' sentences, layer and head, run as a student runs it (a claim that no longer holds
+    is printed with what it means, and the notebook goes on): it runs to the end, or stops at an expect() claim
+    that explains (a TutorialCheckFailed) — never at a ValueError of a word that is gone."""
+    source = tutorial.read_text(encoding="utf-8")
+    for old, new in VARIANTS[tutorial.stem]:
+        source = source.replace(old, new)
+    script = tmp_path / "variant" / tutorial.name
+    script.parent.mkdir()
+    script.write_text(source, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != tutorials.STRICT}
+    env |= {"MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True,
+                            timeout=1800)
+    last = result.stderr.strip().splitlines()[-1:] or [""]
+    assert result.returncode == 0 or last[0].startswith("minibert.app.tutorials.TutorialCheckFailed"), (
+        f"{tutorial.name} with a student's sentences exited with {result.returncode}\n"
+        f"--- stdout (end) ---\n{result.stdout[-3000:]}\n--- stderr (end) ---\n{result.stderr[-6000:]}")
+
+
+def test_position_finds_a_word_or_says_which_token_stands_in(capsys):
+    tokens = ["[CLS]", "the", "cat", "sat", "[SEP]"]
+    assert tutorials.position(tokens, "sat", instead=1) == 3 and capsys.readouterr().out == ""
+    assert tutorials.position(tokens, "dog", instead=9) == 3  # kept among the word tokens
+    assert "'dog' is not among the tokens" in capsys.readouterr().out
+    assert tutorials.position(tokens, "dog", instead=0) == 1
+
+
 # ---- what a student meets: labels, checks, positions -------------------------------------------------------
 
 HAND_LABEL = re.compile(r"\{[^{}]*\}-\{[^{}]*\}")  # "{layer}-{head}" formatted by hand in an f-string

@@ -42,7 +42,7 @@
 import numpy as np
 
 import minibert
-from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
+from minibert.app.tutorials import expect, position  # expect: prints each claim and what it means when it fails
 from minibert.config import head_label
 
 model = minibert.load()
@@ -114,7 +114,9 @@ qk = np.einsum("BTHK,BSHK->BHTS", q, k)
 np.testing.assert_allclose(qk, hooked["attn.hook_qk"], atol=1e-3, rtol=1e-5)
 print("q·k matches attn.hook_qk; largest difference", f"{np.abs(qk - hooked['attn.hook_qk']).max():.1e}")
 
-t, s = batch.tokens[0].index("sat"), batch.tokens[0].index("cat")  # query "sat" and key "cat" in the first sentence
+# query "sat" and key "cat" in the first sentence (with other words: the third token and the one before it)
+t = position(batch.tokens[0], "sat", instead=2)
+s = position(batch.tokens[0], "cat", instead=t - 1)
 product = q[0, t, HEAD] * k[0, s, HEAD]  # q×k, elementwise: K numbers
 print(f"q×k for {batch.tokens[0][t]!r} → {batch.tokens[0][s]!r}: the {len(product)} terms sum to "
       f"{product.sum():.4f} = q·k {qk[0, HEAD, t, s]:.4f}")
@@ -125,8 +127,9 @@ print("largest terms (dimension: value):", ", ".join(f"{i}: {product[i]:+.2f}" f
 # ## Step 3: scale by √K
 #
 # If the $K$ components of $q$ and $k$ were independent with unit variance, $q\cdot k$
-# would have variance $K$; dividing by $\sqrt{K}$ keeps the softmax out of its flat,
-# saturated regime as $K$ grows (Vaswani et al. 2017).
+# would have variance $K$; dividing by $\sqrt{K}$ keeps the scores' spread the same whatever
+# $K$ is (Vaswani et al. 2017). Without it, large scores make the softmax *peaked*: nearly all
+# weight on one key, and gradients near zero for the others (the softmax *saturates*).
 
 # %%
 scaled = qk / np.sqrt(cfg.head_dim)
@@ -259,7 +262,8 @@ expect(gap < 1e-5, "the fused z equals the one computed step by step, up to floa
 from minibert import viz
 
 doc = viz.document(model, sentences[1])
-np.testing.assert_allclose(doc.q[LAYER], q[1], atol=1e-4, rtol=1e-5)
-np.testing.assert_allclose(doc.attention[LAYER], pattern[1], atol=1e-6)
-view = doc.neuron_view(layer=LAYER, head=HEAD, query_index=batch.tokens[1].index("fox"))
+n = mask[1].sum()  # its real tokens: the document has no padding, while a shorter row of the batch has some
+np.testing.assert_allclose(doc.q[LAYER], q[1, :n], atol=1e-4, rtol=1e-5)
+np.testing.assert_allclose(doc.attention[LAYER], pattern[1, :, :n, :n], atol=1e-6)
+view = doc.neuron_view(layer=LAYER, head=HEAD, query_index=position(batch.tokens[1], "fox", instead=4))
 view  # in a notebook this shows the view; view.save("neuron_view.html") writes a standalone page

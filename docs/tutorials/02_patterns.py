@@ -34,7 +34,7 @@ import numpy as np
 
 import minibert
 from minibert.analysis import heads
-from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
+from minibert.app.tutorials import expect, position  # expect: prints each claim and what it means when it fails
 from minibert.viz import figures
 
 model = minibert.load()
@@ -199,7 +199,7 @@ def head_vectors(layer, head):
     return (np.asarray(qk_cache[f"blocks.{layer}.attn.hook_{x}"])[0, :, head] for x in "qk")
 
 
-query = sentence.tokens[0].index("in")  # the query token, found in the text rather than typed as a position
+query = position(sentence.tokens[0], "in", instead=5)  # the query token, found in the text, not typed as a number
 q, k = head_vectors(*prev_head)
 figures.neuron_figure(q, k, sentence.tokens[0], query_index=query,
                       title=f"previous-token head {figures.head_label(*prev_head)}")

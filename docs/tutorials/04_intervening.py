@@ -26,7 +26,8 @@
 # All three are hooks that rewrite a value inside the jitted forward pass. The sweeps over them —
 # `ablation_sweep` (every head), `patch_activations` (every layer × position) and its gradient
 # estimate `attribution_patching` — are each one compiled program, batched over what they sweep.
-# Layers and heads are 0-indexed.
+# Layers and heads are 0-indexed in code; printouts name a head "L-H", counted from 1
+# (`head_label`), with the 0-indexed layer and head beside it where both appear.
 
 # %%
 import jax.numpy as jnp
@@ -321,7 +322,7 @@ def nudged_similarity(eps):
 
 eps = 1e-2
 finite_difference = (nudged_similarity(eps) - nudged_similarity(-eps)) / (2 * eps)
-print(f"entry (0-indexed) layer {layer}, sentence {b}, head {head}, "
+print(f"entry: head {head_label(layer, head)} (L-H, 1-indexed; 0-indexed layer {layer}, head {head}), sentence {b}, "
       f"query {pair.tokens[b][t]!r} → key {pair.tokens[b][s]!r}")
 print(f"gradient {gradient[entry]:.5f}, finite difference {finite_difference:.5f}")
 expect(np.isclose(finite_difference, gradient[entry], rtol=2e-2, atol=0),
@@ -378,7 +379,7 @@ for layer in range(1, L):
     attention = {kind: mean_over(layer, keys, patterns) for kind, keys in kinds.items()}
     sensitivity = {kind: mean_over(layer, keys, np.abs(gradient)) for kind, keys in kinds.items()}
     expect(max(attention, key=attention.get) == "[CLS]" and min(sensitivity, key=sensitivity.get) == "[CLS]",
-           f"layer {layer + 1} (1-indexed): [CLS] gets the most attention and the least gradient",
+           f"layer {layer + 1} (1-indexed; {layer} in code): [CLS] gets the most attention and the least gradient",
            "in this layer another token is the sink, or [CLS] matters: see the two dicts.")
-    print(f"layer {layer}: [CLS] gets {attention['[CLS]'] / attention['other']:.0f}× the attention of another "
-          f"token and {sensitivity['other'] / sensitivity['[CLS]']:.0f}× less gradient")
+    print(f"layer {layer + 1} (1-indexed; {layer} in code): [CLS] gets {attention['[CLS]'] / attention['other']:.0f}× "
+          f"the attention of another token and {sensitivity['other'] / sensitivity['[CLS]']:.0f}× less gradient")

@@ -38,7 +38,7 @@ import numpy as np
 
 import minibert
 from minibert import analysis
-from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
+from minibert.app.tutorials import expect, position  # expect: prints each claim and what it means when it fails
 from minibert.config import head_label
 
 model = minibert.load()
@@ -103,7 +103,7 @@ for name in ("value zeroing", "ALTI"):
 # draw on, by each measure?
 
 # %%
-food = tokens.index("food")
+food = position(tokens, "food", instead=len(tokens) // 2)
 for name, m in maps.items():
     row = m[-1, 0, food]
     top = np.argsort(-row)[:4]

@@ -10,6 +10,8 @@ cell and `# %% [markdown]` a Markdown cell whose lines lose their leading `# `; 
 
 A tutorial states what it expects with `expect(holds, claim, otherwise)` rather than a bare assert: a
 student who edits a cell sees which claim no longer holds and what that means, and the notebook runs on.
+It finds a word's token with `position(tokens, word, instead)`, which says so and goes on when the student's
+sentence lacks the word.
 The test suite runs the tutorials with MINIBERT_TUTORIAL_CHECKS=strict, where a claim that fails raises.
 """
 
@@ -20,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from minibert.errors import InputError
+from minibert.errors import DataFileError, InputError
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 STRICT = "MINIBERT_TUTORIAL_CHECKS"  # set to "strict" (the test suite does): a failed expect() raises
@@ -43,6 +45,18 @@ def expect(holds, claim: str, otherwise: str) -> bool:
     return held
 
 
+def position(tokens: list[str], word: str, instead: int) -> int:
+    """Where `word` first is among `tokens` (a row of batch.tokens). A student who changed the sentence gets no
+    ValueError but a line saying that `word` is gone and which token stands in for it: position `instead`, kept
+    among the word tokens (not [CLS], not the last [SEP]), so the notebook runs on with their sentence."""
+    if word in tokens:
+        return tokens.index(word)
+    chosen = min(max(instead, 1), max(len(tokens) - 2, 1))
+    print(f"note: {word!r} is not among the tokens {tokens}; using position {chosen} ({tokens[chosen]!r}) instead. "
+          f"Put a word of your sentence in place of {word!r} to choose another.")
+    return chosen
+
+
 def available() -> dict[str, Path]:
     """{name: file} of every shipped tutorial, in order ("06_context_mixing": …/06_context_mixing.py)."""
     return {path.stem: path for path in sorted(TUTORIALS.glob("[0-9]*.percent"))}
@@ -54,7 +68,7 @@ def find(name: str) -> Path:
     wanted = name.removesuffix(".py").removesuffix(".ipynb").removesuffix(".percent")
     for stem, path in tutorials.items():
         number, _, rest = stem.partition("_")
-        if wanted in (stem, number, rest) or (wanted.isdigit() and int(wanted) == int(number)):
+        if wanted in (stem, number, rest) or (wanted.isascii() and wanted.isdigit() and int(wanted) == int(number)):
             return path
     raise InputError(f"no tutorial {name!r}; the tutorials are {', '.join(tutorials) or 'missing from this install'} "
                      f"(`minibert tutorial` lists them).")
@@ -90,7 +104,13 @@ def write_notebook(name: str, output: Path | None = None) -> Path:
     if output.exists():
         raise InputError(f"{output} exists; pass another --output or remove it first (a notebook you edited "
                          f"is never overwritten).")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(notebook(source.read_text(encoding="utf-8")), indent=1, ensure_ascii=False) + "\n",
-                      encoding="utf-8")
+    blocked = next((folder for folder in output.parents if folder.is_file()), None)
+    if blocked is not None:
+        raise DataFileError(f"{blocked} is a file, so {output} cannot be written inside it; pass another --output.")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(notebook(source.read_text(encoding="utf-8")), indent=1, ensure_ascii=False)
+                          + "\n", encoding="utf-8")
+    except OSError as error:  # permissions, a read-only disk, a full one
+        raise DataFileError(f"cannot write {output} ({error.strerror or error}); pass another --output.") from None
     return output
