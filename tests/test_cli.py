@@ -495,3 +495,49 @@ def test_installed_entry_point_help():
     result = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=600)  # a hang guard
     assert result.returncode == 0, result.stderr
     assert all(re.search(rf"^\s+{command}\s", result.stdout, re.M) for command in COMMANDS), result.stdout
+
+
+def test_serve_without_its_extra_is_one_line_before_anything_is_printed(monkeypatch, bundled_load):
+    """Issue 32 C: the guard covered only minibert.app.serve's import, which needs neither starlette nor uvicorn
+    at import time; with starlette missing the command printed its URL and token, then crashed."""
+    for missing in ("starlette", "uvicorn"):
+        with monkeypatch.context() as patch:
+            patch.setitem(sys.modules, missing, None)  # what `import missing` meets when it is not installed
+            assert_one_line_error(run("serve", "--no-browser", "--port", "0"), "serve",
+                                  f"minibert serve needs {missing}: pip install 'minibert[serve]'")
+
+
+def test_tutorial_names_and_outputs_that_cannot_be(tmp_path):
+    """Issue 32 C: `minibert tutorial ²` ('²'.isdigit() but int('²') fails) and an --output inside a file were
+    tracebacks."""
+    assert_one_line_error(run("tutorial", "²"), "tutorial", "no tutorial '²'")
+    (tmp_path / "afile").write_text("mine")
+    assert_one_line_error(run("tutorial", "1", "--output", tmp_path / "afile" / "one.ipynb"), "tutorial",
+                          "afile is a file")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+INTERRUPTED_RUN = """
+import atexit, sys
+from minibert.analysis import corpus
+from minibert.app import cli
+
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+corpus.survey = interrupted
+atexit.register(lambda: print("interpreter teardown ran", flush=True))
+sys.argv = ["minibert", "stats", sys.argv[1], "--out", sys.argv[2]]
+sys.exit(cli.main())
+"""
+
+
+def test_ctrl_c_as_the_program_exits_without_interpreter_teardown(tmp_path):
+    """Issue 32 C: Ctrl-C during `minibert stats` printed "interrupted" and then sometimes died by SIGSEGV (−11):
+    the interpreter's teardown ran while XLA's threads were still at work. As the program (main() reading
+    sys.argv) the command now leaves at once with status 130 after its one line: no teardown (atexit) runs.
+    The crash itself depends on timing (about 1 interrupt in 15 here), so the test checks its cause."""
+    (tmp_path / "corpus.txt").write_text("One line.\n")
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_RUN, str(tmp_path / "corpus.txt"), str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (cli.INTERRUPTED, "", "minibert stats: interrupted")

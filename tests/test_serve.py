@@ -577,3 +577,56 @@ def test_a_family_without_segments_steps_through_its_own_hooks(tmp_path):
                                 ("ln2", "blocks.1.ln2.hook_out", lambda v: v[2])):
         expected = pick(np.asarray(cache[name])[0])
         assert_close_to_scale(np.reshape(steps[step_id]["values"], expected.shape), expected, rtol, step_id)
+
+
+# ---- hostile bodies (issue 32 D) ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    (b"[" * 30_000 + b"]" * 30_000, "nested"),  # 60 KB, under the size limit: json's recursion gave a 500
+    (b'{"text": "a b", "layer": ' + b"7" * 5_000 + b"}", "5000 digits"),  # int() refuses past 4,300 digits: a 500
+    (b'{"text": "a b", "ablate": [[' + b"9" * 4_000 + b", 0]]}", "4000 digits"),  # was echoed whole in the error
+    (b'{"text": "a b", "layer": 1e999}', "finite"),  # inf and NaN were accepted as a layer (200)
+    (b'{"text": "a b", "layer": NaN}', "finite"),
+])
+def test_hostile_bodies_get_400_with_the_reason(client, body, fragment):
+    """Bodies under the size limit that no page sends: each is a 400 saying why, never a 500 or an answer."""
+    answer = client.post("/api/run", content=body, headers={serve.TOKEN_HEADER: TOKEN})
+    assert answer.status_code == 400 and fragment in answer.json()["error"], answer.text
+
+
+def _asgi_post(app, chunks, headers: dict[str, str]):
+    """POST /api/run straight to the ASGI app: `chunks` are the body's parts as the client sends them (after the
+    last the client stalls, as one that announced more than it sends); returns (status, chunks the app read)."""
+    import asyncio
+
+    read, sent = [0], []
+
+    async def receive():
+        if read[0] < len(chunks):
+            read[0] += 1
+            return {"type": "http.request", "body": chunks[read[0] - 1], "more_body": True}
+        await asyncio.Event().wait()  # the client sends nothing more
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/api/run", "raw_path": b"/api/run", "query_string": b"",
+             "root_path": "", "scheme": "http", "http_version": "1.1", "client": ("127.0.0.1", 5000),
+             "server": ("127.0.0.1", PORT),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers | {"host": f"127.0.0.1:{PORT}",
+                                                                                  serve.TOKEN_HEADER: TOKEN}).items()]}
+    # A hang guard, not a timing: reading to the end would wait for the stalled client forever.
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), timeout=60))
+    return sent[0]["status"], read[0]
+
+
+def test_the_size_limit_stops_reading_at_the_limit(mlm):
+    """Before: the whole body was read before its size was checked, so `Content-Length: 64 MB` with 1 MB sent got
+    no answer. Now a Content-Length over the limit is answered 413 before any byte is read, and a body without
+    one (chunked) is read only until it passes the limit."""
+    app = serve.create_app([Workbench(mlm, max_tokens=16)], TOKEN, port=PORT, limiter=serve.RateLimiter(1e6, 10**6))
+    megabyte = [b" " * 16_384] * 64
+    assert _asgi_post(app, megabyte, {"content-length": str(64 * 2**20)}) == (413, 0)
+    assert _asgi_post(app, megabyte, {"content-length": "9" * 5_000}) == (413, 0)
+    status, read = _asgi_post(app, megabyte, {})
+    assert status == 413 and read == serve.MAX_BODY_BYTES // 16_384 + 1  # the first chunk past the limit

@@ -18,6 +18,7 @@ and exits with 130. `--download` fetches a --model from the Hugging Face Hub; `m
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -179,9 +180,11 @@ def _hooks(args) -> int:
 
 
 def _serve(args) -> int:
-    try:
+    try:  # starlette and uvicorn are the serve extra; minibert.app.serve imports them only when serving
+        for extra in ("starlette", "uvicorn"):
+            importlib.import_module(extra)
         from minibert.app import serve
-    except ImportError as error:  # starlette and uvicorn are the serve extra
+    except ImportError as error:
         raise InputError(f"minibert serve needs {error.name}: pip install 'minibert[serve]'.") from None
     from minibert.viz.workbench import Workbench
 
@@ -432,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line `argv` (default: sys.argv[1:]); returns the exit status."""
+    """Run the command line `argv` (default: sys.argv[1:]); returns the exit status. As the program (no `argv`),
+    Ctrl-C leaves the process at once after its one line (see below)."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
@@ -445,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR
     except KeyboardInterrupt:  # Ctrl-C is the user's choice, not a bug: no traceback
         print(f"\nminibert {args.command}: interrupted", file=sys.stderr)
+        if argv is None:  # the program: the interpreter's teardown, run while XLA's threads may still be compiling
+            sys.stdout.flush()  # or computing, can die by SIGSEGV after the line above; nothing is left to clean up
+            sys.stderr.flush()
+            os._exit(INTERRUPTED)
         return INTERRUPTED
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import secrets
 import sys
 import threading
@@ -115,14 +116,12 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
         refusal = refused(request)
         if refusal is not None:
             return refusal
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            return JSONResponse({"error": f"the request has {len(body)} bytes; at most {MAX_BODY_BYTES}."}, 413)
+        body = await _body_within(request, MAX_BODY_BYTES)
+        if body is None:
+            return JSONResponse({"error": f"the request has more than {MAX_BODY_BYTES} bytes; at most "
+                                          f"{MAX_BODY_BYTES}."}, 413)
         try:
-            payload = json.loads(body or b"{}")
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return JSONResponse({"error": "the request body must be JSON, e.g. {\"text\": \"The cat sat.\"}."}, 400)
-        try:
+            payload = request_json(body)
             chosen = _workbench(workbenches, payload)
             answer = await run_in_threadpool(chosen.answer, request.path_params["action"], payload)
         except MinibertError as error:
@@ -140,6 +139,68 @@ def _policy(nonce: str) -> str:
     """The page runs its own inlined scripts only and connects only to this server: nothing from the network."""
     return (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src data: blob:; "
             "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+async def _body_within(request, limit: int) -> bytes | None:
+    """The request's body, read as it arrives; None as soon as it passes `limit` bytes, or before any byte is
+    read when its Content-Length says it will: a client announcing or sending more is answered at once, not read
+    to its end."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > len(str(limit)) or int(declared) > limit):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+MAX_DEPTH = 8  # the API's bodies nest 3 deep ("ablate": [[layer, head], …]); deeper is no request of the page's
+MAX_DIGITS = 19  # a layer, head, position or count fits in 64 bits; int() of 4,300+ digits raises
+
+
+def request_json(body: bytes):
+    """The body as JSON (an empty body is {}). InputError for what no page sends: not UTF-8 JSON, nested deeper
+    than MAX_DEPTH (json's own recursion fails past about 1,000), an integer of more than MAX_DIGITS digits, a
+    number that is not finite (1e999, NaN, Infinity)."""
+    nested = InputError(f"the request body is nested more than {MAX_DEPTH} deep; the workbench's requests nest 3 "
+                        f"deep.")
+    try:
+        payload = json.loads(body or b"{}", parse_int=_whole_number, parse_float=_finite_number,
+                             parse_constant=_finite_number)
+    except RecursionError:
+        raise nested from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError("the request body must be JSON, e.g. {\"text\": \"The cat sat.\"}.") from None
+    if _depth(payload) > MAX_DEPTH:
+        raise nested
+    return payload
+
+
+def _whole_number(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise InputError(f"the request holds a number of {len(text.lstrip('-'))} digits; numbers here are layers, "
+                         f"heads and positions, of at most {MAX_DIGITS} digits.")
+    return int(text)
+
+
+def _finite_number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"the request holds the number {text}; numbers here must be finite.")
+    return value
+
+
+def _depth(value) -> int:
+    """How deep lists and objects nest in `value` (a scalar: 0), without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth + 1)
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _workbench(workbenches: Sequence[Workbench], payload) -> Workbench:
