@@ -31,13 +31,12 @@ HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-se
 VARIATION_NEEDS = {  # need → (what exists on it, for docs/hooks.md; whether a config has it)
     "rotary": ("rotary families (ModernBERT)", lambda c: c.family.positions == "rotary"),
     "glu": ("gated-MLP families (ModernBERT)", lambda c: c.family.mlp == "glu"),
-    "pre_norm": ("pre-LN families (ModernBERT)", lambda c: c.family.norm == "pre"),
-    "post_norm": ("post-LN families (all but ModernBERT)", lambda c: c.family.norm == "post"),
+    "final_norm": ("families with a LayerNorm after the last block (ModernBERT)", lambda c: c.family.final_norm),
     "position_table": ("families with a position table (all but ModernBERT)", lambda c: c.family.positions == "table"),
     "pooler_norm": ("ModernBERT's sequence classifiers", lambda c: c.family.head is not None and c.heads.pooler),
     "token_norm": ("ModernBERT's token classifiers",
                    lambda c: c.family.head is not None and c.heads.classifier == "token"),
-    "disentangled": ("disentangled-attention families (DeBERTa-v2/v3)", lambda c: c.family.attention == "disentangled"),
+    "disentangled": ("disentangled-attention families (DeBERTa-v2/v3)", lambda c: bool(c.family.score_terms)),
 }
 # Needs that differ between the blocks of one model: need → (where the site exists, for docs/hooks.md; whether
 # block `layer` of a config has it).
@@ -46,16 +45,6 @@ BLOCK_NEEDS = {
                   lambda c, layer: layer != 0 or c.family.first_ln1),
 }
 NEEDS = (*HEAD_PARTS, "token_types", "projection", *VARIATION_NEEDS, *BLOCK_NEEDS)
-# The order in which a block runs its sites, by the family's norm (Family.norm), as groups: a per-block site is in
-# the group of its first name part ("attn.hook_q" → "attn", "ln1.hook_scale" → "ln1") or else of its name. Within
-# a group, SITES' order. Post-LN (BERT): ln1 after attention, ln2 on the block's output; pre-LN (TransformerLens'
-# meanings): ln1 before attention, ln2 before the MLP.
-BLOCK_ORDER = {
-    "post": ("hook_resid_pre", "attn", "hook_attn_out", "hook_resid_mid", "ln1", "mlp", "hook_mlp_out",
-             "hook_resid_post", "ln2", "hook_normalized_resid_post"),
-    "pre": ("hook_resid_pre", "ln1", "attn", "hook_attn_out", "hook_resid_mid", "ln2", "mlp", "hook_mlp_out",
-            "hook_resid_post"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +72,10 @@ class Site:
         return " or ".join(f"[{', '.join(shape)}]" for shape in self.shapes)
 
     def exists_in(self, config: Config, layer: int | None = None) -> bool:
-        """Whether a model with this config has the site (a per-block site: in block `layer`; None: in some)."""
+        """Whether a model with this config has the site (a per-block site: in block `layer`; None: in some). A
+        per-block site exists where the family's block runs its group (Family.block_order)."""
+        if self.per_block and _block_group(self.name) not in config.family.block_order:
+            return False
         if self.needs is None:
             return True
         if self.needs in BLOCK_NEEDS:
@@ -113,7 +105,7 @@ def _layernorm(prefix: str, width: str, *, per_block: bool = False, needs: str |
 BTD, BTE, BTHK, BSHK, BHTS = ("B", "T", "D"), ("B", "T", "E"), ("B", "T", "H", "K"), ("B", "S", "H", "K"), \
     ("B", "H", "T", "S")
 
-# In forward order: the embeddings, one post-LN block (BLOCK_ORDER orders a pre-LN one), then the heads in the
+# In forward order: the embeddings, one post-LN block (Family.block_order orders others), then the heads in the
 # order the head stage runs them (the pooler before the heads that read it).
 SITES: tuple[Site, ...] = (
     Site("embed.hook_embed", BTE, "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
@@ -158,9 +150,8 @@ SITES: tuple[Site, ...] = (
     Site("hook_mlp_out", BTD, "post W_out + b_out", per_block=True),
     Site("hook_resid_post", BTD, "ln1 + mlp_out (pre-LN: resid_mid + mlp_out, the block's output)", per_block=True),
     *_layernorm("ln2", "D", per_block=True),  # post-LN: on the block's output; pre-LN: before the MLP
-    Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output", per_block=True,
-         needs="post_norm"),
-    *_layernorm("ln_final", "D", needs="pre_norm"),  # pre-LN: after the last block; its output is last_hidden_state
+    Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output (post-LN)", per_block=True),
+    *_layernorm("ln_final", "D", needs="final_norm"),  # after the last block; its output is last_hidden_state
     *_layernorm("pooler.ln", "D", needs="pooler_norm", rows=("B",)),  # on the pooled vector
     Site("pooler.hook_pooler_out", ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
          "for DistilBERT's sequence classifiers)", needs="pooler"),
@@ -222,17 +213,14 @@ def site_axes(name: str, ndim: int | None = None) -> list[str]:
 
 
 def _block_group(name: str) -> str:
-    """The BLOCK_ORDER group of a per-block site: "attn.hook_q" → "attn", "hook_mlp_out" → "hook_mlp_out"."""
+    """The Family.block_order group of a per-block site: "attn.hook_q" → "attn", "hook_mlp_out" → "hook_mlp_out"."""
     return name.split(".")[0] if "." in name else name
 
 
 def block_sites(config: Config, layer: int) -> list[Site]:
     """The sites of block `layer` of a model with this config, in the order the block runs them."""
-    order = BLOCK_ORDER[config.family.norm]
+    order = config.family.block_order
     present = [entry for entry in SITES if entry.per_block and entry.exists_in(config, layer)]
-    unordered = [entry.name for entry in present if _block_group(entry.name) not in order]
-    if unordered:
-        raise ValueError(f"sites {unordered} have no place in BLOCK_ORDER[{config.family.norm!r}]; add their group.")
     return sorted(present, key=lambda entry: order.index(_block_group(entry.name)))
 
 
@@ -260,11 +248,21 @@ def hook_table(names: list[str], n_layers: int | str) -> str:
             continue
         entry = site(name)
         shown = f"blocks.{{i}}.{inner}" if inner is not None else name
-        rows.append(f"| `{shown}` | {entry.axes_text} | {entry.equation} | {_exists_on(entry.needs)} |")
+        rows.append(f"| `{shown}` | {entry.axes_text} | {entry.equation} | {_exists_on(entry)} |")
     return "\n".join(rows) + f"\n\n`{{i}}` runs over the {n_layers} blocks (0-indexed).\n"
 
 
-def _exists_on(needs: str | None) -> str:
+def _exists_on(entry: Site) -> str:
+    """Which models have the site: its need's description, less the families whose blocks do not run its group."""
+    lacking = [f.name for f in FAMILIES.values() if entry.per_block and _block_group(entry.name) not in f.block_order]
+    if not lacking:
+        return _needs_text(entry.needs)
+    if entry.needs is None:
+        return f"every family but {', '.join(lacking)}"
+    return f"{_needs_text(entry.needs)}, not {', '.join(lacking)}"
+
+
+def _needs_text(needs: str | None) -> str:
     if needs is None:
         return "every model"
     if needs == "token_types":

@@ -25,7 +25,7 @@ from tolerances import forward_rtol
 import minibert
 from minibert import model as model_lib
 from minibert.config import Config
-from minibert.families import Family, LayerKeys, registry
+from minibert.families import Family, LayerKeys, registry, shows
 from minibert.families.reading import read_config
 from minibert.families.registry import ARCHITECTURES, FAMILIES, config_for
 from minibert.tokenizers_hf import tokenizer_for
@@ -637,8 +637,25 @@ class PreLNBlock(model_lib.Block):
         return hooks(f"{name}.hook_resid_post", resid_mid + mlp_out)
 
 
+# What the toy's block shows, declared here as a family module declares it (families/shows.py): the order of its
+# sites (ln1 before attention, ln2 before the MLP, no LayerNorm on its output) and a step-through of its own.
+TOY_ORDER = ("hook_resid_pre", "ln1", "attn", "hook_attn_out", "hook_resid_mid", "ln2", "mlp", "hook_mlp_out",
+             "hook_resid_post")
+TOY_STEPS = shows.steps(
+    ("x", "block {layer} input", "x", "hook_resid_pre", shows.QUERY, ()),
+    ("ln1", "LayerNorm before attention", "x̂ = LN₁(x)", "ln1.hook_out", shows.QUERY, ("x",)),
+    ("q", "query", "q = x̂ W_Q[h] + b_Q[h]", "attn.hook_q", shows.QUERY_HEAD, ("ln1",)),
+    ("k", "keys", "k_s = x̂_s W_K[h] + b_K[h]", "attn.hook_k", shows.KEYS_HEAD, ("ln1",)),
+    ("scaled", "scores", "q·k_s/√{d_head}", "attn.hook_attn_scores", shows.HEAD_ROW, ("q", "k")),
+    ("pattern", "softmax", "α_s", "attn.hook_pattern", shows.HEAD_ROW, ("scaled",)),
+    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", shows.QUERY, ("x",)),
+    ("ln2", "LayerNorm before the FFN", "y = LN₂(r)", "ln2.hook_out", shows.QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN in", "y W_in + b_in", "mlp.hook_pre", shows.QUERY, ("ln2",)),
+    ("resid_post", "block {layer} output", "h{next_sup} = r + m", "hook_resid_post", shows.QUERY, ("resid_mid",)),
+)
 TOY_PRE_LN = dataclasses.replace(TOY, model_type="toyprebert", name="ToyPreBERT", prefix="ToyPre", norm="pre",
-                                 block=PreLNBlock)
+                                 block=PreLNBlock, block_order=TOY_ORDER, block_output="hook_resid_post",
+                                 stream_norms=(), steps=TOY_STEPS)
 
 
 def pre_ln_reference(params, ids, types, mask, eps: float):
@@ -669,25 +686,65 @@ def pre_ln_reference(params, ids, types, mask, eps: float):
     return x
 
 
-def test_a_family_plugs_in_its_own_block(tmp_path):
-    """Family.block swaps model.Block for the family's code: BERT's weights under TOY_PRE_LN compute the pre-LN
-    encoder (checked against pre_ln_reference; BERT's post-LN block would be off by the whole scale)."""
-    from conftest import make_hf_model, random_batch
+@pytest.fixture
+def toy_pre_ln(tmp_path):
+    """A BERT checkpoint loaded as TOY_PRE_LN, the family registered while the test runs."""
+    from conftest import make_hf_model
 
     make_hf_model(tmp_path)
     _as_toy(tmp_path)
-    batch = random_batch(np.random.default_rng(7), 3, 8, 99)
     settings = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(settings | {"model_type": "toyprebert",
                                                                  "architectures": ["ToyPreModel"]}))
     registry.register(TOY_PRE_LN)
     try:
-        model = minibert.load(tmp_path)
-        out = model(batch).last_hidden_state
+        yield minibert.load(tmp_path)
     finally:
         registry.unregister(TOY_PRE_LN.model_type)
+
+
+def test_a_family_plugs_in_its_own_block(toy_pre_ln):
+    """Family.block swaps model.Block for the family's code: BERT's weights under TOY_PRE_LN compute the pre-LN
+    encoder (checked against pre_ln_reference; BERT's post-LN block would be off by the whole scale)."""
+    from conftest import random_batch
+
+    model = toy_pre_ln
+    batch = random_batch(np.random.default_rng(7), 3, 8, 99)
+    out = model(batch).last_hidden_state
     assert all(isinstance(block, PreLNBlock) for block in model.module.blocks)
     reference = pre_ln_reference(model.params, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                                  model.config.layer_norm_eps)
     # One fp32 program against float64: tolerances.forward_rtol with programs=1 (rounding of each stage's sums).
     assert_close(out, reference, forward_rtol(model.config, S=8, programs=1), "pre-LN last hidden state")
+
+
+SHOWN = {shows.QUERY: lambda v, t, h: v[0, t].ravel(), shows.QUERY_HEAD: lambda v, t, h: v[0, t, h],
+         shows.KEYS_HEAD: lambda v, t, h: v[0, :, h], shows.HEAD_ROW: lambda v, t, h: v[0, h, t]}
+
+
+def test_a_family_defined_in_a_test_gets_a_step_through(toy_pre_ln):
+    """The workbench walks the toy's block by the toy's own declarations (TOY_STEPS, TOY_ORDER), not by its
+    name: every step in its order with its operands, each step's values the hook's values at the query and head
+    (against run_with_cache: two programs, tolerances.forward_rtol), and the query's dot product reads the
+    step the toy says q is computed from (ln1, where BERT's reads x), rebuilding q from those values."""
+    from tolerances import assert_close_to_scale
+
+    from minibert.viz.workbench import Workbench
+
+    model, text, layer, head, query = toy_pre_ln, "hello world again", 1, 1, 2
+    answer = Workbench(model).step({"text": text, "layer": layer, "head": head, "query": query})
+    steps = answer["steps"]
+    assert [step["id"] for step in steps] == [step.id for step in TOY_STEPS]
+    assert [step["from"] for step in steps] == [list(step.operands) for step in TOY_STEPS]
+    assert steps[-1]["label"] == "block 1 output" and steps[-1]["equation"] == "h² = r + m"
+    batch = model.tokenize([text])
+    _, cache = model.run_with_cache(batch, [f"blocks.{layer}.{step.site}" for step in TOY_STEPS])
+    rtol = forward_rtol(model.config, batch.input_ids.shape[1])
+    for step, declared in zip(steps, TOY_STEPS):
+        expected = SHOWN[declared.shows](np.asarray(cache[f"blocks.{layer}.{declared.site}"]), query, head)
+        assert_close_to_scale(np.asarray(step["values"], np.float64), expected.ravel(), rtol, step["id"])
+    q = next(step for step in steps if step["id"] == "q")
+    assert q["dot"]["left"] == "ln1"
+    ln1 = np.asarray(steps[1]["values"])
+    rebuilt = np.asarray(q["dot"]["right"]) @ ln1 + np.asarray(q["dot"]["bias"])
+    assert_close_to_scale(rebuilt, np.asarray(q["values"])[:len(rebuilt)], rtol, "q from ln1")

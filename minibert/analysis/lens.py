@@ -4,11 +4,12 @@
     ids, values = logit_lens(model, batch, top_k=5)      # [L + 1, B, T, 5] each, without the full logits
     steps = logit_contributions(model, batch, targets)   # [L + 1, B, T]: start, then each block's change
 
-Stream 0 is `hook_full_embed` (the embedding LayerNorm's output), stream l + 1 is block l's output
-`blocks.{l}.hook_normalized_resid_post`; each is read by the model's own head stage (`Bert.head`: dense,
-activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed. In a pre-LN family (ModernBERT) a block's
-output is `blocks.{l}.hook_resid_post`, and its head stage begins with the final LayerNorm (`ln_final`), so each
-stream is read as TransformerLens' logit lens reads a pre-LN model's: ln_final, then the head.
+Stream 0 is `hook_full_embed` (the embedding LayerNorm's output), stream l + 1 is block l's output, the site its
+family declares (Family.block_output: `blocks.{l}.hook_normalized_resid_post` in BERT); each is read by the model's
+own head stage (`Bert.head`: dense, activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed. In a
+pre-LN family (ModernBERT) a block's output is `blocks.{l}.hook_resid_post`, and its head stage begins with the
+final LayerNorm (`ln_final`), so each stream is read as TransformerLens' logit lens reads a pre-LN model's:
+ln_final, then the head.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ import numpy as np
 from minibert.analysis.gradients import require_mlm_head
 from minibert.errors import AnalysisError
 
-BLOCK_OUTPUT = {"post": "hook_normalized_resid_post", "pre": "hook_resid_post"}  # by Family.norm
-
 
 def _streams(model, batch) -> jax.Array:
     """[L + 1, B, T, D]: the embedding output, then every block's output (the streams the lens reads; not
     interventions.residual_streams, which holds each block's input, [L, B, T, D])."""
-    output = BLOCK_OUTPUT[model.config.family.norm]
+    output = model.config.family.block_output
     _, cache = model.run_with_cache(batch, names=["hook_full_embed", f"blocks.*.{output}"])
     return jnp.concatenate([cache["hook_full_embed"][None], cache.stack(output)])
 

@@ -196,15 +196,16 @@ def alti(model, batch, *, per_head: bool = False, hooks=None) -> np.ndarray:
     head carries no token's term and its replacement, like b_O, belongs to no token.
     """
     inputs = model.inputs(batch)
-    post_norm = model.config.family.norm == "post"
+    norm = next(iter(model.config.family.stream_norms), None)  # the LayerNorm on resid_mid (post-LN's ln1)
+    post_norm = norm is not None
     # Pre-LN: the whole is resid_mid = x_t + Σ_s Σ_h α f(LN1(x_s)) + b_O, no LayerNorm after it (σ = γ = 1, unused)
     sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern",
-             *(("ln1.hook_scale", "ln1.hook_out") if post_norm else ("hook_resid_mid",))]
+             *((f"{norm}.hook_scale", f"{norm}.hook_out") if post_norm else ("hook_resid_mid",))]
     _, cache = model.run(inputs, names=[f"blocks.*.{site}" for site in sites], hooks=hooks)
     captured = [cache.stack(site) for site in sites]
     W_O = model.layer_weights("attn.W_O")
     if post_norm:
-        gamma = model.layer_weights("ln1.scale")
+        gamma = model.layer_weights(f"{norm}.scale")
     else:
         gamma = jnp.ones((W_O.shape[0], W_O.shape[-1]), jnp.float32)
         captured.insert(3, jnp.ones((*captured[0].shape[:-1], 1), jnp.float32))

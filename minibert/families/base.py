@@ -14,6 +14,7 @@ from typing import Any
 
 from minibert.errors import ConfigError
 from minibert.families.keys import HeadKeys, LayerKeys, bert_layout
+from minibert.families.shows import POST_LN_ORDER, POST_LN_STEPS, Step, one_term
 
 # The files each kind of tokenizer reads (sources.py fetches them from the Hub; tokenizers_hf.py reads them).
 TOKENIZER_FILES = {
@@ -114,6 +115,21 @@ class Family:
     # Class(cfg, dtype, rngs) into model.Bert.shared, its weights stored once, and passed to each block call as
     # block(…, shared=it).
     shared: type | None = None
+
+    # ---- what it shows (sites, lens, mixing, views and the workbench read these, never the family's name) ---
+    block_order: tuple[str, ...] = POST_LN_ORDER  # the groups of a block's sites, in the order it runs them
+    block_output: str = "hook_normalized_resid_post"  # the site holding a block's output (the next block's input)
+    final_norm: bool = False  # a LayerNorm after the last block (ln_final.*), which the head stage begins with
+    # The LayerNorms the residual stream itself passes through inside a block, in order (post-LN: ln1 after the
+    # attention add, whose output ends the attention sub-block, then ln2); none where a block normalises only its
+    # sublayers' inputs (pre-LN: the attention sub-block ends at hook_resid_mid).
+    stream_norms: tuple[str, ...] = ("ln1", "ln2")
+    query_key: tuple[str, str] = ("attn.hook_q", "attn.hook_k")  # the q and k whose products the scores are
+    # The sites whose sum is the scores before the mask, each already divided by √(K·m) (DeBERTa's c2c, c2p, p2c);
+    # none: the scores are q·k/√K. The first is always q·k/√(K·m).
+    score_terms: tuple[str, ...] = ()
+    score_scale: Callable = one_term  # Config → m of √(K·m): 1, or (DeBERTa) 1 + the number of position terms
+    steps: tuple[Step, ...] = POST_LN_STEPS  # the step-through of one block (families/shows.py)
 
     def __post_init__(self):
         if self.tokenizer not in TOKENIZER_FILES:

@@ -34,6 +34,7 @@ from minibert.config import Config
 from minibert.errors import ConfigError, InputError
 from minibert.families.base import Family
 from minibert.families.keys import LayerKeys, Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
+from minibert.families.shows import HEAD_ROW, POST_LN_STEPS, replacing, steps
 from minibert.model import (
     NO_DROPOUT,
     NO_HOOKS,
@@ -364,6 +365,32 @@ def _query_input_hooks(name: str, q, query) -> dict:
             f"{name}.hook_resid_mid": lambda value, ctx: query + attn_out["value"]}
 
 
+# ---- what it shows ------------------------------------------------------------------------------------------
+
+SCORE_TERMS = tuple(f"attn.hook_{term}" for term in ("c2c", *TERMS))
+
+
+def score_scale(cfg: Config) -> int:
+    """m of √(K·m), what each score term is divided by: 1 + the number of position terms."""
+    return 1 + len(position_terms(cfg))
+
+
+# The step-through: BERT's post-LN block whose scores are three terms, each already divided by √(K·m). r is the
+# relative table, δ(t, s) the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own
+# position projections.
+DISENTANGLED_SCORES = steps(
+    ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", "attn.hook_c2c",
+     HEAD_ROW, ("qk",)),
+    ("c2p", "content → position", "q·(r W_K')[δ(t, s)] / √({d_head}·m): the query against the relative table's row "
+     "for the distance t − s (0 where pos_att_type leaves c2p out)", "attn.hook_c2p", HEAD_ROW, ("q",)),
+    ("p2c", "position → content", "k_s·(r W_Q')[δ(t, s)] / √({d_head}·m): each key against the table's row for "
+     "t − s (0 where pos_att_type leaves p2c out)", "attn.hook_p2c", HEAD_ROW, ("k",)),
+    ("scaled", "summed and masked", "c2c_s + c2p_s + p2c_s + mask_s (mask: 0 on real keys, −∞ on padding)",
+     "attn.hook_attn_scores", HEAD_ROW, ("c2c", "c2p", "p2c")),
+)
+DISENTANGLED_STEPS = replacing(POST_LN_STEPS, "scaled", DISENTANGLED_SCORES)
+
+
 FAMILIES = (Family(
     "deberta-v2", "DeBERTa-v2", "DebertaV2", "deberta",
     keys=IGNORED,
@@ -378,4 +405,5 @@ FAMILIES = (Family(
     tokenizer="unigram",
     token_types=False, base_pooler=False, pooler_activation="gelu",
     positions="relative", attention="disentangled",
-    block=DebertaBlock, embeddings=DebertaEmbeddings, shared=RelativePositions),)
+    block=DebertaBlock, embeddings=DebertaEmbeddings, shared=RelativePositions,
+    score_terms=SCORE_TERMS, score_scale=score_scale, steps=DISENTANGLED_STEPS),)

@@ -27,6 +27,7 @@ from minibert.config import Config
 from minibert.errors import ConfigError, InputError
 from minibert.families.base import Family
 from minibert.families.keys import HeadKeys, LayerKeys, Rule, identity, to_HKD, transpose
+from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, steps
 from minibert.model import (
     ACTIVATIONS,
     NO_DROPOUT,
@@ -340,6 +341,51 @@ class ModernHead(nnx.Module):
         return Output(hidden, pooled, self.classifier(dropout.classifier("classifier", pooled), hooks))
 
 
+# ---- what it shows ------------------------------------------------------------------------------------------
+
+# Pre-LN (TransformerLens' meanings): ln1 before attention, ln2 before the MLP, no LayerNorm on the block's output.
+PRE_LN_ORDER = ("hook_resid_pre", "ln1", "attn", "hook_attn_out", "hook_resid_mid", "ln2", "mlp", "hook_mlp_out",
+                "hook_resid_post")
+# The step-through: LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm after the
+# residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
+PRE_LN_STEPS = steps(
+    ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
+     "embed.hook_embed", QUERY, ()),
+    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", QUERY, ("word",)),
+    ("x", "block {layer} input", "x = h{layer_sup} (the residual stream entering block {layer})", "hook_resid_pre",
+     QUERY, ("embed_ln",)),
+    ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", QUERY,
+     ("x",)),
+    ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", "attn.hook_q", QUERY_HEAD, ("ln1|x",)),
+    ("k", "keys (every token s)", "k_s = x̂_s W_K[h] (+ b_K[h])", "attn.hook_k", KEYS_HEAD, ("ln1|x",)),
+    ("v", "values (every token s)", "v_s = x̂_s W_V[h] (+ b_V[h])", "attn.hook_v", KEYS_HEAD, ("ln1|x",)),
+    ("rot_q", "rotary query", "q̃ = R(t) q (each pair of coordinates i turned by the angle t·θ_i)",
+     "attn.hook_rot_q", QUERY_HEAD, ("q",)),
+    ("rot_k", "rotary keys", "k̃_s = R(s) k_s", "attn.hook_rot_k", KEYS_HEAD, ("k",)),
+    ("qk", "dot products", "q̃·k̃_s (through the rotations: depends on s − t)", "attn.hook_qk", HEAD_ROW,
+     ("rot_q", "rot_k")),
+    ("scaled", "scaled and masked", "(q̃·k̃_s)/√{d_head} + mask_s (mask: 0 on keys in reach, −∞ on padding and, "
+     "in a local layer, on keys beyond its window)", "attn.hook_attn_scores", HEAD_ROW, ("qk",)),
+    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", HEAD_ROW, ("scaled",)),
+    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", QUERY_HEAD, ("pattern", "v")),
+    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
+     QUERY, ("z",)),
+    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", QUERY_HEAD, ("z",)),
+    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", QUERY, ("concat", "head_out")),
+    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", QUERY, ("x", "attn_out")),
+    ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r) = (r − μ)/σ · γ₂ + β₂  (μ, σ over r's {d_model} numbers)",
+     "ln2.hook_out", QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", QUERY, ("ln2",)),
+    ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", "mlp.hook_pre_linear", QUERY, ("ln2",)),
+    ("ffn_post", "gated activation", "act(g) ⊙ u", "mlp.hook_post", QUERY, ("ffn_pre", "ffn_linear")),
+    ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", "hook_mlp_out", QUERY, ("ffn_post",)),
+    ("resid_post", "residual (the block's output)", "h{next_sup} = r + m", "hook_resid_post", QUERY,
+     ("resid_mid", "ffn_out")),
+    ("ln_final", "final LayerNorm (after the last block)", "LN_final(h{next_sup}): the last hidden state",
+     "ln_final.hook_out", QUERY, ("resid_post",)),
+)
+
+
 FAMILIES = (Family(
     "modernbert", "ModernBERT", "ModernBert", "model",
     renames=(("hidden_activation", "hidden_act"),),
@@ -353,4 +399,6 @@ FAMILIES = (Family(
     tokenizer="bpe",
     token_types=False, base_pooler=False,
     norm="pre", first_ln1=False, positions="rotary", mlp="glu", attention="local_global",
-    block=ModernBlock, embeddings=ModernEmbeddings, head=ModernHead),)
+    block=ModernBlock, embeddings=ModernEmbeddings, head=ModernHead,
+    block_order=PRE_LN_ORDER, block_output="hook_resid_post", final_norm=True, stream_norms=(),
+    query_key=("attn.hook_rot_q", "attn.hook_rot_k"), steps=PRE_LN_STEPS),)

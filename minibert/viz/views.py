@@ -239,10 +239,6 @@ class Document:
                            key_mask=self.key_mask, **options)
 
 
-_HOOKS = ("attn.hook_pattern", "attn.hook_q", "attn.hook_k")
-_ROTARY_HOOKS = ("attn.hook_pattern", "attn.hook_rot_q", "attn.hook_rot_k")  # the q, k a rotary model's scores use
-
-
 def _one_batch(model, text, pair: str | None, max_length: int | None):
     if isinstance(text, str):
         return model.tokenize([text], None if pair is None else [pair], max_length=max_length)
@@ -266,14 +262,13 @@ def document(model, text, pair: str | None = None, *, index: int = 0, max_length
     real = np.flatnonzero(np.asarray(batch.attention_mask)[row])
     inputs = {name: np.asarray(getattr(batch, name))[row:row + 1, real]
               for name in ("input_ids", "token_type_ids", "attention_mask")}
-    disentangled = model.config.family.attention == "disentangled"  # DeBERTa: its three score terms too
-    rotary = model.config.family.positions == "rotary"  # ModernBERT
-    hooks = ((_ROTARY_HOOKS if rotary else _HOOKS) + ("attn.hook_attn_scores",)
-             + tuple(f"attn.hook_{term}" for term in TERMS if disentangled))
+    family = model.config.family  # the q and k its scores use (rotated in ModernBERT), DeBERTa's score terms too
+    hooks = ("attn.hook_pattern", *family.query_key, "attn.hook_attn_scores", *family.score_terms)
     _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in hooks])
     attention, q, k, scores, *terms = (np.asarray(cache.stack(hook))[:, 0] for hook in hooks)
     reach = np.isfinite(scores[:, 0])  # the keys each layer's queries read (padding is dropped; a window masks)
     segment_b = np.flatnonzero(inputs["token_type_ids"][0] == 1)
     return Document(tokens=[batch.tokens[row][i] for i in real], attention=attention, q=q, k=k,
                     sentence_b_start=int(segment_b[0]) if segment_b.size else None,
-                    terms=dict(zip(TERMS, terms)) if terms else None, key_mask=None if reach.all() else reach)
+                    terms={site.rsplit("hook_", 1)[1]: term for site, term in zip(family.score_terms, terms)} or None,
+                    key_mask=None if reach.all() else reach)

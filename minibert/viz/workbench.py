@@ -32,7 +32,7 @@ from minibert.buckets import bucket_length, length_buckets
 from minibert.buckets import cut as cut_to_length
 from minibert.config import head_label
 from minibert.errors import InputError
-from minibert.families.deberta_v2 import position_terms
+from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD
 from minibert.hooks import HookFn
 from minibert.pooling import pooled_tokens
 from minibert.sites import PATTERNS
@@ -111,7 +111,7 @@ class Workbench:
         self.model, self.max_tokens = model, min(max_tokens, cfg.max_tokens)
         self.buckets = length_buckets(self.max_tokens)
         # One run captures every value the step-through shows, of every layer (the views read pattern, q and k).
-        wanted = (_hook_name(step[3], layer) for layer in range(cfg.num_hidden_layers) for step in STEPS)
+        wanted = (_hook_name(step.site, layer) for layer in range(cfg.num_hidden_layers) for step in cfg.family.steps)
         present = set(model.hook_names)
         self._capture = [name for name in dict.fromkeys(wanted) if name in present]
         self._runs: collections.OrderedDict = collections.OrderedDict()
@@ -481,110 +481,14 @@ def _vector(value: np.ndarray) -> list[float | None]:
     return [None if v == -np.inf else v for v in flat.tolist()]
 
 
-# The step-through of one block, in the order of its family's computation: (id, label, equation, hook — "embed…",
-# "hook_full_embed" and "ln_final…" as named, the rest within block l —, what of its value the step shows, its
-# operands; "a|b" is a, or b where a is left out). A step whose hook a family or layer lacks (segments, position
-# rows, ModernBERT's ln1 in layer 0) is left out, and so are its mentions as an operand; ln_final shows in the last
-# block only. Post-LN BERT (every family with norm "post"):
-_QUERY, _QUERY_HEAD, _KEYS_HEAD, _HEAD_ROW = "t", "t,h", ":,h", "h,t"
-POST_LN_STEPS = (
-    ("word", "token embedding", "e_word = W_E[id_t]", "embed.hook_embed", _QUERY, ()),
-    ("position", "position embedding", "e_pos = W_pos[t]", "embed.hook_pos_embed", _QUERY, ()),
-    ("segment", "segment embedding", "e_seg = W_type[type_t]", "embed.hook_token_type_embed", _QUERY, ()),
-    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word + e_pos + e_seg)", "hook_full_embed", _QUERY,
-     ("word", "position", "segment")),
-    ("x", "block {layer} input", "x = h{layer_sup} (the residual stream entering block {layer})", "hook_resid_pre",
-     _QUERY, ("embed_ln",)),
-    ("q", "query", "q = x W_Q[h] + b_Q[h]", "attn.hook_q", _QUERY_HEAD, ("x",)),
-    ("k", "keys (every token s)", "k_s = x_s W_K[h] + b_K[h]", "attn.hook_k", _KEYS_HEAD, ("x",)),
-    ("v", "values (every token s)", "v_s = x_s W_V[h] + b_V[h]", "attn.hook_v", _KEYS_HEAD, ("x",)),
-    ("qk", "dot products", "q·k_s", "attn.hook_qk", _HEAD_ROW, ("q", "k")),
-    ("scaled", "scaled and masked", "(q·k_s)/√{d_head} + mask_s (mask: 0 on real keys, −∞ on padding)",
-     "attn.hook_attn_scores", _HEAD_ROW, ("qk",)),
-    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", _HEAD_ROW, ("scaled",)),
-    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", _QUERY_HEAD, ("pattern", "v")),
-    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
-     _QUERY, ("z",)),
-    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
-    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] + b_O", "hook_attn_out", _QUERY, ("concat", "head_out")),
-    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
-    ("ln1", "LayerNorm 1", "y = (r − μ)/σ · γ₁ + β₁  (μ, σ: the mean and standard deviation of r's {d_model} numbers)",
-     "ln1.hook_out", _QUERY, ("resid_mid",)),
-    ("ffn_pre", "FFN in", "y W_in + b_in", "mlp.hook_pre", _QUERY, ("ln1",)),
-    ("ffn_post", "activation", "act(y W_in + b_in)", "mlp.hook_post", _QUERY, ("ffn_pre",)),
-    ("ffn_out", "FFN out", "m = act(…) W_out + b_out", "hook_mlp_out", _QUERY, ("ffn_post",)),
-    ("resid_post", "residual", "y + m", "hook_resid_post", _QUERY, ("ln1", "ffn_out")),
-    ("ln2", "LayerNorm 2 (the block's output)", "h{next_sup} = LN₂(y + m)", "ln2.hook_out", _QUERY, ("resid_post",)),
-)
-# Pre-LN (norm "pre": ModernBERT): LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm
-# after the residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
-PRE_LN_STEPS = (
-    ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
-     "embed.hook_embed", _QUERY, ()),
-    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", _QUERY, ("word",)),
-    ("x", "block {layer} input", "x = h{layer_sup} (the residual stream entering block {layer})", "hook_resid_pre",
-     _QUERY, ("embed_ln",)),
-    ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", _QUERY,
-     ("x",)),
-    ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", "attn.hook_q", _QUERY_HEAD, ("ln1|x",)),
-    ("k", "keys (every token s)", "k_s = x̂_s W_K[h] (+ b_K[h])", "attn.hook_k", _KEYS_HEAD, ("ln1|x",)),
-    ("v", "values (every token s)", "v_s = x̂_s W_V[h] (+ b_V[h])", "attn.hook_v", _KEYS_HEAD, ("ln1|x",)),
-    ("rot_q", "rotary query", "q̃ = R(t) q (each pair of coordinates i turned by the angle t·θ_i)",
-     "attn.hook_rot_q", _QUERY_HEAD, ("q",)),
-    ("rot_k", "rotary keys", "k̃_s = R(s) k_s", "attn.hook_rot_k", _KEYS_HEAD, ("k",)),
-    ("qk", "dot products", "q̃·k̃_s (through the rotations: depends on s − t)", "attn.hook_qk", _HEAD_ROW,
-     ("rot_q", "rot_k")),
-    ("scaled", "scaled and masked", "(q̃·k̃_s)/√{d_head} + mask_s (mask: 0 on keys in reach, −∞ on padding and, "
-     "in a local layer, on keys beyond its window)", "attn.hook_attn_scores", _HEAD_ROW, ("qk",)),
-    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", _HEAD_ROW, ("scaled",)),
-    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", _QUERY_HEAD, ("pattern", "v")),
-    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
-     _QUERY, ("z",)),
-    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", _QUERY_HEAD, ("z",)),
-    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", _QUERY, ("concat", "head_out")),
-    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", _QUERY, ("x", "attn_out")),
-    ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r) = (r − μ)/σ · γ₂ + β₂  (μ, σ over r's {d_model} numbers)",
-     "ln2.hook_out", _QUERY, ("resid_mid",)),
-    ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", _QUERY, ("ln2",)),
-    ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", "mlp.hook_pre_linear", _QUERY, ("ln2",)),
-    ("ffn_post", "gated activation", "act(g) ⊙ u", "mlp.hook_post", _QUERY, ("ffn_pre", "ffn_linear")),
-    ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", "hook_mlp_out", _QUERY, ("ffn_post",)),
-    ("resid_post", "residual (the block's output)", "h{next_sup} = r + m", "hook_resid_post", _QUERY,
-     ("resid_mid", "ffn_out")),
-    ("ln_final", "final LayerNorm (after the last block)", "LN_final(h{next_sup}): the last hidden state",
-     "ln_final.hook_out", _QUERY, ("resid_post",)),
-)
-# DeBERTa (attention "disentangled"): post-LN BERT whose scores are three terms, each already divided by √(K·m)
-# (m = 1 + the number of position terms; minibert/families/deberta_v2.py). r is the relative table, δ(t, s)
-# the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own position projections.
-_DISENTANGLED_SCORES = (
-    ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", "attn.hook_c2c",
-     _HEAD_ROW, ("qk",)),
-    ("c2p", "content → position", "q·(r W_K')[δ(t, s)] / √({d_head}·m): the query against the relative table's row "
-     "for the distance t − s (0 where pos_att_type leaves c2p out)", "attn.hook_c2p", _HEAD_ROW, ("q",)),
-    ("p2c", "position → content", "k_s·(r W_Q')[δ(t, s)] / √({d_head}·m): each key against the table's row for "
-     "t − s (0 where pos_att_type leaves p2c out)", "attn.hook_p2c", _HEAD_ROW, ("k",)),
-    ("scaled", "summed and masked", "c2c_s + c2p_s + p2c_s + mask_s (mask: 0 on real keys, −∞ on padding)",
-     "attn.hook_attn_scores", _HEAD_ROW, ("c2c", "c2p", "p2c")),
-)
-_SCORES_AT = next(i for i, step in enumerate(POST_LN_STEPS) if step[0] == "scaled")
-DISENTANGLED_STEPS = POST_LN_STEPS[:_SCORES_AT] + _DISENTANGLED_SCORES + POST_LN_STEPS[_SCORES_AT + 1:]
-STEPS_BY_NORM = {"post": POST_LN_STEPS, "pre": PRE_LN_STEPS}
-STEPS = POST_LN_STEPS + PRE_LN_STEPS + _DISENTANGLED_SCORES  # every step some family shows: what a run captures
-
-
-def _step_table(family) -> tuple:
-    """The family's step-through: DeBERTa's own scores, else its norm's table."""
-    return DISENTANGLED_STEPS if family.attention == "disentangled" else STEPS_BY_NORM[family.norm]
-
-
 def _score_step(model, d_head: int) -> tuple[str, tuple[float, str]]:
-    """(the step whose values are q·k over a divisor, (that divisor, as written)): the scores q·k/√K, or DeBERTa's
-    c2c, divided by √(K·m)."""
-    if model.config.family.attention != "disentangled":
-        return "scaled", (float(np.sqrt(d_head)), f"√{d_head}")
-    m = 1 + len(position_terms(model.config))
-    return "c2c", (float(np.sqrt(d_head * m)), f"√({d_head}·{m})")
+    """(the step whose values are q·k over a divisor, (that divisor, as written)): the scores q·k/√K, or the first
+    of a family's score terms (DeBERTa's c2c), divided by √(K·m) (Family.score_terms, score_scale)."""
+    family = model.config.family
+    site = family.score_terms[0] if family.score_terms else "attn.hook_attn_scores"
+    m = family.score_scale(model.config)
+    step_id = next(step.id for step in family.steps if step.site == site)
+    return step_id, (float(np.sqrt(d_head * m)), f"√{d_head}" if m == 1 else f"√({d_head}·{m})")
 # The views that draw a step's values (the page links the step to them): the pattern is every view's; the neuron view
 # draws q and k (rotated where the family rotates them) and recomputes q·k, the scores and the softmax from them.
 DRAWN_IN = {"attn.hook_pattern": ("neuron", "head", "model"),
@@ -595,23 +499,23 @@ _AFTER_BLOCKS = "ln_final."  # shown with the last block only
 
 
 def _hook_name(site: str, layer: int) -> str:
-    """A STEPS hook's full name: the embedding's and the final LayerNorm's as they are, a block's in block `layer`."""
+    """A step's hook's full name: the embedding's and the final LayerNorm's as they are, a block's in block `layer`."""
     return site if site.startswith(_MODEL_SITES) else f"blocks.{layer}.{site}"
 
 
 def _picked(value: np.ndarray, pick: str, query: int, head: int) -> np.ndarray:
     """The part of a captured value a step shows: the query's row, its head's, every key's for the head, or the
     head's row of a [H, T, S] map; "concat" flattens the query's [H, K] row to H·K."""
-    if pick == _QUERY:
+    if pick == QUERY:
         return value[query].reshape(-1)
-    return {_QUERY_HEAD: lambda: value[query, head], _KEYS_HEAD: lambda: value[:, head],
-            _HEAD_ROW: lambda: value[head, query]}[pick]()
+    return {QUERY_HEAD: lambda: value[query, head], KEYS_HEAD: lambda: value[:, head],
+            HEAD_ROW: lambda: value[head, query]}[pick]()
 
 
 def _start(value: np.ndarray, pick: str, head: int) -> int:
     """Where this head's part begins in the values a step shows: h·K in the query's row of every head's [H, K]
     (the concatenation of the heads), else 0."""
-    return head * value.shape[-1] if pick == _QUERY and value.ndim == 3 else 0
+    return head * value.shape[-1] if pick == QUERY and value.ndim == 3 else 0
 
 
 _SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -629,7 +533,7 @@ def _first_shown(operand: str, shown) -> str | None:
 
 def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> list[dict]:
     """The walk through block `layer` for head `head` and query token `query` (its family's table in
-    STEPS_BY_NORM), each step {id, label, equation, values (the hook's numbers; null where −∞: a masked score),
+    Family.steps), each step {id, label, equation, values (the hook's numbers; null where −∞: a masked score),
     shape, from (the ids of its operands)}; a step whose values are dot products also has `dot` (see
     `_dot_products`)."""
     cfg = model.config
@@ -637,7 +541,7 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
               "layer_sup": _superscript(layer), "next_sup": _superscript(layer + 1)}
     last = layer == cfg.num_hidden_layers - 1
     steps, shown = [], set()
-    for step_id, label, equation, site, pick, operands in _step_table(cfg.family):
+    for step_id, label, equation, site, pick, operands in cfg.family.steps:
         name = _hook_name(site, layer)
         if name not in run.captures or (site.startswith(_AFTER_BLOCKS) and not last):
             continue
@@ -646,12 +550,12 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
         steps.append({"id": step_id, "label": label.format(**fields), "equation": equation.format(**fields),
                       "shape": list(values.shape), "values": _vector(values),
                       "from": [source for source in sources if source is not None],
-                      "per_key": pick in (_KEYS_HEAD, _HEAD_ROW),  # one value (row) per key token s
+                      "per_key": pick in (KEYS_HEAD, HEAD_ROW),  # one value (row) per key token s
                       "site": name, "start": _start(run.captures[name], pick, head),
                       "views": list(DRAWN_IN.get(site, ()))})
         shown.add(step_id)
-    dots = _dot_products(run, layer, head, d_head, model.named_parameters(), pre_ln=cfg.family.norm == "pre",
-                         score=_score_step(model, d_head))
+    dots = _dot_products(run, layer, head, d_head, model.named_parameters(),
+                         {step.id: step.operands for step in cfg.family.steps}, score=_score_step(model, d_head))
     for step in steps:
         dot = dots.get(step["id"])
         left = dot and _first_shown(dot["left"], shown)
@@ -660,14 +564,15 @@ def _steps(run: Run, layer: int, head: int, query: int, d_head: int, model) -> l
     return steps
 
 
-def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, pre_ln: bool,
+def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping, operands: Mapping,
                   score: tuple[str, tuple[float, str]]) -> dict[str, dict]:
     """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
-    left vector ("a|b" as in STEPS), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
+    left vector ("a|b" as in Family.steps), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
     None, divisor}}, so that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row
     (the scores), else the SHOWN values the page shows. Weights are read by name, fused ones (ModernBERT's W_QKV
     [3, D, H, K], GeGLU's W_in [D, 2, F]) split; a family without a bias goes without. score: the step whose values
-    are q·k_s / divisor (`_score_step`). DeBERTa's position terms read the relative table: shown without operands."""
+    are q·k_s / divisor (`_score_step`); operands: {step id: its operands} of the family's steps (what q and the
+    FFN read). DeBERTa's position terms read the relative table: shown without operands."""
     def captured(site: str):
         return run.captures.get(_hook_name(site, layer))
 
@@ -697,12 +602,13 @@ def _dot_products(run: Run, layer: int, head: int, d_head: int, weights: Mapping
     fused = weights.get(f"blocks.{layer}.attn.W_QKV") is not None
     w_q = weight("attn.W_QKV", 0) if fused else weight("attn.W_Q")  # [D, H, K]
     b_q = weight("attn.b_QKV", 0) if fused else weight("attn.b_Q")  # [H, K]
-    if w_q is not None:
-        dots["q"] = dot("ln1|x" if pre_ln else "x", "W_Q[:, h, j]", w_q[:, head].T, None if b_q is None else b_q[head])
+    if w_q is not None and "q" in operands:
+        dots["q"] = dot(operands["q"][0], "W_Q[:, h, j]", w_q[:, head].T, None if b_q is None else b_q[head])
     w_o = weight("attn.W_O")
     if w_o is not None:  # [H, K, D]: (z W_O[h])_j = z · W_O[h, :, j]
         dots["head_out"] = dot("z", "W_O[h, :, j]", w_o[head].T)
-    w_in, b_in, ffn_in = weight("mlp.W_in"), weight("mlp.b_in"), "ln2" if pre_ln else "ln1"
+    w_in, b_in = weight("mlp.W_in"), weight("mlp.b_in")
+    ffn_in = operands.get("ffn_pre", ("",))[0]  # the step the FFN reads
     if w_in is not None and w_in.ndim == 3:  # GeGLU [D, 2, F]: the gate half, then the linear half
         for part, step_id in enumerate(("ffn_pre", "ffn_linear")):
             dots[step_id] = dot(ffn_in, f"W_in[:, {part}, j]", w_in[:, part].T, None if b_in is None else b_in[part])

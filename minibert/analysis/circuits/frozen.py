@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from minibert.analysis.lens import BLOCK_OUTPUT
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 
@@ -39,18 +38,14 @@ class Layout:
     final_norm: str | None  # a layernorm between the last block and the readout (pre-LN: ln_final)
 
 
-LAYOUTS = {
-    "post": Layout("ln1.hook_out", BLOCK_OUTPUT["post"], ("ln1", "ln2"), None),
-    "pre": Layout("hook_resid_mid", BLOCK_OUTPUT["pre"], (), "ln_final"),
-}
-
-
 def layout(model) -> Layout:
     """The model's Layout; a model whose heads' outputs cannot be read apart (no attn.hook_result) is refused."""
     if "blocks.0.attn.hook_result" not in model.hook_names:
         raise AnalysisError(f"{model.config.family.name} has no per-head output hook (attn.hook_result), so its "
                             f"heads cannot be circuit nodes; circuits need a family whose heads write z·W_O[h].")
-    return LAYOUTS[model.config.family.norm]
+    family = model.config.family  # what its blocks show (families/base.py: Family.stream_norms, block_output…)
+    mlp_in = f"{family.stream_norms[0]}.hook_out" if family.stream_norms else "hook_resid_mid"
+    return Layout(mlp_in, family.block_output, family.stream_norms, "ln_final" if family.final_norm else None)
 
 
 def point_names(model) -> dict[str, list[str]]:
