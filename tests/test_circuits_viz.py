@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from matplotlib.collections import LineCollection
 
 from minibert.analysis.circuits import CircuitGraph, Faithfulness, TokenAttribution
 from minibert.analysis.circuits.edges import edge_mask, receiver_labels, sender_labels
+from minibert.errors import AnalysisError
 from minibert.viz.circuits import circuit_figure, faithfulness_figure, token_text
 
 L, H = 2, 3
@@ -70,3 +72,12 @@ def test_token_text_escapes_and_colours_by_sign():
     assert "<script>" not in text and "&lt;script&gt;" in text and "a&amp;b" in text
     assert "rgba(207,34,46,0.850)" in text  # the largest |score|, negative: full-strength red
     assert "rgba(31,111,235,0.425)" in text  # half of it, positive: half-strength blue
+
+
+def test_a_circuit_is_asked_for_one_way():
+    graph = hand_graph()
+    with pytest.raises(AnalysisError, match="top=n .* or threshold=t"):
+        graph.circuit(top=2, threshold=0.1)
+    with pytest.raises(AnalysisError, match="top must be a number of edges"):
+        graph.circuit(top=-1)
+    assert graph.circuit(top=10**6).size == graph.edges.sum()  # at most every edge
