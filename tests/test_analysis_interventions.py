@@ -235,6 +235,23 @@ def test_patch_activations_matches_a_loop_of_patched_runs_tiny(tiny, tiny_pair, 
                                grid, atol=metric_atol(tiny, clean))
 
 
+def test_sweeps_return_the_clean_and_corrupted_metric_on_request(tiny, tiny_pair):
+    """baselines=True (issue 32 E): the grid as before, and the metric of the unpatched clean and corrupted runs
+    (of the unablated run for ablation_sweep), against model(batch) and the metric in float64; within
+    metric_atol (two programs)."""
+    clean, corrupted = tiny_pair
+    metric = pooled_metric(tiny, clean)
+    grid, baselines = interventions.patch_activations(tiny, clean, corrupted, metric, baselines=True)
+    np.testing.assert_array_equal(grid, interventions.patch_activations(tiny, clean, corrupted, metric))
+    for got, batch in ((baselines.clean, clean), (baselines.corrupted, corrupted)):
+        assert abs(got - mean_metric(metric, tiny(batch))) <= metric_atol(tiny, clean)
+    assert abs(baselines.clean - baselines.corrupted) > 10 * metric_atol(tiny, clean)  # they differ: a real check
+    heads, ablated = interventions.ablation_sweep(tiny, clean, metric, baselines=True)
+    np.testing.assert_array_equal(heads, interventions.ablation_sweep(tiny, clean, metric))
+    assert ablated.corrupted is None and abs(ablated.clean - mean_metric(metric, tiny(clean))) <= \
+        metric_atol(tiny, clean)
+
+
 def _set_head(z, ctx, layer, head, clean):
     """z [B, T, H, K] with head `head` of block `layer` set to the clean run's at every position."""
     return jnp.where((ctx.layer == layer) & (jnp.arange(z.shape[2]) == head)[None, None, :, None], clean[ctx.layer], z)

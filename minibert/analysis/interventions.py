@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,6 @@ import numpy as np
 from minibert import accounting
 from minibert.api import Inputs, is_text
 from minibert.contract import metric_values, static_metric, traced_call
-from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookError, HookFn, add_delta, site_axes
 from minibert.tokenizer import Batch
@@ -139,6 +139,25 @@ def _sweep(model, inputs, resids, n_items: int, intervention, shared, metric, ch
     return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
 
 
+class Baselines(NamedTuple):
+    """The metric without any intervention, beside a sweep's grid (baselines=True): clean, and for patching the
+    corrupted run — what a centred or normalised heatmap, (grid − corrupted) / (clean − corrupted), needs."""
+
+    clean: float
+    corrupted: float | None = None  # ablation_sweep: None (the ablated runs are the grid itself)
+
+
+def _plain_metric(model, inputs, metric) -> float:
+    """The mean metric of the batch's plain run, as the sweep's metric contract reads it (one compiled program)."""
+    program = model.jit(_metric_of_run, static_argnames=("metric",))
+    return float(program(model.state, inputs, metric=static_metric(metric)))
+
+
+def _metric_of_run(model, state, inputs, *, metric):
+    out = model.suffix(state, 0, model.embed(state, inputs), inputs, {})
+    return _row_mean(traced_call(metric.fn, out), inputs.shape[0])
+
+
 def residual_streams(model, batch) -> jax.Array:
     """The residual stream entering every block, from one forward: [L, B, T, D]."""
     return model.run_with_cache(batch, names="blocks.*.hook_resid_pre")[1].stack("hook_resid_pre")
@@ -153,13 +172,15 @@ def _ablating(layer, head, replacement):
     return ablate_heads(mask, mean=replacement)
 
 
-def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: int | None = None) -> np.ndarray:
+def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: int | None = None, *,
+                   baselines: bool = False):
     """The metric after ablating each head alone, on `attn.hook_z` as `ablate_heads` does → [L, H] NumPy.
 
     mode "zero" zeroes the head's z; "mean" puts each head's z averaged over the real tokens of `batch`
     (`mean_z`). `metric(output)` returns one value per row of `batch` (or a scalar); the grid holds its mean.
     All L·H heads run in one compiled program, `chunk` heads per call (default: as many as
     accounting.MEMORY_BUDGET of activations allow, see `accounting.activation_bytes`).
+    baselines=True returns (grid, Baselines(clean=the metric without ablation)) instead of the grid alone.
     """
     cfg = model.config
     if mode == "zero":
@@ -169,8 +190,9 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
     else:
         raise AnalysisError(f"mode must be 'zero' or 'mean'; got {mode!r}.")
     inputs = model.inputs(batch)
-    return _sweep(model, inputs, residual_streams(model, batch), cfg.num_attention_heads, _ablating, replacement,
+    grid = _sweep(model, inputs, residual_streams(model, batch), cfg.num_attention_heads, _ablating, replacement,
                   metric, chunk)
+    return (grid, Baselines(_plain_metric(model, inputs, metric))) if baselines else grid
 
 
 # ---- activation patching --------------------------------------------------------------------------------------
@@ -235,7 +257,7 @@ def _site_values(model, batch, site: str) -> jax.Array:
 
 
 def patch_activations(model, clean, corrupted, metric: Callable, site: str = "hook_resid_pre",
-                      chunk: int | None = None, per: str = "position") -> np.ndarray:
+                      chunk: int | None = None, per: str = "position", *, baselines: bool = False):
     """Activation patching: for every layer l and position p, run `corrupted` with the clean run's
     `blocks.{l}.{site}` at position p patched in (in every row), and return the metric grid [L, T] (NumPy).
     per="head": for every layer l and head h, patch head h's values at every position instead → [L, H]
@@ -250,13 +272,19 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     positions line up from the left — position t is the t-th token of each, [CLS] at 0 — and T is the longer
     length. Where the clean row has padding nothing is patched (the corrupted run's value stays); where only
     the corrupted row has padding the patch lands on a masked position that no real token reads.
+
+    baselines=True returns (grid, Baselines(clean, corrupted)): the metric of the clean and of the corrupted run
+    with nothing patched (each padded as the sweep pads it), for (grid − corrupted) / (clean − corrupted).
     """
     _positional_site(model, site, per)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     clean_values = _clean_where_real(model, clean_inputs, corrupt_inputs, _site_values(model, clean_inputs, site),
                                      site)  # [L, B, T, ...]
-    return _sweep(model, corrupt_inputs, residual_streams(model, corrupt_inputs), clean_values.shape[SWEPT_AXIS[per]],
+    grid = _sweep(model, corrupt_inputs, residual_streams(model, corrupt_inputs), clean_values.shape[SWEPT_AXIS[per]],
                   _patching(site, per), clean_values, metric, chunk)
+    if not baselines:
+        return grid
+    return grid, Baselines(_plain_metric(model, clean_inputs, metric), _plain_metric(model, corrupt_inputs, metric))
 
 
 # ---- gradient estimates ---------------------------------------------------------------------------------------
@@ -372,7 +400,3 @@ def scale_attention(keys, factor: float, n_layers: int, layers=None) -> dict:
 def block_attention(keys, n_layers: int, layers=None) -> dict:
     """No query may attend to key positions `keys` (in `layers`, default all)."""
     return scale_attention(keys, 0.0, n_layers, layers)
-
-
-__getattr__ = moved_names(__name__, {"SWEEP_BUDGET_BYTES": "minibert.accounting.MEMORY_BUDGET",
-                                     "item_bytes": "minibert.accounting.activation_bytes"})
