@@ -22,12 +22,18 @@ from minibert.tokenizer import BaseTokenizer, Tokenizer, _read_json, configured_
 SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")  # spm.model: DeBERTa-v3
 
 
+def _segments_unread(config: Config) -> bool:
+    """DeBERTa-v3 (no segment table: type_vocab_size 0) reads no segment ids; its tokenizer (DebertaV2Tokenizer)
+    still gives sentence B segment 1, and so does minibert's, so a batch's token_type_ids are transformers'."""
+    return "type_vocab_size" in dict(config.family.settings) and config.setting("type_vocab_size") == 0
+
+
 def tokenizer_for(directory: str | Path, config: Config) -> BaseTokenizer:
     """The tokenizer of a checkpoint directory: WordPiece (vocab.txt or a WordPiece tokenizer.json) is
-    minibert's own; byte-level BPE and Unigram go through `tokenizers`. Sentence B gets segment id 1 only
-    where the model has a segment table with two rows or more."""
+    minibert's own; byte-level BPE and Unigram go through `tokenizers`. Sentence B gets segment id 1 where the
+    model has a segment table with two rows or more, or none at all as in DeBERTa-v3 (as transformers does)."""
     directory = Path(directory)
-    segments = config.family.token_types and config.type_vocab_size > 1
+    segments = (config.family.token_types and config.type_vocab_size > 1) or _segments_unread(config)
     if (directory / "vocab.txt").exists():
         return Tokenizer.from_dir(directory, segments=segments)
     settings = _read_json(directory / "tokenizer_config.json")

@@ -389,10 +389,11 @@ def test_deberta_tokenizer_matches_transformers(tmp_path):
     texts, pairs = fuzz_texts(rng, 200), fuzz_texts(rng, 200)
     for first, second in [(texts, None), (texts[:100], pairs[:100])]:
         batch, theirs = ours(first, second), hf_rows(hf_tokenizer, first, second)
-        # Not token_type_ids: transformers gives sentence B segment 1, which no DeBERTa-v3 reads (type_vocab_size
-        # 0); minibert gives 0, what a one-row table (the most check() accepts) reads.
+        # token_type_ids too (issue 32 A8): sentence B gets segment 1, as transformers gives it, though no
+        # DeBERTa-v3 reads it (type_vocab_size 0).
         mine = dict(input_ids=batch.input_ids.tolist(), attention_mask=batch.attention_mask.tolist(),
-                    offsets=batch.offsets, word_ids=batch.word_ids, sequence_ids=batch.sequence_ids)
+                    token_type_ids=batch.token_type_ids.tolist(), offsets=batch.offsets, word_ids=batch.word_ids,
+                    sequence_ids=batch.sequence_ids)
         theirs["offsets"] = [[tuple(span) for span in row] for row in theirs["offsets"]]
         assert mine == {name: theirs[name] for name in mine}
     assert (ours.cls_token, ours.mask_token, ours.pad_token_id) == ("[CLS]", "[MASK]", hf_tokenizer.pad_token_id)
@@ -460,3 +461,18 @@ def test_share_att_key_must_be_a_boolean_and_cls_dropout_loads(tmp_path):
         minibert.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"cls_dropout": 0.1}))
     assert minibert.load(tmp_path).config.architecture == "DebertaV2ForSequenceClassification"
+
+
+def test_transformers_segment_ids_are_accepted_and_ignored(tmp_path):
+    """issue 32 A8: ids as DebertaV2Tokenizer gives them (sentence B segment 1) were refused ("token_type_ids must
+    lie in [0, 1)") though DeBERTa-v3 reads no segments: accepted, and the outputs are those of all-zero segments
+    (the same program on the same values but the ignored segments: exact)."""
+    make_deberta(tmp_path, "Model", **V3)
+    model = minibert.load(tmp_path)
+    batch = model.tokenize(["abc def"], ["ghi"]).to_dict()
+    types = np.asarray(batch["token_type_ids"])  # as transformers gives them (the test above)
+    assert types.max() == 1
+    with_types = model(batch | {"token_type_ids": types}).last_hidden_state
+    np.testing.assert_array_equal(with_types, model(batch | {"token_type_ids": 0 * types}).last_hidden_state)
+    with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, 2\)"):
+        model(batch | {"token_type_ids": 2 * types})
