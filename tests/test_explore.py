@@ -16,7 +16,7 @@ import minibert
 from minibert import viz
 from minibert.app import serve
 from minibert.families.deberta_v2 import position_terms
-from minibert.viz import views
+from minibert.viz import _html, views
 from minibert.viz.views import TERMS
 from minibert.viz.workbench import Workbench
 
@@ -45,7 +45,8 @@ def test_widget_messages_match_the_server(tiny_mlm, action, body):
 
 def test_widget_carries_the_pages_code(tiny_mlm):
     widget = viz.explore(tiny_mlm[0])
-    assert "function render(root, data)" in widget._esm and "function minibertWorkbench(" in widget._esm
+    assert "function render(root, data, page)" in widget._esm and "function minibertWorkbench(" in widget._esm
+    assert all(_html._static(name) in widget._esm for name in _html.VIEW_SCRIPTS)  # every view's file, common.js's el
     assert json.loads(widget.config)["models"][0]["layers"] == tiny_mlm[0].config.num_hidden_layers
 
 

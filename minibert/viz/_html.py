@@ -38,6 +38,16 @@ def _static(name: str) -> str:
     return (resources.files("minibert.viz") / "static" / name).read_text(encoding="utf-8")
 
 
+# The views' scripts, in the order they join into one: the common part (el() and the other helpers), each view's own
+# file, then boot and render.
+VIEW_SCRIPTS = ("common.js", "head_view.js", "model_view.js", "neuron_view.js", "views.js")
+
+
+def views_script() -> str:
+    """The views' code as one script (VIEW_SCRIPTS joined): a standalone view, the workbench and its widget run it."""
+    return "\n".join(_static(name) for name in VIEW_SCRIPTS)
+
+
 Packing = Literal["unit_byte", "float32"]
 PACKINGS = ("unit_byte", "float32")
 UNIT_BYTE_ERROR = 0.5 / 255  # largest |decoded − value| of the "unit_byte" packing
@@ -118,7 +128,7 @@ class View:
             '<div class="mbv-fallback">This interactive view needs JavaScript '
             "(in Jupyter: run the cell, or trust the notebook).</div>"
             f'<script type="application/json" class="mbv-data">{self._data}</script>'
-            f"<script>(function () {{\n{_static('views.js')}\nboot(document.currentScript, "
+            f"<script>(function () {{\n{views_script()}\nboot(document.currentScript, "
             f'"{element_id}");\n}})();</script>'
             "</div>"
         )
@@ -128,11 +138,11 @@ class View:
 
     @staticmethod
     def library() -> str:
-        """views.js and views.css for a page that draws views from data it fetches (the workbench): a
+        """The views' scripts and views.css for a page that draws views from data it fetches (the workbench): a
         `<style>` and a script defining `window.minibertViews.render(root, data)`, root an element of class
-        "mbv", data a View's `.data`."""
+        "mbv", data a View's `.data`, and `window.minibertViews.el`, the one el() the page's own script uses."""
         return (f"<style>{_static('views.css')}</style>"
-                f"<script>(function () {{\n{_static('views.js')}\nwindow.minibertViews = {{render: render}};\n}})();"
+                f"<script>(function () {{\n{views_script()}\nwindow.minibertViews = {{render: render, el: el}};\n}})();"
                 "</script>")
 
     def page(self) -> str:

@@ -12,11 +12,12 @@ import json
 from importlib import resources
 
 from minibert.errors import InputError, MinibertError
+from minibert.viz._html import views_script
 from minibert.viz.workbench import MAX_TOKENS, Workbench
 
 # ---- the notebook widget ----------------------------------------------------------------------------------
 
-# The widget's front end: one ES module of the workbench page's own scripts, views.js (its `render`) and workbench.js
+# The widget's front end: one ES module of the page's own scripts, the views' (their `render` and `el`) and workbench.js
 # (`minibertWorkbench`), then renderWidget, which builds the workbench inside the widget's element with the page's
 # requests sent to the kernel as messages {id, action, body}, answered with {id, answer} or {id, error}. Module scope
 # keeps their names out of the page's globals, and nothing is evaluated from a string: front ends whose
@@ -24,7 +25,7 @@ from minibert.viz.workbench import MAX_TOKENS, Workbench
 # tag (a widget shown twice hears both views' answers) and gives its elements ids under it, so any number of
 # widgets, and views of one, live on one notebook page.
 _WIDGET_MOUNT = """
-function renderWidget({ model, el }) {
+function renderWidget({ model, el: host }) {  // host: the widget's element (el is common.js's)
   const tag = "wb" + Math.random().toString(36).slice(2, 10) + "-";
   const waiting = new Map();
   let next = 0;
@@ -43,8 +44,8 @@ function renderWidget({ model, el }) {
   const style = document.createElement("style");
   style.textContent = model.get("css");
   const root = document.createElement("div");
-  el.append(style, root);
-  minibertWorkbench(root, JSON.parse(model.get("config")), { send, render, prefix: tag });
+  host.append(style, root);
+  minibertWorkbench(root, JSON.parse(model.get("config")), { send, render, el, prefix: tag });
   return () => model.off("msg:custom", answered);
 }
 export default { render: renderWidget };
@@ -67,7 +68,7 @@ def explore(model, *, max_tokens: int = MAX_TOKENS):
     workbench = Workbench(model, max_tokens=max_tokens)
 
     class Explorer(anywidget.AnyWidget):
-        _esm = traitlets.Unicode("\n".join([_static_text("views.js"), _static_text("workbench.js"), _WIDGET_MOUNT])
+        _esm = traitlets.Unicode("\n".join([views_script(), _static_text("workbench.js"), _WIDGET_MOUNT])
                                  ).tag(sync=True)
         css = traitlets.Unicode(_static_text("views.css") + _static_text("workbench.css")).tag(sync=True)
         config = traitlets.Unicode().tag(sync=True)

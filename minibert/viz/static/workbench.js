@@ -6,7 +6,8 @@
    body) → a promise of the answer: POST /api/ACTION to its own server on the page (the boot at the end), a
    message to the kernel in the widget (explore.py). User text reaches the page through textContent and
    value only, never as markup. Every control is a button, select or input: reachable by keyboard. */
-/** config: {models: [info answers], tour, projector}; options: {send, render (views.js's render), prefix}. */
+/** config: {models: [info answers], tour, projector}; options: {send, render (views.js's render), el (common.js's),
+    prefix}. */
 function minibertWorkbench(app, config, options) {
   "use strict";
   var prefix = options.prefix, send = options.send;
@@ -24,12 +25,7 @@ function minibertWorkbench(app, config, options) {
     return label(n, layer, head) + " (0-indexed: layer " + layer + ", head " + head + ")";
   }
 
-  function el(tag, attrs, text) {
-    var node = document.createElement(tag);
-    for (var name in attrs || {}) if (attrs[name] != null) node.setAttribute(name, attrs[name]);
-    if (text != null) node.textContent = text;
-    return node;
-  }
+  var el = options.el;  // common.js's: the one el() of the views and the page
 
   function number(value) {
     if (value === null) return "−∞";  // a masked score (JSON has no number for it)
@@ -892,6 +888,6 @@ if (document.getElementById("wb-config")) {
         });
     }
     minibertWorkbench(document.getElementById("workbench"), config,
-                      {send: send, render: window.minibertViews.render, prefix: "wb-"});
+                      {send: send, render: window.minibertViews.render, el: window.minibertViews.el, prefix: "wb-"});
   })();
 }
