@@ -144,7 +144,8 @@ def test_a_diverged_run_writes_no_model(tmp_path, capsys, tiny):
     """Issue 32 A4: --learning-rate 1e6 exited 0 and wrote model.safetensors of non-finite weights."""
     data = tmp_path / "train.tsv"
     data.write_text("text\tlabel\n" + "".join(f"w{i} w{i + 3} a b\t{i % 2}\n" for i in range(16)))
-    _one_line_error(capsys, ["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny),
-                             "--learning-rate", "1e6", "--epochs", "2", "--batch-size", "4", "--dropout", "0"],
-                    "training diverged")
+    assert main(["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny), "--learning-rate",
+                 "1e6", "--epochs", "2", "--batch-size", "4", "--dropout", "0"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's lines
+    assert last.startswith("minibert finetune: error: training diverged: ") and "Lower the learning rate" in last
     assert not (tmp_path / "out" / "model").exists() and not (tmp_path / "out" / "history.json").exists()

@@ -121,7 +121,8 @@ def test_one_compiled_step_per_length_bucket(base, monkeypatch):
         return programs[-1]
 
     monkeypatch.setattr(finetune_module, "compiled_step", recording)
-    rows = [training.Example(" ".join(["a"] * (2, 5, 9)[i % 3]), None, i % 2) for i in range(24)]  # 3 lengths
+    # 4, 22 and 42 tokens: three lengths in three buckets under the coarse rule (16, 24, 32, 48, …)
+    rows = [training.Example(" ".join(["a"] * (2, 20, 40)[i % 3]), None, i % 2) for i in range(24)]
     result = training.finetune(base, rows, **(QUICK | {"epochs": 3, "batch_size": 4}))
     encoded = data_.encode(base, rows, "sequence-classification", ("LABEL_0", "LABEL_1"))
     lengths = {batch["input_ids"].shape[1] for epoch in range(3)
