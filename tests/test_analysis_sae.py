@@ -512,19 +512,30 @@ def test_spliced_fidelity_on_a_classifier_against_transformers(tmp_path):
     inputs = {k: torch.tensor(np.asarray(v)) for k, v in batch.to_dict().items()}
     norm = hf.bert.encoder.layer[0].output.LayerNorm
     runs = {}
-    for name, replace in (("clean", None), ("spliced", numpy_sae), ("ablated", np.zeros_like)):
-        handle = None if replace is None else norm.register_forward_pre_hook(
+    captured = {}
+
+    def mean_of_real_tokens(x):  # the clean run's value (captured below) averaged over the real tokens
+        real = np.asarray(batch.attention_mask) > 0
+        return np.broadcast_to(captured["clean"][real].mean(0), x.shape)
+
+    def capture(x):
+        captured["clean"] = x
+        return x
+
+    for name, replace in (("clean", capture), ("spliced", numpy_sae), ("ablated", np.zeros_like),
+                          ("mean", mean_of_real_tokens)):
+        handle = norm.register_forward_pre_hook(
             lambda module, args, replace=replace: (torch.tensor(replace(args[0].double().numpy()),
                                                                 dtype=args[0].dtype),))
         with torch.no_grad():
             runs[name] = hf(**inputs).logits.double().numpy()
-        if handle is not None:
-            handle.remove()
+        handle.remove()
+    mean_ablated = runs.pop("mean")
     log_p = {name: logits - np.log(np.exp(logits).sum(-1, keepdims=True)) for name, logits in runs.items()}
     ce = {name: -lp[np.arange(len(labels)), labels].mean() for name, lp in log_p.items()}
     kl = np.mean(np.sum(np.exp(log_p["clean"]) * (log_p["clean"] - log_p["spliced"]), -1))
     recovered = (ce["ablated"] - ce["spliced"]) / (ce["ablated"] - ce["clean"])
-    scale = max(np.abs(r).max() for r in runs.values())
+    scale = max(np.abs(r).max() for r in [*runs.values(), mean_ablated])
     delta = head_rtol(model.config, S=np.asarray(batch.input_ids).shape[1]) * scale
     for name in runs:
         assert abs(got[f"ce_{name}"] - ce[name]) <= 2 * delta + sum_rtol(len(labels)) * ce[name], name
@@ -532,6 +543,11 @@ def test_spliced_fidelity_on_a_classifier_against_transformers(tmp_path):
     gap = abs(ce["ablated"] - ce["clean"])
     assert gap > 8 * delta
     assert abs(got["loss_recovered"] - recovered) <= 4 * delta * (1 + abs(recovered)) / (gap - 4 * delta)
+    # mean ablation: the mean's sum over the real tokens is one more reduction, within a stage's roundings
+    mean_ce = -(mean_ablated - np.log(np.exp(mean_ablated).sum(-1, keepdims=True)))[np.arange(len(labels)), labels]
+    got_mean = sae.spliced_fidelity(model, config, params, texts, labels=labels, ablation="mean")
+    assert abs(got_mean["ce_ablated"] - mean_ce.mean()) <= 2 * delta + sum_rtol(len(labels)) * mean_ce.mean()
+    assert abs(mean_ce.mean() - ce["ablated"]) > 100 * delta  # the two ablations differ: the mean path is checked
     margins = {name: np.diff(np.sort(r, -1)[:, -2:], axis=-1) for name, r in runs.items()}
     assert all((m > 4 * delta).all() for m in margins.values())  # no near-tie: the argmax is the same in both
     for name in ("clean", "spliced"):
