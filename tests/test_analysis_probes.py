@@ -296,8 +296,12 @@ def test_token_probe_sweeps_l2_with_the_control_task_and_keeps_the_test_items(ti
     """l2=None with the control task: every L2_GRID value trained on task and control (each row recomputed with
     probe() at that l2), the kept one the highest mean dev selectivity; the result names its test items, their
     gold classes and every layer's predictions, which give its accuracy."""
+    from minibert.analysis.probes.linear import _fit_layers
+
     sentences, labels = _typed_sentences(np.random.default_rng(3))
+    programs = _fit_layers._cache_size()
     result = probes.token_probe(tiny, sentences, labels, samples=50)
+    assert _fit_layers._cache_size() - programs <= 1  # ten fits (five l2, task and control), one program: l2 is traced
     assert [row["l2"] for row in result.sweep] == list(probes.L2_GRID)
     best = max(result.sweep, key=lambda row: row["dev_selectivity"])
     assert result.l2 == best["l2"] and result.control.l2 == best["l2"]
