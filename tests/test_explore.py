@@ -46,7 +46,8 @@ def test_widget_messages_match_the_server(tiny_mlm, action, body):
 def test_widget_carries_the_pages_code(tiny_mlm):
     widget = viz.explore(tiny_mlm[0])
     assert "function render(root, data, page)" in widget._esm and "function minibertWorkbench(" in widget._esm
-    assert all(_html._static(name) in widget._esm for name in _html.VIEW_SCRIPTS)  # every view's file, common.js's el
+    scripts = _html.VIEW_SCRIPTS + _html.WORKBENCH_SCRIPTS  # every view's file (common.js's el), the step-through's…
+    assert all(_html._static(name) in widget._esm for name in scripts)
     assert json.loads(widget.config)["models"][0]["layers"] == tiny_mlm[0].config.num_hidden_layers
 
 

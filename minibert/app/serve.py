@@ -32,7 +32,7 @@ from functools import cache
 from importlib import resources
 
 from minibert.errors import InputError, MinibertError
-from minibert.viz._html import View
+from minibert.viz._html import View, workbench_script
 from minibert.viz.workbench import Workbench
 
 TOKEN_HEADER = "X-Minibert-Token"
@@ -212,7 +212,8 @@ def _workbench(workbenches: Sequence[Workbench], payload) -> Workbench:
 
 
 def workbench_page(nonce: str, infos: list[dict], tour: bool = False) -> str:
-    """The workbench page: views.js (the views' own code), workbench.js and .css, the models' info as JSON.
+    """The workbench page: the views' code, the workbench's (step-through, tour, page) and its .css, the models' info
+    as JSON.
     Every script carries `nonce`, the only scripts the page's Content-Security-Policy runs."""
     library = View.library().replace("<script>", f'<script nonce="{nonce}">')
     config = json.dumps({"models": infos, "tour": tour}).replace("<", "\\u003c").replace(">", "\\u003e")
@@ -222,7 +223,7 @@ def workbench_page(nonce: str, infos: list[dict], tour: bool = False) -> str:
             f"{library}</head><body>"
             f'<script type="application/json" id="wb-config">{config}</script>'
             f'<div id="workbench" aria-busy="true"></div>'
-            f'<script nonce="{nonce}">{_static("workbench.js")}</script></body></html>\n')
+            f'<script nonce="{nonce}">{workbench_script()}</script></body></html>\n')
 
 
 def warm_up(workbenches: Sequence[Workbench], step: Callable[[str], None]) -> None:

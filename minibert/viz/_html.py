@@ -48,6 +48,15 @@ def views_script() -> str:
     return "\n".join(_static(name) for name in VIEW_SCRIPTS)
 
 
+# The workbench's own scripts (after the views'): the step-through and the tour, then the page that builds them.
+WORKBENCH_SCRIPTS = ("step_through.js", "tour.js", "workbench.js")
+
+
+def workbench_script() -> str:
+    """The workbench page's code as one script (WORKBENCH_SCRIPTS joined): minibert serve's page and the widget."""
+    return "\n".join(_static(name) for name in WORKBENCH_SCRIPTS)
+
+
 Packing = Literal["unit_byte", "float32"]
 PACKINGS = ("unit_byte", "float32")
 UNIT_BYTE_ERROR = 0.5 / 255  # largest |decoded − value| of the "unit_byte" packing

@@ -12,7 +12,7 @@ import json
 from importlib import resources
 
 from minibert.errors import InputError, MinibertError
-from minibert.viz._html import views_script
+from minibert.viz._html import views_script, workbench_script
 from minibert.viz.workbench import MAX_TOKENS, Workbench
 
 # ---- the notebook widget ----------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def explore(model, *, max_tokens: int = MAX_TOKENS):
     workbench = Workbench(model, max_tokens=max_tokens)
 
     class Explorer(anywidget.AnyWidget):
-        _esm = traitlets.Unicode("\n".join([views_script(), _static_text("workbench.js"), _WIDGET_MOUNT])
+        _esm = traitlets.Unicode("\n".join([views_script(), workbench_script(), _WIDGET_MOUNT])
                                  ).tag(sync=True)
         css = traitlets.Unicode(_static_text("views.css") + _static_text("workbench.css")).tag(sync=True)
         config = traitlets.Unicode().tag(sync=True)

@@ -1,0 +1,257 @@
+/* minibert workbench, the step-through: one head's computation for one query token, each step's equation with its
+   values drawn (a colour strip per vector, bars for one value per key) and their numbers beside them, links to the
+   steps it is computed from and the views that draw it, and every term of a dot product on hover. The workbench
+   (workbench.js) builds it with what it shares: minibertStepThrough(page) → {show(panel, answer), norm}. */
+/** page: {app, config, prefix, state, el, number, select, renew, choose, labelBoth}. */
+function minibertStepThrough(page) {
+  "use strict";
+  var app = page.app, config = page.config, prefix = page.prefix, state = page.state, el = page.el;
+  var number = page.number, select = page.select, renew = page.renew, choose = page.choose;
+  var labelBoth = page.labelBoth;
+
+  function numbered(count) {  // select options "1 (0-indexed: 0)", …
+    var out = [];
+    for (var i = 0; i < count; i++) out.push({value: String(i), text: (i + 1) + "  (0-indexed: " + i + ")"});
+    return out;
+  }
+
+  function showSteps(panel, answer) {
+    var part = panel.step;
+    renew(part);
+    var pick = el("div", {"class": "wb-step-pick"});
+    var layer = select(prefix + "step-layer-" + panel.n, "Layer", numbered(panel.info.layers));
+    var head = select(prefix + "step-head-" + panel.n, "Head", numbered(panel.info.heads));
+    layer.node.value = String(answer.layer);
+    head.node.value = String(answer.head);
+    layer.node.addEventListener("change", function () { choose({layer: Number(layer.node.value)}); });
+    head.node.addEventListener("change", function () { choose({head: Number(head.node.value)}); });
+    pick.appendChild(el("span", {"class": "wb-step-head", id: prefix + "step-title-" + panel.n},
+                        "Head " + labelBoth(panel.n, answer.layer, answer.head) + " · query “"
+                        + answer.tokens[answer.query] + "” (position " + answer.query + ", 0-indexed; click a "
+                        + "token to change it)"));
+    pick.appendChild(layer.wrap);
+    pick.appendChild(head.wrap);
+    part.appendChild(pick);
+    var byId = {};
+    answer.steps.forEach(function (step) { byId[step.id] = step; });
+    var list = el("ol", {"class": "wb-steps"});
+    answer.steps.forEach(function (step) {
+      list.appendChild(stepItem(panel, step, byId, answer));
+    });
+    part.appendChild(list);
+  }
+
+  /** One step: its label and equation, its values drawn (a colour strip per vector, bars for one value per key)
+      with their numbers beside them, links to its operands and to the views that show it. */
+  function stepItem(panel, step, byId, answer) {
+    var tokens = answer.tokens, shown = answer.shown;
+    var item = el("li", {"class": "wb-step", "data-step": step.id, id: prefix + "step-" + panel.n + "-" + step.id});
+    item.appendChild(el("span", {"class": "wb-step-label"}, step.label + ": "));
+    item.appendChild(el("code", {"class": "wb-equation"}, step.equation));
+    item.appendChild(links(panel, step, byId));
+    var perKey = step.per_key && step.shape.length === 1;  // one value per key token: bars, each named by its token
+    var width = step.shape.length === 2 ? step.shape[1] : step.values.length;
+    var rows = step.shape.length === 2 ? step.shape[0] : 1;
+    var terms = el("div", {"class": "wb-terms", hidden: ""});
+
+    function cell(at, text) {  // one number: exact in data-value, its operands on hover, its terms where a dot
+      var node = el("span", {"class": "wb-num", tabindex: "0", "data-index": at, "data-value": String(step.values[at]),
+                             title: operands(step, at, byId)}, text);
+      if (step.dot && rows === 1 && at < step.dot.right.length && byId[step.dot.left]) {
+        var show = showTerms.bind(null, terms, step, at, byId, tokens);
+        node.addEventListener("mouseenter", show);
+        node.addEventListener("focus", show);
+      }
+      return node;
+    }
+
+    if (perKey) {
+      item.appendChild(bars(step, tokens, cell));
+    } else {
+      var values = el("div", {"class": "wb-numbers"});
+      var scale = maxAbs(step.values);
+      for (var r = 0; r < rows; r++) {
+        var line = el("div", {"class": "wb-number-row"});
+        if (rows > 1) line.appendChild(el("span", {"class": "wb-row-label"}, tokens[r]));
+        var drawn = strip(step, r * width, width, scale);
+        line.appendChild(drawn.node);
+        for (var i = step.start; i < width && i < step.start + shown; i++) {
+          line.appendChild(cell(r * width + i, number(step.values[r * width + i])));
+        }
+        if (width > shown) {
+          line.appendChild(el("span", {"class": "wb-more"}, "… (" + width + " values" + (step.start ? "; this head's "
+            + "from " + step.start : "") + ")"));
+        }
+        line.appendChild(drawn.readout);
+        values.appendChild(line);
+      }
+      item.appendChild(values);
+    }
+    item.appendChild(terms);
+    return item;
+  }
+
+  var STRIP = 384;  // px: the widest colour strip
+
+  function maxAbs(values) {
+    return values.reduce(function (m, v) { return v === null ? m : Math.max(m, Math.abs(v)); }, 0);
+  }
+
+  /** A colour (blue positive, orange negative, stronger: larger) for a signed value on the scale of its step. */
+  function tint(value, scale) {
+    if (value === null) return "transparent";
+    var a = scale > 0 ? Math.min(Math.abs(value) / scale, 1) : 0;
+    return value >= 0 ? "rgba(31, 119, 180, " + a.toFixed(3) + ")" : "rgba(245, 127, 23, " + a.toFixed(3) + ")";
+  }
+
+  /** `count` values from `from` as a strip of coloured cells, STRIP px at most (a 1,536-value FFN row is squeezed
+      to fit: a canvas of one pixel per value, drawn narrower); hovering names the value under the pointer, with its
+      index, in the strip's readout. */
+  function strip(step, from, count, scale) {
+    var wrap = el("span", {"class": "wb-strip", title: "hover: each value with its index"});
+    var canvas = el("canvas", {"class": "wb-strip-cells", width: count, height: 1,
+                               "aria-label": step.label + ": " + count + " values as colours"});
+    canvas.style.width = Math.min(STRIP, count * 8) + "px";
+    var context = canvas.getContext("2d");
+    for (var i = 0; i < count; i++) {
+      context.fillStyle = tint(step.values[from + i], scale);
+      context.fillRect(i, 0, 1, 1);
+    }
+    var readout = el("span", {"class": "wb-strip-readout"});
+    canvas.addEventListener("mousemove", function (e) {
+      var i = Math.min(count - 1, Math.max(0, Math.floor(e.offsetX / canvas.clientWidth * count)));
+      var part = step.start && i >= step.start && i < step.start + answerHeadWidth(step) ? " (this head's)" : "";
+      readout.textContent = "[" + i + "] = " + number(step.values[from + i]) + part;
+      canvas.dataset.hovered = String(step.values[from + i]);
+    });
+    canvas.addEventListener("mouseleave", function () { readout.textContent = ""; });
+    wrap.appendChild(canvas);
+    if (step.start) {  // this head's slice of the concatenation, marked under the strip
+      var mark = el("span", {"class": "wb-strip-slice"});
+      mark.style.left = (step.start / count * 100).toFixed(2) + "%";
+      mark.style.width = (answerHeadWidth(step) / count * 100).toFixed(2) + "%";
+      var holder = el("span", {"class": "wb-strip-holder"});
+      holder.appendChild(canvas);
+      holder.appendChild(mark);
+      holder.style.width = canvas.style.width;
+      wrap.appendChild(holder);
+    }
+    return {node: wrap, readout: readout};
+  }
+
+  function answerHeadWidth(step) {  // K: a head's slice in the concatenation of H heads
+    return step.shape[0] / config.models[0].heads;
+  }
+
+  /** One value per key token as bars (q·k and the scores signed around a baseline, the softmax from 0 to 1), each
+      with its number (`cell`) and its token below; −∞ (a masked key) has no bar. */
+  function bars(step, tokens, cell) {
+    var chart = el("div", {"class": "wb-bars", role: "group", "aria-label": step.label + ", one bar per key token"});
+    var scale = maxAbs(step.values), signed = step.values.some(function (v) { return v !== null && v < 0; });
+    step.values.forEach(function (value, s) {
+      var column = el("div", {"class": "wb-bar-col", "data-key": String(s)});
+      var track = el("div", {"class": "wb-bar-track" + (signed ? " wb-signed" : "")});
+      if (value !== null) {
+        var bar = el("div", {"class": "wb-bar-fill" + (value < 0 ? " wb-negative" : ""), "data-value": String(value)});
+        var share = scale > 0 ? Math.abs(value) / scale : 0;
+        bar.style.height = (signed ? 50 * share : 100 * share).toFixed(1) + "%";
+        if (signed) bar.style[value < 0 ? "top" : "bottom"] = "50%";
+        track.appendChild(bar);
+      }
+      column.appendChild(track);
+      column.appendChild(cell(s, number(value)));
+      column.appendChild(el("span", {"class": "wb-bar-token", title: "key “" + tokens[s] + "” (s = " + s + ")"},
+                            tokens[s]));
+      chart.appendChild(column);
+    });
+    return chart;
+  }
+
+  /** "from: x, a · in: neuron view": links that scroll to (and outline) the operands' steps and the views showing
+      this step's values. */
+  function links(panel, step, byId) {
+    var wrap = el("span", {"class": "wb-links"});
+    var targets = step.from.filter(function (id) { return byId[id]; }).map(function (id) {
+      return {text: byId[id].label, id: prefix + "step-" + panel.n + "-" + id};
+    });
+    if (targets.length) wrap.appendChild(document.createTextNode(" ← from "));
+    targets.forEach(function (target, n) {
+      if (n) wrap.appendChild(document.createTextNode(", "));
+      wrap.appendChild(jump(target.text, target.id));
+    });
+    (step.views || []).forEach(function (kind, n) {
+      wrap.appendChild(document.createTextNode(n ? ", " : " · drawn in the "));
+      wrap.appendChild(jump(kind + " view", prefix + "view-" + panel.n + "-" + kind + "-"
+                                            + (state.ablate[panel.n].length ? "after" : "only")));
+    });
+    return wrap;
+  }
+
+  function jump(text, id) {
+    var link = el("button", {type: "button", "class": "wb-jump", "data-target": id}, text);
+    link.addEventListener("click", function () {
+      var target = app.querySelector("#" + id) || app.querySelector("#" + id.replace(/-only$/, "-before"));
+      if (!target) return;
+      target.scrollIntoView({block: "center"});
+      target.classList.add("wb-flash");
+      setTimeout(function () { target.classList.remove("wb-flash"); }, 1500);
+    });
+    return link;
+  }
+
+  /** Every term of a dot-product value j: left × right for each index the sum runs over (i; or s, the key tokens,
+      named by token), their sum, the bias, the divisor. */
+  function showTerms(box, step, j, byId, tokens) {
+    var dot = step.dot, left = byId[dot.left].values, right = dot.right[j], sum = 0;
+    var overKeys = dot.over === "s", index = overKeys ? "s" : "i", leftName = byId[dot.left].label;
+    while (box.firstChild) box.removeChild(box.firstChild);
+    var name = step.per_key ? "key “" + tokens[j] + "” (s = " + j + ")" : (overKeys ? "i" : "j") + " = " + j;
+    var divisor = dot.divisor !== 1 ? " / " + (dot.divisor_text || number(dot.divisor)) : "";
+    box.appendChild(el("div", {"class": "wb-terms-head"}, step.label + ", " + name + " = (Σ_" + index + " "
+      + leftName + "_" + index + " × " + dot.right_name + "_" + index + (dot.bias ? " + b_j" : "") + ")" + divisor
+      + ": " + left.length + " terms" + (overKeys ? ", one per key token s" : "")));
+    var table = el("table", {"class": "wb-terms-table"});
+    var header = el("tr");
+    [overKeys ? "s (key token)" : "i", leftName, dot.right_name, "product"].forEach(function (h) {
+      header.appendChild(el("th", {}, h));
+    });
+    table.appendChild(header);
+    left.forEach(function (a, i) {
+      var product = a * right[i];
+      sum += product;
+      var row = el("tr", {"class": "wb-term", "data-left": String(a), "data-right": String(right[i]),
+                          "data-product": String(product)});
+      [overKeys ? tokens[i] + " (" + i + ")" : String(i), number(a), number(right[i]), number(product)]
+        .forEach(function (t) { row.appendChild(el("td", {}, t)); });
+      table.appendChild(row);
+    });
+    box.appendChild(el("div", {"class": "wb-terms-scroll"})).appendChild(table);
+    var total = (sum + (dot.bias ? dot.bias[j] : 0)) / dot.divisor;
+    var hook = step.values[j] === null ? "−∞: a masked key" : number(step.values[j]);
+    box.appendChild(el("div", {"class": "wb-terms-sum", "data-sum": String(sum), "data-value": String(total)},
+                       "Σ = " + number(sum) + (dot.bias ? "; + b_j (" + number(dot.bias[j]) + ")" : "") + divisor
+                       + " = " + number(total) + "  (the hook's value: " + hook + ")"));
+    box.hidden = false;
+  }
+
+  /** The hover text of one number: the values it came from (same index where the operand has the same size). */
+  function operands(step, at, byId) {
+    var parts = [step.label + "[" + at + "] = " + number(step.values[at])];
+    step.from.forEach(function (id) {
+      var source = byId[id];
+      if (!source) return;
+      if (source.values.length === step.values.length) {
+        parts.push(source.label + "[" + at + "] = " + number(source.values[at]));
+      } else {
+        parts.push(source.label + " (" + source.shape.join("×") + "): ‖·‖ = " + number(norm(source.values)));
+      }
+    });
+    return parts.join("\n");
+  }
+
+  function norm(values) {
+    return Math.sqrt(values.reduce(function (s, v) { return s + v * v; }, 0));
+  }
+
+  return {show: showSteps, norm: norm};
+}

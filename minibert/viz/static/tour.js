@@ -1,0 +1,160 @@
+/* minibert workbench, the tour (--tour, ?tour=1): tutorial 1, "One head by hand", told with the numbers of the
+   student's own sentence, each stop outlining the row or control it explains. The workbench (workbench.js) builds
+   it with what it shares: minibertTour(page) → {open(), update()}. */
+/** page: {app, config, prefix, state, panels, controls, el, number, norm, choose, label, labelBoth}. */
+function minibertTour(page) {
+  "use strict";
+  var app = page.app, config = page.config, prefix = page.prefix, state = page.state, panels = page.panels;
+  var controls = page.controls, el = page.el, number = page.number, norm = page.norm, choose = page.choose;
+  var label = page.label, labelBoth = page.labelBoth;
+
+  // Tutorial 1's head: layer 0, head 2 (0-indexed), a previous-token head in the bundled model.
+  var TOUR_LAYER = 0, TOUR_HEAD = Math.min(2, config.models[0].heads - 1);
+  var tourView = null;  // {update} while the tour is open
+
+  /** The facts the tour tells, from one step answer: the query, the key its attention goes to most, that key's
+      score before and after /√K, its weight, z's cosine with that key's value; `row(id)`: a step's number in the
+      step-through's list. */
+  function tourFacts(answer) {
+    var by = {}, rows = {};
+    answer.steps.forEach(function (step, n) { by[step.id] = step; rows[step.id] = n + 1; });
+    var pattern = by.pattern.values, best = 0;
+    pattern.forEach(function (p, s) { if (p > pattern[best]) best = s; });
+    var z = by.z.values, K = z.length, v = by.v.values.slice(best * K, (best + 1) * K), dot = 0;
+    z.forEach(function (zi, i) { dot += zi * v[i]; });
+    return {tokens: answer.tokens, t: answer.query, query: answer.tokens[answer.query], best: best,
+            key: answer.tokens[best], weight: pattern[best], score: by.qk.values[best],
+            scaled: by.scaled.values[best], q: by.q.values, K: K, cosine: dot / (norm(z) * norm(v)),
+            head: label(0, answer.layer, answer.head), both: labelBoth(0, answer.layer, answer.head),
+            row: function (id) { return "row " + rows[id] + " (“" + by[id].label + "”)"; }};
+  }
+
+  /** A number the tour tells, with its value in data-value (what the tests compare with the hooks). */
+  function fact(name, value, shown) {
+    return el("span", {"class": "wb-tour-fact", "data-fact": name, "data-value": String(value)}, shown);
+  }
+
+  function tutorialHead() {  // the tour's head and a query with a word before it
+    var tokens = panels[0].lastStep ? panels[0].lastStep.tokens.length : 3;
+    choose({layer: TOUR_LAYER, head: TOUR_HEAD, query: Math.max(1, Math.min(2, tokens - 2))});
+  }
+
+  function stepRow(id) { return function () { return "step-0-" + id; }; }
+
+  // Each stop: the element it outlines (an id after the prefix), what it says; `row` names the step-through's rows
+  // by their numbers in the list, so that what the tour says and what the page shows agree.
+  var TOUR = [
+    {target: function () { return "text"; }, say: function () {
+      return ["Type any sentence of your own: everything below is recomputed from it, live. This tour tells " +
+              "tutorial 1, “One head by hand”, with your sentence's numbers."];
+    }},
+    {target: function () { return "tokens-0"; }, say: function (f) {
+      return ["The tokenizer cut your text into ", fact("tokens", f.tokens.length, String(f.tokens.length)),
+              " tokens: [CLS] first, [SEP] after each sentence. Click a token to make it the query whose " +
+              "computation the step-through and the neuron view show."];
+    }},
+    {target: stepRow("q"), enter: tutorialHead, say: function (f) {
+      return ["Tutorial 1 studies head " + labelBoth(0, TOUR_LAYER, TOUR_HEAD) + "; the step-through now shows " +
+              "head " + f.head + " for your token “", fact("query", f.t, f.query), "”. In " + f.row("q") +
+              ": its query q = x W_Q + b_Q, ", fact("K", f.K, String(f.K)), " numbers starting ",
+              fact("q0", f.q[0], number(f.q[0])), "; every token gets a key k and a value v the same way. Hover " +
+              "(or focus) any number to see what it came from."];
+    }},
+    {target: stepRow("qk"), say: function (f) {
+      return [f.row("qk") + ": the raw scores q·k_s, one bar per key. “" + f.query + "” scores highest with “",
+              fact("key", f.best, f.key), "”: ", fact("score", f.score, number(f.score)), ". Hover a score to " +
+              "see its " + f.K + " products q_i × k_i and their sum."];
+    }},
+    {target: stepRow("scaled"), say: function (f) {
+      return [f.row("scaled") + ": divided by √K = √" + f.K + " = " + number(Math.sqrt(f.K)) + " (“" + f.key +
+              "”: ", fact("scaled", f.scaled, number(f.scaled)), "). Without it, scores grow with K and the " +
+              "softmax turns peaked: nearly all weight on one key, with gradients near zero. The mask adds 0 on " +
+              "real tokens and −∞ on the padding that fills your text up to its length bucket (the panels show " +
+              "the real tokens only)."];
+    }},
+    {target: stepRow("pattern"), say: function (f) {
+      var previous = f.best === f.t - 1;
+      return [f.row("pattern") + ": the softmax turns the scores into weights that sum to 1. “" + f.query +
+              "” puts ", fact("weight", f.weight, number(f.weight)), " of its attention on “" + f.key + "”" +
+              (previous ? ", the token just before it: a previous-token head, as tutorial 1 finds."
+                : " (position " + f.best + "), not on the token before it (position " + (f.t - 1) + "). In the " +
+                  "bundled model tutorial 1's head sends almost all of each token's attention to the previous " +
+                  "one; try other query tokens, or see how this model differs.")];
+    }},
+    {target: stepRow("z"), say: function (f) {
+      return [f.row("z") + ": z = Σ_s α_s v_s mixes the values by those weights. With " + number(f.weight) +
+              " of the weight on “" + f.key + "”, z's cosine with that token's value v is ", fact("cosine",
+                f.cosine, number(f.cosine)), ": the head copies what “" + f.key + "” offers into “" + f.query + "”."];
+    }},
+    {target: stepRow("head_out"), say: function (f) {
+      return [f.row("head_out") + " and on: every head's z goes through its W_O; their sum plus b_O is the " +
+              "attention output, added to the residual stream. Past tutorial 1 the step-through goes on: " +
+              "LayerNorm, the FFN, another residual and LayerNorm make the block's output."];
+    }},
+    {target: function () { return "view-0-neuron-only"; }, say: function (f) {
+      return ["The neuron view draws this same computation, head " + f.both + " and query “" + f.query + "”: q, " +
+              "each k, q × k, q·k and the softmax. Change its layer, head or query and the step-through follows; " +
+              "the head view draws every token's pattern as lines, the model view every head at once."];
+    }},
+    {target: function () { return "head-0-" + TOUR_LAYER + "-" + TOUR_HEAD; }, say: function (f) {
+      var guesses = config.models[0].outputs.indexOf("mlm") >= 0;
+      return ["Now intervene: click " + f.head + " (the outlined button) to ablate this head and see the outputs " +
+              "and the views before vs after; " + (guesses ? "[MASK] a token to see the model's guesses change."
+                : "[MASK] a token to see the computation change (this model has no masked-LM head, so it makes " +
+                  "no guesses).")];
+    }}
+  ];
+
+  function tour() {
+    var box = el("div", {"class": "wb-tour", role: "dialog", "aria-label": "guided tour", id: prefix + "tour"});
+    var says = el("p", {"aria-live": "polite"});
+    var back = el("button", {type: "button", id: prefix + "tour-back"}, "Back");
+    var next = el("button", {type: "button", id: prefix + "tour-next"}, "Next");
+    var close = el("button", {type: "button", id: prefix + "tour-close"}, "Close the tour");
+    var at = 0;
+    function update() {  // the current step's text, with the numbers of the step answer now shown
+      var answer = panels[0].lastStep, current = answer && panels[0].stepTicket === state.runs;
+      while (says.firstChild) says.removeChild(says.firstChild);
+      says.appendChild(document.createTextNode((at + 1) + "/" + TOUR.length + ": "));
+      if (!current && at > 0) {  // an edit or the tour's own choice of head is on its way
+        says.appendChild(document.createTextNode("working it out for your sentence…"));
+        return;
+      }
+      TOUR[at].say(current ? tourFacts(answer) : null).forEach(function (part) {
+        says.appendChild(typeof part === "string" ? document.createTextNode(part) : part);
+      });
+      spotlight();
+    }
+    /** Outline what this stop explains and bring it into sight, clear of the tour's own box. */
+    function spotlight() {
+      app.querySelectorAll(".wb-spotlight").forEach(function (n) { n.classList.remove("wb-spotlight"); });
+      var target = app.querySelector("#" + prefix + TOUR[at].target());
+      if (!target) return;
+      target.classList.add("wb-spotlight");
+      box.classList.remove("wb-tour-top");
+      target.scrollIntoView({block: "center"});
+      var covered = function () {
+        var a = box.getBoundingClientRect(), b = target.getBoundingClientRect();
+        return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+      };
+      if (covered()) box.classList.add("wb-tour-top");  // the box moves to the other edge of the window
+    }
+    function show() {
+      if (TOUR[at].enter) TOUR[at].enter();
+      update();
+    }
+    back.addEventListener("click", function () { at = Math.max(0, at - 1); show(); });
+    next.addEventListener("click", function () { at = Math.min(TOUR.length - 1, at + 1); show(); });
+    close.addEventListener("click", function () {
+      box.remove();
+      tourView = null;
+      app.querySelectorAll(".wb-spotlight").forEach(function (n) { n.classList.remove("wb-spotlight"); });
+    });
+    [says, back, next, close].forEach(function (n) { box.appendChild(n); });
+    app.insertBefore(box, controls);
+    tourView = {update: update};
+    show();
+  }
+
+  return {open: tour, update: function () { if (tourView) tourView.update(); }};
+}
