@@ -473,6 +473,8 @@ def test_sae_helpers_take_one_text_pairs_and_files_and_refuse_the_wrong_width(ti
     for texts, pairs in ((["ab cd", "g h"], ["ef", "i j k"]), ([("ab cd", "ef"), ("g h", "i j k")], None),
                          (corpus, None), (str(corpus), None)):
         np.testing.assert_array_equal(sae.token_activations(model, texts, hook, pairs=pairs), expected)
+    with pytest.raises(AnalysisError, match="texts and pairs have different lengths"):
+        sae.token_activations(model, ["ab", "cd"], hook, pairs=["ef"])
     config = sae.SAEConfig(d_in=7, d_sae=S, k=4, hook_name=hook)
     params = sae.init_params(config)
     width = sae.hook_width(model, hook)

@@ -24,7 +24,7 @@ from minibert.analysis.corpus import packing, reading
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.corpus.step import packed_captures
-from minibert.errors import AnalysisError, DataFileError
+from minibert.errors import AnalysisError, DataFileError, MinibertError
 from minibert.hooks import site_axes
 
 CACHE_INFO = "activations.json"
@@ -82,7 +82,13 @@ def text_rows(texts, pairs=None) -> tuple[Iterator[tuple[str, str | None]], bool
 def text_batch(model, texts, pairs=None, max_length: int | None = None):
     """One padded Batch of every row text_rows reads (for held-out sets, checks and the feature browser)."""
     rows, has_pairs = text_rows(texts, pairs)
-    rows = list(rows)
+    try:
+        rows = list(rows)
+    except ValueError as error:  # zip(strict=True): texts and pairs of different lengths
+        if isinstance(error, MinibertError):  # a corpus line's own error, already named
+            raise
+        raise AnalysisError(f"texts and pairs have different lengths ({error}); pass one second text (or None) "
+                            f"per text.") from None
     if not rows:
         raise AnalysisError("no texts given; pass a text, a list of texts, (text, pair) tuples or a corpus file.")
     return model.tokenize([a for a, _ in rows], [b for _, b in rows] if has_pairs else None, max_length=max_length)
