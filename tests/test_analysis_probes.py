@@ -198,6 +198,12 @@ def test_word_and_text_labels_read_from_tsv(tmp_path):
         probes.read_word_labels(words)
     with pytest.raises(DataFileMissing, match="no TSV file"):
         probes.read_word_labels(tmp_path / "absent.tsv")
+    # issue 32 C: a Latin-1 file raised a raw UnicodeDecodeError; a UTF-8 byte-order mark (Excel) is dropped
+    words.write_bytes("The\tDET\ncaf\u00e9\tNOUN\n".encode("latin-1"))
+    with pytest.raises(DataFileError, match="line 2: not valid UTF-8"):
+        probes.read_word_labels(words)
+    words.write_bytes(b"\xef\xbb\xbf" + "The\tDET\ncaf\u00e9\tNOUN\n".encode())
+    assert probes.read_word_labels(words) == ([["The", "café"]], [["DET", "NOUN"]])
 
 
 @pytest.mark.slow

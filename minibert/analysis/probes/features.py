@@ -12,6 +12,7 @@ import numpy as np
 from minibert.analysis.syntax import encode_words
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing
 from minibert.hooks import site_axes
+from minibert.training.data import read_text
 
 WORD_POOLS = ("first", "mean")
 SENTENCE_POOLS = ("cls", "mean")
@@ -178,7 +179,7 @@ def _tsv_rows(path):
     path = Path(path)
     if not path.is_file():
         raise DataFileMissing(f"no TSV file at {path}; pass the path of a tab-separated file.")
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):  # UTF-8 (BOM dropped), else named
         if not line.startswith("#"):
             yield number, line.split("\t") if line.strip() else []
 
