@@ -48,4 +48,4 @@ __all__ = [
     "get_act_name",
     "load",
 ]
-__version__ = "0.2.0"
+__version__ = "0.4.0"  # the one version string: pyproject.toml reads it (tool.setuptools.dynamic)

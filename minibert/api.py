@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -54,23 +53,11 @@ class Inputs:
         """(B, T): rows and tokens per row."""
         return tuple(self.input_ids.shape)
 
-    def _as_tuple(self) -> tuple[jax.Array, jax.Array, jax.Array]:
-        warnings.warn("Inputs is no longer a tuple: read inputs.input_ids, inputs.token_type_ids and "
-                      "inputs.attention_mask (indexing and unpacking go in the next release).", DeprecationWarning,
-                      stacklevel=3)
-        return self.input_ids, self.token_type_ids, self.attention_mask
-
     def padded_to(self, length: int, pad_id: int) -> Inputs:
         """These rows padded on the right to [B, length]: pad_id tokens, masked, reading position row 0."""
         return Inputs(buckets.padded_rows(self.input_ids, length, pad_id), buckets.padded_rows(self.token_type_ids,
                       length), buckets.padded_rows(self.attention_mask, length), buckets.padded_rows(
                       self.position_ids, length))
-
-    def __getitem__(self, index):
-        return self._as_tuple()[index]
-
-    def __iter__(self):
-        return iter(self._as_tuple())
 
 
 def as_inputs(inputs) -> Inputs:

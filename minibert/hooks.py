@@ -22,7 +22,7 @@ Model.run pads rows to a bucket length under hooks that cannot tell (minibert.bu
 
 TransformerLens habits work too: `get_act_name("pattern", 3)`, `cache["pattern", -1]`, `cache.stack("pattern")`,
 `stack_activation`, `hook.layer()`, hooks as a list of (name, fn) pairs (`fwd_hooks=`), `names_filter=` for
-the names to capture, and TL's head hook names (the old ones are deprecated aliases, MOVED).
+the names to capture, and TL's head hook names.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 from minibert.contract import StaticFn
 from minibert.errors import HookError
 from minibert.families.registry import architectures_with
-from minibert.sites import HEAD_PARTS, MOVED, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
+from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,16 +218,6 @@ HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_h
 
 
 
-def _moved(pattern: str) -> list[str]:
-    """The new names of the moved hooks a name or glob names (a DeprecationWarning saying so), or []."""
-    old = fnmatch.filter(MOVED, pattern) if any(c in pattern for c in "*?[") else [pattern] * (pattern in MOVED)
-    if old:
-        new = [MOVED[name] for name in old]
-        warnings.warn(f"hook {pattern!r} is now {', '.join(map(repr, new))} (TransformerLens' name); the old name "
-                      f"stops working in the next release.", DeprecationWarning, stacklevel=4)
-    return [MOVED[name] for name in old]
-
-
 def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
     """Names, globs ("blocks.*.attn.hook_pattern") or a predicate → the matching hook names, in forward order.
 
@@ -248,17 +238,14 @@ def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
         matches = fnmatch.filter(hook_names, pattern) if any(c in pattern for c in "*?[") else (
             [pattern] if pattern in hook_names else [])
         if not matches:
-            matches = [name for name in _moved(pattern) if name in hook_names]
-        if not matches:
             raise HookError(_unknown_message(pattern, hook_names, architecture))
         chosen.update(matches)
     return [n for n in hook_names if n in chosen]
 
 
 def _unknown_message(pattern: str, hook_names: list[str], architecture: str) -> str:
-    pattern = MOVED.get(pattern, pattern)
-    for prefix, part in HEAD_PREFIXES.items():
-        if pattern.startswith(prefix + "."):
+    for prefix, part in HEAD_PREFIXES.items():  # a head part the model lacks (not a misspelt hook of one it has)
+        if pattern.startswith(prefix + ".") and not any(name.startswith(prefix + ".") for name in hook_names):
             return (f"{pattern!r}: this model is a {architecture}, which has no {prefix} hooks; they need "
                     f"{HEAD_PARTS[part]} ({', '.join(architectures_with(part))}).")
     close = difflib.get_close_matches(pattern, hook_names, n=3, cutoff=0.5)
@@ -323,8 +310,6 @@ class Cache(Mapping):
             return self._values[name]
         except KeyError:
             pass
-        if name in MOVED and name not in self._hook_names:
-            return self[_moved(name)[0]]
         if name in self._hook_names:
             raise KeyError(f"{name!r} was not captured; pass names=[{name!r}] (or a glob) to run_with_cache.")
         raise KeyError(_unknown_message(name, self._hook_names, "model"))

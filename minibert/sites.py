@@ -19,11 +19,6 @@ from minibert.families.registry import ARCHITECTURES, FAMILIES, architectures_wi
 
 # What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
 # or a forward variation of the family (Family.positions / mlp / norm; its own head stage, Family.head).
-# Head hooks renamed to TransformerLens' names (old → new). The old names still resolve, with a
-# DeprecationWarning (hooks._moved), for one release (README, "Moved in 0.3"; docs/hooks.md lists them).
-MOVED = {"mlm.ln.hook_scale": "mlm_head.ln.hook_scale", "mlm.ln.hook_normalized": "mlm_head.ln.hook_normalized",
-         "mlm.ln.hook_out": "unembed.hook_in", "mlm.hook_logits": "unembed.hook_out",
-         "pooler.hook_out": "pooler.hook_pooler_out", "nsp.hook_logits": "nsp_head.hook_nsp_out"}
 
 # Head part → what a model needs for its sites, in docs/hooks.md and in hooks' unknown-name errors.
 HEAD_PARTS = {"pooler": "a pooler", "mlm": "a masked-LM head", "nsp": "a next-sentence head",
@@ -298,9 +293,7 @@ def hooks_page() -> str:
         "ln_final follows the last block; `model.hook_names` gives each model's own order.",
         "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
         "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
-        "The head hooks carry TransformerLens' names. Their names before 0.3 still resolve for one release, with a "
-        "DeprecationWarning naming the new one: " + "; ".join(f"`{old}` → `{new}`" for old, new in MOVED.items())
-        + ".",
+        "The head hooks carry TransformerLens' names (CHANGELOG.md lists the names they had before 0.3).",
     ]
     wrapped = (textwrap.fill(text, 100, break_on_hyphens=False) for text in paragraphs)
     return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped) + hook_table(all_hook_names(), "L")

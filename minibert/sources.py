@@ -109,13 +109,3 @@ def _from_hub(repo_id: str, download: bool) -> Path | None:
         if download:
             raise SourceError(f"could not download {repo_id!r} from the Hugging Face Hub: {e}") from None
         return None
-
-
-def __getattr__(name: str):
-    if name == "HUB_FILES":  # kept one release; README "Moved"
-        import warnings
-
-        warnings.warn("minibert.sources.HUB_FILES is deprecated: call sources.hub_files() (it follows the registered "
-                      "families' tokenizers).", DeprecationWarning, stacklevel=2)
-        return hub_files()
-    raise AttributeError(f"module 'minibert.sources' has no attribute {name!r}")

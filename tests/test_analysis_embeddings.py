@@ -82,8 +82,3 @@ def test_pca_matches_scikit_learn_up_to_sign():
         embeddings.pca(x, n_components=7)
 
 
-def test_attention_to_word_under_its_old_module_warns_and_agrees(bundled):
-    texts = ["I made the mistake.", "This was my mistake."]
-    with pytest.warns(DeprecationWarning, match="analysis.words.attention_to_word"):
-        old = embeddings.attention_to_word(bundled, texts, "mistake")
-    np.testing.assert_array_equal(old, words.attention_to_word(bundled, texts, "mistake"))

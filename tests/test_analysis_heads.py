@@ -378,12 +378,3 @@ def test_attention_statistics_rejects_unknown_segment_mode(bundled):
         heads.attention_statistics(bundled, TEXTS, segment_ids="none")
 
 
-def test_the_document_numbers_keyword_keeps_its_old_name_for_a_release():
-    """`attention_mask=` took document numbers, so it became `documents=`; the old keyword still reaches it."""
-    pattern = np.full((1, 2, 3, 3), 1 / 3, np.float32)
-    documents = np.array([[1, 1, 0]])
-    flags = dict(is_cls=np.array([[1, 0, 0]]), is_sep=np.array([[0, 1, 0]]), is_punct=np.zeros((1, 3), int))
-    new = heads.layer_statistics(pattern, documents=documents, **flags)
-    with pytest.deprecated_call():
-        old = heads.layer_statistics(pattern, attention_mask=documents, **flags)
-    assert all(np.array_equal(new[name], old[name]) for name in new)

@@ -6,7 +6,6 @@ input: test_errors.py; parity with transformers: test_parity.py."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -109,15 +108,6 @@ def test_prepared_inputs_are_named_and_pass_through_unchecked(tiny):
     assert tiny.inputs(inputs) is inputs
     np.testing.assert_array_equal(tiny(inputs).last_hidden_state, tiny({"input_ids": IDS, "attention_mask": MASK})
                                   .last_hidden_state)
-
-
-def test_indexing_inputs_as_the_old_tuple_warns(tiny):
-    inputs = tiny.inputs({"input_ids": IDS})
-    with pytest.warns(DeprecationWarning, match="inputs.attention_mask"):
-        ids, types, mask = inputs
-    with pytest.warns(DeprecationWarning):
-        np.testing.assert_array_equal(inputs[2], mask)
-    np.testing.assert_array_equal(ids, IDS)
 
 
 def test_explicit_positions_read_those_rows_of_the_position_table(tiny):
@@ -257,22 +247,6 @@ def test_head_reads_any_hidden_state(tiny_mlm):
     rtol = LAMBDA * math.sqrt(2 * (c.hidden_size + 2 * c.embed_dim)) * U32
     assert_close_to_scale(model.head(model.state, out.last_hidden_state).logits, out.logits, rtol, "logits",
                           MASK.astype(bool))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the stages take Inputs without the deprecated tuple access
-        model.block(model.state, 0, out.last_hidden_state, model.inputs(batch))
+    model.block(model.state, 0, out.last_hidden_state, model.inputs(batch))  # the stages take Inputs as they are
 
 
-# ---- names moved in this release (README "Moved" tables) ----------------------------------------------------
-
-def test_moved_analysis_names_warn_and_give_the_new_objects():
-    from minibert import accounting
-    from minibert.analysis import interventions, mixing
-
-    moved = [(interventions, "SWEEP_BUDGET_BYTES", accounting.MEMORY_BUDGET),
-             (interventions, "item_bytes", accounting.activation_bytes),
-             (mixing, "MEMORY_BUDGET", accounting.MEMORY_BUDGET), (mixing, "chunk_size", accounting.items_per_chunk)]
-    for module, old, new in moved:
-        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} moved to minibert.accounting"):
-            assert getattr(module, old) is new
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        mixing.no_such_name  # noqa: B018

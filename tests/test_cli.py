@@ -368,15 +368,6 @@ def test_stats_checks_its_outputs_before_the_survey(tmp_path, no_survey):
                           f"the output {tmp_path / 'results.json'} is a folder")
 
 
-def test_stats_checkpoint_is_the_old_name_of_resume(capsys):
-    """--checkpoint (a resume file, not weights) still works for one release, saying its new name."""
-    args = cli.build_parser().parse_args(["stats", "corpus.txt", "--checkpoint", "run.resume"])
-    assert args.resume == Path("run.resume")
-    assert capsys.readouterr().err == "minibert: --checkpoint is now --resume; the old name goes in the next release.\n"
-    assert cli.build_parser().parse_args(["stats", "corpus.txt", "--resume", "run.resume"]).resume == Path("run.resume")
-    assert capsys.readouterr().err == ""
-
-
 def test_view_checks_its_output_before_running(tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     assert_one_line_error(run("view", "Hello.", "--out", tmp_path / "a_file" / "v.html"), "view", "cannot write into")

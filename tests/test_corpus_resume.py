@@ -56,16 +56,6 @@ def test_resume_file_of_another_survey_is_refused(bundled, tmp_path):
         corpus.survey(bundled, TEXTS[:3], resume=path, **SETTINGS)
 
 
-def test_checkpoint_keyword_still_works_with_a_deprecation_warning(bundled, tmp_path):
-    with pytest.warns(DeprecationWarning, match=r"survey\(checkpoint=\) is now survey\(resume=\)"):
-        old = corpus.survey(bundled, TEXTS[:3], checkpoint=tmp_path / "run.resume", **SETTINGS)
-    assert (tmp_path / "run.resume").is_file()
-    new = corpus.survey(bundled, TEXTS[:3], resume=tmp_path / "run.resume", **SETTINGS)  # the file resumes
-    np.testing.assert_array_equal(new.mean["entropy"], old.mean["entropy"])
-    with pytest.raises(ValueError, match="pass resume= only"), pytest.warns(DeprecationWarning):
-        corpus.survey(bundled, TEXTS[:3], checkpoint=tmp_path / "a", resume=tmp_path / "b", **SETTINGS)
-
-
 def test_a_corpus_file_changed_past_its_first_megabyte_is_refused(bundled, tmp_path):
     """Three texts after 1.5 MB of blank lines (skipped): a resume file's fingerprint must cover the whole
     file, so a text put in place of a blank line 1.2 MB in (same size) is a changed corpus, not old totals."""
@@ -122,7 +112,7 @@ def damaged_files(path, good: bytes) -> dict:
     ("not JSON", r"cannot be read"),
 ])
 def test_damaged_resume_files_are_one_line_errors(bundled, tmp_path, capsys, damage, message):
-    """In Python a DataFileError naming the file; from `minibert stats --checkpoint` one line and status 2."""
+    """In Python a DataFileError naming the file; from `minibert stats --resume` one line and status 2."""
     path, corpus_file = tmp_path / "run.resume", tmp_path / "corpus.txt"
     corpus_file.write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
     settings = dict(max_length=128, progress=False)  # what the command line runs
@@ -131,11 +121,9 @@ def test_damaged_resume_files_are_one_line_errors(bundled, tmp_path, capsys, dam
     with pytest.raises(DataFileError, match=f"resume file .*run.resume {message}.*afresh"):
         corpus.survey(bundled, corpus_file, resume=path, **settings)
     capsys.readouterr()
-    status = cli.main(["stats", str(corpus_file), "--checkpoint", str(path), "--out", str(tmp_path / "out")])
+    status = cli.main(["stats", str(corpus_file), "--resume", str(path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    # the old option's name says once that it moved (test_cli), then the one-line error
-    assert err[0] == "minibert: --checkpoint is now --resume; the old name goes in the next release.", err
-    assert status == cli.USER_ERROR and len(err) == 2 and err[1].startswith("minibert stats: error: resume file"), err
+    assert status == cli.USER_ERROR and len(err) == 1 and err[0].startswith("minibert stats: error: resume file"), err
 
 
 def test_a_resume_file_in_a_missing_folder_or_on_a_folder_is_refused_first(bundled, tmp_path):

@@ -22,7 +22,6 @@ import minibert
 PACKAGE = Path(minibert.__file__).parent
 LAYERS = {  # module (or subpackage) → layer, lowest first
     "minibert.errors": 0,
-    "minibert.deprecation": 0,  # moved names' module __getattr__
     "minibert.files": 0,
     # The model and what it is built from and loaded with. Within the layer the direction is the import graph's
     # (test_the_import_graph_has_no_cycle): config stands on families' records, a family's code on model.py, the
@@ -118,16 +117,10 @@ def test_every_module_has_a_layer():
         layer(module_name(path))
 
 
-# Deprecated aliases whose new home is in a higher layer: the old name forwards there for one release (README,
-# "Moved") and goes with its entry here. Nothing else may import upward.
-MOVED_UP = {"minibert.analysis.corpus.distributed": {"minibert.app.distributed"}}  # corpus.initialize
-
-
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
 def test_imports_point_down(path):
     module = module_name(path)
-    upward = {name: layer(name) for name in imported_modules(path)
-              if layer(name) > layer(module) and name not in MOVED_UP.get(module, ())}
+    upward = {name: layer(name) for name in imported_modules(path) if layer(name) > layer(module)}
     assert not upward, f"{module} (layer {layer(module)}) imports from layers above it: {upward}"
 
 

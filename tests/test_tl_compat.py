@@ -1,5 +1,5 @@
-"""TransformerLens habits on minibert: TL's head hook names (its test_run_with_cache expectations), the old
-names as deprecated aliases, hook.layer(), cache.stack / stack_activation with short names, to_str_tokens,
+"""TransformerLens habits on minibert: TL's head hook names (its test_run_with_cache expectations),
+hook.layer(), cache.stack / stack_activation with short names, to_str_tokens,
 and −inf scores at masked keys. Models are tiny random BertForPreTraining checkpoints built with transformers."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from conftest import make_hf_model
 from tolerances import U32, assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert.hooks import MOVED
 
 TEXTS = ["a b c d e", "f g"]  # two lengths: row 1 has padding
 
@@ -50,31 +49,6 @@ def test_transformerlens_run_with_cache_names(pretraining):
     # x·γ + β rounded once (fused multiply-add) or twice: within 2u of |x·γ| + |β|
     np.testing.assert_array_less(np.abs(cache["unembed.hook_in"] - (scaled + ln["bias"])),
                                  2 * U32 * (np.abs(scaled) + np.abs(ln["bias"])) + 1e-30)
-
-
-def test_old_head_names_are_deprecated_aliases(pretraining):
-    """Each old name still reads, captures and writes its new site, with a DeprecationWarning naming the new one."""
-    model, _, batch, _ = pretraining
-    _, cache = model.run_with_cache(batch, names=list(MOVED.values()))
-    for old, new in MOVED.items():
-        with pytest.warns(DeprecationWarning, match=new):
-            np.testing.assert_array_equal(cache[old], cache[new])
-    with pytest.warns(DeprecationWarning, match="unembed.hook_out"):
-        _, old_cache = model.run_with_cache(batch, names="mlm.hook_logits")
-    assert list(old_cache) == ["unembed.hook_out"]
-    with pytest.warns(DeprecationWarning, match="nsp_head.hook_nsp_out"):
-        out = model.run_with_hooks(batch, {"nsp.hook_logits": lambda value, ctx: value * 0})
-    assert (np.asarray(out.nsp_logits) == 0).all()
-
-
-def test_hooks_page_lists_the_old_names_with_their_new_ones():
-    """docs/hooks.md (generated, test_hook_table checks it is current) tells a reader of old code what each old
-    name became."""
-    from pathlib import Path
-
-    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "hooks.md").read_text().split())
-    for old, new in MOVED.items():
-        assert f"`{old}` → `{new}`" in page, old
 
 
 def test_hook_layer_is_callable_as_in_transformerlens(pretraining):

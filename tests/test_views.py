@@ -336,18 +336,15 @@ def test_views_on_one_page_are_independent(browser):
     assert view.problems == []
 
 
-def test_a_views_standalone_page_is_page_and_document_its_old_name():
-    """An HTML file is a page (View.page); "document" means one text of a batch (viz.document), so the page's
-    old name View.document() warns for one release and gives the same page."""
+def test_a_views_standalone_page_is_page():
+    """An HTML file is a page (View.page); "document" means one text of a batch (viz.document)."""
     _, _, attention = hand_arrays()
     view = viz.head_view(TOKENS, attention, title="<b>heads</b>")
     page = view.page()
     assert page.startswith("<!DOCTYPE html>") and "<title>&lt;b&gt;heads&lt;/b&gt;</title>" in page
     assert view.html.split('class="mbv-data">')[1].split("</script>")[0] in page  # the data its fragment embeds
-    with pytest.deprecated_call(match=r"View\.document\(\) is now \.page\(\)"):
-        old = view.document()
     fresh_id = re.compile(r"mbv-[0-9a-f]{12}")  # each rendering gets a new element id; nothing else differs
-    assert fresh_id.sub("ID", old) == fresh_id.sub("ID", page)
+    assert fresh_id.sub("ID", view.page()) == fresh_id.sub("ID", page)
 
 
 def test_dark_theme_is_applied(browser):

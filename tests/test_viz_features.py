@@ -72,8 +72,6 @@ def test_browser_page_escapes_text_and_stays_small(browsed):
     assert "<b>features" not in page and "&lt;b&gt;features&lt;/b&gt; &amp; more" in page
     assert page.count("<script") == 2  # the data and the page's script, nothing from the texts
     assert _blob(page) == browser.data
-    with pytest.deprecated_call(match=r"FeatureBrowser\.document\(\) is now \.page\(\)"):
-        assert browser.document() == page  # the page's old name, for one release
     assert len(page) < 40_000 + 400 * len(browser.data["latents"])  # bytes grow ~ a few hundred per latent
 
 

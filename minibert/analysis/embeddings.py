@@ -7,27 +7,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
-from minibert.analysis import words
 from minibert.errors import AnalysisError
-
-
-def attention_to_word(*args, **kwargs) -> np.ndarray:
-    """Deprecated: `words.attention_to_word` (word-level attention lives in words.py)."""
-    warnings.warn("analysis.embeddings.attention_to_word moved to analysis.words.attention_to_word; the old name "
-                  "goes in the next release.", DeprecationWarning, stacklevel=2)
-    return words.attention_to_word(*args, **kwargs)
-
-
-def word_positions(*args, **kwargs) -> list[int] | None:
-    """Deprecated: `words.word_positions`."""
-    warnings.warn("analysis.embeddings.word_positions moved to analysis.words.word_positions; the old name goes in "
-                  "the next release.", DeprecationWarning, stacklevel=2)
-    return words.word_positions(*args, **kwargs)
 
 
 def sentence_vectors(model, texts: Sequence[str], pooling: str = "mean", pairs: Sequence[str] | None = None,

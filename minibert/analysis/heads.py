@@ -36,7 +36,6 @@ from jax.scipy.special import xlogy
 from minibert.accounting import EXACT  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
 from minibert.api import is_text
 from minibert.config import head_label
-from minibert.deprecation import renamed_keyword
 from minibert.errors import AnalysisError
 from minibert.sites import PATTERNS
 
@@ -89,7 +88,6 @@ def _smoothed(a, same, n, eps):
     return jnp.where(same[:, None], (1 - eps) * a + eps / jnp.maximum(n, 1.0)[:, None, :, None], 0.0)
 
 
-@renamed_keyword("attention_mask", "documents")
 def layer_statistics(pattern, documents, is_cls, is_sep, is_punct,
                      sep_normalization: str = "clark") -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for one layer: {name: [B, H]} from pattern [B, H, T, S].
@@ -146,7 +144,6 @@ def check_sep_normalization(sep_normalization: str) -> None:
                             f"{sep_normalization!r}.")
 
 
-@renamed_keyword("attention_mask", "documents")
 def head_statistics(pattern, documents, is_cls, is_sep, is_punct,
                     sep_normalization: str = "clark") -> dict[str, jax.Array]:
     """Every statistic of STATISTICS for every document and head: {name: [B, L, H]} (jit-compatible).
@@ -179,7 +176,6 @@ def token_masks_from_ids(ids, mask, cls_id: int, sep_id: int, punct_ids: Sequenc
                 is_punct=as_mask(np.isin(ids, np.asarray(list(punct_ids), dtype=ids.dtype))))
 
 
-@renamed_keyword("attention_mask", "documents")
 def js_divergence_batch(pattern, documents, doc_mask) -> jax.Array:
     """Jensen–Shannon divergence between every pair of heads, summed over documents: [L·H, L·H].
 

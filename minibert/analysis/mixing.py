@@ -28,7 +28,6 @@ import numpy as np
 
 from minibert.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
 from minibert.contract import StaticFn, metric_values, static_metric, traced_call
-from minibert.deprecation import moved_names
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, writers_for
 from minibert.model import Output
@@ -287,7 +286,3 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     return np.stack([np.asarray(program(model.state, inputs, resids[layer], patterns[layer], jnp.int32(layer),
                                         target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))
                      for layer in range(L)])
-
-
-__getattr__ = moved_names(__name__, {"MEMORY_BUDGET": "minibert.accounting.MEMORY_BUDGET",
-                                     "chunk_size": "minibert.accounting.items_per_chunk"})

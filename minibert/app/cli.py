@@ -264,15 +264,6 @@ def _tutorial(args) -> int:
     return 0
 
 
-class _OldName(argparse.Action):
-    """An option's old name, kept for one release (README, "Moved"): it sets the new option and says so."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        new = "--" + self.dest.replace("_", "-")
-        print(f"minibert: {option_string} is now {new}; the old name goes in the next release.", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minibert", description="A transparent BERT encoder: attention views, head statistics, hooks.",
@@ -338,7 +329,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="truncate documents to N tokens (default 128)")
     stats.add_argument("--resume", type=Path, metavar="FILE",
                        help="keep the running totals and position in FILE; run the same command again to resume")
-    stats.add_argument("--checkpoint", type=Path, dest="resume", action=_OldName, help=argparse.SUPPRESS)
     stats.add_argument("--strict", action="store_true",
                        help="refuse a blank line or a document longer than --max-length (default: skip blank "
                             "lines and truncate long documents, and say how many)")

@@ -29,7 +29,6 @@ from typing import Literal
 
 import numpy as np
 
-from minibert.deprecation import renamed_method
 from minibert.errors import VizError
 
 
@@ -165,7 +164,6 @@ class View:
         path.write_text(self.page(), encoding="utf-8")
         return path
 
-    document = renamed_method("document", "page")  # a "document" is one text of a batch (viz.document)
 
     def __repr__(self) -> str:
         return f"<minibert View {self.kind!r}: {self.title!r}>"

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.sae.model import SAEConfig, encode
-from minibert.deprecation import renamed_method
 from minibert.errors import VizError
 from minibert.viz._html import _safe_json, page
 
@@ -84,7 +83,6 @@ class FeatureBrowser:
     def _repr_html_(self) -> str:
         return self.page()
 
-    document = renamed_method("document", "page")  # a "document" is one text of a batch (viz.document)
 
 
 def feature_browser(model, config: SAEConfig, params, texts, *, pairs=None, hook_name: str | None = None,

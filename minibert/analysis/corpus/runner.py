@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -29,8 +28,7 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str | None] | boo
            buckets: Sequence[int] | None = None, pack: bool = True, segment_ids: str = "real",
            js_divergence: bool = False, progress: bool = True, devices: Sequence | None = None,
            sep_normalization: str = "clark", reduce: str = "global", resume: str | Path | None = None,
-           every: int = 100_000, timeout: float = 60.0, strict: bool = False,
-           checkpoint: str | Path | None = None) -> SurveyResult:
+           every: int = 100_000, timeout: float = 60.0, strict: bool = False) -> SurveyResult:
     """Clark et al. head statistics over a corpus (docs/definitions.md), each averaged over documents.
 
     texts: a pathlib.Path to a corpus file in read_corpus's formats (pairs=True reads a .txt as A<TAB>B),
@@ -61,11 +59,9 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str | None] | boo
       count, else an error naming what differs). With reduce="global" process 0 writes it and every
       process reads it (put it on a disk they share); with "local" and several processes each process
       keeps its own (the file name plus ".process<i>").
-    checkpoint: the old name of resume (deprecated; it clashed with the weights module minibert.checkpoint).
     timeout: seconds a process waits at each chunk for the others before it stops with a
       DistributedError naming the missing ones; keep it below initialize()'s heartbeat_timeout.
     """
-    resume = _resume_argument(resume, checkpoint)
     plan = Plan.checked(model, batch_tokens, batch_size, max_length, buckets, pack, segment_ids, js_divergence,
                         devices, sep_normalization, reduce, every, timeout)
     share = distributed.process_share() if isinstance(texts, Path) else None
@@ -73,16 +69,6 @@ def survey(model, texts: Iterable[str] | Path, pairs: Iterable[str | None] | boo
     run_id = plan.run_id(model, source, resume is not None)
     saved = ResumeFile.open(resume, reduce, run_id, zeros(model, js_divergence))
     return _Survey(model, plan, source, saved, strict, progress).run()
-
-
-def _resume_argument(resume, checkpoint):
-    if checkpoint is None:
-        return resume
-    warnings.warn("survey(checkpoint=) is now survey(resume=) (a resume file, not model weights); the old name goes "
-                  "in the next release.", DeprecationWarning, stacklevel=3)
-    if resume is not None:
-        raise AnalysisError("pass resume= only (checkpoint= is its old name), not both.")
-    return checkpoint
 
 
 @dataclasses.dataclass
