@@ -126,6 +126,7 @@ def edge_rtol(model, rows_tokens: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::minibert.hooks.RecompileWarning")  # the reference traces one jvp per edge
 def test_each_edge_score_is_the_first_order_change_of_its_patch(classifier):
     model = classifier
     graph = edge_attribution(model, CLEAN, CORRUPTED, logit_difference)
