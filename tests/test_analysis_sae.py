@@ -14,7 +14,7 @@ from tolerances import U32, assert_close_to_scale, dot_rtol, forward_rtol, head_
 from minibert.analysis import sae
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.gradients import mask_tokens
-from minibert.errors import AnalysisError, DataFileError
+from minibert.errors import AnalysisError, DataFileError, DivergedError
 
 D, S = 16, 32  # the planted-free tests' widths
 
@@ -291,6 +291,11 @@ def test_bad_settings_and_non_finite_batches_are_refused():
     assert trainer.steps == 0
     for name, value in trainer.params.items():
         np.testing.assert_array_equal(value, before[name])  # untouched: the step never ran
+    huge = np.full((8, D), 1e30, np.float32)  # finite activations whose squared error overflows float32
+    with pytest.raises(DivergedError, match="SAE step 0: the loss is not finite"):
+        trainer.step(huge)
+    for name, value in trainer.params.items():
+        np.testing.assert_array_equal(value, before[name])  # the update was not applied
 
 
 def test_trainer_save_writes_the_path_it_returns_and_resume_refuses_foreign_files(tmp_path):

@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from minibert.analysis.sae.model import SAEConfig, init_params, losses, unit_decoder
-from minibert.errors import AnalysisError, DataFileError, DataFileMissing
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DivergedError
 from minibert.training.optim import Progress, adamw, learning_rate_schedule
 
 
@@ -100,11 +100,15 @@ class Trainer:
             row = int(np.argwhere(~finite)[0, 0])
             raise AnalysisError(f"this batch holds {(~finite).sum()} non-finite activations (NaN or ±inf), the first "
                                 f"in row {row}; the step would put NaN into the SAE's parameters. Drop those rows.")
-        self.params, self.opt_state, self.since_fired, parts = _train_step(
-            self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
-            config=self.config, optimizer=self.optimizer)
+        state = _train_step(self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps),
+                            jnp.int32(self.dead_tokens), config=self.config, optimizer=self.optimizer)
+        losses = {name: float(value) for name, value in state[3].items()}
+        if not all(np.isfinite(value) for value in losses.values()):  # the trainer keeps its last finite state
+            raise DivergedError(f"SAE step {self.steps}: the loss is not finite ({losses}); the update was not "
+                                f"applied. Lower learning_rate ({self.learning_rate}) or add warmup.")
+        self.params, self.opt_state, self.since_fired, _ = state
         self.steps += 1
-        return {name: float(value) for name, value in parts.items()}
+        return losses
 
     def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
         """Train on an iterable of batches (at most `steps` of them); returns each step's losses."""
