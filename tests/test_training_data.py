@@ -169,3 +169,11 @@ def test_labels_outside_the_training_classes_are_named(labels, names, fragment):
     rows = [data_.Example(f"text {i}", None, label) for i, label in enumerate(labels)]
     with pytest.raises(InputError, match=re.escape(fragment)):
         data_.encode(model, rows, "sequence-classification", names, where="eval data")
+
+
+def test_a_token_label_that_is_no_list_is_named():
+    """A token-classification example whose label is one number (not a list of word labels) is named by encode,
+    not a TypeError in the label check."""
+    rows = data_.examples([("a b", 5)], task="token-classification")
+    with pytest.raises(InputError, match="example 1 has 2 words but no list of labels"):
+        data_.encode(minibert.load(), rows, "token-classification", ("LABEL_0", "LABEL_1"))

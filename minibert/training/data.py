@@ -112,7 +112,8 @@ def _check_one_kind_of_label(rows: Sequence[Example], task: str, where: str) -> 
         return
     first = {}  # is a class number → (row, label) of the first such label
     for i, row in enumerate(rows):
-        for label in row.label if task == "token-classification" else [row.label]:
+        words = task == "token-classification" and isinstance(row.label, (list, tuple))  # else encode names it
+        for label in row.label if words else [row.label]:
             first.setdefault(isinstance(label, int), (i, label))
         if len(first) == 2:
             (number_row, number), (name_row, name) = first[True], first[False]
