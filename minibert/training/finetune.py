@@ -317,10 +317,12 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     transformers does. `hooks`: {name: fn} as run_with_hooks takes them, applied in every step (interventional
     training). `trainable`: globs over parameter names (optim.parameter_names) that move; None moves all.
     `resume`: a directory where the run saves its state (every `checkpoint_every` updates and at each epoch's
-    end) and from which a run with the same settings continues, to the same bits (resume.py).
+    end) and from which a run with the same settings, data, base model and hooks continues, to the same bits
+    (resume.py); a folder holding anything but a run's checkpoints is refused.
     `compute_dtype`: jnp.bfloat16 (or "bfloat16") computes in bf16 with fp32 master weights and optimiser state.
     `accumulate`: micro-batches of `batch_size` per update, their gradients averaged. Settings that cannot train
-    (a rate ≤ 0, a negative decay, …) are InputErrors naming the setting.
+    (a rate ≤ 0, a negative decay, …) are InputErrors naming the setting; a run whose loss or weights stop being
+    finite stops with a DivergedError naming the update, and saves nothing after it (guards.py).
     """
     task = data_.checked_task(task)
     rows = data_.examples(data, task=task)
