@@ -108,3 +108,157 @@ def test_inputs_are_not_a_tuple():
     with pytest.raises(TypeError):
         inputs[2]  # noqa: B018
     assert re.search(r"model\.inputs\(batch\)\[2\]", _removed_table())
+
+
+# ---- where do I add… (docs/architecture.md), each tried with a toy one ------------------------------------------
+
+def mean_attention_to_first_token(model, batch) -> np.ndarray:
+    """A toy analysis as docs/architecture.md says to write one: [L, H], the attention every real query pays to
+    token 0, averaged over the batch's real queries; captured through the Model's public run_with_cache."""
+    inputs = model.inputs(batch)
+    _, cache = model.run_with_cache(inputs, names=["blocks.*.attn.hook_pattern"])
+    pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)  # [L, B, H, T, S]
+    real = np.asarray(inputs.attention_mask, bool)  # [B, T]
+    return (pattern[..., 0] * real[None, :, None, :]).sum((1, 3)) / real.sum()
+
+
+def test_an_analysis_uses_the_models_boundary_and_agrees_with_a_loop():
+    """The toy analysis passes test_layers' boundary check (no module graph, no parameter paths) and equals a
+    Python loop over documents, queries and heads of the same captured patterns (the same numbers summed in
+    another order: float64 sums of ≤ 8 float32 values, within 8·2⁻⁵³ of each other relative to their size)."""
+    from test_layers import boundary_violations
+
+    assert boundary_violations(inspect.getsource(mean_attention_to_first_token)) == []
+    model = minibert.Model(Config(**TINY), seed=3)
+    batch = {"input_ids": np.array([[2, 7, 9, 3], [2, 8, 3, 0]]), "attention_mask": np.array([[1, 1, 1, 1],
+                                                                                               [1, 1, 1, 0]])}
+    ours = mean_attention_to_first_token(model, batch)
+    _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_pattern"])
+    L, H = TINY["num_hidden_layers"], TINY["num_attention_heads"]
+    expected = np.zeros((L, H))
+    for layer in range(L):
+        pattern = np.asarray(cache[f"blocks.{layer}.attn.hook_pattern"], np.float64)
+        queries = [(b, t) for b in range(2) for t in range(4) if batch["attention_mask"][b, t]]
+        for head in range(H):
+            expected[layer, head] = sum(pattern[b, head, t, 0] for b, t in queries) / len(queries)
+    np.testing.assert_allclose(ours, expected, rtol=8 * 2.0 ** -53 * 8, atol=0)
+
+
+def test_a_family_is_its_module_plus_its_registry_line():
+    """A toy family (BERT's layout under another model_type and prefix) registered from here builds, names its
+    architectures, and has BERT's hook sites; unregistered, its config.json is refused by name."""
+    import dataclasses
+
+    from minibert.families import registry
+    from minibert.families.reading import read_config
+
+    toy = dataclasses.replace(registry.FAMILIES["bert"], model_type="archtoy", name="ArchToy", prefix="ArchToy",
+                              pretraining=None)
+    registry.register(toy)
+    try:
+        config = registry.config_for("ArchToyForMaskedLM", **TINY)
+        assert config.family is toy and read_config({"model_type": "archtoy", **TINY}).architecture == "ArchToyModel"
+        bert = minibert.Model(Config(**TINY, architecture="BertForMaskedLM"))
+        assert minibert.Model(config).hook_names == bert.hook_names
+    finally:
+        registry.unregister("archtoy")
+    with pytest.raises(minibert.ConfigError, match="model_type 'archtoy' is not a family"):
+        read_config({"model_type": "archtoy"})
+
+
+def toy_view(tokens, weights, *, title: str = "Toy view"):
+    """A toy view as docs/architecture.md says to write one: inputs checked with viz/_check, data packed by View."""
+    from minibert.viz import _check
+    from minibert.viz._html import View
+
+    tokens = _check.token_list(tokens)
+    weights = np.asarray(weights, np.float32)
+    if weights.shape != (len(tokens),):
+        raise _check.VizError(f"weights must hold one number per token ({len(tokens)}); got {weights.shape}.")
+    return View("toy", {"tokens": tokens}, {"weights": ([weights], "unit_byte")}, title=title, theme="light")
+
+
+def test_a_view_packs_its_data_and_escapes_user_text():
+    """The toy view's page carries its weights within _html's unit_byte error, its tokens and title escaped, and
+    loads nothing from the network; a bad input is one VizError naming it."""
+    import base64
+    import zlib
+
+    from minibert.viz import _check
+    from minibert.viz._html import UNIT_BYTE_ERROR
+
+    weights = np.array([0.0, 0.25, 1.0, 0.6], np.float32)
+    view = toy_view(["<b>", "a", "&", "z"], weights, title="<script>x</script>")
+    packed = view.data["arrays"]["weights"]
+    decoded = np.frombuffer(zlib.decompress(base64.b64decode(packed["layers"][0])), np.uint8) / 255
+    assert np.abs(decoded - weights).max() <= UNIT_BYTE_ERROR
+    page = view.page()
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert '"<b>"' not in page and "\\u003cb\\u003e" in page  # user text in the data is JSON with < escaped
+    assert not re.search(r"""(src|href)=["']?https?:""", page)
+    with pytest.raises(_check.VizError, match=r"one number per token \(4\)"):
+        toy_view(["a", "b", "c", "d"], [1.0])
+
+
+def test_a_cli_command_is_a_subparser_whose_errors_are_one_line(monkeypatch, capsys):
+    """A toy command added as build_parser adds one: its output on stdout; a MinibertError from the library it
+    calls is one line `minibert NAME: error: …` and exit status 2."""
+    from minibert.app import cli
+    from minibert.errors import InputError
+
+    def run_toy(args) -> int:
+        if args.count < 1:
+            raise InputError(f"--count must be at least 1, got {args.count}; pass --count 1 or more.")
+        print(" ".join(["toy"] * args.count))
+        return 0
+
+    real = cli.build_parser
+
+    def with_toy():
+        parser = real()
+        commands = next(a for a in parser._actions if a.dest == "command")  # argparse's subparsers action
+        toy = commands.add_parser("toy", help="print toy COUNT times")
+        toy.add_argument("--count", type=int, default=1)
+        toy.set_defaults(run=run_toy)
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", with_toy)
+    assert cli.main(["toy", "--count", "2"]) == 0 and capsys.readouterr().out == "toy toy\n"
+    assert cli.main(["toy", "--count", "0"]) == cli.USER_ERROR
+    error = "minibert toy: error: --count must be at least 1, got 0; pass --count 1 or more.\n"
+    assert capsys.readouterr().err == error
+
+
+def test_a_hook_site_is_a_call_plus_its_row_in_the_site_table(monkeypatch):
+    """A toy site: a block that passes its output through hooks("blocks.{i}.hook_toy_out", …), its Site row, and its
+    group in the family's block_order. The table's hook_names equal the forward's, the site captures the block's
+    output, and writing it (zeros in block 0) reaches block 1 as its input."""
+    import dataclasses
+
+    from minibert import model as model_lib
+    from minibert import sites
+    from minibert.families import registry
+
+    class ToyBlock(model_lib.Block):
+        def __call__(self, resid_pre, key_mask, hooks, name, *args, **kwargs):
+            return hooks(f"{name}.hook_toy_out", super().__call__(resid_pre, key_mask, hooks, name, *args, **kwargs))
+
+    row = sites.Site("hook_toy_out", ("B", "T", "D"), "the block's output, again (a toy site)", per_block=True)
+    monkeypatch.setattr(sites, "SITES", (*sites.SITES, row))
+    monkeypatch.setitem(sites._BY_NAME, row.name, row)
+    bert = registry.FAMILIES["bert"]
+    toy = dataclasses.replace(bert, model_type="sitetoy", name="SiteToy", prefix="SiteToy", pretraining=None,
+                              block=ToyBlock, block_order=(*bert.block_order, "hook_toy_out"))
+    registry.register(toy)
+    try:
+        model = minibert.Model(registry.config_for("SiteToyModel", **TINY), seed=2)
+        assert model.hook_names == sites.hook_names(model.config)
+        batch = {"input_ids": np.array([[2, 7, 9, 3]])}
+        _, cache = model.run_with_cache(batch, names=["blocks.0.hook_toy_out", "blocks.0.hook_normalized_resid_post",
+                                                      "blocks.1.hook_resid_pre"])
+        np.testing.assert_array_equal(cache["blocks.0.hook_toy_out"], cache["blocks.0.hook_normalized_resid_post"])
+        _, written = model.run(batch, names=["blocks.1.hook_resid_pre"],
+                               hooks={"blocks.0.hook_toy_out": lambda value, ctx: value * 0})
+        assert not np.asarray(written["blocks.1.hook_resid_pre"]).any()
+    finally:
+        registry.unregister("sitetoy")
