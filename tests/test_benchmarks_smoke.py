@@ -17,6 +17,7 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SMOKED = {  # script → a line its report must hold
+    "circuits": "## Circuits",
     "sweeps": "## Sweeps",
     "mixing": "## Context mixing",
     "training": "## Training",
