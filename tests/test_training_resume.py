@@ -21,6 +21,7 @@ import pytest
 import minibert
 from minibert import training
 from minibert.errors import DataFileError, InputError
+from minibert.training.resume import Checkpoints
 from tests.conftest import make_hf_model
 
 SETTINGS = dict(task="sequence-classification", num_labels=2, epochs=3, batch_size=4, learning_rate=1e-3,
@@ -149,3 +150,15 @@ def test_a_damaged_checkpoint_is_named(saved_run, tmp_path):
     with pytest.raises(DataFileError, match=r"the checkpoint .*run/2 cannot be read \(JSONDecodeError.*Delete that "
                                             r"folder to continue from the checkpoint before it"):
         training.finetune(model, rows, resume=copy, **QUICK)
+
+
+def test_a_run_saved_without_fingerprints_says_so(tmp_path):
+    """A run saved before its settings held fingerprints cannot be vouched for: the refusal says why, rather than
+    'the training data differ'."""
+    saved = Checkpoints(tmp_path / "run")
+    state = {"w": np.arange(3.0, dtype=np.float32)}
+    saved.save(2, state, {"settings": {"epochs": 1}, "history": {}})
+    saved.close()
+    with pytest.raises(InputError, match="saved by an earlier minibert, without the fingerprints"):
+        Checkpoints(tmp_path / "run").restore(state, {"epochs": 1, "data": "0" * 32, "base": "1" * 32})
+    assert Checkpoints(tmp_path / "run").restore(state, {"epochs": 1})[0] == 2  # settings as saved: restored

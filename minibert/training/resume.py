@@ -65,6 +65,10 @@ class Checkpoints:
                                 f"{error}); it was damaged after it was written. Delete that folder to continue "
                                 f"from the checkpoint before it, or start the run in another folder.") from None
         changed = sorted(k for k in settings.keys() | saved.keys() if settings.get(k) != saved.get(k))
+        if any(k in FINGERPRINTS and k not in saved for k in changed):
+            raise InputError(f"{self.directory} holds a run saved by an earlier minibert, without the fingerprints of "
+                             f"its data, base model and hooks, so this version cannot vouch that the two runs are "
+                             f"one; continue it with that version, or start the run in another folder.")
         if changed:
             shown = ", ".join(f"{FINGERPRINTS[k]} differ" if k in FINGERPRINTS
                               else f"{k}: {saved.get(k)!r} then, {settings.get(k)!r} now" for k in changed[:4])
