@@ -27,7 +27,7 @@ from minibert.config import Config
 from minibert.errors import ConfigError, InputError
 from minibert.families.base import Family
 from minibert.families.keys import HeadKeys, LayerKeys, Rule, identity, to_HKD, transpose
-from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, steps
+from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
 from minibert.model import (
     ACTIVATIONS,
     NO_DROPOUT,
@@ -352,8 +352,7 @@ PRE_LN_STEPS = steps(
     ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
      "embed.hook_embed", QUERY, ()),
     ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", QUERY, ("word",)),
-    ("x", "block {layer} input", "x = h{layer_sup} (the residual stream entering block {layer})", "hook_resid_pre",
-     QUERY, ("embed_ln",)),
+    *shared("x"),
     ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", QUERY,
      ("x",)),
     ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", "attn.hook_q", QUERY_HEAD, ("ln1|x",)),
@@ -366,13 +365,9 @@ PRE_LN_STEPS = steps(
      ("rot_q", "rot_k")),
     ("scaled", "scaled and masked", "(q̃·k̃_s)/√{d_head} + mask_s (mask: 0 on keys in reach, −∞ on padding and, "
      "in a local layer, on keys beyond its window)", "attn.hook_attn_scores", HEAD_ROW, ("qk",)),
-    ("pattern", "softmax", "α_s = exp(score_s) / Σ_s' exp(score_s')", "attn.hook_pattern", HEAD_ROW, ("scaled",)),
-    ("z", "weighted values", "z = Σ_s α_s v_s", "attn.hook_z", QUERY_HEAD, ("pattern", "v")),
-    ("concat", "concatenation of the heads", "[z_1 … z_H] (this head's slice at h·K … (h+1)·K − 1)", "attn.hook_z",
-     QUERY, ("z",)),
-    ("head_out", "this head through W_O", "z W_O[h]", "attn.hook_result", QUERY_HEAD, ("z",)),
+    *shared("pattern", "z", "concat", "head_out"),
     ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", QUERY, ("concat", "head_out")),
-    ("resid_mid", "residual", "r = x + a", "hook_resid_mid", QUERY, ("x", "attn_out")),
+    *shared("resid_mid"),
     ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r) = (r − μ)/σ · γ₂ + β₂  (μ, σ over r's {d_model} numbers)",
      "ln2.hook_out", QUERY, ("resid_mid",)),
     ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", QUERY, ("ln2",)),

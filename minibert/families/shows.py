@@ -82,3 +82,9 @@ POST_LN_STEPS = steps(
     ("resid_post", "residual", "y + m", "hook_resid_post", QUERY, ("ln1", "ffn_out")),
     ("ln2", "LayerNorm 2 (the block's output)", "h{next_sup} = LN₂(y + m)", "ln2.hook_out", QUERY, ("resid_post",)),
 )
+
+
+def shared(*ids: str) -> tuple[Step, ...]:
+    """BERT's steps `ids`, for a family whose block computes them as BERT's does."""
+    by_id = {step.id: step for step in POST_LN_STEPS}
+    return tuple(by_id[step_id] for step_id in ids)
