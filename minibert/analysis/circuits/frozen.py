@@ -3,7 +3,7 @@
 Record each layernorm's σ (per token) at a run. With σ held, LN(x) = γ ⊙ (x − mean x)/σ + β is affine in x.
 The *skip path* from a component that writes to the residual stream to a later point is the chain of these
 frozen maps through the residual connections only, never through a later attention or MLP
-(docs/circuits.md). Where a block reads and writes the stream, by the family's norm (Family.norm):
+(docs/circuits.md). Where a block reads and writes the stream (the family's stream_norms, block_output):
 
     post-LN (BERT):   attn_in[l] → + attention → LN1 → mlp_in[l] → + MLP → LN2 → attn_in[l + 1] … → final
     pre-LN (ModernBERT): attn_in[l] → + attention → mlp_in[l] → + MLP → attn_in[l + 1] … → final → ln_final
