@@ -393,7 +393,7 @@ class Model:
             raise InputError(f"token_type_ids must lie in [0, {segments}); found {types.min()}…{types.max()}.")
         positions = fields.get("position_ids") if position_ids is None else position_ids
         positions = None if positions is None else self._checked_positions(positions, ids.shape)
-        return Inputs(*(jnp.asarray(a, jnp.int32) for a in (ids, types, mask)), position_ids=positions)
+        return Inputs(*(programs.on_device(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
 
     def _checked_positions(self, position_ids, shape: tuple[int, int]) -> jax.Array:
         positions = np.asarray(position_ids)
@@ -405,7 +405,7 @@ class Model:
         if positions.min() < 0 or positions.max() >= rows:
             raise InputError(f"position_ids must lie in [0, {rows}) (the rows of the position table); found "
                              f"{positions.min()}…{positions.max()}.")
-        return jnp.asarray(positions, jnp.int32)
+        return programs.on_device(positions, np.int32)
 
     # ---- hook points ----------------------------------------------------------------------------------
 

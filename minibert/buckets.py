@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.programs import on_device
 from minibert.sites import site_axes
 
 COARSE = (16, 2)  # (smallest, per_octave) of length_buckets: interactive calls and training
@@ -50,8 +51,16 @@ def bucket_length(length: int, buckets) -> int:
 
 def cut(name: str, value, length: int):
     """A captured value of a padded run cut back to the real length on each of its T and S axes (minibert.sites)."""
-    axes = site_axes(name, value.ndim)
-    return value[tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)]
+    return cut_axes(value, site_axes(name, value.ndim), length)
+
+
+def cut_axes(value, axes, length: int):
+    """`value` (axis letters `axes`) cut to `length` on its T and S axes. A device array on a CPU is cut on the host
+    and put back (programs.on_device): slicing it with jax would compile a small program for every new length."""
+    index = tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)
+    if isinstance(value, jax.Array) and {device.platform for device in value.devices()} == {"cpu"}:
+        return on_device(np.asarray(value)[index])
+    return value[index]
 
 
 def has_positions(name: str, ndim: int) -> bool:
@@ -87,11 +96,14 @@ def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
     rng = np.random.default_rng(0)
     values = rng.standard_normal(at_long) if jnp.issubdtype(dtype, jnp.floating) else rng.integers(0, 2, at_long)
     try:
-        return bool(jax.jit(gap)(jnp.asarray(values, dtype)) <= PROBE_RTOL)
+        return bool(jax.jit(gap)(on_device(values, dtype)) <= PROBE_RTOL)
     except Exception:  # noqa: BLE001 (a shape error at another length is the answer; the real run raises the rest)
         return False
 
 
 def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Array | None:
-    """[B, T] ids, types, mask or positions padded on the right to [B, length] with `fill`."""
-    return None if array is None else jnp.pad(array, ((0, 0), (0, length - array.shape[1])), constant_values=fill)
+    """[B, T] ids, types, mask or positions padded on the right to [B, length] with `fill` (on the host: jnp.pad
+    would compile a small program for every new length)."""
+    if array is None:
+        return None
+    return on_device(np.pad(np.asarray(array), ((0, 0), (0, length - array.shape[1])), constant_values=fill))

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
 
 CACHE_DIR_ENV = "MINIBERT_CACHE_DIR"  # where the persistent cache lives
 CACHE_SWITCH_ENV = "MINIBERT_COMPILATION_CACHE"  # "0" (or "false", "off", "no") turns it off
@@ -57,6 +58,12 @@ def use_persistent_cache() -> Path | None:
     if importlib.util.find_spec("filelock") is not None:
         jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     return directory
+
+
+def on_device(array, dtype=None) -> jax.Array:
+    """A host array (NumPy, or a list) on the default device, cast to `dtype` on the host: jax.device_put, which
+    compiles nothing (jnp.asarray and jnp.array compile a small program for every new shape, and JAX keeps each)."""
+    return jax.device_put(np.asarray(array, dtype))
 
 
 use_persistent_cache()  # on by default: every minibert program a process compiles is kept for the next
@@ -109,7 +116,13 @@ class Program:
 
     @staticmethod
     def _jitted(fn, static_argnames):
-        return jax.jit(functools.partial(fn), static_argnames=static_argnames)  # a fresh object to key JAX's caches
+        """jax.jit of a new function object calling fn: JAX keys its traces on the function (unwrapping a partial),
+        so a program of its own function takes its trace, lowering and executable with it when it is dropped."""
+        @functools.wraps(fn)
+        def program(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        return jax.jit(program, static_argnames=static_argnames)
 
     def __call__(self, *args, **kwargs):
         return self._compiled(args, kwargs)(*args, **kwargs)
