@@ -28,6 +28,7 @@ SMOKED = {  # script → a line its report must hold
     "precision": "| bfloat16 |",
     "run": "### Hook machinery with nothing active",
     "scale_out": "| workers (1 core each) |",
+    "session": "| notebook session, cold (fresh process, empty cache) |",
     "survey": "| workload | programs traced (model.traces) |",
     "views": "| neuron | 128 |",
 }
