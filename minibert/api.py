@@ -446,10 +446,10 @@ class Model:
         Made once per (fn, static_argnames) and kept on the model, so repeated calls reuse the compiled
         programs; pass `model.state` as an argument (weights traced, not baked into the program).
         """
-        key = (fn, tuple(static_argnames))
+        static = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)  # as jax.jit
+        key = (fn, static)
         if key not in self._programs:
-            self._programs[key] = programs.Program(self._counted(functools.partial(fn, self)), tuple(static_argnames),
-                                                   self._resident)
+            self._programs[key] = programs.Program(self._counted(functools.partial(fn, self)), static, self._resident)
         return self._programs[key]
 
     @property

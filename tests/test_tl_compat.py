@@ -64,7 +64,9 @@ def test_hook_layer_is_callable_as_in_transformerlens(pretraining):
     out = model.run_with_hooks(batch, fwd_hooks=[("blocks.*.attn.hook_z", zero_in_layer_1)])
     want = model.run_with_hooks(batch, {"blocks.1.attn.hook_z": lambda z, ctx: z * 0})
     np.testing.assert_array_equal(out.last_hidden_state, want.last_hidden_state)
-    assert sorted(seen) == [(0, 0, "blocks.0.attn.hook_z"), (1, 1, "blocks.1.attn.hook_z")]
+    # each site's calls: the trace's, and the padding probe's (buckets.pads_safely calls a hook to see if it reads
+    # the row length)
+    assert sorted(set(seen)) == [(0, 0, "blocks.0.attn.hook_z"), (1, 1, "blocks.1.attn.hook_z")]
 
 
 def test_stack_takes_short_names_and_stack_activation(pretraining):
