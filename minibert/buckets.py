@@ -58,7 +58,8 @@ def cut_axes(value, axes, length: int):
     """`value` (axis letters `axes`) cut to `length` on its T and S axes. A device array on a CPU is cut on the host
     and put back (programs.on_device): slicing it with jax would compile a small program for every new length."""
     index = tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)
-    if isinstance(value, jax.Array) and {device.platform for device in value.devices()} == {"cpu"}:
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and \
+            {device.platform for device in value.devices()} == {"cpu"}:
         return on_device(np.asarray(value)[index])
     return value[index]
 
