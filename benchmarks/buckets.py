@@ -3,7 +3,7 @@ and how many programs each rule compiles.
 
     python benchmarks/buckets.py [--smoke] [--batch 8] [--repeats 5] [--out FILE]
 
-Model.run (model(batch), run_with_cache, run_with_hooks with any_length hooks) pads rows to a bucket length so
+Model.run (model(batch), run_with_cache, run_with_hooks with position-wise hooks) pads rows to a bucket length so
 that sentence lengths share compiled programs. For each length T below, the same forward — capturing every
 attention pattern, and capturing nothing — runs as one program compiled for T and one compiled for each rule's
 bucket of T (model.forward_fn jitted here, on model.inputs padded with model.padded: the public API). The table
@@ -37,9 +37,9 @@ from minibert.accounting import flops_per_token  # noqa: E402
 from minibert.buckets import bucket_length, length_buckets  # noqa: E402
 
 RULES = {  # name → (smallest, per_octave) of buckets.length_buckets
-    "previous: 16, then 2 per octave": (16, 2),
+    "buckets.COARSE (Model.length_buckets): 16, then 2 per octave": (16, 2),
     "8 per octave": (1, 8),
-    "16 per octave (Model.length_buckets)": (1, 16),
+    "buckets.FINE: 16 per octave": (1, 16),
 }
 LENGTHS = (17, 33, 65, 129, 147, 257)
 CASES = {"patterns captured": "blocks.*.attn.hook_pattern", "nothing captured": ()}
