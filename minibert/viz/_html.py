@@ -47,8 +47,9 @@ def views_script() -> str:
     return "\n".join(_static(name) for name in VIEW_SCRIPTS)
 
 
-# The workbench's own scripts (after the views'): the step-through and the tour, then the page that builds them.
-WORKBENCH_SCRIPTS = ("step_through.js", "tour.js", "workbench.js")
+# The workbench's own scripts (after the views'): the step-through, the tour and the "why" panel, then the page that
+# builds them.
+WORKBENCH_SCRIPTS = ("step_through.js", "tour.js", "why_view.js", "workbench.js")
 
 
 def workbench_script() -> str:

@@ -36,7 +36,7 @@ from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD
 from minibert.hooks import HookFn
 from minibert.pooling import pooled_tokens
 from minibert.sites import PATTERNS
-from minibert.viz import views
+from minibert.viz import views, why
 
 MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
 MAX_TOKENS = 128  # per request (text and pair together): the views stay readable and the answers fast
@@ -120,7 +120,7 @@ class Workbench:
         # captures and packed views, a few MB each at 128 tokens). A mixing map that compiles for seconds does not
         # hold up the runs and steps an edit asks for; info, tokenize and status wait for nothing.
         answering, mixing_one = threading.Lock(), threading.Lock()
-        self._answer_locks = {"run": answering, "step": answering, "mixing": mixing_one}
+        self._answer_locks = {"run": answering, "step": answering, "mixing": mixing_one, "why": threading.Lock()}
         self._programs = Programs()
         self._drawing = ThreadPoolExecutor(1, thread_name_prefix="workbench-views")  # see _built_views
 
@@ -370,8 +370,9 @@ class Workbench:
 
 
 ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": Workbench.run, "step": Workbench.step,
-           "mixing": Workbench.mixing, "status": Workbench.status}
-PROGRAMS = ("run", "similarity", *MIXING_METHODS[2:])  # what `status` names: the compiled programs a workbench runs
+           "mixing": Workbench.mixing, "status": Workbench.status, "why": why.why}  # why: viz/why.py's panel
+# what `status` names: the compiled programs a workbench runs
+PROGRAMS = ("run", "similarity", *MIXING_METHODS[2:], "why")
 
 
 class Programs:

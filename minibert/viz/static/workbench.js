@@ -1,6 +1,6 @@
 /* minibert workbench (minibert serve's page, and viz.explore's widget): text in, tokens, the views (drawn by
    views.js's render), the outputs before and after ablating heads, and a step-through of one head (step_through.js)
-   with its tour (tour.js); _html.WORKBENCH_SCRIPTS joins the three.
+   with its tour (tour.js) and the "why this output" panel (why_view.js); _html.WORKBENCH_SCRIPTS joins them.
    minibertWorkbench(app, config, options) builds one workbench inside the element `app`; everything it
    keeps is in that call (no globals), its element ids start with options.prefix, and it finds its
    elements through `app`: a notebook page holds as many as it likes. It talks through options.send(action,
@@ -80,6 +80,8 @@ function minibertWorkbench(app, config, options) {
 
   var columns = el("div", {"class": "wb-columns"});
   app.appendChild(columns);
+  var why = minibertWhy({prefix: prefix, state: state, send: send, body: body, el: el, number: number,
+                         choose: choose});  // why_view.js: the "why this output" panel
   var panels = config.models.map(function (info, n) { return modelPanel(info, n); });
 
   function section(parent, title, id) {
@@ -115,6 +117,7 @@ function minibertWorkbench(app, config, options) {
     panel.tokens = section(column, "Tokens", prefix + "tokens-" + n);
     panel.heads = section(column, "Heads (L-H, 1-indexed; click to ablate)", prefix + "heads-" + n);
     panel.outputs = section(column, "Outputs", prefix + "outputs-" + n);
+    why.section(column, panel);
     panel.step = section(column, "Step through one head", prefix + "step-" + n);
     panel.views = section(column, "Views", prefix + "views-" + n);
     panel.headButtons = [];
@@ -173,7 +176,7 @@ function minibertWorkbench(app, config, options) {
           showOutputs(panel, compared.outputs, compared.titles);
           showViews(panel, compared.sides, answer.ablated);
         });
-        return Promise.all([shown, stepThrough(panel, ticket)]);
+        return Promise.all([shown, stepThrough(panel, ticket), why.show(panel, ticket)]);
       });
     });
     Promise.all(work).then(function () {

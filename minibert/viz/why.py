@@ -1,0 +1,81 @@
+"""The workbench's "why this output" panel (issue 30): which tokens and which heads account for the output shown,
+for the text as typed (no head ablated), computed only when the page asks (`why`), apart from tokens and patterns.
+
+What is explained is one number of the output, the *target* (`target`):
+    sequence classifier   the logit of the class the model predicts for the text
+    masked LM             the top guess's logit at the first [MASK] (max over the vocabulary)
+    token classifier      the top label's logit at the chosen query token
+    anything else         ‖h_[CLS]‖, the length of the final hidden state at [CLS] (a checkpoint with no head, a
+                          masked LM without [MASK]): which tokens and heads build the vector the model ends with
+                          at its first position (the sentence vector of a [CLS]-pooled model; a fixed, text-
+                          independent readout for a mean-pooled one, unlike a cosine to another text)
+Token attributions: integrated gradients (STEPS Gauss–Legendre points, [PAD] baseline; docs/circuits.md), one per
+token. Heads: each head's direct effect on the target along the skip path frozen at the run
+(analysis.direct_attribution), the TOP_HEADS largest by |value|. Each (bucket length, target) is two compiled
+programs; a target's only varying part is an int (class, position), which keys its program by value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from minibert.analysis.circuits import direct_attribution, token_attribution
+from minibert.config import head_label
+
+STEPS = 16  # integration points: the completeness gap the answer reports says how good that is for this text
+TOP_HEADS = 5  # heads listed, by |direct effect|
+
+
+def _class_logit(c: int):
+    return lambda out: out.logits[:, c]
+
+
+def _top_logit_at(position: int):
+    return lambda out: jnp.max(out.logits[:, position], axis=-1)
+
+
+def _cls_length(out):
+    return jnp.linalg.norm(out.last_hidden_state[:, 0].astype(jnp.float32), axis=-1)
+
+
+def target(model, run, query: int):
+    """(metric function of the output, what it is in words) for one workbench Run (its logits, ids, tokens)."""
+    heads, tokenizer = model.config.heads, model.tokenizer
+    if heads.classifier == "sequence":
+        c = int(np.argmax(run.logits))
+        return _class_logit(c), f"the logit of the predicted class “{model.config.id2label[c]}”"
+    if heads.mlm and (run.ids == tokenizer.mask_token_id).any():
+        position = int(np.flatnonzero(run.ids == tokenizer.mask_token_id)[0])
+        return _top_logit_at(position), f"the top guess's logit at the first [MASK] (position {position})"
+    if heads.classifier == "token":
+        return _top_logit_at(query), f"the top label's logit at the chosen token (position {query})"
+    return _cls_length, "‖h[CLS]‖, the length of the final [CLS] vector (no head reads this text)"
+
+
+def why(workbench, body: Mapping) -> dict:
+    """The answer to the page's "why" request (docs/serve.md): {target, value, tokens, scores [T], baseline_value,
+    completeness_gap, method, steps, heads: [{layer, head, label, value}], linear}. `query` (0-indexed, default 0)
+    is the token a token classifier's target reads."""
+    from minibert.viz.workbench import _index  # the workbench's own checks of a request's numbers
+
+    request = workbench._request({**body, "ablate": []})
+    run = workbench._run(request)
+    query = _index(body, "query", len(run.tokens), "tokens here", 0)
+    metric, described = target(workbench.model, run, query)
+    batch = workbench._batch(request)
+    padded = workbench._padded(batch.input_ids, batch.token_type_ids)  # one program per bucket, as the runs
+    length = len(run.tokens)
+    with workbench._programs.first("why", padded["input_ids"].shape[1]):
+        tokens = token_attribution(workbench.model, padded, metric, steps=STEPS)
+        direct = direct_attribution(workbench.model, padded, metric)
+    order = np.argsort(-np.abs(direct.heads), axis=None, kind="stable")[:TOP_HEADS]
+    top = [{"layer": int(layer), "head": int(head), "label": head_label(int(layer), int(head)),
+            "value": float(direct.heads[layer, head])}
+           for layer, head in zip(*np.unravel_index(order, direct.heads.shape))]
+    return {"target": described, "value": float(tokens.metric[0]), "tokens": run.tokens,
+            "scores": [float(s) for s in tokens.scores[0, :length]], "baseline_value": float(tokens.baseline_metric[0]),
+            "completeness_gap": float(tokens.completeness_gap[0]), "method": tokens.method, "steps": STEPS,
+            "heads": top, "linear": direct.linear}
