@@ -222,21 +222,6 @@ def probe_rows(smoke: bool) -> list[list[str]]:
     return [[f"probes, {name}", seconds, ratio, f"{100 * agreement:.1f}%"] for name, seconds, ratio in rows]
 
 
-def tiny_checkpoint(directory: Path) -> Path:
-    """A small random BertModel for --smoke (bert-base's layout, a fraction of its size)."""
-    import torch
-    import transformers
-
-    if not (directory / "model.safetensors").exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(0)
-        cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      intermediate_size=128, architectures=["BertModel"])
-        transformers.BertModel(cfg).eval().save_pretrained(directory)
-        (directory / "vocab.txt").write_text((harness.bundled_dir() / "vocab.txt").read_text())
-    return directory
-
-
 # ---- --quick: the accelerator's rows that matter, in ≤ 4 minutes -------------------------------------------
 
 QUICK = dict(inference=(64, 512), training=(32, 512), repeats=(10, 5), budget=225.0)
@@ -393,7 +378,7 @@ def quick_sections(args):
     device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
     peak = accounting.peak_flops(jax.devices()[0], jnp.bfloat16)
     scratch = harness.scratch_dir()
-    directory = (tiny_checkpoint(scratch / "tiny-bert") if args.smoke
+    directory = (harness.tiny_checkpoint(scratch / "tiny-bert") if args.smoke
                  else harness.make_bert_base(scratch / "bert-base"))
     yield "\n".join([f"## GPU benchmark (quick{', smoke' if args.smoke else ''})", "",
                      *(f"- {key}: {value}" for key, value in harness.machine().items())])
@@ -423,7 +408,7 @@ def sections(args):
                                             ("repeats", args.repeats)) if value}
     device = "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
     scratch = harness.scratch_dir()
-    random_dir = (tiny_checkpoint(scratch / "tiny-bert") if args.smoke
+    random_dir = (harness.tiny_checkpoint(scratch / "tiny-bert") if args.smoke
                   else harness.make_bert_base(scratch / "bert-base"))
     bundled = random_dir if args.smoke else Path(args.bundled or harness.bundled_dir())
     # --smoke runs the tiny model only (every code path, seconds of compiling); the bundled one in full runs.

@@ -144,6 +144,22 @@ def make_bert_base(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+def tiny_checkpoint(directory: Path) -> Path:
+    """A small random BertModel for --smoke runs (bert-base's layout, a fraction of its size), saved with
+    transformers (fixed seed) with the bundled vocabulary."""
+    import torch
+    import transformers
+
+    if not (directory / "model.safetensors").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, architectures=["BertModel"])
+        transformers.BertModel(cfg).eval().save_pretrained(directory)
+        (directory / "vocab.txt").write_text((bundled_dir() / "vocab.txt").read_text())
+    return directory
+
+
 def scratch_dir() -> Path:
     """Where the benchmarks keep what they build (the random bert-base): reused across runs."""
     path = Path(os.environ.get("MINIBERT_BENCH_CACHE", Path(tempfile.gettempdir()) / "minibert-bench"))

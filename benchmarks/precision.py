@@ -26,6 +26,7 @@ from harness import (
     markdown_table,
     scratch_dir,
     time_round_robin,
+    tiny_checkpoint,
 )
 from training import LEARNING_RATE, classifier_dir, inputs, minibert_step
 
@@ -58,8 +59,6 @@ def main(argv=None) -> int:
     batch, length = (2, 16) if args.smoke else (16, 128)
     scratch = scratch_dir()
     if args.smoke:
-        from gpu import tiny_checkpoint
-
         base, label = tiny_checkpoint(scratch / "tiny-bert"), "tiny random BERT"
     else:
         base, label = bundled_dir(), "bundled all-MiniLM-L6-v2"

@@ -15,7 +15,17 @@ import argparse
 import time
 
 import numpy as np
-from harness import bundled_dir, english_like_texts, fmt, hf_model, load_average, machine, markdown_table, scratch_dir
+from harness import (
+    bundled_dir,
+    english_like_texts,
+    fmt,
+    hf_model,
+    load_average,
+    machine,
+    markdown_table,
+    scratch_dir,
+    tiny_checkpoint,
+)
 
 import minibert
 from minibert.analysis import sae
@@ -102,12 +112,6 @@ class TorchPipeline:
         return out
 
 
-def smoke_checkpoint():
-    from gpu import tiny_checkpoint
-
-    return tiny_checkpoint(scratch_dir() / "tiny-bert")
-
-
 def throughput(directory, sizes: dict, device: str = "cpu") -> dict[str, tuple[int, float]]:
     """{pipeline: (tokens trained on, tokens per second)} for minibert and the PyTorch pipeline on `directory`."""
     import transformers
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script runs")
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
-    directory = smoke_checkpoint() if args.smoke else bundled_dir()
+    directory = tiny_checkpoint(scratch_dir() / "tiny-bert") if args.smoke else bundled_dir()
     d_in = minibert.load(directory).config.hidden_size
     rates = throughput(directory, sizes)
     facts = machine()

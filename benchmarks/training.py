@@ -37,6 +37,7 @@ from harness import (
     random_ids,
     scratch_dir,
     time_round_robin,
+    tiny_checkpoint,
 )
 
 import minibert
@@ -193,8 +194,6 @@ def main(argv=None) -> int:
     batch, length = (2, 16) if args.smoke else (args.batch, args.length)
     scratch = scratch_dir()
     if args.smoke:
-        from gpu import tiny_checkpoint
-
         bases = {"tiny BERT (random)": tiny_checkpoint(scratch / "tiny-bert")}
     else:
         bases = {"bundled all-MiniLM-L6-v2": bundled_dir(), "bert-base shape (random)": make_bert_base(

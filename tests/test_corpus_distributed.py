@@ -29,11 +29,9 @@ def test_initialize_names_missing_settings(monkeypatch):
         distributed.initialize("localhost:1234", 2, 2)
 
 
-def test_corpus_initialize_is_the_application_one_with_a_deprecation_warning(monkeypatch):
-    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
-    with pytest.warns(DeprecationWarning, match=r"corpus.initialize moved to minibert.app.distributed.initialize"), \
-            pytest.raises(RuntimeError, match="JAX_PROCESS_ID not set"):
-        corpus.initialize("localhost:1234", 2)
+def test_corpus_initialize_is_gone():
+    """0.4 removed the 0.2 alias (CHANGELOG.md): starting jax.distributed is minibert.app.distributed.initialize's."""
+    assert not hasattr(corpus, "initialize") and not hasattr(corpus.distributed, "initialize")
 
 
 def test_the_one_private_jax_access_is_isolated():

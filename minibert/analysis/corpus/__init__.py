@@ -52,7 +52,6 @@ batches), step (the jitted step), distributed (several processes), resume (resum
 
 from __future__ import annotations
 
-from minibert.analysis.corpus.distributed import initialize
 from minibert.analysis.corpus.packing import batch_rows, default_batch_tokens, default_buckets
 from minibert.analysis.corpus.reading import CHUNK, CorpusFile, read_corpus
 from minibert.analysis.corpus.result import MERGE_KEYS, SurveyResult, output_paths
@@ -72,6 +71,4 @@ __all__ = [
     "default_buckets",
     "default_batch_tokens",
     "batch_rows",
-    # deprecated: minibert.app.distributed.initialize
-    "initialize",
 ]

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import json
 import time
-import warnings
 import weakref
 from collections.abc import Sequence
 
@@ -19,17 +18,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from minibert.errors import AnalysisError, DistributedError
 
 _PLACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (state, device ids, state on them)
-
-
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, heartbeat_timeout: int = 100) -> None:
-    """Deprecated: call minibert.app.distributed.initialize (the same arguments) where your program starts.
-    Starting jax.distributed changes JAX's global set-up, which is the application's to do."""
-    from minibert.app import distributed
-
-    warnings.warn("corpus.initialize moved to minibert.app.distributed.initialize (same arguments); the old name "
-                  "goes in the next release.", DeprecationWarning, stacklevel=2)
-    distributed.initialize(coordinator_address, num_processes, process_id, heartbeat_timeout=heartbeat_timeout)
 
 
 def process_share() -> tuple[int, int] | None:
