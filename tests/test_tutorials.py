@@ -133,6 +133,22 @@ def test_tutorial_runs_with_a_students_sentences(tutorial, tmp_path):
         f"--- stdout (end) ---\n{result.stdout[-3000:]}\n--- stderr (end) ---\n{result.stderr[-6000:]}")
 
 
+def test_readme_links_every_tutorial_and_installs_from_a_clone():
+    """The README's tutorial list is the shipped one (it listed 6 of 8), and its install lines work from a clone."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    missing = [p.name for p in TUTORIALS if f"](docs/tutorials/{p.name})" not in readme]
+    assert not missing, f"README.md does not link {missing}"
+    for page in (ROOT / "README.md", ROOT / "docs" / "serve.md"):
+        installs = re.findall(r"pip install '([^']*)'", page.read_text(encoding="utf-8"))
+        assert installs and all(extra.startswith(".[") for extra in installs), (page.name, installs)
+
+
+def test_tutorial_one_says_large_scores_make_the_softmax_peaked():
+    """Students read "flat" as uniform: large scores make the softmax peaked (and saturated), not flat."""
+    text = (ROOT / "docs" / "tutorials" / "01_one_head_by_hand.py").read_text(encoding="utf-8")
+    assert "flat," not in text and "peaked" in text
+
+
 def test_position_finds_a_word_or_says_which_token_stands_in(capsys):
     tokens = ["[CLS]", "the", "cat", "sat", "[SEP]"]
     assert tutorials.position(tokens, "sat", instead=1) == 3 and capsys.readouterr().out == ""
