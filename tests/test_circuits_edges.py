@@ -212,3 +212,83 @@ def test_faithfulness_of_full_and_empty_graphs(classifier, tmp_path):
     scale = max(abs(result.corrupted), abs(result.clean))
     assert abs(result.empty - result.corrupted) <= rtol * scale
     assert abs(result.clean - result.corrupted) > 100 * rtol * scale  # the two runs differ: the check is not vacuous
+
+
+def _set_head_part(value, ctx, new, layer, head):
+    """q, k or v [B, T, H, K] of block `layer` with head `head`'s part replaced by new [B, T, K]."""
+    at = (jnp.arange(value.shape[2]) == head)[None, None, :, None] & (ctx.layer == layer)
+    return jnp.where(at, new[:, :, None, :].astype(value.dtype), value)
+
+
+def _set_at_layer(value, ctx, new, layer):
+    return jnp.where(ctx.layer == layer, new.astype(value.dtype), value)
+
+
+@pytest.mark.slow
+def test_a_single_patched_edge_is_its_receivers_change_pre_ln(tmp_path):
+    """Pre-LN ModernBERT: the skip path is the identity, and a receiver recomputes its own layernorm from its
+    changed input. The literal reference, in NumPy from the clean run's values and the weights: head h's q (k, v)
+    = LN₁(x + Δ)·W_QKV[c][:, h] (layer 0: no LN₁), the MLP reads LN₂(resid_mid + Δ), the output reads the last
+    block's output + Δ, with Δ the sender's corrupted − clean output; the model runs with that one value replaced."""
+    make_modernbert(tmp_path, "ForMaskedLM", scale=0.2)
+    model = minibert.load(tmp_path)
+
+    def logit(out):
+        return out.logits[:, 1, 7] - out.logits[:, 1, 9]
+
+    clean, corrupt = aligned(model)
+    L = model.config.num_hidden_layers
+    names = ["hook_full_embed", "blocks.*.attn.hook_result", "blocks.*.hook_mlp_out", "blocks.*.hook_resid_pre",
+             "blocks.*.hook_resid_mid"]
+    _, c = model.run_with_cache(clean, names)
+    _, k = model.run_with_cache(corrupt, names)
+    real = np.asarray(clean.attention_mask, np.float64)[:, :, None]
+    weights = {name: np.asarray(value, np.float64) for name, value in model.named_parameters().items()}
+    eps = model.config.setting("norm_eps")
+
+    def norm(name, x):
+        centred = x - x.mean(-1, keepdims=True)
+        y = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + eps) * weights[f"{name}.scale"]
+        return y + weights.get(f"{name}.bias", 0.0)
+
+    def change(sender):
+        if sender == "embed":
+            return real * (np.asarray(k["hook_full_embed"], np.float64) - np.asarray(c["hook_full_embed"], np.float64))
+        if sender.startswith("MLP"):
+            name = f"blocks.{int(sender.split()[1]) - 1}.hook_mlp_out"
+            return real * (np.asarray(k[name], np.float64) - np.asarray(c[name], np.float64))
+        layer, head = (int(n) - 1 for n in sender.split("-"))
+        name = f"blocks.{layer}.attn.hook_result"
+        return real * (np.asarray(k[name], np.float64)[:, :, head] - np.asarray(c[name], np.float64)[:, :, head])
+
+    def literal_hooks(receiver, delta):
+        if receiver == "output":
+            return {f"blocks.{L - 1}.hook_resid_post": HookFn(_add, t=jnp.float32(1), change=jnp.asarray(delta,
+                                                                                                        jnp.float32))}
+        if receiver.startswith("MLP"):
+            layer = int(receiver.split()[1]) - 1
+            new = norm(f"blocks.{layer}.ln2", np.asarray(c[f"blocks.{layer}.hook_resid_mid"], np.float64) + delta)
+            return {"blocks.*.ln2.hook_out": HookFn(_set_at_layer, new=jnp.asarray(new, jnp.float32),
+                                                    layer=jnp.int32(layer))}
+        node, part = receiver.split(".")
+        layer, head = (int(n) - 1 for n in node.split("-"))
+        x = np.asarray(c[f"blocks.{layer}.hook_resid_pre"], np.float64) + delta
+        read = norm(f"blocks.{layer}.ln1", x) if layer else x  # ModernBERT's block 0 has no attention norm
+        c_index = "qkv".index(part)
+        new = read @ weights[f"blocks.{layer}.attn.W_QKV"][c_index][:, head]
+        if f"blocks.{layer}.attn.b_QKV" in weights:
+            new = new + weights[f"blocks.{layer}.attn.b_QKV"][c_index][head]
+        return {f"blocks.*.attn.hook_{part}": HookFn(_set_head_part, new=jnp.asarray(new, jnp.float32),
+                                                     layer=jnp.int32(layer), head=jnp.int32(head))}
+
+    plain = float(np.asarray(logit(model(clean))).mean())
+    # two programs' logits (forward_rtol, two programs, and the unembedding's dot over D) against their scale
+    rtol = forward_rtol(model.config, S=clean.shape[1]) + dot_rtol(model.config.hidden_size)
+    moved = 0
+    for sender, receiver in [("embed", "1-2.q"), ("embed", "1-1.v"), ("1-3", "2-1.k"), ("MLP 1", "3-2.v"),
+                             ("2-4", "MLP 3 in"), ("MLP 4", "output"), ("3-5", "4-3.q")]:
+        ours = path_patching(model, CLEAN, CORRUPTED, logit, sender, [receiver])
+        literal = float(np.asarray(logit(model.run_with_hooks(clean, literal_hooks(receiver, change(sender))))).mean())
+        assert abs(ours - literal) <= rtol * max(abs(literal), abs(plain)), (sender, receiver, ours, literal)
+        moved += abs(literal - plain) > 100 * rtol * abs(plain)
+    assert moved >= 5  # the patches move the metric: the comparison is not of two clean runs
