@@ -132,14 +132,16 @@ class Model:
     """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit."""
 
     def __init__(self, config: Config, params: Mapping | None = None, tokenizer: BaseTokenizer | None = None, *,
-                 dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None):
-        """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed)."""
+                 dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None,
+                 scan: bool = True):
+        """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed). `scan`: run the
+        blocks as one jax.lax.scan where they are alike (model.Bert.stack; False: unrolled, a copy per layer)."""
         self.config, self.tokenizer, self.dtype, self.pooling, self.source = config, tokenizer, dtype, pooling, source
         if params is None:
-            module = Bert(config, dtype=dtype, rngs=nnx.Rngs(seed or 0))
+            module = Bert(config, dtype=dtype, rngs=nnx.Rngs(seed or 0), scan=scan)
             self.graphdef, self.state = nnx.split(module)
         else:
-            self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
+            self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype, scan=scan)))
             nnx.replace_by_pure_dict(self.state, params)
         self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
         self.bucket_rule = buckets.COARSE  # (smallest, per_octave) of length_buckets: buckets.FINE for throughput
@@ -560,13 +562,7 @@ class Model:
         skipped at run time (under grad and vmap too, as long as `layer` itself is not vmapped)."""
         module, hooks = self._module(state), self._stage_hooks(hooks)
         key_mask = module.key_mask(as_inputs(inputs).attention_mask)
-        x = resid
-        for i in range(self.config.num_hidden_layers):
-            if isinstance(layer, int):
-                x = module.block(i, x, key_mask, hooks) if i >= layer else x
-            else:
-                x = jax.lax.cond(i >= layer, lambda x, i=i: module.block(i, x, key_mask, hooks), lambda x: x, x)
-        return module.head(x, hooks)
+        return module.head(module.stack(resid, key_mask, hooks, start=layer), hooks)
 
     def head(self, state, hidden, hooks=None) -> Output:
         """The pooler and task head on the last hidden state [B, T, D] (any stream, for the logit lens)."""

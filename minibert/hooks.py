@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import functools
 import numbers
 import re
 import warnings
@@ -169,11 +170,97 @@ class HookPoints:
         return name in self.capture or name in self.writers
 
     def __call__(self, name: str, value: jax.Array) -> jax.Array:
-        for fn in self.writers.get(name, ()):
-            value = _checked(fn(value, HookContext(name, layer_of(name), self.n_heads, self.d_head)), value, name, fn)
+        value = self.write(name, value)
         if name in self.capture:
             self.captured[name] = value
         return value
+
+    def write(self, name: str, value: jax.Array) -> jax.Array:
+        """value through the hook functions on `name`, in order."""
+        for fn in self.writers.get(name, ()):
+            value = _checked(fn(value, HookContext(name, layer_of(name), self.n_heads, self.d_head)), value, name, fn)
+        return value
+
+    def over_layers(self, layers: range) -> LayerHooks:
+        """These hooks in the blocks `layers` of a scanned stack (model.Bert.stack)."""
+        return LayerHooks(self, layers)
+
+
+class LayerHooks:
+    """The hooks of a run of blocks that model.Bert.stack scans: one traced block runs for every layer, calling
+    its hooks by template names ("blocks.*.attn.hook_z"); these act as the hooks of the layer the scan is at, under
+    that layer's own name ("blocks.3.attn.hook_z"), so hooks keep their per-layer names and meanings:
+
+    - writes: the hook functions on blocks.3.attn.hook_z run in layer 3 only (jax.lax.switch on the traced layer
+      picks that layer's functions, each called with ctx.layer = 3, or none);
+    - captures: the layers asked of a site fill a buffer [n, ...] carried through the scan, one slot per layer
+      asked, which `store` hands to the HookPoints under the per-layer names after the scan: memory holds what
+      was asked, nothing more;
+    - active: a site is active where it is in any layer of the run (the block's path is one for every layer).
+
+    `at(layer, buffers)` is the hooks object of one step of the scan; buffers None (a trace that only looks for
+    the captured values' shapes) keeps each captured value as it is.
+    """
+
+    def __init__(self, points: HookPoints, layers: range, layer=None, buffers: dict | None = None):
+        self.points, self.layers, self.layer = points, layers, layer
+        self.probing = buffers is None  # a trace for the captured values' shapes: keep the values themselves
+        self.buffers = {} if buffers is None else dict(buffers)
+
+    def names(self, template: str) -> list[str]:
+        """The per-layer names of a template: "blocks.*.attn.hook_z" → blocks.i.attn.hook_z for each layer i."""
+        return [template.replace("*", str(i), 1) for i in self.layers]
+
+    @property
+    def captures(self) -> bool:
+        """Whether any site of these layers is captured."""
+        return any(layer_of(name) in self.layers for name in self.points.capture)
+
+    def active(self, template: str) -> bool:
+        return any(self.points.active(name) for name in self.names(template))
+
+    def at(self, layer, buffers: dict | None) -> LayerHooks:
+        return LayerHooks(self.points, self.layers, layer, buffers)
+
+    def __call__(self, template: str, value: jax.Array) -> jax.Array:
+        names = self.names(template)
+        position = self.layer - self.layers.start  # traced
+        written = [k for k, name in enumerate(names) if name in self.points.writers]
+        if written:  # branch 0 leaves the value; branch j + 1 runs the functions of layer written[j]
+            branch = np.zeros(len(names), np.int32)
+            branch[written] = np.arange(1, len(written) + 1)
+            functions = [lambda value: value] + [functools.partial(self.points.write, names[k]) for k in written]
+            value = jax.lax.switch(jnp.asarray(branch)[position], functions, value)
+        kept = [k for k, name in enumerate(names) if name in self.points.capture]
+        if kept:
+            self.buffers[template] = value if self.probing else self._kept(self.buffers[template], value, kept,
+                                                                            position)
+        return value
+
+    def _kept(self, buffer, value, kept: list[int], position):
+        """buffer [n, ...] with value in the slot of this layer, where it is one of the n layers `kept`."""
+        if len(kept) == len(self.layers):
+            return jax.lax.dynamic_update_index_in_dim(buffer, value, position, 0)
+        slots = np.full(len(self.layers), len(kept) - 1, np.int32)  # layers not kept: the last slot, unchanged
+        slots[kept] = np.arange(len(kept))
+        slot = jnp.asarray(slots)[position]
+        here = jnp.isin(position, jnp.asarray(kept))
+        return jax.lax.dynamic_update_index_in_dim(
+            buffer, jnp.where(here, value, jax.lax.dynamic_index_in_dim(buffer, slot, keepdims=False)), slot, 0)
+
+    def empty(self, shapes: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, jax.Array]:
+        """Zeroed buffers [n, ...] for the captured sites' values (shapes: one layer's)."""
+        return {template: jnp.zeros((len(self._kept_layers(template)), *shape.shape), shape.dtype)
+                for template, shape in shapes.items()}
+
+    def _kept_layers(self, template: str) -> list[int]:
+        return [i for i, name in zip(self.layers, self.names(template)) if name in self.points.capture]
+
+    def store(self, buffers: Mapping[str, jax.Array]) -> None:
+        """Each captured layer's slot, under its own name, into the HookPoints' captures."""
+        for template, buffer in buffers.items():
+            for slot, layer in enumerate(self._kept_layers(template)):
+                self.points.captured[template.replace("*", str(layer), 1)] = buffer[slot]
 
 
 def _checked(new, old, name: str, fn) -> jax.Array:

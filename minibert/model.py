@@ -17,6 +17,10 @@ One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer comput
     resid_post = ln1 + MLP(ln1)
     block out  = LayerNorm(resid_post)      (= next block's resid_pre)
 
+The encoder applies L such blocks, one after the other (Bert.stack): block i on block i − 1's output. The block is
+written once; the stack runs it as a jax.lax.scan over the layers, each step reading its layer's weights, so a program
+holds one traced copy of it whatever the depth, and every hook keeps its per-layer name (blocks.3.attn.hook_pattern).
+
 The other families (minibert.families) are this encoder with small, explicit variations: RoBERTa
 numbers positions from pad_token_id + 1; DistilBERT has no segment embeddings; ELECTRA and ALBERT
 project E-wide embeddings up to D; ALBERT applies one block's weights in every layer. A family whose blocks,
@@ -26,6 +30,7 @@ own and reuses the pieces here (LayerNorm, attend, attention_output).
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from typing import Protocol
@@ -53,6 +58,19 @@ class NoHooks:
 
     def active(self, name):
         return False
+
+    def over_layers(self, layers):
+        """In a scanned stack (Bert.stack) too: nothing to capture or write in any layer."""
+        return self
+
+    captures = False  # the scanned stack's side of hooks.LayerHooks, where nothing is ever captured
+    buffers: dict = {}
+
+    def at(self, layer, buffers):
+        return self
+
+    def store(self, buffers):
+        pass
 
 
 NO_HOOKS = NoHooks()
@@ -105,6 +123,21 @@ def mask_key(site_key) -> jax.Array:
     and the site, whatever the caller's key implementation."""
     words = jax.random.bits(site_key, (4,), jnp.uint32)
     return jax.random.wrap_key_data(words, impl="rbg")
+
+
+class LayerDropout(Dropout):
+    """A Dropout inside a scanned block (Bert.stack), whose sites are named "blocks.*.…": each layer draws the
+    masks its unrolled block would, from the crc32 of its own site name ("blocks.3.…"), picked by the traced
+    layer."""
+
+    def __init__(self, dropout: Dropout, layer, layers):
+        super().__init__(dropout.key, hidden=dropout.hidden_rate, attention=dropout.attention_rate,
+                         classifier=dropout.classifier_rate)
+        self.layer, self.layers = layer, layers
+
+    def site_key(self, site: str) -> jax.Array:
+        tags = jnp.asarray([zlib.crc32(site.replace("*", str(i), 1).encode()) for i in self.layers], jnp.uint32)
+        return jax.random.fold_in(self.key, tags[self.layer - self.layers[0]])
 
 
 def gelu(x):
@@ -451,8 +484,10 @@ class Classifier(nnx.Module):
 class Bert(nnx.Module):
     """The encoder and the head its architecture names (Config.architecture), for every family."""
 
-    def __init__(self, cfg: Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
-        self.config = cfg
+    def __init__(self, cfg: Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, scan: bool = True):
+        """scan: run blocks alike in shape as one jax.lax.scan (Bert.stack); False unrolls them, one copy of the
+        block per layer in the program (the tests' reference)."""
+        self.config, self.scan = cfg, scan
         # A family whose embeddings or blocks are not BERT's names its own (Family.embeddings, Family.block).
         block = cfg.family.block or Block
         self.embed = (cfg.family.embeddings or Embeddings)(cfg, dtype, rngs)
@@ -484,10 +519,7 @@ class Bert(nnx.Module):
         last_hidden_state is [B, 1, D]."""
         key_mask = self.key_mask(attention_mask)
         resid = self.embedding(input_ids, token_type_ids, hooks, position_ids, dropout)
-        last = len(self.blocks) - 1
-        for i in range(last):
-            resid = self.block(i, resid, key_mask, hooks, dropout)
-        resid = self.block(last, resid, key_mask, hooks, dropout, first_token_only)
+        resid = self.stack(resid, key_mask, hooks, dropout, first_token_only=first_token_only)
         return self.head(resid, hooks, dropout, key_mask)
 
     @property
@@ -520,10 +552,98 @@ class Bert(nnx.Module):
     def block(self, i: int, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT,
               first_token_only: bool = False) -> jax.Array:
         """Stage 1 + i: block i on the residual stream [B, T, D] → its output [B, T, D] ([B, 1, D]: Block)."""
-        shared = {} if self.shared is None else {"shared": self.shared}
+        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout, **self.context(i, first_token_only))
+
+    def context(self, layer, first_token_only: bool = False) -> dict:
+        """A block call's keywords beyond its input: the encoder-level state (Family.shared), the layer's index for
+        blocks that differ by layer (a block class with takes_layer, ModernBERT's; traced in a scanned stack) and
+        first_token_only where it is asked."""
+        context = {} if self.shared is None else {"shared": self.shared}
+        if getattr(self.blocks[0], "takes_layer", False):
+            context["layer"] = layer
         if first_token_only:
-            shared["first_token_only"] = True
-        return self.blocks[i](resid, key_mask, hooks, f"blocks.{i}", dropout, **shared)
+            context["first_token_only"] = True
+        return context
+
+    def stack(self, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, start=0,
+              first_token_only: bool = False) -> jax.Array:
+        """Stages 1 + start … L: blocks start…L−1 on the residual stream entering block `start` → the last block's
+        output [B, T, D] ([B, 1, D] with first_token_only, Bert.__call__: the last block then runs apart).
+        `start` may be traced (int32): blocks before it are then skipped at run time, so one program serves every
+        start.
+
+        The block is written once; the stack repeats it. Each run of consecutive blocks alike in shape (runs) is
+        one jax.lax.scan of the block over the run's layers, each step reading its layer's weights (ALBERT: its
+        one shared block's), so a program holds one traced copy of the block whatever the depth. Hooks keep
+        their per-layer names and meanings (hooks.LayerHooks). Unrolled, one copy per layer, when built with
+        scan=False or when `hooks` cannot follow a traced layer (they have no over_layers)."""
+        last = len(self.blocks) - 1
+        for layers in self.runs(range(last if first_token_only else last + 1)):
+            if isinstance(start, int):
+                layers = range(max(start, layers.start), layers.stop)
+            if self.scan and len(layers) > 1 and hasattr(hooks, "over_layers"):
+                resid = self.scanned(layers, resid, key_mask, hooks, dropout, start)
+                continue
+            for i in layers:
+                if isinstance(start, int):
+                    resid = self.block(i, resid, key_mask, hooks, dropout)
+                else:
+                    resid = jax.lax.cond(i >= start, lambda x, i=i: self.block(i, x, key_mask, hooks, dropout),
+                                         lambda x: x, resid)
+        if first_token_only:
+            resid = self.block(last, resid, key_mask, hooks, dropout, first_token_only)
+        return resid
+
+    def runs(self, layers: range) -> list[range]:
+        """`layers` as runs of consecutive blocks alike in shape (the same parameter shapes and settings): one run
+        for most families; ModernBERT's block 0, which has no ln1, stands apart."""
+        runs = []
+        for i in layers:
+            if runs and nnx.graphdef(self.blocks[i]) == nnx.graphdef(self.blocks[runs[-1].start]):
+                runs[-1] = range(runs[-1].start, i + 1)
+            else:
+                runs.append(range(i, i + 1))
+        return runs
+
+    def scanned(self, layers: range, resid, key_mask, hooks, dropout: Dropout, start=0) -> jax.Array:
+        """Blocks `layers` (alike in shape) as one jax.lax.scan: the block is traced once, with the layer index a
+        traced int32, its weights that layer's, its hooks those of that layer (their captures carried through the
+        scan in buffers, hooks.LayerHooks)."""
+        graphdef = nnx.graphdef(self.blocks[layers.start])
+        shared_block = all(self.blocks[i] is self.blocks[layers.start] for i in layers)  # ALBERT
+        weights = [nnx.state(self.blocks[i]) for i in layers]
+        layer_hooks = hooks.over_layers(layers)
+
+        def block_at(layer):
+            """Block `layer` (traced): its weights picked by a switch over the layers' own arrays, which XLA reads
+            in place (stacking them [n, ...] copied every weight at each call and made the forward ~1.5x slower;
+            benchmarks/RESULTS.md)."""
+            if shared_block:
+                return self.blocks[layers.start]
+            return nnx.merge(graphdef, jax.lax.switch(layer - layers.start, [lambda w=w: w for w in weights]))
+
+        def run(layer, resid, buffers):
+            """Block `layer` (traced) on resid, its captures written into buffers (None: returned as they are)."""
+            block = block_at(layer)
+            hooks_here = layer_hooks.at(layer, buffers)
+            resid = block(resid, key_mask, hooks_here, "blocks.*", LayerDropout(dropout, layer, layers),
+                          **self.context(layer))
+            return resid, hooks_here.buffers
+
+        def body(carry, layer):
+            step = functools.partial(run, layer)
+            if isinstance(start, int):
+                return step(*carry), None
+            return jax.lax.cond(layer >= start, step, lambda *carry: carry, *carry), None
+
+        buffers = {}
+        if layer_hooks.captures:  # the shapes of the values captured, from a trace of the block alone
+            found = jax.eval_shape(lambda: run(jnp.int32(layers.start), resid, None)[1])
+            buffers = layer_hooks.empty(found)
+        (resid, buffers), _ = jax.lax.scan(body, (resid, buffers), jnp.arange(layers.start, layers.stop,
+                                                                                dtype=jnp.int32))
+        layer_hooks.store(buffers)
+        return resid
 
     def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, key_mask=None) -> Output:
         """Last stage: the pooler and task head on the last hidden state [B, T, D]. key_mask (Bert.key_mask):

@@ -13,6 +13,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.analysis import interventions
+from minibert.api import Model
 from minibert.hooks import site_axes
 
 TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
@@ -166,15 +167,19 @@ def test_fused_and_explicit_attention_paths_agree(bundled, reference):
     assert_close_to_scale(fused, explicit.last_hidden_state, forward_rtol(bundled.config, S=real.shape[1]),
                           "last hidden state", where=real)
     # The plain forward really takes the platform-dependent unwatched/fused branch in every block (one
-    # platform_index per block in the program); watching one block's pattern takes the explicit path there.
+    # platform_index per block in the unrolled program); watching one block's pattern takes the explicit path
+    # there. Scanned, the program holds one block, which takes the explicit path in every layer once any watches.
     no_writers = jax.tree_util.tree_structure({})
+    unrolled = Model(bundled.config, bundled.params, scan=False)
 
-    def branches(capture):
-        jaxpr = jax.make_jaxpr(lambda s: bundled._forward(s, inputs, [], frozenset(capture), no_writers))(bundled.state)
+    def branches(model, capture):
+        jaxpr = jax.make_jaxpr(lambda s: model._forward(s, inputs, [], frozenset(capture), no_writers))(model.state)
         return str(jaxpr).count("platform_index")
 
-    assert branches([]) == 6
-    assert branches(["blocks.0.attn.hook_pattern"]) == 5
+    assert branches(unrolled, []) == 6
+    assert branches(unrolled, ["blocks.0.attn.hook_pattern"]) == 5
+    assert branches(bundled, []) == 1
+    assert branches(bundled, ["blocks.0.attn.hook_pattern"]) == 0
 
 
 def test_zero_ablation_of_a_head_matches_numpy(bundled, reference):

@@ -224,26 +224,39 @@ class ModernAttention(nnx.Module):
     """Fused q, k, v projection W_QKV [3, D, H, K], rotary q and k, attention over every key (global layers) or
     within ±local_attention/2 of the query (local layers)."""
 
-    def __init__(self, cfg: Config, dtype, rngs, layer: int):
+    def __init__(self, cfg: Config, dtype, rngs):
         D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
         with_bias = cfg.setting("attention_bias")
         self.W_QKV = weight(rngs, (3, D, H, K), dtype)
         self.b_QKV = bias((3, H, K), dtype, with_bias)
         self.W_O = weight(rngs, (H, K, D), dtype)
         self.b_O = bias((D,), dtype, with_bias)
-        kind = layer_kinds(cfg)[layer]
-        self.theta = rope_theta(cfg, kind)
-        self.half_width = None if kind == GLOBAL else cfg.setting("local_attention") // 2
+        # Every layer's rotary base and window, the same tables in every block (so that blocks are alike and
+        # model.Bert.stack scans them); a layer reads its own entries.
+        kinds = layer_kinds(cfg)
+        self.thetas = tuple(rope_theta(cfg, kind) for kind in kinds)
+        self.half_widths = tuple(None if kind == GLOBAL else cfg.setting("local_attention") // 2 for kind in kinds)
+        self.max_positions = cfg.max_position_embeddings
 
-    def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
+    def settings(self, layer) -> tuple:
+        """(θ, ± half width of the keys a query reads, None: every key) of layer `layer`. A traced layer (a scanned
+        stack) reads them from arrays, a global layer's half width being every position."""
+        if isinstance(layer, int):
+            return self.thetas[layer], self.half_widths[layer]
+        widths = [self.max_positions if width is None else width for width in self.half_widths]
+        return jnp.asarray(self.thetas, jnp.float32)[layer], jnp.asarray(widths)[layer]
+
+    def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT, *, layer):
+        """layer: this block's index (traced in a scanned stack): global or local attention, and its rotary base."""
+        theta, half_width = self.settings(layer)
         qkv = jnp.einsum("BTD,CDHK->CBTHK", x, self.W_QKV[...])
         if self.b_QKV is not None:
             qkv = qkv + self.b_QKV[...][:, None, None]
         q, k, v = (hooks(f"{name}.hook_{part}", qkv[i]) for i, part in enumerate("qkv"))
-        q = hooks(f"{name}.hook_rot_q", rotate(q, self.theta))
-        k = hooks(f"{name}.hook_rot_k", rotate(k, self.theta))
-        if self.half_width is not None:
-            key_mask = key_mask & window_mask(x.shape[1], self.half_width)  # [B, 1, T, S]
+        q = hooks(f"{name}.hook_rot_q", rotate(q, theta))
+        k = hooks(f"{name}.hook_rot_k", rotate(k, theta))
+        if half_width is not None:
+            key_mask = key_mask & window_mask(x.shape[1], half_width)  # [B, 1, T, S]
         z = attend(q, k, v, key_mask, hooks, name, dropout)
         return attention_output(z, self.W_O[...], None if self.b_O is None else self.b_O[...], hooks, name)
 
@@ -275,16 +288,19 @@ class GeGLU(nnx.Module):
 class ModernBlock(nnx.Module):
     """x + Attn(ln1(x)), then + MLP(ln2(·)); layer 0 has no ln1 (Family.first_ln1)."""
 
+    takes_layer = True  # its attention differs by layer: model.Bert passes the layer's index (traced when scanned)
+
     def __init__(self, cfg: Config, dtype, rngs, layer: int):
         self.ln1 = norm(cfg, dtype) if layer or cfg.family.first_ln1 else None
-        self.attn = ModernAttention(cfg, dtype, rngs, layer)
+        self.attn = ModernAttention(cfg, dtype, rngs)
         self.ln2 = norm(cfg, dtype)
         self.mlp = GeGLU(cfg, dtype, rngs)
 
-    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
+    def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT, *, layer):
         resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
         attn_in = resid_pre if self.ln1 is None else self.ln1(resid_pre, hooks, f"{name}.ln1")
-        attn_out = hooks(f"{name}.hook_attn_out", self.attn(attn_in, key_mask, hooks, f"{name}.attn", dropout))
+        attn_out = hooks(f"{name}.hook_attn_out", self.attn(attn_in, key_mask, hooks, f"{name}.attn", dropout,
+                                                            layer=layer))
         resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
         mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(self.ln2(resid_mid, hooks, f"{name}.ln2"), hooks,
                                                          f"{name}.mlp"))
