@@ -18,6 +18,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SMOKED = {  # script → a line its report must hold
     "circuits": "## Circuits",
+    "compile_depth": "## Compile time against depth",
     "sweeps": "## Sweeps",
     "mixing": "## Context mixing",
     "training": "## Training",
