@@ -523,6 +523,43 @@ sys.exit(cli.main())
 """
 
 
+SWALLOWED_RUN = """
+import atexit, os, sys, time
+from minibert.analysis import corpus
+from minibert.app import cli
+
+def swallowing(*args, **kwargs):  # as a garbage-collection callback does: the KeyboardInterrupt is lost
+    print("surveying", flush=True)
+    try:
+        time.sleep(120)
+    except KeyboardInterrupt:
+        pass
+    print("the command ran on", flush=True)
+    os._exit(0)
+
+corpus.survey = swallowing
+atexit.register(lambda: print("interpreter teardown ran", flush=True))
+sys.argv = ["minibert", "stats", sys.argv[1], "--out", sys.argv[2]]
+sys.exit(cli.main())
+"""
+
+
+def test_ctrl_c_as_the_program_leaves_even_where_the_interrupt_would_be_swallowed(tmp_path):
+    """Issue 32 C, found while reproducing it: a SIGINT that lands while Python runs a garbage-collection callback
+    (JAX registers one) raises a KeyboardInterrupt that Python prints as ignored, and `minibert stats` ran on to
+    the end (exit 0, 3 runs of 14 here). The program's SIGINT handler now leaves at once; the survey here
+    swallows the KeyboardInterrupt the way the callback does."""
+    import signal
+
+    (tmp_path / "corpus.txt").write_text("One line.\n")
+    run_ = subprocess.Popen([sys.executable, "-c", SWALLOWED_RUN, str(tmp_path / "corpus.txt"), str(tmp_path / "s")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert run_.stdout.readline() == "surveying\n"  # the handler is installed before the command runs
+    run_.send_signal(signal.SIGINT)
+    stdout, stderr = run_.communicate(timeout=300)  # a hang guard
+    assert (run_.returncode, stdout, stderr.strip()) == (cli.INTERRUPTED, "", "minibert stats: interrupted")
+
+
 def test_ctrl_c_as_the_program_exits_without_interpreter_teardown(tmp_path):
     """Issue 32 C: Ctrl-C during `minibert stats` printed "interrupted" and then sometimes died by SIGSEGV (−11):
     the interpreter's teardown ran while XLA's threads were still at work. As the program (main() reading

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -424,10 +425,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(command: str) -> None:
+    """Leave the process at once with status 130 after one line: neither the interpreter's teardown, which run
+    while XLA's threads are still compiling or computing can die by SIGSEGV, nor the rest of the command."""
+    print(f"\nminibert {command}: interrupted", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); returns the exit status. As the program (no `argv`),
-    Ctrl-C leaves the process at once after its one line (see below)."""
+    Ctrl-C leaves the process at once after its one line (_interrupted): from the signal handler itself, since
+    a KeyboardInterrupt raised inside a garbage-collection callback (JAX registers one) is printed as ignored and
+    the command would run on."""
     args = build_parser().parse_args(argv)
+    if argv is None:
+        signal.signal(signal.SIGINT, lambda signum, frame: _interrupted(args.command))
     try:
         return args.run(args)
     except MinibertError as error:  # bad input, named by the library; anything else is a bug: keep its traceback
@@ -438,11 +452,9 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(USER_ERROR)
         return USER_ERROR
     except KeyboardInterrupt:  # Ctrl-C is the user's choice, not a bug: no traceback
+        if argv is None:
+            _interrupted(args.command)
         print(f"\nminibert {args.command}: interrupted", file=sys.stderr)
-        if argv is None:  # the program: the interpreter's teardown, run while XLA's threads may still be compiling
-            sys.stdout.flush()  # or computing, can die by SIGSEGV after the line above; nothing is left to clean up
-            sys.stderr.flush()
-            os._exit(INTERRUPTED)
         return INTERRUPTED
 
 
