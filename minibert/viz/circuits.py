@@ -79,6 +79,9 @@ def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None) ->
 def faithfulness_figure(result, *, ax=None, path=None) -> Figure:
     """Faithfulness against circuit size (edges kept): 1 is the clean run, 0 the corrupted one; post-LN families
     also mark the empty graph's value (the frozen skip path's approximation of the corrupted run)."""
+    if not all(hasattr(result, name) for name in ("sizes", "values", "empty", "clean", "corrupted")):
+        raise VizError(f"faithfulness_figure draws what circuit_faithfulness returns (a Faithfulness, e.g. of "
+                       f"graph.sweep([5, 10, 20])); got {type(result).__name__}.")
     order = np.argsort(result.sizes, kind="stable")
     fig, ax = _axes(ax, (5.0, 3.4))
     ax.plot(result.sizes[order], result.values[order], marker="o", color=POSITIVE, label="circuit")

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis.circuits._checks import check_count, check_finite, check_model, metric_of
 from minibert.analysis.circuits.frozen import point_names, readout_hooks, scale_names, skip_path, skip_weights
-from minibert.api import metric_values, traced_call
 from minibert.config import head_label
 from minibert.contract import StaticFn, static_metric
 from minibert.hooks import HookFn, add_delta
@@ -51,6 +51,7 @@ class DirectAttribution:
     def top(self, n: int = 10) -> list[tuple[str, float]]:
         """The n components with the largest |DA|, as ("L-H" head label, "MLP l", "embed", "bias l"; 1-indexed
         layers), value)."""
+        n = check_count("top(n): n, the number of components", n)
         named = [("embed", self.embed)]
         for layer, row in enumerate(self.heads):
             named += [(head_label(layer, head), value) for head, value in enumerate(row)]
@@ -80,7 +81,7 @@ def _direct_parts(model, state, inputs, weights, *, metric: StaticFn) -> dict:
     def objective(delta):
         hooks = readout_hooks(model) | {final: HookFn(add_delta, delta=delta)}
         out, captured = model.forward_fn(component_names(model), hooks)(state, inputs)
-        return metric_values(traced_call(metric.fn, out), B).mean(), captured
+        return metric_of(metric, out, B).mean(), captured
 
     zeros = jnp.zeros((B, T, model.config.hidden_size), jnp.float32)
     (value, captured), g_final = jax.value_and_grad(objective, has_aux=True)(zeros)
@@ -103,10 +104,15 @@ def direct_attribution(model, batch, metric: Callable) -> DirectAttribution:
     """Each head's, MLP's, bias's and the embeddings' direct effect on `metric(output)` (one value per row, or
     one for the batch; the mean over rows is decomposed) along the skip path frozen at this run (module
     docstring). Works for any metric read off the output: masked-LM logits or their differences, classifier
-    logits, a cosine of sentence vectors pooled from last_hidden_state. One forward and backward, one program."""
+    logits, a dot product of a sentence vector pooled from last_hidden_state with a target (not their cosine: a
+    metric unchanged when h_F is scaled has linear = 0, its parts cancel; docs/circuits.md). One forward and
+    backward, one program."""
+    check_model(model)
     inputs = model.inputs(batch)
     program = model.jit(_direct_parts, static_argnames=("metric",))
     parts = {k: np.asarray(v) for k, v in program(model.state, inputs, skip_weights(model),
                                                    metric=static_metric(metric)).items()}
+    check_finite(parts["metric"][None], "the metric")
+    check_finite(parts["heads"].ravel(), "the direct effects (the metric's gradient)")
     return DirectAttribution(parts["heads"], parts["mlps"], float(parts["embed"]), parts["bias"],
                              float(parts["constant"]), float(parts["linear"]), float(parts["metric"]))

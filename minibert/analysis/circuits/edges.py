@@ -34,11 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.accounting import activation_bytes, items_per_chunk
+from minibert.analysis.circuits._checks import check_choice, check_count, check_finite, check_model, metric_of
 from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
 from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
 from minibert.analysis.interventions import _paired_inputs
-from minibert.api import metric_values, traced_call
 from minibert.config import head_label
 from minibert.contract import StaticFn, static_metric
 from minibert.errors import AnalysisError
@@ -106,15 +106,21 @@ class CircuitGraph:
                                 "edge with |score| ≥ t); pass one of them.")
         magnitude = np.where(self.edges, np.abs(self.scores), -np.inf)
         if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.number)) \
+                    or not np.isfinite(threshold) or threshold < 0:
+                raise AnalysisError(f"threshold must be a finite number ≥ 0 (edges with |score| ≥ it are kept); got "
+                                    f"{threshold!r}.")
             return Circuit(self.edges & (magnitude >= threshold), self.senders, self.receivers)
-        if not isinstance(top, (int, np.integer)) or top < 0:
-            raise AnalysisError(f"top must be a number of edges ≥ 0; got {top!r}.")
+        top = check_count("top (a number of edges)", top)
         kept = np.zeros(magnitude.size, bool)
         kept[np.argsort(-magnitude, axis=None, kind="stable")[:min(int(top), int(self.edges.sum()))]] = True
         return Circuit(kept.reshape(magnitude.shape), self.senders, self.receivers)
 
     def sweep(self, sizes: Sequence[int]) -> list[Circuit]:
         """circuit(top=n) for each n of `sizes`: what circuit_faithfulness takes for a faithfulness curve."""
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence | np.ndarray):
+            raise AnalysisError(f"sizes must be a list of edge counts, e.g. graph.sweep([5, 10, 20]); got "
+                                f"{type(sizes).__name__} {sizes!r}.")
         return [self.circuit(top=n) for n in sizes]
 
     def top_edges(self, n: int = 10) -> list[tuple[str, str, float]]:
@@ -177,7 +183,7 @@ def _receiver_gradients(model, state, inputs, embedding, *, metric: StaticFn) ->
         hooks = {"hook_full_embed": HookFn(_replace, new=embedding)} | \
             {n: HookFn(add_delta, delta=d) for n, d in deltas.items()}
         out, captured = model.forward_fn(points["attn_in"], hooks)(state, inputs)
-        return metric_values(traced_call(metric.fn, out), B).mean(), captured
+        return metric_of(metric, out, B).mean(), captured
 
     grads, captured = jax.grad(objective, has_aux=True)(zeros)
     per_head = jnp.stack([_head_input_gradients(model, state, layer, captured[points["attn_in"][layer]], inputs,
@@ -237,8 +243,7 @@ def _edge_scores(model, state, clean, corrupt, weights, alphas, senders, *, metr
 
 def _check_method(method: str, steps: int) -> np.ndarray:
     """The α of the gradient runs: [1] for EAP (the clean run), k/steps for EAP-IG."""
-    if method not in METHODS:
-        raise AnalysisError(f"method must be one of {METHODS}; got {method!r}.")
+    check_choice("method", method, METHODS)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (EAP-IG's interpolation runs; 5 by default); got "
                             f"{steps!r}.")
@@ -255,6 +260,7 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     batch; its mean over rows) between the `clean` and `corrupted` batches → CircuitGraph. method "eap": the
     gradient at the clean run; "eap-ig": averaged over `steps` runs interpolating the embeddings. One compiled
     program: the steps and the senders each run in chunks sized to accounting.MEMORY_BUDGET."""
+    check_model(model)
     alphas = _check_method(method, steps)
     layout(model)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
@@ -269,7 +275,8 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
                      senders, metric=static_metric(metric), step_chunk=items_per_chunk(step_bytes, len(alphas)),
                      sender_chunk=items_per_chunk((2 * L + 2) * stream, len(senders[0])))
     edges = edge_mask(L, H)
-    return CircuitGraph(np.where(edges, np.asarray(scores), 0.0), sender_labels(L, H), receiver_labels(L, H), edges,
+    scores = check_finite(np.where(edges, np.asarray(scores), 0.0).ravel(), "the edge scores (the metric's gradient)")
+    return CircuitGraph(scores.reshape(edges.shape), sender_labels(L, H), receiver_labels(L, H), edges,
                         L, H, method)
 
 
@@ -323,7 +330,7 @@ def _patched_metric(model, state, clean, corrupt, skip, real, cut, *, metric: St
         pending = skip.through(1, layer, pending.at[first_head + H].set(real * (mlps_corrupt[layer] - mlp_now)))
         x = x_next
     out = model.head(state, x + jnp.einsum("UBTD,U->BTD", pending, cut[:, -1]))
-    return metric_values(traced_call(metric.fn, out), clean.shape[0]).mean()
+    return metric_of(metric, out, clean.shape[0]).mean()
 
 
 def _circuit_metrics(model, state, clean, corrupt, weights, cuts, *, metric: StaticFn, chunk: int):
@@ -336,7 +343,7 @@ def _circuit_metrics(model, state, clean, corrupt, weights, cuts, *, metric: Sta
     corrupt_senders = _senders(model, corrupt_values)
     patched = chunked_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
                                                       metric=metric), cuts, chunk)
-    return patched, metric_values(traced_call(metric.fn, corrupt_out), corrupt.shape[0]).mean()
+    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean()
 
 
 def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float]:
@@ -350,7 +357,8 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     patched, corrupt = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
                                jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
                                chunk=items_per_chunk(run_bytes, len(cuts)))
-    return np.asarray(patched), float(corrupt)
+    corrupt = check_finite(np.asarray(corrupt)[None], "the corrupted run's metric")
+    return check_finite(patched, "the patched runs' metric"), float(corrupt[0])
 
 
 @dataclasses.dataclass
@@ -370,7 +378,25 @@ class Faithfulness:
 
 
 def _graph_shape(model) -> tuple[int, int]:
+    check_model(model)
     return model.config.num_hidden_layers, model.config.num_attention_heads
+
+
+def _check_circuit(circuit: Circuit, edges: np.ndarray, senders: list[str], receivers: list[str], wanted: str):
+    """A circuit of this model's graph: a bool array of its shape, its nodes' labels this graph's in this order (a
+    circuit is applied by position), only edges that exist kept."""
+    kept = circuit.edges
+    if not isinstance(kept, np.ndarray) or kept.dtype != bool or kept.shape != edges.shape:
+        raise AnalysisError(f"{wanted}: its edges must be a bool array {edges.shape}; got "
+                            f"{getattr(kept, 'shape', type(kept).__name__)}.")
+    if list(circuit.senders) != senders or list(circuit.receivers) != receivers:
+        raise AnalysisError(f"{wanted}: the circuit's node labels are not this model's, in its order (another "
+                            f"model's graph, or a circuit edited by hand); build it with this model's "
+                            f"edge_attribution(...).circuit(top=n).")
+    impossible = int((kept & ~edges).sum())
+    if impossible:
+        raise AnalysisError(f"{wanted}: the circuit keeps {impossible} edges that cannot exist (a receiver that reads "
+                            f"before its sender writes); keep only edges of graph.edges.")
 
 
 def circuit_faithfulness(model, clean, corrupted, metric: Callable,
@@ -378,11 +404,15 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
     """Faithfulness of one circuit or of each of a list (graph.sweep(sizes) for a curve): the clean run with every
     edge outside the circuit patched (module docstring), against the full graph (m(clean)) and the corrupted run.
     Every circuit, the full graph and the empty one run in one compiled program, in chunks."""
-    circuits = [circuit] if isinstance(circuit, Circuit) else list(circuit)
-    edges = edge_mask(*_graph_shape(model))
-    if not circuits or any(c.edges.shape != edges.shape for c in circuits):
-        raise AnalysisError(f"circuit_faithfulness takes a Circuit (graph.circuit(top=n)) or a list of them from a "
-                            f"graph of this model ({edges.shape[0]} senders × {edges.shape[1]} receivers).")
+    L, H = _graph_shape(model)
+    edges = edge_mask(L, H)
+    wanted = (f"circuit_faithfulness takes a Circuit (graph.circuit(top=n)) or a list of them (graph.sweep(sizes)) "
+              f"from a graph of this model ({edges.shape[0]} senders × {edges.shape[1]} receivers)")
+    circuits = [circuit] if isinstance(circuit, Circuit) else circuit
+    if not isinstance(circuits, Sequence) or not circuits or not all(isinstance(c, Circuit) for c in circuits):
+        raise AnalysisError(f"{wanted}; got {type(circuit).__name__}.")
+    for c in circuits:
+        _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
     patched, corrupted = _patched_metrics(model, clean, corrupted, metric, cuts)
     return Faithfulness(np.array([c.size for c in circuits]), patched[:-2], float(patched[-2]), corrupted,
@@ -395,11 +425,24 @@ def path_patching(model, clean, corrupted, metric: Callable, sender: str, receiv
     sender "embed", "L-H" or "MLP l"; receivers "L-H.q" (.k, .v), "MLP l in" or "output" (1-indexed)."""
     L, H = _graph_shape(model)
     senders, readers = sender_labels(L, H), receiver_labels(L, H)
-    unknown = [name for name in [sender, *receivers] if name not in senders + readers]
-    if sender not in senders or unknown:
-        raise AnalysisError(f"path_patching: {unknown or [sender]} not a sender then receivers of this model; senders "
-                            f"are 'embed', 'L-H' and 'MLP l' (1-indexed), receivers 'L-H.q'/.k/.v, 'MLP l in' and "
-                            f"'output'.")
+    labels = "senders are 'embed', 'L-H' and 'MLP l' (1-indexed), receivers 'L-H.q'/.k/.v, 'MLP l in' and 'output'"
+    if sender not in senders:
+        raise AnalysisError(f"path_patching: {sender!r} is not a sender of this model; {labels}.")
+    if isinstance(receivers, str) or not isinstance(receivers, Sequence) or not receivers:
+        raise AnalysisError(f"path_patching: receivers must be a non-empty list of receiver labels, e.g. ['output'] "
+                            f"or ['2-1.q', 'MLP 2 in']; got {receivers!r}.")
+    for receiver in receivers:
+        if receiver not in readers:
+            hint = {f"{receiver}.{c}" for c in QKV} & set(readers) or {f"{receiver} in"} & set(readers)
+            said = f" (did you mean {' or '.join(repr(h) for h in sorted(hint))}?)" if hint else ""
+            raise AnalysisError(f"path_patching: {receiver!r} is not a receiver of this model{said}; {labels}.")
+    u, mask = senders.index(sender), edge_mask(L, H)
+    reached = [readers[v] for v in np.flatnonzero(mask[u])]
+    missing = [r for r in receivers if r not in reached]
+    if missing:
+        raise AnalysisError(f"path_patching: there is no edge {sender} → {', '.join(missing)} (a receiver reads before "
+                            f"{sender} writes); {sender} reaches {len(reached)} receivers, from {reached[0]!r} to "
+                            f"{reached[-1]!r}.")
     cut = np.zeros((len(senders), len(readers)), bool)
-    cut[senders.index(sender), [readers.index(r) for r in receivers]] = True
-    return float(_patched_metrics(model, clean, corrupted, metric, (cut & edge_mask(L, H))[None])[0][0])
+    cut[u, [readers.index(r) for r in receivers]] = True
+    return float(_patched_metrics(model, clean, corrupted, metric, cut[None])[0][0])

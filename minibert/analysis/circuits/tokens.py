@@ -24,16 +24,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.accounting import activation_bytes, items_per_chunk
+from minibert.analysis.circuits._checks import check_choice, check_finite, check_model, metric_of
 from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
 from minibert.analysis.gradients import _special_ids
 from minibert.analysis.words import word_groups, word_labels
-from minibert.api import is_text, metric_values, traced_call
+from minibert.api import is_text
 from minibert.contract import StaticFn, static_metric
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 from minibert.tokenizer import Batch
 
 METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
+MAX_GAUSS_LEGENDRE = 1000  # numpy's leggauss solves a dense steps × steps eigenproblem: 8 MB and ~1 s at 1,000
 BASELINES = ("pad", "mask", "zero")
 INTEGRATIONS = ("gausslegendre", "riemann_right")
 
@@ -44,12 +46,15 @@ def integration_points(steps: int, integration: str = "gausslegendre") -> tuple[
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (points of the integral; captum's default is 50); got "
                             f"{steps!r}.")
+    check_choice("integration", integration, INTEGRATIONS)
+    if integration == "gausslegendre" and steps > MAX_GAUSS_LEGENDRE:
+        raise AnalysisError(f"steps={steps} is more Gauss–Legendre points than {MAX_GAUSS_LEGENDRE} (their nodes take "
+                            f"memory growing as steps²; captum's default is 50); pass fewer, or "
+                            f"integration='riemann_right' for many points.")
     if integration == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(steps)
         return 0.5 * (nodes + 1), 0.5 * weights
-    if integration == "riemann_right":
-        return np.arange(1, steps + 1) / steps, np.full(steps, 1 / steps)
-    raise AnalysisError(f"integration must be one of {INTEGRATIONS}; got {integration!r}.")
+    return np.arange(1, steps + 1) / steps, np.full(steps, 1 / steps)
 
 
 @dataclasses.dataclass
@@ -71,7 +76,11 @@ class TokenAttribution:
     @property
     def completeness_gap(self) -> np.ndarray:
         """Σ_t IG_t − (F(x) − F(x')) per row [B]: the integral rule's error plus rounding (integrated
-        gradients; the other methods make no such promise)."""
+        gradients; the other methods make no such promise, so asking them is an AnalysisError)."""
+        if self.method != "integrated_gradients":
+            raise AnalysisError(f"completeness holds for integrated gradients only: {self.method} scores need not "
+                                f"add up to F(x) − F(x'); compare .total with .metric − .baseline_metric yourself, "
+                                f"or use method='integrated_gradients'.")
         return self.total - (self.metric - self.baseline_metric)
 
 
@@ -82,7 +91,7 @@ def _replace(value, ctx, new):
 def _metric_at(model, state, inputs, metric: StaticFn, embedded) -> jax.Array:
     """F per row [B] with the word embeddings replaced by `embedded` [B, T, E] (positions and segments held)."""
     out, _ = model.forward_fn((), {"embed.hook_embed": HookFn(_replace, new=embedded)})(state, inputs)
-    values = metric_values(traced_call(metric.fn, out), inputs.shape[0])
+    values = metric_of(metric, out, inputs.shape[0])
     if values.ndim == 0:  # checked while tracing, before anything runs
         raise AnalysisError(f"token attributions are per row: the metric must return one value per batch row, shape "
                             f"({inputs.shape[0]},), not one value for the batch; return e.g. out.logits[:, 0, c] "
@@ -112,9 +121,8 @@ def _occluded(model, state, inputs, embedded, baseline, masks, *, metric: Static
 
 
 def _baseline_embeddings(model, inputs, baseline: str) -> tuple[jax.Array, jax.Array]:
-    """(x [B, T, E], x' [B, T, E]): the word embeddings and the baseline's, specials and padding kept."""
-    if baseline not in BASELINES:
-        raise AnalysisError(f"baseline must be one of {BASELINES}; got {baseline!r}.")
+    """(x [B, T, E], x' [B, T, E], special bool [B, T]): the word embeddings and the baseline's, the specials and
+    padding (where x' keeps x) marked."""
     if model.tokenizer is None:
         raise AnalysisError("token attributions keep the special tokens in the baseline, so they need the model's "
                             "tokenizer; load the model with its tokenizer files.")
@@ -126,7 +134,7 @@ def _baseline_embeddings(model, inputs, baseline: str) -> tuple[jax.Array, jax.A
         replaced = jnp.zeros_like(embedded)
     else:
         replaced = jnp.broadcast_to(table[getattr(model.tokenizer, f"{baseline}_token_id")], embedded.shape)
-    return embedded, jnp.where(special[..., None], embedded, replaced)
+    return embedded, jnp.where(special[..., None], embedded, replaced), np.asarray(special)
 
 
 def _units(batch, inputs, words: bool) -> list[list[list[int]]]:
@@ -173,27 +181,35 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
 
     method: "integrated_gradients" (`steps` points of `integration`, "gausslegendre" or "riemann_right"),
     "gradient_x_input" or "occlusion" (every word, or token, of every row in one program).
-    baseline: "pad", "mask" or "zero" (specials and padding keep their own embedding).
+    baseline: "pad", "mask" or "zero" (specials and padding keep their own embedding, and are never occluded).
+    Every argument is checked whatever the method; gradient × input uses no baseline, steps or integration.
     """
-    if method not in METHODS:
-        raise AnalysisError(f"method must be one of {METHODS}; got {method!r}.")
+    check_model(model)
+    check_choice("method", method, METHODS)
+    check_choice("baseline", baseline, BASELINES)
+    if not isinstance(words, bool):
+        raise AnalysisError(f"words must be True (a score per word) or False (per token); got {words!r}.")
+    alphas, weights = integration_points(steps, integration)  # checked whatever the method, used by IG only
     if is_text(batch):
         batch = model.tokenize(batch)
     inputs = model.inputs(batch)
     B, T = inputs.shape
     keyed = static_metric(metric)
-    embedded, base = _baseline_embeddings(model, inputs, baseline)
+    embedded, base, special = _baseline_embeddings(model, inputs, baseline)
     units = _units(batch, inputs, words)
     forward_bytes = activation_bytes(model.config, B, T, itemsize=jnp.dtype(model.dtype).itemsize)
     if method == "occlusion":
-        masks = _unit_masks(units, (B, T))
+        masks = _unit_masks(units, (B, T)) & ~special[None]  # specials and padding are never occluded
         program = model.jit(_occluded, static_argnames=("metric", "chunk"))
         changes, full, at_baseline = program(model.state, inputs, embedded, base, jnp.asarray(masks), metric=keyed,
                                              chunk=items_per_chunk(forward_bytes, len(masks)))
-        per_unit = np.asarray(changes).T  # [B, K]
+        # a unit with nothing occluded (a special token, a row's missing words) is 0 exactly, not F(x) − F(x)
+        # from two programs
+        per_unit = np.where(masks.any(2), np.asarray(changes), 0.0).T  # [B, K]
         scores = per_unit if words else np.einsum("BK,KBT->BT", per_unit, masks)
     else:
-        alphas, weights = integration_points(steps, integration) if method == "integrated_gradients" else ([1.0], [1.0])
+        if method == "gradient_x_input":
+            alphas, weights = [1.0], [1.0]
         start = base if method == "integrated_gradients" else jnp.zeros_like(embedded)
         program = model.jit(_integrated, static_argnames=("metric", "chunk"))
         step_bytes = forward_bytes * model.config.num_hidden_layers * 2  # a backward keeps every block's values
@@ -201,5 +217,7 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
             model.state, inputs, start, embedded, base, jnp.asarray(alphas, jnp.float32),
             jnp.asarray(weights, jnp.float32), metric=keyed, chunk=items_per_chunk(step_bytes, len(alphas)))
         scores = _per_unit(np.asarray(token_scores), units) if words else np.asarray(token_scores)
-    return TokenAttribution(scores, _labels(model, batch, inputs, units), np.asarray(full), np.asarray(at_baseline),
-                            method)
+    full = check_finite(full, "the metric at the input")
+    at_baseline = check_finite(at_baseline, f"the metric at the {baseline!r} baseline")
+    return TokenAttribution(check_finite(scores, "the attributions"), _labels(model, batch, inputs, units), full,
+                            at_baseline, method)

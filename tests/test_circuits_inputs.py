@@ -1,0 +1,180 @@
+"""What the circuits functions do with bad input (the docs-only tester's findings, /work/coord/findings_circuits.md):
+one AnalysisError naming the problem and the fix, never a raw traceback or silent NaN; and occlusion's specials at 0
+exactly."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import make_hf_model
+
+import minibert
+from minibert.analysis.circuits import (
+    circuit_faithfulness,
+    direct_attribution,
+    edge_attribution,
+    path_patching,
+    token_attribution,
+)
+from minibert.errors import AnalysisError
+
+TEXTS = ["abc de f", "hello world"]
+CORRUPTED = ["abc xy f", "hello there"]
+
+
+def logit_one(out):
+    return out.logits[:, 1]
+
+
+def not_a_number(out):
+    return out.logits[:, 1] * jnp.nan
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-classifier-inputs")
+    make_hf_model(directory, "BertForSequenceClassification", scale=0.3)
+    return minibert.load(directory)
+
+
+@pytest.fixture(scope="module")
+def headless(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-headless-inputs")
+    make_hf_model(directory, "BertModel", scale=0.3)
+    return minibert.load(directory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["integrated_gradients", "occlusion"])
+def test_a_metric_that_is_not_finite_is_one_error(classifier, method):
+    with pytest.raises(AnalysisError, match="not finite .* row 0, 1; check the metric for a division by zero"):
+        token_attribution(classifier, TEXTS, not_a_number, method=method, steps=2)
+
+
+@pytest.mark.slow
+def test_not_finite_direct_and_edges_are_one_error(classifier):
+    with pytest.raises(AnalysisError, match="not finite"):
+        direct_attribution(classifier, TEXTS, not_a_number)
+    with pytest.raises(AnalysisError, match="not finite"):
+        edge_attribution(classifier, TEXTS, CORRUPTED, not_a_number)
+
+
+def test_too_many_gauss_legendre_points_are_refused_before_any_work(classifier):
+    with pytest.raises(AnalysisError, match="riemann_right"):
+        token_attribution(classifier, TEXTS, logit_one, steps=100_000)
+
+
+def test_an_array_baseline_or_method_is_an_unknown_name(classifier):
+    with pytest.raises(AnalysisError, match=r"baseline must be one of \('pad', 'mask', 'zero'\); got ndarray"):
+        token_attribution(classifier, TEXTS, logit_one, baseline=np.zeros(classifier.config.hidden_size))
+    with pytest.raises(AnalysisError, match="method must be one of .*; got ndarray"):
+        edge_attribution(classifier, TEXTS, CORRUPTED, logit_one, method=np.zeros(2))
+
+
+def test_every_argument_is_checked_whatever_the_method(classifier):
+    with pytest.raises(AnalysisError, match="integration must be one of"):
+        token_attribution(classifier, TEXTS, logit_one, method="occlusion", integration="trapezoid")
+    with pytest.raises(AnalysisError, match="steps must be a positive int"):
+        token_attribution(classifier, TEXTS, logit_one, method="gradient_x_input", steps=0)
+
+
+@pytest.mark.parametrize("call", [
+    lambda model: token_attribution(model, TEXTS, logit_one),
+    lambda model: direct_attribution(model, TEXTS, logit_one),
+    lambda model: edge_attribution(model, TEXTS, CORRUPTED, logit_one),
+    lambda model: circuit_faithfulness(model, TEXTS, CORRUPTED, logit_one, []),
+    lambda model: path_patching(model, TEXTS, CORRUPTED, logit_one, "embed", ["output"]),
+])
+@pytest.mark.parametrize("model", [None, "sentence-transformers/all-MiniLM-L6-v2"])
+def test_a_model_that_is_not_one_is_named(call, model):
+    with pytest.raises(AnalysisError, match=f"model must be a minibert model .*got {type(model).__name__}"):
+        call(model)
+
+
+def test_occluding_a_special_token_changes_nothing_exactly(classifier):
+    """[CLS], [SEP] and padding are never occluded (they keep their embedding in the baseline): 0, not F(x) − F(x)
+    from two programs' rounding."""
+    batch = classifier.tokenize(TEXTS)
+    special = np.isin(np.asarray(batch.input_ids), [classifier.tokenizer.cls_token_id,
+                                                    classifier.tokenizer.sep_token_id])
+    special |= np.asarray(batch.attention_mask) == 0
+    result = token_attribution(classifier, batch, logit_one, method="occlusion")
+    assert special.any() and np.all(result.scores[special] == 0.0)
+    assert np.all(result.scores[~special] != 0.0)
+
+
+def test_a_metric_reading_a_missing_head_is_told_which(headless):
+    with pytest.raises(AnalysisError, match="has no .*logits.*read out.last_hidden_state"):
+        token_attribution(headless, TEXTS, logit_one, steps=2)
+    with pytest.raises(AnalysisError, match="has no .*logits"):
+        direct_attribution(headless, TEXTS, logit_one)
+
+
+@pytest.fixture(scope="module")
+def graph(classifier):
+    return edge_attribution(classifier, TEXTS, CORRUPTED, logit_one)
+
+
+@pytest.mark.parametrize("receivers, said", [
+    (["1-1.q"], r"no edge 2-1 → 1-1.q .* 2-1 reaches \d+ receivers, from 'MLP 2 in' to 'output'"),  # before it
+    (["2-2.q"], "no edge 2-1 → 2-2.q"),  # a head of its own block
+    ([], "receivers must be a non-empty list"),
+    ("output", "receivers must be a non-empty list"),  # one str, not a list of them
+    (["1-1"], r"'1-1' is not a receiver of this model \(did you mean '1-1.k' or '1-1.q' or '1-1.v'\?\)"),
+    (["MLP 2"], r"did you mean 'MLP 2 in'"),
+])
+def test_path_patching_names_the_edge_that_does_not_exist(classifier, receivers, said):
+    with pytest.raises(AnalysisError, match=said):
+        path_patching(classifier, TEXTS, CORRUPTED, logit_one, "2-1", receivers)
+
+
+@pytest.mark.slow
+def test_patching_with_a_metric_that_is_not_finite_is_one_error(classifier, graph):
+    with pytest.raises(AnalysisError, match="not finite"):
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, not_a_number, graph.circuit(top=2))
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), -1.0, True])
+def test_a_threshold_must_be_a_finite_number_at_least_0(graph, threshold):
+    with pytest.raises(AnalysisError, match="threshold must be a finite number ≥ 0"):
+        graph.circuit(threshold=threshold)
+
+
+def test_what_circuit_faithfulness_and_the_figures_take_is_named(classifier, graph):
+    import dataclasses
+
+    from minibert.viz import circuits as figures
+    from minibert.viz._check import VizError
+
+    for wrong in (graph, None, "edges"):
+        with pytest.raises(AnalysisError, match="takes a Circuit .* got"):
+            circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, wrong)
+    circuit = graph.circuit(top=3)
+    as_lists = dataclasses.replace(circuit, edges=circuit.edges.tolist())
+    reordered = dataclasses.replace(circuit, senders=list(reversed(circuit.senders)))
+    impossible = dataclasses.replace(circuit, edges=~graph.edges)
+    for wrong, said in [(as_lists, "must be a bool array"), (reordered, "node labels are not this model's"),
+                        (impossible, "edges that cannot exist")]:
+        with pytest.raises(AnalysisError, match=said):
+            circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, wrong)
+    with pytest.raises(AnalysisError, match=r"sizes must be a list of edge counts, e.g. graph.sweep\(\[5, 10, 20\]\)"):
+        graph.sweep(5)
+    with pytest.raises(VizError, match="draws what circuit_faithfulness returns"):
+        figures.faithfulness_figure(graph)
+
+
+def test_counts_and_flags_are_checked(classifier):
+    direct = direct_attribution(classifier, TEXTS, logit_one)
+    for n in (-1, 2.5, True):
+        with pytest.raises(AnalysisError, match="must be a whole number ≥ 0"):
+            direct.top(n)
+    assert len(direct.top(3)) == 3
+    with pytest.raises(AnalysisError, match="words must be True .* or False"):
+        token_attribution(classifier, TEXTS, logit_one, words="yes")
+
+
+def test_completeness_is_asked_of_integrated_gradients_only(classifier):
+    result = token_attribution(classifier, TEXTS, logit_one, method="gradient_x_input")
+    with pytest.raises(AnalysisError, match="completeness holds for integrated gradients only"):
+        _ = result.completeness_gap
