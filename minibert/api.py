@@ -280,10 +280,11 @@ class Model:
         """The state forward_fn takes, from {dotted name: array} (traced ones inside a jit or grad)."""
         return _state_of(self.state, parameters)
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
         """Write this model as a Hugging Face directory — config.json with `architectures`, model.safetensors
-        with transformers' key names, the tokenizer files — that AutoModelFor… and minibert.load read."""
-        return checkpoint.save(self, directory)
+        with transformers' key names, the tokenizer files — that AutoModelFor… and minibert.load read. A
+        directory already holding files of those names is refused unless overwrite=True."""
+        return checkpoint.save(self, directory, overwrite=overwrite)
 
     # ---- positions ------------------------------------------------------------------------------------
 

@@ -97,3 +97,25 @@ def test_bad_labels_and_missing_files():
         data_.label_names(examples([("a", "x"), ("b", "x")]), "sequence-classification", None)
     with pytest.raises(InputError, match="task 'summarise'"):
         examples([("a", 0)], task="summarise")
+
+
+def test_save_refuses_a_directory_holding_files_it_would_replace(tmp_path):
+    """Docs-only tester, item 2: Model.save into a folder holding the user's config.json replaced it silently."""
+    make_hf_model(tmp_path / "hf", "BertModel")
+    model = minibert.load(tmp_path / "hf")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{mine}")
+    (mine / "notes.txt").write_text("kept")
+    with pytest.raises(DataFileError, match=r"already holds config.json; pass another directory, or overwrite=True"):
+        model.save(mine)
+    assert (mine / "config.json").read_text() == "{mine}" and sorted(p.name for p in mine.iterdir()) == \
+        ["config.json", "notes.txt"]
+    model.save(tmp_path / "ours")  # a new directory, then an empty one: no question
+    (tmp_path / "empty").mkdir()
+    model.save(tmp_path / "empty")
+    with pytest.raises(DataFileError, match="already holds config.json, model.safetensors"):
+        model.save(tmp_path / "ours")  # saving again is replacing a model: asked for by name
+    model.save(mine, overwrite=True)
+    assert json.loads((mine / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert (mine / "notes.txt").read_text() == "kept"

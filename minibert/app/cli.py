@@ -247,7 +247,7 @@ def _finetune(args) -> int:
                                accumulate=args.accumulate, compute_dtype="bfloat16" if args.bf16 else "float32",
                                seed=args.seed, eval_data=eval_data, resume=args.out / "checkpoints",
                                trainable=args.trainable)
-    result.model.save(args.out / "model")
+    result.model.save(args.out / "model", overwrite=args.resume)  # --out was checked: a new folder or a run
     (args.out / "history.json").write_text(json.dumps(dataclasses.asdict(result.history), indent=1) + "\n")
     print(f"wrote {args.out / 'model'} (a Hugging Face directory) and {args.out / 'history.json'}; "
           f"final loss {result.history.loss[-1]:.4f}")

@@ -66,12 +66,22 @@ def hf_config(cfg: Config, original: dict) -> dict:
             "label2id": {name: int(i) for i, name in labels.items()}}
 
 
-def save(model, directory: str | Path) -> Path:
-    """Write `model` to `directory` (created; files of the same names replaced) as a Hugging Face checkpoint."""
+def save(model, directory: str | Path, *, overwrite: bool = False) -> Path:
+    """Write `model` to `directory` (created if needed) as a Hugging Face checkpoint. A directory that already
+    holds a file of the names it writes (config.json, model.safetensors, the tokenizer's) is refused unless
+    overwrite=True; other files there are left alone."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise DataFileError(f"{directory} is a file; pass a directory to save the model in.")
-    directory.mkdir(parents=True, exist_ok=True)
+    held = [name for name in ("config.json", "model.safetensors", *TOKENIZER_FILES) if (directory / name).exists()]
+    if held and not overwrite:
+        raise DataFileError(f"{directory} already holds {', '.join(held)}; pass another directory, or "
+                            f"overwrite=True to replace them.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a parent that is a file, a read-only folder
+        raise DataFileError(f"cannot create {directory} ({error.strerror}); pass a directory you can write.") \
+            from None
     cfg = model.config
     params = {name: np.asarray(value) for name, value in model.named_parameters().items()}
     save_file(hf_tensors(cfg, params), directory / "model.safetensors", metadata={"format": "pt"})
