@@ -44,6 +44,7 @@ def _one_line_error(capsys, argv, fragment):
     (TWO_ROWS, ["--weight-decay", "-0.1"], "weight_decay=-0.1"),
     (TWO_ROWS, ["--trainable", "classifier.*", "head.*"], "'head.*' matches no parameter"),
     (TWO_ROWS, ["--warmup", "nan"], "warmup=nan"),  # issue 32 C: was int(nan)'s ValueError
+    (TWO_ROWS, ["--seed", "-1"], "seed=-1: pass a whole number"),  # trust findings 1: a numpy traceback, exit 1
     (TWO_ROWS, ["--learning-rate", "inf"], "learning_rate=inf: pass a positive, finite peak rate"),
     ("text\tlabel\na b\t0\nc\td\t1\n", [], "train.tsv, line 3: 3 fields but the header row has 2"),
     ("text\tlabel\na\t2\nb\tneg\nc\tpos\n", [], "row 1's label 2 is a class number but row 2's 'neg' is a name"),

@@ -3,6 +3,8 @@ train are refused by name before any work (issue 32 A4, C)."""
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,11 +70,14 @@ def test_non_finite_weights_are_found_in_any_leaf():
     ({"warmup": float("nan")}, InputError, "warmup=nan: pass a fraction"),
     ({"warmup": float("inf")}, InputError, "warmup=inf"),
     ({"checkpoint_every": 0}, InputError, "checkpoint_every=0"),
+    ({"seed": -1}, InputError, "seed=-1: pass a whole number from 0 to 2**32 - 1"),  # numpy's ValueError before
+    ({"seed": 1.5}, InputError, "seed=1.5"),  # jax's TypeError naming a JitTracer before
+    ({"seed": 2**32}, InputError, "seed=4294967296"),
 ])
 def test_settings_that_cannot_train_are_named(base, settings, error, fragment):
     """Before: inf trained (to NaN), 1.5 epochs and a NaN warm-up were TypeError/ValueError from deep inside,
     checkpoint_every=0 a ZeroDivisionError after the first update."""
-    with pytest.raises(error, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(error, match=re.escape(fragment)):
         training.finetune(base, ROWS, **(QUICK | settings))
 
 

@@ -112,6 +112,8 @@ def with_head(model: Model, task: str = "sequence-classification", labels: tuple
 
 
 def _task_model(model: Model, task: str, labels: tuple[str, ...], seed: int) -> tuple[Model, list[str]]:
+    if not _whole(seed) or not 0 <= seed < 2**32:  # what both numpy's and jax's generators take
+        raise InputError(f"seed={seed!r}: pass a whole number from 0 to 2**32 - 1.")
     cfg = task_config(model.config, task, labels)
     flat, new = initial_parameters(model, parameter_shapes(cfg), seed, source_settings(model)["initializer_range"])
     return Model.from_parameters(cfg, flat, model.tokenizer, pooling=model.pooling, source=model.source), new
