@@ -635,3 +635,35 @@ def test_clark_training_reports_the_loss_before_each_step_and_uas_counts_non_pun
     predicted = np.argmax(logits, -1)
     uas = probes.unlabelled_attachment(init, data)
     assert uas == (predicted == heads)[data.scored].mean()
+
+
+def test_bad_l2_missing_labels_empty_words_and_ragged_labels_are_named(tiny):
+    """Docs-only tester (trust) items 3, 24, 25, 26: l2=nan fitted W = 0 everywhere (chance accuracy, no error) and
+    l2=-1 an unbounded objective; an empty word got [UNK]'s feature; None was a class; ragged labels named no
+    sentence."""
+    x, y = _planted_task()
+    for bad in (float("nan"), -1.0, float("inf"), "0.1"):
+        with pytest.raises(AnalysisError, match=f"l2={bad!r}: pass a finite number ≥ 0"):
+            probes.fit_linear_probes(x, y, l2=bad)
+    features = probes.Features(x, np.arange(x.shape[1]) // 4, "hook_resid_post")
+    for missing in (None, float("nan")):
+        labels = list(y)
+        labels[5] = missing
+        with pytest.raises(AnalysisError, match=r"labels\[5\] is missing"):
+            probes.probe(features, labels)
+    with pytest.raises(AnalysisError, match=r"sentences\[1\]\[0\] is an empty word"):
+        probes.word_features(tiny, [["ab", "c"], ["", "a"]])
+    with pytest.raises(AnalysisError, match=r"sentences\[1\] has 2 words but 1 labels"):
+        probes.token_probe(tiny, SENTENCES, [[0, 1, 0], [0], [0, 1, 0, 1]])
+    with pytest.raises(AnalysisError, match="3 sentences but 2 label lists"):
+        probes.token_probe(tiny, SENTENCES, [[0, 1, 0], [0, 1]])
+
+
+def test_a_header_row_is_not_read_as_an_example(tmp_path):
+    """Docs-only tester (trust) item 7: training.examples' text<TAB>label header became a text 'text' of class
+    'label'."""
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("text\tlabel\na cat\tanimal\nthe car\tthing\n", encoding="utf-8")
+    assert probes.read_text_labels(texts) == (["a cat", "the car"], None, ["animal", "thing"])
+    texts.write_text("text\tpair\tlabel\na cat\tsits\tyes\n", encoding="utf-8")
+    assert probes.read_text_labels(texts) == (["a cat"], ["sits"], ["yes"])

@@ -4,6 +4,7 @@ read from lists or TSV files, control-task labels and the sentence split every p
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from minibert.training.data import read_text
 
 WORD_POOLS = ("first", "mean")
 SENTENCE_POOLS = ("cls", "mean")
+HEADER = ("text", "label")  # training.examples' header row, skipped by read_text_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,10 @@ def _encoded_sentences(model, sentences: Sequence[Sequence[str]]) -> list:
     """syntax.encode_words of each sentence, checked to fit the model's positions."""
     if not sentences or any(len(words) == 0 for words in sentences):
         raise AnalysisError("pass at least one sentence, each a non-empty list of words.")
+    for i, words in enumerate(sentences):
+        for j, word in enumerate(words):
+            if not str(word).strip():  # it has no wordpiece: its feature would be [UNK]'s
+                raise AnalysisError(f"sentences[{i}][{j}] is an empty word ({word!r}); leave it (and its label) out.")
     encoded = [encode_words(model.tokenizer, words) for words in sentences]
     too_long = [i for i, (ids, _) in enumerate(encoded) if len(ids) > model.config.max_tokens]
     if too_long:
@@ -211,8 +217,11 @@ def read_word_labels(path, column: int = -1) -> tuple[list[list[str]], list[list
 
 def read_text_labels(path) -> tuple[list[str], list[str] | None, list[str]]:
     """(texts, pairs or None, labels) for sentence_probe from a TSV file: text<TAB>label per line, or
-    text<TAB>second text<TAB>label for pairs (every line alike); blank lines and '#' lines ignored."""
+    text<TAB>second text<TAB>label for pairs (every line alike); blank lines and '#' lines ignored, and a first
+    line text<TAB>label (or text<TAB>pair<TAB>label: training.examples' header) skipped."""
     rows = [(number, columns) for number, columns in _tsv_rows(path) if columns]
+    if rows and [name.strip().lower() for name in rows[0][1]] in (list(HEADER), [HEADER[0], "pair", HEADER[1]]):
+        rows = rows[1:]  # training.examples' header row
     if not rows:
         raise DataFileError(f"{path} holds no labelled texts; write one text<TAB>label per line.")
     width = len(rows[0][1])
@@ -225,7 +234,13 @@ def read_text_labels(path) -> tuple[list[str], list[str] | None, list[str]]:
 
 
 def encode_labels(labels: Sequence[Hashable], classes: Sequence[Hashable] | None = None) -> tuple[np.ndarray, tuple]:
-    """(integer labels [N], the classes in order): classes sorted by their text unless given."""
+    """(integer labels [N], the classes in order): classes sorted by their text unless given; a missing label
+    (None, NaN: a DataFrame's empty cell) is refused rather than made a class."""
+    missing = next((i for i, label in enumerate(labels)
+                    if label is None or (isinstance(label, numbers.Real) and label != label)), None)
+    if missing is not None:
+        raise AnalysisError(f"labels[{missing}] is missing ({labels[missing]!r}); give every item a label, or "
+                            f"leave the item out.")
     classes = tuple(sorted(set(labels), key=str)) if classes is None else tuple(classes)
     index = {c: i for i, c in enumerate(classes)}
     unknown = [label for label in labels if label not in index]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 from collections.abc import Hashable, Sequence
 
 import jax
@@ -101,6 +103,9 @@ def fit_linear_probes(features, labels, *, num_classes: int | None = None, l2: f
     not lower the objective end the run. bias=False fits no b (scikit-learn's fit_intercept=False). Returns
     ({"W": [L, F, C], "b": [L, C]} as NumPy, steps [L]: the step of the kept parameters).
     """
+    if not (isinstance(l2, numbers.Real) and 0 <= l2 < math.inf):  # NaN fitted W = 0, a negative l2 no optimum
+        raise AnalysisError(f"l2={l2!r}: pass a finite number ≥ 0, the weight penalty (token_probe also takes None "
+                            f"to choose it by selectivity).")
     x = checked_features(features)
     y = _checked_labels(labels, x.shape[1])
     num_classes = int(y.max()) + 1 if num_classes is None else num_classes
@@ -255,8 +260,13 @@ def token_probe(model, sentences: Sequence[Sequence[str]], labels: Sequence[Sequ
     split="type": word types (lowercased) rather than sentences are split, so every test word is a type the
     probe never saw (a lexical-memorisation check); the bootstrap still resamples sentences.
     """
-    if len(labels) != len(sentences) or any(len(w) != len(t) for w, t in zip(sentences, labels)):
-        raise AnalysisError("labels must hold one list per sentence with one label per word.")
+    if len(labels) != len(sentences):
+        raise AnalysisError(f"{len(sentences)} sentences but {len(labels)} label lists; pass one list of labels per "
+                            f"sentence, one label per word.")
+    for i, (words, tags) in enumerate(zip(sentences, labels)):
+        if len(words) != len(tags):
+            raise AnalysisError(f"sentences[{i}] has {len(words)} words but {len(tags)} labels; pass one label per "
+                                f"word.")
     if split not in SPLITS:
         raise AnalysisError(f"split={split!r}: pick 'sentence' or 'type' (unseen word types in test).")
     features = word_features(model, sentences, site, pool)
