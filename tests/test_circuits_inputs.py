@@ -48,7 +48,7 @@ def headless(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["integrated_gradients", "occlusion"])
 def test_a_metric_that_is_not_finite_is_one_error(classifier, method):
-    with pytest.raises(AnalysisError, match="not finite .* row 0, 1; check the metric for a division by zero"):
+    with pytest.raises(AnalysisError, match="not finite .* row 0, row 1; check the metric for a division by zero"):
         token_attribution(classifier, TEXTS, not_a_number, method=method, steps=2)
 
 
@@ -56,8 +56,8 @@ def test_a_metric_that_is_not_finite_is_one_error(classifier, method):
 def test_not_finite_direct_and_edges_are_one_error(classifier):
     with pytest.raises(AnalysisError, match="not finite"):
         direct_attribution(classifier, TEXTS, not_a_number)
-    with pytest.raises(AnalysisError, match="not finite"):
-        edge_attribution(classifier, TEXTS, CORRUPTED, not_a_number)
+    with pytest.raises(AnalysisError, match=r"edge scores .*: not finite \(NaN or ±inf\) at embed → 1-1.q, embed → "):
+        edge_attribution(classifier, TEXTS, CORRUPTED, not_a_number)  # named by edge, not by "row"
 
 
 def test_too_many_gauss_legendre_points_are_refused_before_any_work(classifier):
@@ -178,3 +178,24 @@ def test_completeness_is_asked_of_integrated_gradients_only(classifier):
     result = token_attribution(classifier, TEXTS, logit_one, method="gradient_x_input")
     with pytest.raises(AnalysisError, match="completeness holds for integrated gradients only"):
         _ = result.completeness_gap
+
+
+def test_faithfulness_of_runs_with_the_same_metric_is_refused(classifier, graph):
+    """m(clean) = m(corrupted): the ratio would be rounding over rounding (the tester saw 'faithfulness 5')."""
+    with pytest.raises(AnalysisError, match="give the same metric .* a ratio over that difference, is undefined"):
+        circuit_faithfulness(classifier, TEXTS, TEXTS, logit_one, graph.sweep([0, 5]))
+
+
+def test_eap_ig_steps_are_bounded(classifier):
+    with pytest.raises(AnalysisError, match="steps=1000000 is more than 1000 EAP-IG runs"):
+        edge_attribution(classifier, TEXTS, CORRUPTED, logit_one, method="eap-ig", steps=10**6)
+
+
+def test_token_labels_keep_wordpieces_and_word_labels_join_them(classifier):
+    text = ["unbelievably good"]
+    tokens = classifier.tokenize(text).tokens[0]
+    assert any(token.startswith("##") for token in tokens)  # the tiny vocabulary splits it: the check is not vacuous
+    by_token = token_attribution(classifier, text, logit_one, method="gradient_x_input")
+    assert by_token.labels[0] == tokens
+    by_word = token_attribution(classifier, text, logit_one, method="gradient_x_input", words=True)
+    assert by_word.labels[0] == ["[CLS]", "unbelievably", "good", "[SEP]"]

@@ -47,12 +47,13 @@ def metric_of(metric: StaticFn, out, n_rows: int) -> jax.Array:
     return metric_values(values, n_rows)
 
 
-def check_finite(values, what: str) -> np.ndarray:
-    """values as a NumPy array, or one AnalysisError naming the rows (or entries) where they are NaN or infinite."""
+def check_finite(values, what: str, names: list[str] | None = None) -> np.ndarray:
+    """values as a NumPy array, or one AnalysisError naming where they are NaN or infinite: the rows, or the
+    entries by `names` (the flattened values' labels)."""
     values = np.asarray(values)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
-        raise AnalysisError(f"{what} is not finite (NaN or ±inf) at {'row' if values.ndim == 1 else 'entry'} "
-                            f"{', '.join(map(str, bad[:5].tolist()))}{' …' if bad.size > 5 else ''}; check the "
-                            f"metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
+        where = [names[i] for i in bad[:5]] if names is not None else [f"row {i}" for i in bad[:5]]
+        raise AnalysisError(f"{what}: not finite (NaN or ±inf) at {', '.join(where)}{' …' if bad.size > 5 else ''}; "
+                            f"check the metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
     return values

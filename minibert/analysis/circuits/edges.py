@@ -45,6 +45,10 @@ from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, add_delta
 
 METHODS = ("eap", "eap-ig")
+MAX_EAP_IG_STEPS = 1000  # gradient runs, each a forward and backward: past this a call runs for hours on a CPU
+# |m(clean) − m(corrupted)| below this fraction of their scale is float32 rounding of two runs (tests/tolerances.py's
+# forward bound for a 6-layer, 384-wide model at 128 tokens is ~1e-4): a faithfulness would be noise over noise
+SAME_METRIC_RTOL = 1e-4
 QKV = "qkv"
 
 
@@ -247,6 +251,9 @@ def _check_method(method: str, steps: int) -> np.ndarray:
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (EAP-IG's interpolation runs; 5 by default); got "
                             f"{steps!r}.")
+    if steps > MAX_EAP_IG_STEPS:
+        raise AnalysisError(f"steps={steps} is more than {MAX_EAP_IG_STEPS} EAP-IG runs (each a forward and backward "
+                            f"of the model; Hanna et al. use 5 to 50); pass fewer.")
     return np.ones(1) if method == "eap" else np.arange(1, steps + 1) / steps
 
 
@@ -275,9 +282,10 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
                      senders, metric=static_metric(metric), step_chunk=items_per_chunk(step_bytes, len(alphas)),
                      sender_chunk=items_per_chunk((2 * L + 2) * stream, len(senders[0])))
     edges = edge_mask(L, H)
-    scores = check_finite(np.where(edges, np.asarray(scores), 0.0).ravel(), "the edge scores (the metric's gradient)")
-    return CircuitGraph(scores.reshape(edges.shape), sender_labels(L, H), receiver_labels(L, H), edges,
-                        L, H, method)
+    senders, receivers = sender_labels(L, H), receiver_labels(L, H)
+    scores = check_finite(np.where(edges, np.asarray(scores), 0.0).ravel(), "the edge scores (the metric's gradient)",
+                          [f"{u} → {v}" for u in senders for v in receivers])
+    return CircuitGraph(scores.reshape(edges.shape), senders, receivers, edges, L, H, method)
 
 
 # ---- patching edges: circuits, faithfulness, path patching ------------------------------------------------------
@@ -415,6 +423,11 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
     patched, corrupted = _patched_metrics(model, clean, corrupted, metric, cuts)
+    difference, scale = abs(patched[-2] - corrupted), max(abs(patched[-2]), abs(corrupted))
+    if difference <= SAME_METRIC_RTOL * scale:
+        raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
+                            f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "
+                            f"over that difference, is undefined; pick pairs whose metric differs.")
     return Faithfulness(np.array([c.size for c in circuits]), patched[:-2], float(patched[-2]), corrupted,
                         float(patched[-1]))
 

@@ -148,11 +148,14 @@ def _units(batch, inputs, words: bool) -> list[list[list[int]]]:
     return [word_groups(batch.word_ids[b], batch.sequence_ids[b], mask[b]) for b in range(len(mask))]
 
 
-def _labels(model, batch, inputs, units) -> list[list[str]]:
+def _labels(model, batch, inputs, units, words: bool) -> list[list[str]]:
+    """Each unit's label: a word's pieces joined without "##" (words=True), else the token as it is ("##bel")."""
     if isinstance(batch, Batch):
         tokens = batch.tokens
     else:
         tokens = model.to_str_tokens(np.asarray(inputs.input_ids))
+    if not words:
+        return [[tokens[b][t] for (t,) in row] for b, row in enumerate(units)]
     return [word_labels(tokens[b], row) for b, row in enumerate(units)]
 
 
@@ -219,5 +222,5 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
         scores = _per_unit(np.asarray(token_scores), units) if words else np.asarray(token_scores)
     full = check_finite(full, "the metric at the input")
     at_baseline = check_finite(at_baseline, f"the metric at the {baseline!r} baseline")
-    return TokenAttribution(check_finite(scores, "the attributions"), _labels(model, batch, inputs, units), full,
+    return TokenAttribution(check_finite(scores, "the attributions"), _labels(model, batch, inputs, units, words), full,
                             at_baseline, method)
