@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -559,3 +560,25 @@ def test_spliced_fidelity_on_a_classifier_against_transformers(tmp_path):
     assert all((m > 4 * delta).all() for m in margins.values())  # no near-tie: the argmax is the same in both
     for name in ("clean", "spliced"):
         assert got[f"accuracy_{name}"] == np.mean(runs[name].argmax(-1) == labels)
+
+
+def test_spliced_fidelity_refuses_labels_the_classifier_lacks_and_reads_its_label_names(tmp_path):
+    """Docs-only tester (trust) item 23: labels=[1, 0, 5, -1] on a 2-class model gave NaN cross-entropies and no
+    error; names from config.json's id2label were refused although training.examples reads them."""
+    from conftest import make_hf_model
+
+    import minibert
+
+    make_hf_model(tmp_path, "BertForSequenceClassification", num_labels=3)
+    model = minibert.load(tmp_path)
+    texts = ["ab cd ef", "g h i j k", "a b", "cd ab g"]
+    config = sae.SAEConfig(d_in=model.config.hidden_size, d_sae=24, k=3, hook_name="blocks.0.hook_resid_post")
+    params = sae.init_params(config, seed=5)
+    for bad, shown in (([1, 0, 5, 2], "labels[2]=5"), ([1, 0, 2, -1], "labels[3]=-1"),
+                       (["LABEL_1", "LABEL_0", "LABEL_9", "LABEL_2"], "labels[2]='LABEL_9'")):
+        with pytest.raises(AnalysisError, match=re.escape(shown) + r" is not a class of the model \(0 … 2: "
+                                                                   r"LABEL_0, LABEL_1, LABEL_2\)"):
+            sae.spliced_fidelity(model, config, params, texts, labels=bad)
+    by_id = sae.spliced_fidelity(model, config, params, texts, labels=[1, 0, 2, 2])
+    by_name = sae.spliced_fidelity(model, config, params, texts, labels=["LABEL_1", "LABEL_0", "LABEL_2", "LABEL_2"])
+    assert by_name == by_id and np.isfinite(by_id["ce_clean"])  # the same program on the same ids

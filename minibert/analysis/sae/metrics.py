@@ -123,9 +123,9 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
     (CE_ablated − CE_clean) (1: the SAE loses nothing; 0: no better than ablating), "kl" (mean KL(clean ‖
     spliced) of the head's distributions), "accuracy_clean", "accuracy_spliced"}.
     - masked-LM heads: at 15% of words masked (seed), against the masked tokens.
-    - classifier heads (sequence or token): against `labels` (class ids, one per text) where given, else the
-      clean run's predictions (accuracy_spliced is then the agreement with the clean model); token heads score
-      every real token against the clean predictions.
+    - classifier heads (sequence or token): against `labels` (class ids or id2label names, one per text) where
+      given, else the clean run's predictions (accuracy_spliced is then the agreement with the clean model);
+      token heads score every real token against the clean predictions.
     Models without a head: {"cosine"}, the mean cosine between sentence embeddings with and without the SAE,
     pooled as the checkpoint's sentence-transformers Pooling says (the mean where it says nothing).
     The clean run writes the hook's own value back, so it is the same program as the spliced one but for the SAE.
@@ -150,14 +150,14 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
                  ("ablated", _ablation_hooks(model, masked, hook_name, ablation)))}
         return _head_scores(runs, targets[where])
     if heads.classifier is not None:
+        given = None if labels is None else _class_ids(labels, len(batch), heads.classifier, model.config.id2label)
         logits = {name: model.run_with_hooks(batch, hooks=run_hooks).logits for name, run_hooks in
                   (("clean", unchanged), ("spliced", hooks),
                    ("ablated", _ablation_hooks(model, batch, hook_name, ablation)))}
         if heads.classifier == "token":
             where = np.nonzero(np.asarray(batch.attention_mask) > 0)
             logits = {name: value[where] for name, value in logits.items()}
-        targets = np.argmax(np.asarray(logits["clean"]), -1) if labels is None else _class_ids(labels, len(batch),
-                                                                                                heads.classifier)
+        targets = np.argmax(np.asarray(logits["clean"]), -1) if given is None else given
         return _head_scores(logits, targets)
     mask = batch.attention_mask
     a = sentence_vectors(model, model.run_with_hooks(batch, hooks=unchanged), mask)
@@ -166,10 +166,20 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
     return {"cosine": float(jax.device_get(cosine.mean()))}
 
 
-def _class_ids(labels, texts: int, classifier: str) -> np.ndarray:
-    labels = np.asarray(labels)
-    if classifier != "sequence" or labels.shape != (texts,) or not np.issubdtype(labels.dtype, np.integer):
-        raise AnalysisError(f"labels are class ids, one per text ({texts}), for a sequence classifier; got "
-                            f"{labels.dtype} {labels.shape}. Leave labels out to score against the clean "
+def _class_ids(labels, texts: int, classifier: str, names: tuple[str, ...]) -> np.ndarray:
+    """labels (class ids, or the checkpoint's id2label names, one per text) as ids, each a class of the model: an
+    id out of range gave NaN cross-entropies."""
+    values = np.asarray(labels)
+    named = values.dtype.kind == "U"
+    if classifier != "sequence" or values.shape != (texts,) or not (named or np.issubdtype(values.dtype, np.integer)):
+        raise AnalysisError(f"labels are class ids or names, one per text ({texts}), for a sequence classifier; got "
+                            f"{values.dtype} {values.shape}. Leave labels out to score against the clean "
                             f"predictions.")
-    return labels
+    index = {name: i for i, name in enumerate(names)}
+    ids = np.array([index.get(value, -1) if named else value for value in values.tolist()])
+    bad = np.flatnonzero((ids < 0) | (ids >= len(names)))
+    if bad.size:
+        shown = ", ".join(names[:10]) + (", …" if len(names) > 10 else "")
+        raise AnalysisError(f"labels[{bad[0]}]={values.tolist()[bad[0]]!r} is not a class of the model "
+                            f"(0 … {len(names) - 1}: {shown}); pass its class ids or id2label names.")
+    return ids
