@@ -630,3 +630,24 @@ def test_the_size_limit_stops_reading_at_the_limit(mlm):
     assert _asgi_post(app, megabyte, {"content-length": "9" * 5_000}) == (413, 0)
     status, read = _asgi_post(app, megabyte, {})
     assert status == 413 and read == serve.MAX_BODY_BYTES // 16_384 + 1  # the first chunk past the limit
+
+
+def test_a_port_out_of_range_and_a_host_that_is_no_address_name_their_fix(mlm, monkeypatch, capsys):
+    """Docs-only tester (trust) items 14, 16, 17: --port -1 / 70000 were socket's OverflowError traceback (exit 1); a
+    host that is no address advised another --port; --max-tokens past the model's positions was cut silently."""
+    from minibert.app import cli
+
+    loaded = []
+    monkeypatch.setattr(cli, "_load", lambda name, download: loaded.append(name) or mlm)
+    for port in ("-1", "70000"):
+        assert cli.main(["serve", "--no-browser", "--port", port]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"minibert serve: error: --port {port}: pass a port from 0 to 65535 (0 picks a free one).", err
+    assert not loaded  # refused before the (slow) loading
+    with pytest.raises(minibert.MinibertError, match=r"cannot listen on 999.1.1.1:0 \(.*\); pass a valid --host "
+                                                     r"\(127.0.0.1: this machine only\)"):
+        serve.serve([Workbench(mlm, max_tokens=16)], host="999.1.1.1", port=0, open_browser=False)
+    positions = mlm.config.max_tokens
+    assert cli.main(["serve", "--no-browser", "--max-tokens", str(positions + 1)]) == 2
+    assert f"--max-tokens {positions + 1}: the model has {positions} positions; pass at most {positions}." in \
+        capsys.readouterr().err

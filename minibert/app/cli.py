@@ -192,12 +192,18 @@ def _serve(args) -> int:
     if args.host not in serve.LOCAL_HOSTS:
         print(f"minibert serve: warning: listening on {args.host}: anyone who can reach it and has the URL's token "
               f"can use the workbench.", file=sys.stderr)
+    serve.checked_port(args.port)  # before the loading, which takes a while
     step = _steps("serve")
     names = [args.model] + ([args.compare] if args.compare else [])
     workbenches = []
     for name in names:
         step(f"loading {name or 'the bundled model'}")
-        workbenches.append(Workbench(_load(name, args.download), max_tokens=args.max_tokens))
+        model = _load(name, args.download)
+        positions = model.config.max_tokens
+        if args.max_tokens is not None and args.max_tokens > positions:  # the workbench would cut it, silently
+            raise InputError(f"--max-tokens {args.max_tokens}: the model has {positions} positions; pass at most "
+                             f"{positions}.")
+        workbenches.append(Workbench(model, **({} if args.max_tokens is None else {"max_tokens": args.max_tokens})))
     serve.serve(workbenches, host=args.host, port=args.port, open_browser=not args.no_browser, tour=args.tour,
                 step=step)
     return 0
@@ -369,8 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address to listen on (default 127.0.0.1: this machine only; another warns)")
     serve.add_argument("--port", type=int, default=8765, metavar="N", help="port (default 8765; 0: a free one)")
     serve.add_argument("--no-browser", action="store_true", help="print the URL without opening a browser")
-    serve.add_argument("--max-tokens", type=int, default=128, metavar="N",
-                       help="longest input accepted, in tokens (default 128)")
+    serve.add_argument("--max-tokens", type=int, metavar="N",
+                       help="longest input accepted, in tokens, at most the model's positions (default 128, or the "
+                            "model's positions if fewer)")
     serve.add_argument("--tour", action="store_true", help="start with the guided tour of tutorial 1's story")
 
     convert = command("convert", _convert, "convert a trusted pytorch_model.bin to model.safetensors",

@@ -20,6 +20,7 @@ this module adds HTTP and what keeps a local server safe:
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import math
@@ -238,6 +239,13 @@ def warm_up(workbenches: Sequence[Workbench], step: Callable[[str], None]) -> No
     step("ready")
 
 
+def checked_port(port) -> int:
+    """--port: a TCP port, 0 … 65535 (0: the system picks a free one)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InputError(f"--port {port}: pass a port from 0 to 65535 (0 picks a free one).")
+    return port
+
+
 def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True,
           tour: bool = False, step: Callable[[str], None] = lambda what: print(what, file=sys.stderr)) -> None:
     """Serve until Ctrl-C: bind, print the URL as the first line on stdout, warm up in the background."""
@@ -253,14 +261,17 @@ def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: in
     # a hook that recompiles by mistake: the warning would only alarm whoever started the server.
     warnings.filterwarnings("ignore", category=RecompileWarning)
 
+    checked_port(port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as error:
-        raise InputError(f"cannot listen on {host}:{port} ({error.strerror or error}); choose another --port "
-                         f"(0 picks a free one).") from None
+        # No such name, or an address that is not this machine's: the host is wrong, not the port.
+        fix = "pass a valid --host (127.0.0.1: this machine only)" if isinstance(error, socket.gaierror) or \
+            error.errno == errno.EADDRNOTAVAIL else "choose another --port (0 picks a free one)"
+        raise InputError(f"cannot listen on {host}:{port} ({error.strerror or error}); {fix}.") from None
     # Listen before printing the URL: a client that follows it at once (a script, a fast click) then waits in
     # the backlog until uvicorn accepts, instead of being refused while the server is still starting.
     sock.listen(128)
