@@ -150,3 +150,24 @@ def test_a_diverged_run_writes_no_model(tmp_path, capsys, tiny):
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's lines
     assert last.startswith("minibert finetune: error: training diverged: ") and "Lower the learning rate" in last
     assert not (tmp_path / "out" / "model").exists() and not (tmp_path / "out" / "history.json").exists()
+
+
+def test_out_under_a_file_and_a_resume_with_nothing_to_resume(tmp_path, capsys, tiny, monkeypatch):
+    """Docs-only tester (trust) items 15, 21: --out afile.txt/sub was a NotADirectoryError traceback (exit 1);
+    --resume into a folder with no run (a typo) trained from scratch without a word."""
+    from minibert import training
+    from minibert.errors import InputError
+
+    data = tmp_path / "train.tsv"
+    data.write_text(TWO_ROWS)
+    (tmp_path / "afile.txt").write_text("mine")
+    _one_line_error(capsys, ["finetune", str(data), "--out", str(tmp_path / "afile.txt" / "sub"), "--model", str(tiny)],
+                    f"{tmp_path / 'afile.txt'} is a file; --out names a folder")
+    assert (tmp_path / "afile.txt").read_text() == "mine"
+
+    def stop(*args, **kwargs):
+        raise InputError("stopped here")
+
+    monkeypatch.setattr(training, "finetune", stop)
+    assert main(["finetune", str(data), "--out", str(tmp_path / "neverran"), "--resume", "--model", str(tiny)]) == 2
+    assert f"no run saved in {tmp_path / 'neverran'}: starting a new one" in capsys.readouterr().err

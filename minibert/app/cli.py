@@ -225,9 +225,15 @@ def _warmup(text: str) -> float | int:
 def _checked_run_folder(out: Path, resume: bool) -> None:
     """--out: a new or empty folder, or (with --resume) one holding a run; never a file or a folder of the user's
     files, which the run's model/ and history.json would overwrite."""
-    if out.exists() and not out.is_dir():
-        raise DataFileError(f"{out} is a file; --out names a folder for the run (model/, history.json, checkpoints/).")
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())  # out, or the folder it goes in
+    if not existing.is_dir():
+        raise DataFileError(f"{existing} is a file; --out names a folder for the run (model/, history.json, "
+                            f"checkpoints/).")
+    if not os.access(existing, os.W_OK):
+        raise DataFileError(f"cannot write in {existing}; pass an --out you can write.")
     if not out.exists() or not any(out.iterdir()):
+        if resume:  # a typo in DIR would otherwise restart a long run unseen
+            print(f"minibert finetune: no run saved in {out}: starting a new one", file=sys.stderr)
         return
     if not resume:
         raise DataFileError(f"{out} is not empty; pass --resume to continue the run saved there, or another --out.")
