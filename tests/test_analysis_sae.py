@@ -582,3 +582,25 @@ def test_spliced_fidelity_refuses_labels_the_classifier_lacks_and_reads_its_labe
     by_id = sae.spliced_fidelity(model, config, params, texts, labels=[1, 0, 2, 2])
     by_name = sae.spliced_fidelity(model, config, params, texts, labels=["LABEL_1", "LABEL_0", "LABEL_2", "LABEL_2"])
     assert by_name == by_id and np.isfinite(by_id["ce_clean"])  # the same program on the same ids
+
+
+def test_nan_activations_an_empty_stream_and_a_pickled_file_are_named(tiny_mlm, tmp_path):
+    """Docs-only tester (trust) items 9, 10, 11: evaluate on activations holding a NaN gave fvu nan; activations of
+    no texts (or of fewer tokens than one batch) was an empty stream; Trainer.resume of a pickled .npy quoted
+    numpy's advice to load it with allow_pickle."""
+    config = sae.SAEConfig(d_in=D, d_sae=S, k=4)
+    params = sae.init_params(config, seed=0)
+    x = np.random.default_rng(0).normal(size=(20, D)).astype(np.float32)
+    x[3, 1] = np.nan
+    with pytest.raises(AnalysisError, match="holds 1 non-finite activations .*the first in row 3"):
+        sae.evaluate(config, params, x)
+    model = tiny_mlm[0]
+    for texts in ([], ["ab cd"]):
+        with pytest.raises(AnalysisError, match=r"no batch of activations: .*fewer than batch_size=16 tokens"):
+            _stream(model, texts)
+    pickled = tmp_path / "junk.sae"
+    np.save(open(pickled, "wb"), np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DataFileError, match=r"is not a whole SAE checkpoint \(it holds pickled objects, which are "
+                                            r"never loaded\)") as raised:
+        sae.Trainer.resume(pickled)
+    assert "allow_pickle" not in str(raised.value) and "unsafely" not in str(raised.value)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.gradients import IGNORE, mask_tokens
-from minibert.analysis.sae.model import SAEConfig, encode, reconstruct
+from minibert.analysis.sae.model import SAEConfig, checked_finite, encode, reconstruct
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
 from minibert.pooling import pooled_tokens
@@ -28,10 +28,12 @@ from minibert.pooling import pooled_tokens
 
 def evaluate(config: SAEConfig, params, x, dense_above: float = 0.1) -> dict[str, float | np.ndarray]:
     """{"l0", "fvu", "dead", "dense", "frequency" [S]} on activations x [N, d_in]."""
-    x = jnp.asarray(x, jnp.float32)
+    x = np.asarray(x, np.float32)
     if x.ndim != 2 or x.shape[1] != config.d_in or not x.shape[0]:
         raise AnalysisError(f"evaluate takes activations [N, d_in] = [N, {config.d_in}] with N ≥ 1; got shape "
                             f"{tuple(x.shape)}. Pass sae.token_activations of the hook the SAE was trained on.")
+    checked_finite(x, "x", "every score would be NaN")
+    x = jnp.asarray(x)
     latents = encode(config, params, x)
     error = x - reconstruct(config, params, x)
     frequency = np.asarray(jnp.mean(latents > 0, axis=0))

@@ -61,6 +61,15 @@ class SAEConfig:
         return min(self.d_sae, self.k_aux if self.k_aux is not None else max(1, self.d_in // 2))
 
 
+def checked_finite(x: np.ndarray, what: str, why: str) -> None:
+    """Refuse activations [N, d] holding NaN or ±inf, naming the first row; `why` says what they would do."""
+    finite = np.isfinite(x)
+    if not finite.all():
+        row = int(np.argwhere(~finite)[0, 0])
+        raise AnalysisError(f"{what} holds {(~finite).sum()} non-finite activations (NaN or ±inf), the first in row "
+                            f"{row}; {why}. Drop those rows.")
+
+
 def init_params(config: SAEConfig, seed: int = 0) -> dict[str, jax.Array]:
     """Decoder rows random unit vectors, the encoder their transpose (Gao et al.), biases zero."""
     W_dec = jax.random.normal(jax.random.key(seed), (config.d_sae, config.d_in), jnp.float32)

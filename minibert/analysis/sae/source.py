@@ -246,24 +246,33 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
             for _ in rows:  # the texts' digest, without running the model
                 pass
             return ActivationStream(_shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens,
-                                              seed), source)
+                                              seed), source, batch_size)
     forward = _forward_batches(model, rows, pairs, hook_name, max_length, batch_tokens)
     return ActivationStream(_shuffled(forward if store is None else store.write(forward, digest), batch_size,
-                                      buffer_tokens, seed), source)
+                                      buffer_tokens, seed), source, batch_size)
 
 
 class ActivationStream:
     """activations' batches, and what they read: source = {"hook_name", "weights" (the model's weights digest)},
     which Trainer.train records and checks, so a resumed SAE does not train on another hook of the same width."""
 
-    def __init__(self, batches: Iterator[np.ndarray], source: dict):
-        self.batches, self.source = batches, source
+    def __init__(self, batches: Iterator[np.ndarray], source: dict, batch_size: int):
+        self.batches, self.source, self.batch_size, self.given = batches, source, batch_size, 0
 
     def __iter__(self) -> ActivationStream:
         return self
 
     def __next__(self) -> np.ndarray:
-        return next(self.batches)
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            if not self.given:  # an empty stream would train or score nothing, silently
+                raise AnalysisError(f"the texts gave no batch of activations: none were given, or they hold fewer "
+                                    f"than batch_size={self.batch_size} tokens (the last, partial batch is dropped); "
+                                    f"pass more text or a smaller batch_size.") from None
+            raise
+        self.given += 1
+        return batch
 
 
 def _shuffled(chunks: Iterator[np.ndarray], batch_size: int, buffer_tokens: int, seed: int) -> Iterator[np.ndarray]:

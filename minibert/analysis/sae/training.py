@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minibert.analysis.sae.model import SAEConfig, init_params, losses, unit_decoder
+from minibert.analysis.sae.model import SAEConfig, checked_finite, init_params, losses, unit_decoder
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DivergedError
 from minibert.training.optim import Progress, adamw, learning_rate_schedule
 
@@ -95,11 +95,8 @@ class Trainer:
         x = np.asarray(x, np.float32)
         if x.ndim != 2 or x.shape[1] != self.config.d_in:
             raise AnalysisError(f"a training batch is [N, {self.config.d_in}] activations; got shape {x.shape}.")
-        finite = np.isfinite(x)
-        if not finite.all():  # one NaN would reach every parameter through Adam's moments
-            row = int(np.argwhere(~finite)[0, 0])
-            raise AnalysisError(f"this batch holds {(~finite).sum()} non-finite activations (NaN or ±inf), the first "
-                                f"in row {row}; the step would put NaN into the SAE's parameters. Drop those rows.")
+        # one NaN would reach every parameter through Adam's moments
+        checked_finite(x, "this batch", "the step would put NaN into the SAE's parameters")
         state = _train_step(self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps),
                             jnp.int32(self.dead_tokens), config=self.config, optimizer=self.optimizer)
         losses = {name: float(value) for name, value in state[3].items()}
@@ -163,8 +160,11 @@ class Trainer:
             steps = settings.pop("steps")
             config = SAEConfig(**settings.pop("config"))
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, AnalysisError) as error:
-            raise DataFileError(f"{path} is not a whole SAE checkpoint ({type(error).__name__}: {error}); pass the "
-                                f"file Trainer.save wrote, uncut.") from None
+            # numpy's own words for a pickled file advise loading it unsafely: never for a file of unknown origin
+            detail = "it holds pickled objects, which are never loaded" if "pickle" in str(error) else \
+                f"{type(error).__name__}: {error}"
+            raise DataFileError(f"{path} is not a whole SAE checkpoint ({detail}); pass the file Trainer.save wrote, "
+                                f"uncut.") from None
         trainer = cls(config, **settings)
         structure = jax.tree_util.tree_structure((trainer.params, trainer.opt_state, trainer.since_fired))
         if structure.num_leaves != len(leaves):
