@@ -107,4 +107,7 @@ def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Arra
     would compile a small program for every new length)."""
     if array is None:
         return None
-    return on_device(np.pad(np.asarray(array), ((0, 0), (0, length - array.shape[1])), constant_values=fill))
+    widths = ((0, 0), (0, length - array.shape[1]))
+    if isinstance(array, jax.core.Tracer):  # a call inside a traced function: the padding is part of its program
+        return jnp.pad(array, widths, constant_values=fill)
+    return on_device(np.pad(np.asarray(array), widths, constant_values=fill))
