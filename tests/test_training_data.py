@@ -177,3 +177,26 @@ def test_a_token_label_that_is_no_list_is_named():
     rows = data_.examples([("a b", 5)], task="token-classification")
     with pytest.raises(InputError, match="example 1 has 2 words but no list of labels"):
         data_.encode(minibert.load(), rows, "token-classification", ("LABEL_0", "LABEL_1"))
+
+
+def test_a_utf16_file_is_named_as_utf16(tmp_path):
+    """Docs-only tester (trust) item 12: Excel's "Unicode text" (UTF-16 with a byte-order mark) was called a
+    Latin-1 or Windows-1252 file."""
+    from minibert.training import examples
+
+    for bom, codec in ((b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be")):
+        path = tmp_path / "utf16.tsv"
+        path.write_bytes(bom + "text\tlabel\na\t0\n".encode(codec))
+        with pytest.raises(DataFileError, match=r"utf16.tsv is UTF-16 \(it starts with UTF-16's byte-order mark\); "
+                                                r"save it as UTF-8"):
+            examples(path)
+
+
+@pytest.mark.parametrize("label", [0.5, float("nan"), True])
+def test_a_label_that_is_neither_a_number_nor_a_name_is_named(label):
+    """Docs-only tester (trust) item 6: ("a", 0.5) was refused as "row 1's 0.5 is a name", and True/False were taken
+    as two classes."""
+    with pytest.raises(InputError, match=re.escape(f"the data: row 2's label {label!r} is a "
+                                                   f"{type(label).__name__}; a label is a whole number (a class) or "
+                                                   f"a name (a string).")):
+        data_.examples([("b", 1), ("a", label)])

@@ -67,6 +67,11 @@ def examples(source, *, task: str = "sequence-classification") -> list[Example]:
     if not rows:
         raise DataFileError(f"{where} holds no examples; pass at least one row.")
     rows = [dataclasses.replace(row, label=_labels(row.label, task)) for row in rows]
+    for i, row in enumerate(rows):  # _label made class numbers ints: a float, a bool (True is no class) is left
+        for label in row.label if isinstance(row.label, list) else [row.label]:
+            if task != "masked-lm" and label is not None and (type(label) not in (int, str)):
+                raise InputError(f"{where}: row {i + 1}'s label {label!r} is a {type(label).__name__}; a label is "
+                                 f"a whole number (a class) or a name (a string).")
     found = [i for i, row in enumerate(rows) if row.pair is not None]
     if found and len(found) != len(rows):
         missing = next(i for i, row in enumerate(rows) if row.pair is None)
@@ -147,6 +152,9 @@ def read_text(path: Path) -> str:
         raise (DataFileMissing if missing else DataFileError)(
             f"{path} {'does not exist' if missing else 'is not a file'}; pass a TSV, CSV or JSONL file of examples.")
     raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Excel's "Unicode text"
+        raise DataFileError(f"{path} is UTF-16 (it starts with UTF-16's byte-order mark); save it as UTF-8 (in Excel: "
+                            f"CSV UTF-8).")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
