@@ -93,3 +93,27 @@ def test_no_examples_and_eval_labels_the_training_data_lack(base):
     with pytest.raises(InputError, match=r"the eval data: row 1's label 5 is not a class of the model: it has 2 "
                                          r"classes, 0 … 1"):
         training.finetune(base, ROWS, eval_data=[("a", 5)], **QUICK)
+
+
+def test_a_warmup_as_long_as_the_run_warns(base):
+    """Docs-only tester (trust) item 5: warmup=10**9 (or the default 0.1 of a one-update run) trained at rates of
+    ~1e-14 (or exactly 0) and returned the model as trained, unchanged. 16 rows, batch 4, 2 epochs: 8 updates."""
+    with pytest.warns(UserWarning, match=re.escape("warmup=1000000000 is 1000000000 updates but the run has 8: the "
+                                                   "learning rate never reaches its peak")):
+        training.finetune(base, ROWS, **(QUICK | {"warmup": 10**9}))
+    with pytest.warns(UserWarning, match=re.escape("warmup=0.1 is 1 updates but the run has 1") + ".*with one update "
+                                                   "the model does not change"):
+        training.finetune(base, ROWS[:2], **(QUICK | {"epochs": 1, "warmup": 0.1}))
+
+
+def test_a_loss_that_grows_a_hundredfold_warns_once(recwarn):
+    """Docs-only tester (trust) item 4: --learning-rate 1e6 reached a finite loss of 1e7 and reported success. The
+    rule, by hand: warn when a loss first exceeds 100 × the run's first loss."""
+    guards.check_growth([0.7, 0.8, 69.0], 3, 10, 1e3)  # 69 < 70: no warning
+    assert not recwarn.list
+    with pytest.warns(UserWarning, match=re.escape("the loss of update 3 of 10 is 71 (learning rate 1e+03 there), "
+                                                   "more than 100 × the first update's 0.7")):
+        guards.check_growth([0.7, 0.8, 71.0], 3, 10, 1e3)
+    recwarn.clear()
+    guards.check_growth([0.7, 80.0, 90.0], 3, 10, 1e3)  # already past it at update 2: said there, not again
+    assert not recwarn.list

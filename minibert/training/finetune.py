@@ -347,6 +347,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     per_epoch = data_.steps_per_epoch(len(encoded), batch_size)
     total_steps = -(-epochs * per_epoch // accumulate)
     lr = optim.learning_rate_schedule(learning_rate, total_steps, warmup=warmup, schedule=schedule)
+    guards.check_warmup(warmup, optim.warmup_steps(warmup, total_steps), total_steps)
     optimizer = optim.adamw(lr, weight_decay=weight_decay, mask=optim.decay_mask(trainable_params),
                             max_grad_norm=max_grad_norm, accumulate=accumulate)
     opt_state = optimizer.init(trainable_params)
@@ -398,6 +399,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
             with jax.default_device(jax.local_devices(backend="cpu")[0]):  # not queued behind the running step
                 history.learning_rate.append(float(lr(update)))
             guards.check_loss(loss, update + 1, total_steps, history.learning_rate[-1])
+            guards.check_growth(history.loss, update + 1, total_steps, history.learning_rate[-1])
             bar.update(loss, tokens)
 
         late = LateLosses(record)

@@ -1,10 +1,12 @@
 """What stops a run that diverged. A loss or a weight that is no longer finite means the steps were too large
 (most often the learning rate) and every later step is NaN: such a run must stop where it happened, saying
-so, rather than go on and save a model (or a checkpoint) of non-finite weights."""
+so, rather than go on and save a model (or a checkpoint) of non-finite weights. A loss that stays finite but
+grows a hundredfold, and a warm-up as long as the run, train a useless model without failing: they warn."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,28 @@ def check_loss(loss: float, update: int, total: int, rate: float) -> None:
     if not math.isfinite(loss):
         raise DivergedError(_diverged(f"the loss of update {update} of {total} was {loss} (learning rate {rate:.3g} "
                                       f"there)"))
+
+
+GROWTH = 100  # a loss this many times the first update's: the steps are far too large (fine-tuning lowers it)
+
+
+def check_growth(losses: list[float], update: int, total: int, rate: float) -> None:
+    """Warn when the last of `losses` (update `update` of `total`, at learning rate `rate`) first exceeds GROWTH ×
+    the first: finite, so the run goes on, but it is diverging."""
+    limit = GROWTH * losses[0]
+    if len(losses) >= 2 and losses[-1] > limit >= losses[-2] and losses[0] > 0:
+        warnings.warn(f"the loss of update {update} of {total} is {losses[-1]:.3g} (learning rate {rate:.3g} there), "
+                      f"more than {GROWTH} × the first update's {losses[0]:.3g}: the run is diverging. Lower the "
+                      f"learning rate (learning_rate, --learning-rate), e.g. to a tenth.", stacklevel=3)
+
+
+def check_warmup(warmup, warmup_updates: int, total: int) -> None:
+    """Warn when the warm-up lasts the whole run: the rate never reaches its peak, and the first update's is 0."""
+    if warmup_updates >= total:
+        one = "; with one update the model does not change" if total == 1 else ""
+        warnings.warn(f"warmup={warmup!r} is {warmup_updates} updates but the run has {total}: the learning rate never "
+                      f"reaches its peak and the first update's is 0{one}. Pass a smaller warmup (--warmup), or "
+                      f"train for more updates.", stacklevel=3)
 
 
 def _diverged(what: str) -> str:
