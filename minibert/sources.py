@@ -52,6 +52,9 @@ def resolve(name: str | os.PathLike | None = None, *, download: bool = False) ->
     path = Path(name).expanduser()
     if path.exists():
         if path.is_file():  # a config.json or model.safetensors: use its directory
+            if not (path.parent / "config.json").is_file():
+                raise SourceError(f"{name} is a file, and its folder holds no config.json; pass a checkpoint "
+                                  f"directory (config.json, the weights and the tokenizer's files).")
             path = path.parent
         return path
     tried.append(f"path {path}")

@@ -74,3 +74,12 @@ def test_a_name_cannot_leave_the_weights_store(elsewhere, monkeypatch, name):
                                                     f"name looked up in the weights store")):
         sources.resolve(name)
     assert sources.resolve("outside").resolve() == work / "outside"  # an existing path is used as it is
+
+
+def test_a_file_beside_no_config_is_named_as_a_file(elsewhere):
+    """Docs-only tester (trust) item 18: --model afile.txt said 'config.json does not exist', naming neither the
+    path given nor that it is a file."""
+    (elsewhere / "afile.txt").write_text("hi")
+    with pytest.raises(SourceError, match=re.escape("afile.txt is a file, and its folder holds no config.json; pass a "
+                                                    "checkpoint directory")):
+        sources.resolve("afile.txt")
