@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -200,3 +201,20 @@ def test_a_label_that_is_neither_a_number_nor_a_name_is_named(label):
                                                    f"{type(label).__name__}; a label is a whole number (a class) or "
                                                    f"a name (a string).")):
         data_.examples([("b", 1), ("a", label)])
+
+
+def test_rows_cut_to_the_models_positions_are_counted(tmp_path):
+    """Docs-only tester (trust) item 19: a 10 MB row trained cut to 512 tokens without a word. The tiny model has 64
+    positions: 'a ' * 100 is 100 word tokens, cut; 'a ' * 62 is 62 + [CLS] + [SEP] = 64, exactly whole."""
+    from tests.conftest import make_hf_model
+
+    make_hf_model(tmp_path, "BertModel")
+    model = minibert.load(tmp_path)
+    rows = data_.examples([("a " * 62, 0), ("a " * 100, 1), ("b", 0), ("a " * 70, 1)])
+    with pytest.warns(UserWarning, match=re.escape("the data: 2 rows are longer than the model's 64 tokens and were "
+                                                   "cut to fit (row 2 the first)")):
+        data_.encode(model, rows, "sequence-classification", data_.label_names(rows, "sequence-classification", None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # exactly 64 tokens: nothing cut, nothing said
+        data_.encode(model, rows[:1], "sequence-classification", ("LABEL_0", "LABEL_1"))

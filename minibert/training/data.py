@@ -25,6 +25,7 @@ import io
 import json
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -284,8 +285,11 @@ def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...], wh
     pairs = [row.pair for row in rows] if rows[0].pair is not None else None
     batch = model.tokenize(texts, pairs, max_length=model.config.max_tokens)
     encoded = Encoded([], [], [])
+    cut = []
     for i, row in enumerate(rows):
         n = int(batch.attention_mask[i].sum())
+        if n == model.config.max_tokens and _was_cut(row, batch.offsets[i][:n], batch.sequence_ids[i][:n]):
+            cut.append(i)
         encoded.ids.append(np.asarray(batch.input_ids[i, :n], np.int32))
         encoded.types.append(np.asarray(batch.token_type_ids[i, :n], np.int32))
         if task == "sequence-classification":
@@ -294,7 +298,20 @@ def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...], wh
             encoded.labels.append(_word_labels(row, batch.offsets[i][:n], batch.sequence_ids[i][:n], label_id, i))
         else:
             encoded.labels.append(np.array([s is not None for s in batch.sequence_ids[i][:n]], np.int32))
+    if cut:
+        warnings.warn(f"{where}: {len(cut)} rows are longer than the model's {model.config.max_tokens} tokens and "
+                      f"were cut to fit (row {cut[0] + 1} the first); the model sees only their beginnings.",
+                      stacklevel=3)
     return encoded
+
+
+def _was_cut(row: Example, offsets, sequence_ids) -> bool:
+    """Whether the row's tokens stop before the end of its text (or pair): truncation cut it."""
+    ends = [0, 0]
+    for (_, end), sequence in zip(offsets, sequence_ids):
+        if sequence is not None:
+            ends[sequence] = max(ends[sequence], end)
+    return ends[0] < len(row.text.rstrip()) or (row.pair is not None and ends[1] < len(row.pair.rstrip()))
 
 
 def _word_labels(row: Example, offsets, sequence_ids, label_id, i: int) -> np.ndarray:
