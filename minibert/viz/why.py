@@ -24,6 +24,7 @@ import numpy as np
 
 from minibert.analysis.circuits import direct_attribution, token_attribution
 from minibert.config import head_label
+from minibert.viz._request import index
 
 STEPS = 16  # integration points: the completeness gap the answer reports says how good that is for this text
 TOP_HEADS = 5  # heads listed, by |direct effect|
@@ -59,11 +60,9 @@ def why(workbench, body: Mapping) -> dict:
     """The answer to the page's "why" request (docs/serve.md): {target, value, tokens, scores [T], baseline_value,
     completeness_gap, method, steps, heads: [{layer, head, label, value}], linear}. `query` (0-indexed, default 0)
     is the token a token classifier's target reads."""
-    from minibert.viz.workbench import _index  # the workbench's own checks of a request's numbers
-
     request = workbench._request({**body, "ablate": []})
     run = workbench._run(request)
-    query = _index(body, "query", len(run.tokens), "tokens here", 0)
+    query = index(body, "query", len(run.tokens), "tokens here", 0)
     metric, described = target(workbench.model, run, query)
     batch = workbench._batch(request)
     padded = workbench._padded(batch.input_ids, batch.token_type_ids)  # one program per bucket, as the runs

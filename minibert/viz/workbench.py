@@ -37,6 +37,7 @@ from minibert.hooks import HookFn
 from minibert.pooling import pooled_tokens
 from minibert.sites import PATTERNS
 from minibert.viz import views, why
+from minibert.viz._request import index as _index
 
 MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
 MAX_TOKENS = 128  # per request (text and pair together): the views stay readable and the answers fast
@@ -87,14 +88,6 @@ def _text(body: Mapping, key: str, required: bool) -> str | None:
     if len(value) > MAX_CHARS:
         raise InputError(f"{key!r} has {len(value)} characters; the workbench takes at most {MAX_CHARS} per text. "
                          f"Shorten it.")
-    return value
-
-
-def _index(body: Mapping, key: str, count: int, what: str, default: int | None = None) -> int:
-    value = body.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
-        raise InputError(f"{key!r} must be a whole number from 0 to {count - 1} (the model has {count} {what}); "
-                         f"got {value!r}.")
     return value
 
 

@@ -97,13 +97,14 @@ class Trainer:
             raise AnalysisError(f"a training batch is [N, {self.config.d_in}] activations; got shape {x.shape}.")
         # one NaN would reach every parameter through Adam's moments
         checked_finite(x, "this batch", "the step would put NaN into the SAE's parameters")
-        state = _train_step(self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps),
-                            jnp.int32(self.dead_tokens), config=self.config, optimizer=self.optimizer)
-        losses = {name: float(value) for name, value in state[3].items()}
+        params, opt_state, since_fired, step_losses = _train_step(
+            self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
+            config=self.config, optimizer=self.optimizer)
+        losses = {name: float(value) for name, value in step_losses.items()}
         if not all(np.isfinite(value) for value in losses.values()):  # the trainer keeps its last finite state
             raise DivergedError(f"SAE step {self.steps}: the loss is not finite ({losses}); the update was not "
                                 f"applied. Lower learning_rate ({self.learning_rate}) or add warmup.")
-        self.params, self.opt_state, self.since_fired, _ = state
+        self.params, self.opt_state, self.since_fired = params, opt_state, since_fired
         self.steps += 1
         return losses
 
