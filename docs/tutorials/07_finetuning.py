@@ -75,16 +75,19 @@ def phrase(rng, positive: bool, avoid: str = "") -> tuple[str, str]:
 
 
 def generate(templates, n: int, seed: int):
-    """n (question, review, label, aspect, sentiment word) rows, half positive, half negative."""
+    """n (question, review, label, aspect, sentiment word, other aspect, its label) rows, half positive, half
+    negative."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         positive = i % 2 == 0
         a, b = rng.sample(ASPECTS, 2)
         s, word = phrase(rng, positive)
-        t, _ = phrase(rng, rng.random() < 0.5, avoid=word)
+        other_positive = rng.random() < 0.5
+        t, _ = phrase(rng, other_positive, avoid=word)
         review = rng.choice(templates).format(a=a, b=b, s=s, t=t)
-        rows.append((QUESTION.format(a=a), review, "positive" if positive else "negative", a, word))
+        rows.append((QUESTION.format(a=a), review, "positive" if positive else "negative", a, word,
+                     b, "positive" if other_positive else "negative"))
     return rows
 
 
@@ -114,6 +117,26 @@ expect(np.isfinite(tuned.history.loss).all() and len(tuned.history.loss) == 64, 
        "the run diverged or stopped early; look at tuned.history.loss")
 
 # %% [markdown]
+# ## Does the model read the question? A shortcut check
+#
+# Held-out accuracy alone cannot tell a model that reads *which* aspect is asked from one that
+# found a shortcut (say, always answering with the first clause's sentiment). Ask each held-out
+# review about its **other** aspect: the right answer is now the other phrase's polarity. A
+# model that ignores the question scores near the share of reviews whose two phrases agree.
+
+# %%
+swapped = [(QUESTION.format(a=b), r, other) for q, r, _, a, word, b, other in test_rows]
+agree = np.mean([label == other for _, _, label, *_, other in test_rows])
+logits = tuned.model(tuned.model.tokenize([q for q, _, _ in swapped], [r for _, r, _ in swapped])).logits
+answers = [tuned.model.config.id2label[i] for i in np.asarray(logits).argmax(-1)]
+swap_accuracy = float(np.mean([a == gold for a, (_, _, gold) in zip(answers, swapped)]))
+print(f"asked aspect: {accuracy:.3f}; other aspect asked: {swap_accuracy:.3f} "
+      f"(a model that ignores the question: about {agree:.3f})")
+expect(swap_accuracy > agree, "the answer changes with the aspect asked",
+       "the model answers without reading which aspect is asked (a shortcut): train longer, or make the data "
+       "break the shortcut")
+
+# %% [markdown]
 # ## Which heads changed?
 #
 # `compare_models` gives each head's cosine similarity between its attention maps before and
@@ -138,7 +161,7 @@ most_changed = divmod(int(order[0]), H)
 
 # %%
 relations = [compare.RelationExample(q, a, word, pair=r, query_segment=1, target_segment=1)
-             for q, r, _, a, word in test_rows]
+             for q, r, _, a, word, *_ in test_rows]
 relation_before = compare.relation_accuracy(model, relations)
 relation_after = compare.relation_accuracy(tuned.model, relations)
 print("best heads before:", [(h, round(a, 2)) for h, a in relation_before.best_heads(3)])
