@@ -20,6 +20,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
+from minibert.config import head_label
 from minibert.viz._check import VizError
 from minibert.viz._html import page
 from minibert.viz.figures import _axes, _finish, _legend
@@ -33,7 +34,7 @@ def _node_positions(layers: int, heads: int) -> dict[str, tuple[float, float]]:
     middle = (heads - 1) / 2
     positions = {"embed": (middle, 0.0), "output": (middle, 2.0 * layers + 1)}
     for layer in range(layers):
-        positions |= {f"{layer + 1}-{h + 1}": (float(h), 2.0 * layer + 1) for h in range(heads)}
+        positions |= {head_label(layer, h): (float(h), 2.0 * layer + 1) for h in range(heads)}
         positions[f"MLP {layer + 1}"] = (middle, 2.0 * layer + 2)
     return positions
 
