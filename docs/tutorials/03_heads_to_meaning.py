@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import minibert
-from minibert.analysis import embeddings
+from minibert.analysis import embeddings, words
 from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
 from minibert.viz import figures
 
@@ -115,11 +115,11 @@ expect(all(checks.values()), "every check above holds", "the lines marked 'no' a
 # chosen word is each sentence's own adjective.
 
 # %%
-mistake = embeddings.attention_to_word(model, groups["mistake"], "mistake")  # [N, L]
+mistake = words.attention_to_word(model, groups["mistake"], "mistake")  # [N, L]
 with_sorry = [text for text in groups["apology"] if "sorry" in text.lower()]
-sorry = embeddings.attention_to_word(model, with_sorry, "sorry")
+sorry = words.attention_to_word(model, with_sorry, "sorry")
 adjectives = [text.split()[-1].rstrip(".") for text in groups["good"]]
-good = np.concatenate([embeddings.attention_to_word(model, [text], word)
+good = np.concatenate([words.attention_to_word(model, [text], word)
                        for text, word in zip(groups["good"], adjectives)])
 
 fig, axes = plt.subplots(1, 3, figsize=(19, 4.6), constrained_layout=True)
