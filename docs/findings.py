@@ -215,7 +215,8 @@ finding("Heads in the same layer behave alike (smaller divergence within a layer
 # norms: what a token sends is α·‖f(x)‖, and a sink's ‖f(x)‖ is small.
 
 # %%
-ids, types, mask = (np.asarray(a) for a in model.inputs(batch))
+inputs = model.inputs(batch)
+ids, types, mask = (np.asarray(a) for a in (inputs.input_ids, inputs.token_type_ids, inputs.attention_mask))
 in_a = np.array([[s == 0 for s in row] for row in batch.sequence_ids], np.float32)
 in_b = np.array([[s == 1 for s in row] for row in batch.sequence_ids], np.float32)
 
