@@ -179,11 +179,7 @@ def main(argv=None) -> int:
               f"{sorted(os.sched_getaffinity(0))}; load average at the end: {harness.load_average()}",
               f"- command: python benchmarks/buckets.py {' '.join(argv if argv is not None else sys.argv[1:])}", "", ""]
     text = "\n".join(header) + (table(rows, model.config, args.rules) if rows else "") + "\n" + compiled + "\n"
-    if args.out:
-        with args.out.open("a") as f:
-            f.write(text)
-    else:
-        print(text)
+    harness.report(text, args.out)
     return 0
 
 

@@ -147,11 +147,7 @@ def main(argv=None) -> int:
               f"- command: python benchmarks/compile_depth.py {' '.join(argv if argv is not None else sys.argv[1:])}",
               "", ""]
     text = "\n".join(header) + tables(results, layers, calls, layers[-1])
-    if args.out:
-        with args.out.open("a") as f:
-            f.write(text)
-    else:
-        print(text)
+    harness.report(text, args.out)
     return 0
 
 

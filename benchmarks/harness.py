@@ -256,3 +256,12 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def report(text: str, out: Path | None) -> None:
+    """A benchmark's report: appended to `out` (a RESULTS-style file) when given, else printed."""
+    if out:
+        with out.open("a") as f:
+            f.write(text)
+    else:
+        print(text)
