@@ -305,17 +305,17 @@ def test_step_numbers_are_rounded_to_what_float32_holds():
     """The step's numbers travel with SIGNIFICANT digits: each within half a unit of the 8th digit of the float32 value
     (|x|·5e-8, below one float32 step, 2⁻²³|x|), printed in at most 8 digits (magnitudes 1e-14 … 1e14, where the
     powers of ten it scales by are exact); zeros and infinities as they are."""
-    from minibert.viz.workbench import SIGNIFICANT, _rounded
+    from minibert.viz.steps import SIGNIFICANT, rounded
 
     x = np.random.default_rng(0).standard_normal(1000) * np.logspace(-14, 14, 1000)
     x = x.astype(np.float32).astype(np.float64)
-    rounded = _rounded(x)
-    assert np.all(np.abs(rounded - x) <= 0.5 * 10.0 ** (1 - SIGNIFICANT) * np.abs(x) * (1 + 1e-12))
-    assert np.all(np.abs(rounded - x) < 2.0**-23 * np.abs(x))
-    exact_powers = rounded[(np.abs(x) >= 1e-14) & (np.abs(x) <= 1e14)]
+    kept = rounded(x)
+    assert np.all(np.abs(kept - x) <= 0.5 * 10.0 ** (1 - SIGNIFICANT) * np.abs(x) * (1 + 1e-12))
+    assert np.all(np.abs(kept - x) < 2.0**-23 * np.abs(x))
+    exact_powers = kept[(np.abs(x) >= 1e-14) & (np.abs(x) <= 1e14)]
     digits = [len(repr(v).split("e")[0].replace("-", "").replace(".", "").strip("0")) for v in exact_powers.tolist()]
     assert max(digits) <= SIGNIFICANT
-    assert _rounded(np.array([0.0, -np.inf, np.inf])).tolist() == [0.0, -np.inf, np.inf]
+    assert rounded(np.array([0.0, -np.inf, np.inf])).tolist() == [0.0, -np.inf, np.inf]
 
 
 def test_tokenize_and_views(client):
