@@ -347,6 +347,24 @@ def test_a_views_standalone_page_is_page():
     assert fresh_id.sub("ID", view.page()) == fresh_id.sub("ID", page)
 
 
+def test_saving_a_page_never_replaces_a_users_file_unasked(tmp_path):
+    """View.save, TokenText.save and FeatureBrowser.save share one writer: an existing file is refused, left as it
+    was, and replaced only with overwrite=True."""
+    _, _, attention = hand_arrays()
+    view = viz.head_view(TOKENS, attention)
+    mine = tmp_path / "notes.html"
+    mine.write_text("my notes")
+    with pytest.raises(viz.VizError, match="already exists; pass overwrite=True"):
+        view.save(mine)
+    assert mine.read_text() == "my notes"
+    replaced = view.save(mine, overwrite=True).read_text(encoding="utf-8")
+    assert replaced.startswith("<!DOCTYPE html>") and view.html.split('class="mbv-data">')[1].split("</script>")[0] in replaced
+    with pytest.raises(viz.VizError, match="is a folder"):
+        view.save(tmp_path, overwrite=True)
+    with pytest.raises(viz.VizError, match="cannot write"):
+        view.save(tmp_path / "no" / "such" / "folder.html")
+
+
 def test_dark_theme_is_applied(browser):
     _, _, attention = hand_arrays()
     view = Loaded(browser, content=page_of(viz.head_view(TOKENS, attention, theme="dark"),

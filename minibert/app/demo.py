@@ -215,7 +215,7 @@ def build(model, out: str | Path, step: Callable[[str], None] = _quiet) -> tuple
                         f"how one query's attention is computed (opens on head {label})"),
     }
     for name, (view, caption) in views.items():
-        paths.append(view.save(out / f"{name}.html"))
+        paths.append(view.save(out / f"{name}.html", overwrite=True))  # the demo's own folder
         captions[name] = caption
 
     step("head_statistics.csv, .json, .npz and index.html")

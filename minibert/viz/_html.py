@@ -101,6 +101,20 @@ def page(title: str, body: str, style: str = PAGE_STYLE) -> str:
             f"<body>{body}</body></html>\n")
 
 
+def write_page(path: str | Path, text: str, overwrite: bool) -> Path:
+    """Write the page `text` to `path`; a file already there is the user's, so it is replaced only when asked."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    if path.is_dir():
+        raise VizError(f"{path} is a folder; save to a file path such as {path / 'view.html'}.")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise VizError(f"cannot write {path} ({error.strerror or error}); save to another path.") from None
+    return path
+
+
 class View:
     """An interactive view: shows inline in Jupyter, JupyterLab and VS Code; `.save(path)` writes a page.
 
@@ -159,11 +173,10 @@ class View:
         background = "#0d1117" if self.theme == "dark" else "#ffffff"
         return page(self.title, self.html, style=f"body{{margin:16px;background:{background}}}")
 
-    def save(self, path: str | Path) -> Path:
-        """Write the standalone page to `path` (e.g. 'head_view.html'); returns the path."""
-        path = Path(path)
-        path.write_text(self.page(), encoding="utf-8")
-        return path
+    def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the standalone page to `path` (e.g. 'head_view.html'); returns the path. An existing file is
+        refused unless overwrite=True."""
+        return write_page(path, self.page(), overwrite)
 
 
     def __repr__(self) -> str:

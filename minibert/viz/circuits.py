@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from minibert.config import head_label
 from minibert.viz._check import VizError
-from minibert.viz._html import page
+from minibert.viz._html import page, write_page
 from minibert.viz.figures import _axes, _finish, _legend
 
 POSITIVE, NEGATIVE = "#1f6feb", "#cf222e"  # an edge (or token) that raises the metric, one that lowers it
@@ -124,10 +124,9 @@ class TokenText:
     def _repr_html_(self) -> str:
         return self.html
 
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.write_text(page(self.title, self.html), encoding="utf-8")
-        return path
+    def save(self, path, *, overwrite: bool = False) -> Path:
+        """Write the text as a page to `path`; an existing file is refused unless overwrite=True."""
+        return write_page(path, page(self.title, self.html), overwrite)
 
 
 def token_text(attribution, rows=None) -> TokenText:

@@ -26,7 +26,7 @@ import numpy as np
 
 from minibert.analysis.sae.model import SAEConfig, encode
 from minibert.errors import VizError
-from minibert.viz._html import _safe_json, page
+from minibert.viz._html import _safe_json, page, write_page
 
 HISTOGRAM_EDGES = np.linspace(-3.0, 2.0, 17)  # log10 of the activation: 16 bins from 0.001 to 100
 
@@ -75,10 +75,9 @@ class FeatureBrowser:
                 f'<script type="application/json" id="fb-data">{_safe_json(blob)}</script><script>{_SCRIPT}</script>')
         return page(self.title, body, style=_STYLE)
 
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.write_text(self.page(), encoding="utf-8")
-        return path
+    def save(self, path, *, overwrite: bool = False) -> Path:
+        """Write the browser's page to `path`; an existing file is refused unless overwrite=True."""
+        return write_page(path, self.page(), overwrite)
 
     def _repr_html_(self) -> str:
         return self.page()
