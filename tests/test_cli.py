@@ -506,6 +506,8 @@ def test_tutorial_names_and_outputs_that_cannot_be(tmp_path):
     assert_one_line_error(run("tutorial", "1", "--output", tmp_path / "afile" / "one.ipynb"), "tutorial",
                           "afile is a file")
     assert (tmp_path / "afile").read_text() == "mine"
+    assert_one_line_error(run("tutorial", "6", "--output", tmp_path / "d.txt"), "tutorial", "must end in .ipynb")
+    assert not (tmp_path / "d.txt").exists()
 
 
 INTERRUPTED_RUN = """

@@ -101,6 +101,9 @@ def write_notebook(name: str, output: Path | None = None) -> Path:
     """Write tutorial `name` as a notebook to `output` (default: ./NAME.ipynb); refuses to overwrite a file."""
     source = find(name)
     output = Path(output) if output is not None else Path(source.stem + ".ipynb")
+    if output.suffix != ".ipynb":  # Jupyter opens a notebook by its suffix: d.txt would open as text
+        raise InputError(f"--output {output} must end in .ipynb (Jupyter opens a notebook by its suffix); "
+                         f"for example {output.with_suffix('.ipynb')}.")
     if output.exists():
         raise InputError(f"{output} exists; pass another --output or remove it first (a notebook you edited "
                          f"is never overwritten).")
