@@ -93,7 +93,8 @@ def test_limits_have_clear_messages(mlm):
     too_long = post(client, "run", {"text": "a" * (MAX_CHARS + 1)})
     assert too_long.status_code == 400 and f"at most {MAX_CHARS}" in too_long.json()["error"]
     many_tokens = post(client, "run", {"text": " ".join("abcdefghijklmnopqrst")})
-    assert many_tokens.status_code == 400 and "--max-tokens" in many_tokens.json()["error"]
+    assert many_tokens.status_code == 400 and "shorten it to about 14 word pieces" in many_tokens.json()["error"]
+    assert "--max-tokens" in many_tokens.json()["error"]  # 20 letters and [CLS] [SEP]: 14 + 2 fit in 16
     huge = client.post("/api/run", content=b"{" + b" " * serve.MAX_BODY_BYTES + b"}",
                        headers={serve.TOKEN_HEADER: TOKEN})
     assert huge.status_code == 413

@@ -40,3 +40,30 @@ def test_an_ablated_head_is_marked_in_the_step_through(open_page, tiny_mlm):
     page.settle()
     assert page.page.locator("#wb-step-0 .wb-ablated-note").count() == 0
     assert page.problems == []
+
+
+def test_too_long_text_says_how_short_to_make_it(open_page):
+    """A text over the limit (64 tokens here, [CLS] and [SEP] included) says how many word pieces to keep; the server
+    flag is only named in parentheses, for whoever started the workbench."""
+    page = open_page()
+    page.type("a b c")
+    page.page.fill("#wb-text", " ".join(["a"] * 70))  # 70 word pieces + [CLS] + [SEP]
+    page.page.wait_for_function("() => document.querySelector('.wb-status').textContent.includes('word pieces')")
+    said = page.page.text_content(".wb-status")
+    assert "the text is 70 word pieces long; shorten it to about 62 word pieces" in said, said
+    assert said.index("--max-tokens") > said.index("(")  # the flag in parentheses, after what a student can do
+
+
+def test_the_neuron_view_names_its_head_as_l_h(open_page, tiny_mlm):
+    """The neuron view's caption names the head as everything else does, config.head_label's "L-H", with the code's
+    0-indexed pair beside it (it wrote "layer 2, head 4")."""
+    page = open_page()
+    page.type("a b c d")
+    page.page.select_option("#wb-step-layer-0", "1")
+    page.settle()
+    page.page.select_option("#wb-step-head-0", "3")
+    page.settle()
+    caption = page.page.text_content("#wb-views-0 .mbv[data-mbv-kind=neuron] .mbv-sub")
+    assert f"head {tiny_mlm[0].config.head_label(1, 3)} (L-H, 1-indexed; 0-indexed: layer 1, head 3)" in caption
+    assert "layer 2, head 4" not in caption
+    assert page.problems == []

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from minibert.config import head_label
 from minibert.viz import _check
 from minibert.viz._html import ZLIB_LEVEL, View
 
@@ -70,6 +71,11 @@ def head_view(tokens: Sequence[str], attention, sentence_b_start: int | None = N
                 title=title or "Head view", theme=_check.theme(theme), level=level)
 
 
+def _labels(rows: list[int], cols: list[int]) -> list[list[str]]:
+    """The pages' head labels, [layer row][head column]: config.head_label's "L-H", 1-indexed."""
+    return [[head_label(layer, head) for head in cols] for layer in rows]
+
+
 def _shown_first(name: str, value, offered: list[int], size: int, what: str) -> int:
     """Position in `offered` of the index shown first; it must be one of the offered ones."""
     value = _check.index(name, value, size, what)
@@ -93,7 +99,7 @@ def model_view(tokens: Sequence[str], attention, sentence_b_start: int | None = 
     if thumbnail not in ("lines", "matrix"):
         raise _check.VizError(f"thumbnail must be 'lines' or 'matrix'; got {thumbnail!r}.")
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)),
-                layers=rows, heads=cols, n_heads=a.shape[1], thumbnail=thumbnail)
+                layers=rows, heads=cols, n_heads=a.shape[1], thumbnail=thumbnail, labels=_labels(rows, cols))
     return View("model", meta, {"attention": ([a[layer, cols] for layer in rows], "unit_byte")},
                 title=title or "Model view", theme=_check.theme(theme), level=level)
 
@@ -204,7 +210,8 @@ def neuron_view(tokens: Sequence[str], q, k, attention, sentence_b_start: int | 
     meta = dict(tokens=tokens, b_start=_check.sentence_b(sentence_b_start, len(tokens)), layers=rows,
                 heads=cols, n_heads=n_heads, d_head=q.shape[-1], layer=layer, head=head,
                 query=_check.index("query_index", query_index, len(tokens), "tokens"),
-                mismatch=gap if gap > SOFTMAX_TOLERANCE else None, terms=list(TERMS) if score_terms else None)
+                mismatch=gap if gap > SOFTMAX_TOLERANCE else None, terms=list(TERMS) if score_terms else None,
+                labels=_labels(rows, cols))
     return View("neuron", meta, arrays, title=title or "Neuron view", theme=_check.theme(theme), level=level)
 
 

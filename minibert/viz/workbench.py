@@ -230,9 +230,12 @@ class Workbench:
 
     def _batch(self, request: Request):
         batch = self.model.tokenize([request.text], None if request.pair is None else [request.pair])
-        if batch.input_ids.shape[1] > self.max_tokens:
-            raise InputError(f"the text has {batch.input_ids.shape[1]} tokens; the workbench takes at most "
-                             f"{self.max_tokens} (minibert serve --max-tokens). Shorten it.")
+        length = batch.input_ids.shape[1]
+        if length > self.max_tokens:  # said so that a student can act on it: the limit is the lecturer's to change
+            special = sum(sequence is None for sequence in batch.sequence_ids[0])  # [CLS] and each [SEP]
+            raise InputError(f"the text is {length - special} word pieces long; shorten it to about "
+                             f"{self.max_tokens - special} word pieces (this workbench takes {self.max_tokens} tokens "
+                             f"with [CLS] and [SEP]; whoever started it can change that: minibert serve --max-tokens).")
         return batch
 
     def _padded(self, ids, types) -> dict:

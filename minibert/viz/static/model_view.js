@@ -96,8 +96,8 @@ function modelView(body, meta, arrays, root, page) {
       var off = isAblated(page.ablated, l, h);
       var canvas = el("canvas", {"class": "mbv-thumb" + (off ? " mbv-ablated" : ""), tabindex: 0, role: "button",
                                  "data-layer": l, "data-head": h,
-                                 title: "Layer " + (l + 1) + ", head " + (h + 1) + " (0-indexed: " + l + ", " + h +
-                                        ")" + (off ? ", ablated" : "") + ": click to enlarge"});
+                                 title: "head " + meta.labels[a][b] + " (L-H, 1-indexed; 0-indexed: layer " + l +
+                                        ", head " + h + ")" + (off ? ", ablated" : "") + ": click to enlarge"});
       canvas.style.width = canvas.style.height = size + "px";
       canvas.addEventListener("click", function () { open(a, b); });
       canvas.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(a, b); } });

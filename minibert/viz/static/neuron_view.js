@@ -175,8 +175,8 @@ function neuronView(body, meta, arrays, root, page) {
 
     lines.draw({rows: [0, T], cols: [0, T], query: i, heads: [{index: meta.heads[h], color: headColor(meta.heads[h], meta.n_heads),
                                                                weight: function (a, b) { return a === i ? p[b] : 0; }}]});
-    status.textContent = "Query " + token(i) + " (position " + i + ", 0-indexed) \u00b7 layer " + (meta.layers[l] + 1) +
-                         ", head " + (meta.heads[h] + 1) + " (0-indexed: " + meta.layers[l] + ", " + meta.heads[h] + ")" +
+    status.textContent = "Query " + token(i) + " (position " + i + ", 0-indexed) \u00b7 head " + meta.labels[l][h] +
+                         " (L-H, 1-indexed; 0-indexed: layer " + meta.layers[l] + ", head " + meta.heads[h] + ")" +
                          (isAblated(page.ablated, meta.layers[l], meta.heads[h]) ? " \u00b7 ablated" : "") + " \u00b7 d = " + K;
     var rows = [{kind: "q", j: i, y: ROW, x0: x.k, values: qv, scale: qScale}];
     keys.forEach(function (j) {
