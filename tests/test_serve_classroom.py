@@ -7,8 +7,11 @@ tests/tolerances.py's forward bound."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import test_serve_browser
+from test_serve_browser import Server, Workbench_page
 from tolerances import assert_close_to_scale, forward_rtol
 
 server, open_page = test_serve_browser.server, test_serve_browser.open_page  # its fixtures: a tiny MLM's workbench
@@ -67,3 +70,37 @@ def test_the_neuron_view_names_its_head_as_l_h(open_page, tiny_mlm):
     assert f"head {tiny_mlm[0].config.head_label(1, 3)} (L-H, 1-indexed; 0-indexed: layer 1, head 3)" in caption
     assert "layer 2, head 4" not in caption
     assert page.problems == []
+
+
+def test_the_busy_sign_renders_everywhere_and_moves_nothing(browser, tiny_mlm):
+    """While a first run is held (a compile that takes long), the busy line shows with a mark drawn by CSS, not a
+    glyph a lab machine's fonts may lack (its ::before has no character beyond ASCII), and the panels below it stay
+    where they are when it appears and goes."""
+    release = threading.Event()
+    model = tiny_mlm[0]
+    with Server([model]) as running:
+        workbench = running.workbenches[0]
+        original = workbench.model.run
+
+        def held_run(*args, **kwargs):
+            release.wait(timeout=120)
+            return original(*args, **kwargs)
+
+        workbench.model.run = held_run
+        try:
+            page = Workbench_page(browser, running)
+            page.page.wait_for_function(
+                "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")
+            mark = page.page.eval_on_selector("#wb-busy", "n => getComputedStyle(n, '::before').content")
+            assert all(ord(c) < 128 for c in mark), mark
+            top = lambda: page.page.eval_on_selector("#wb-model-0", "n => n.getBoundingClientRect().top")  # noqa: E731
+            busy_top = top()
+            release.set()
+            page.settle()
+            assert page.page.locator("#wb-busy").is_hidden()
+            assert top() == busy_top
+            assert page.problems == []
+            page.page.close()
+        finally:
+            release.set()
+            workbench.model.run = original

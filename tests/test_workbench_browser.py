@@ -86,7 +86,7 @@ def test_the_page_says_what_it_waits_for(browser, tiny_mlm):
         workbench.model.run = slow_first_run
         try:
             page = Workbench_page(browser, running)
-            page.page.wait_for_selector("#wb-busy:not([hidden])")
+            page.page.wait_for_selector("#wb-busy.wb-busy-on")
             entered.wait(timeout=120)
             busy = page.page.wait_for_function(
                 "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")

@@ -61,7 +61,8 @@ function minibertWorkbench(app, config, options) {
   var replaceButton = el("button", {id: prefix + "replace-go", type: "button"}, "Replace");
   [textLabel, text, pairLabel, pair, mode.wrap, mixing.wrap, clearButton, maskButton, replaceLabel, replace,
    replaceButton, projector].forEach(function (node) { controls.appendChild(node); });
-  var busyLine = el("div", {"class": "wb-busy", id: prefix + "busy", role: "status", "aria-live": "polite", hidden: ""});
+  // Always in the layout (invisible while idle), so that showing it moves nothing on the page.
+  var busyLine = el("div", {"class": "wb-busy", id: prefix + "busy", role: "status", "aria-live": "polite"});
   app.appendChild(el("h1", {}, "minibert workbench"));
   app.appendChild(controls);
   app.appendChild(busyLine);
@@ -266,7 +267,8 @@ function minibertWorkbench(app, config, options) {
       (asked of the server every half second while it waits: a new text length compiles for seconds). */
   function working(on) {
     app.setAttribute("aria-busy", String(on));
-    busyLine.hidden = !on;
+    busyLine.classList.toggle("wb-busy-on", on);
+    if (!on) busyLine.textContent = "";
     if (!on || state.busy) { state.busy = on; return; }
     state.busy = true;
     busyLine.textContent = "working…";
