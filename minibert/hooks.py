@@ -43,6 +43,7 @@ import numpy as np
 from minibert.contract import StaticFn
 from minibert.errors import HookError
 from minibert.families.registry import architectures_with
+from minibert.programs import host_view
 from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
@@ -158,12 +159,18 @@ def layer_of(name: str) -> LayerIndex | None:
 
 
 class HookPoints:
-    """The `hooks` object of one traced forward: captures some names, rewrites others."""
+    """The `hooks` object of one traced forward: captures some names, rewrites others.
 
-    def __init__(self, capture: Iterable[str], writers: Mapping[str, tuple[HookFn, ...]], n_heads: int, d_head: int):
+    stacked: the captures of a scanned run of blocks stay one buffer [n, ...] per site, under stacked_name
+    (blocks.0,1,2.attn.hook_pattern), for the caller to split outside the program (unstacked): slicing every
+    layer's value out inside the program makes its compile grow with depth (benchmarks/RESULTS.md)."""
+
+    def __init__(self, capture: Iterable[str], writers: Mapping[str, tuple[HookFn, ...]], n_heads: int, d_head: int,
+                 stacked: bool = False):
         self.capture = frozenset(capture)
         self.writers = writers
         self.n_heads, self.d_head = n_heads, d_head
+        self.stacked = stacked
         self.captured: dict[str, jax.Array] = {}
 
     def active(self, name: str) -> bool:
@@ -257,10 +264,44 @@ class LayerHooks:
         return [i for i, name in zip(self.layers, self.names(template)) if name in self.points.capture]
 
     def store(self, buffers: Mapping[str, jax.Array]) -> None:
-        """Each captured layer's slot, under its own name, into the HookPoints' captures."""
+        """Each captured layer's slot, under its own name, into the HookPoints' captures; with points.stacked, the
+        buffer of two or more layers as it is, under its stacked_name."""
         for template, buffer in buffers.items():
-            for slot, layer in enumerate(self._kept_layers(template)):
+            layers = self._kept_layers(template)
+            if self.points.stacked and len(layers) > 1:
+                self.points.captured[stacked_name(template, layers)] = buffer
+                continue
+            for slot, layer in enumerate(layers):
                 self.points.captured[template.replace("*", str(layer), 1)] = buffer[slot]
+
+
+_STACKED = re.compile(r"^blocks\.(\d+(?:,\d+)+)\.(.+)$")
+
+
+def stacked_name(template: str, layers: Iterable[int]) -> str:
+    """The name of a buffer [n, ...] holding the values of a per-layer site at `layers`: "blocks.*.attn.hook_z",
+    (0, 1, 2) → "blocks.0,1,2.attn.hook_z"."""
+    return template.replace("*", ",".join(map(str, layers)), 1)
+
+
+def unstacked(captured: Mapping[str, object]) -> dict[str, object]:
+    """Captures with each stacked buffer (stacked_name) split into its layers' values under their own names, in
+    the order given. Slices of a device array on a CPU are NumPy views of it (slicing it with jax would compile a
+    small program for every new shape; programs.on_device puts them back); shapes (jax.ShapeDtypeStruct) split
+    into the shape of one layer's value."""
+    values = {}
+    for name, value in captured.items():
+        match = _STACKED.match(name)
+        if match is None:
+            values[name] = value
+            continue
+        rows = host_view(value)
+        for slot, layer in enumerate(match.group(1).split(",")):
+            values[f"blocks.{layer}.{match.group(2)}"] = (
+                jax.ShapeDtypeStruct(value.shape[1:], value.dtype) if isinstance(value, jax.ShapeDtypeStruct)
+                else rows[slot])
+    return values
+
 
 
 def _checked(new, old, name: str, fn) -> jax.Array:

@@ -66,6 +66,16 @@ def on_device(array, dtype=None) -> jax.Array:
     return jax.device_put(np.asarray(array, dtype))
 
 
+def host_view(array):
+    """A concrete device array on the CPU as a NumPy array (no copy where its buffer allows it); anything else (a
+    tracer, an array on an accelerator, a NumPy array) as it is. Slice the view, not the array: slicing a device
+    array with jax compiles a small program for every new shape, and JAX keeps each."""
+    if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer) and \
+            {device.platform for device in array.devices()} == {"cpu"}:
+        return np.asarray(array)
+    return array
+
+
 use_persistent_cache()  # on by default: every minibert program a process compiles is kept for the next
 
 
