@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert import attention, buckets, checkpoint, programs, sources
+from minibert import attention, buckets, checkpoint, pooling, programs, sources
 from minibert.config import Config
 from minibert.contract import StaticFn, metric_function, metric_values, traced_call
-from minibert.errors import ConfigError, InputError
+from minibert.errors import InputError
 from minibert.families.reading import read_config
 from minibert.hooks import (
     Cache,
@@ -29,10 +29,13 @@ from minibert.hooks import (
     resolve_names,
     writers_for,
 )
-from minibert.model import NO_DROPOUT, Bert, Dropout, Output, parameter_names, position_rows
-from minibert.pooling import POOLINGS, pooled_tokens
-from minibert.tokenizer import BaseTokenizer, Batch
+from minibert.model import NO_DROPOUT, Bert, Dropout, Output, position_rows
+from minibert.pooling import POOLINGS as POOLINGS  # minibert.api.POOLINGS, pooled_tokens: as the docs name them
+from minibert.pooling import pooled_tokens as pooled_tokens
+from minibert.tokenizer import BaseTokenizer, Batch, is_text
 from minibert.tokenizers_hf import tokenizer_for
+from minibert.weights import Weights
+from minibert.weights import parameter_shapes as parameter_shapes  # minibert.api.parameter_shapes (docs/training.md)
 
 
 @struct.dataclass
@@ -101,11 +104,6 @@ def _checked_dtype(dtype):
     return checked
 
 
-def is_text(batch) -> bool:
-    """A text, or a list or tuple of texts (as opposed to a Batch or id arrays)."""
-    return isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch))
-
-
 def _check_whole_numbers(name: str, value: np.ndarray) -> None:
     """Ids and token types are whole numbers; a float such as 1012.7 would be cut to 1012, silently."""
     if value.dtype == bool or np.issubdtype(value.dtype, np.integer):
@@ -128,8 +126,9 @@ def _cut_output(out: Output, length: int, heads) -> Output:
     return out.replace(**cut)
 
 
-class Model:
-    """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit."""
+class Model(Weights):
+    """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit. Its weights by
+    name (named_parameters, layer_weights, TransformerLens' W_Q … b_out, W_E, W_pos) are `weights.Weights`'."""
 
     def __init__(self, config: Config, params: Mapping | None = None, tokenizer: BaseTokenizer | None = None, *,
                  dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None,
@@ -159,127 +158,6 @@ class Model:
         return (f"Model({c.family.name} {c.architecture}: {c.num_hidden_layers} layers, {c.num_attention_heads} heads, "
                 f"{c.hidden_size} wide, {self.param_count():,} params, from {self.source})")
 
-    @property
-    def module(self) -> Bert:
-        """The Flax NNX module (a fresh view of the parameters)."""
-        return nnx.merge(self.graphdef, self.state)
-
-    @property
-    def params(self) -> dict:
-        return nnx.to_pure_dict(self.state)
-
-    def block_params(self, layer: int) -> dict:
-        """The parameters block `layer` applies: its own, or for ALBERT the one block every layer shares."""
-        return self.params["blocks"][0 if self.config.family.shared_layers else layer]
-
-    def layer_weights(self, name: str) -> jax.Array:
-        """One weight of every block stacked over the layers, [L, ...], by its name inside a block, in minibert's
-        einsum layout: "attn.W_Q"/"W_K"/"W_V" [L, D, H, K] (TransformerLens' model.W_Q is [L, H, D, K]: use
-        model.W_Q for that order), "attn.b_Q" [L, H, K], "attn.W_O" [L, H, K, D], "attn.b_O" [L, D],
-        "ln1.scale"/"ln1.bias" [L, D], "mlp.W_in" [L, D, F], "mlp.b_in" [L, F], "mlp.W_out" [L, F, D],
-        "mlp.b_out" [L, D] (ALBERT: its one shared block's, L times)."""
-        def weight(layer):
-            value = self.block_params(layer)
-            for part in name.split("."):
-                if not isinstance(value, Mapping) or part not in value:
-                    raise InputError(f"{name!r} is not a weight of a block; blocks hold "
-                                     f"{_weight_names(self.block_params(0))}.")
-                value = value[part]
-            return value
-        return jnp.stack([weight(layer) for layer in range(self.config.num_hidden_layers)])
-
-    # ---- TransformerLens' weight names and orders: [L, ...] stacks over the blocks -------------------------------
-    # W_Q, W_K, W_V [L, H, D, K]; W_O [L, H, K, D]; b_Q, b_K, b_V [L, H, K]; b_O [L, D]; W_in [L, D, F];
-    # W_out [L, F, D]; b_in [L, F]; b_out [L, D]. minibert's own block weights keep the einsum layout
-    # (layer_weights("attn.W_Q") is [L, D, H, K]); these give TransformerLens' order under its names, so code
-    # written for HookedTransformer (per-head norms over axes (2, 3), W_Q[l, h] a [D, K] matrix) reads them as is.
-
-    def _qkv(self, kind: str, which: str) -> jax.Array:
-        """attn.{kind}_{which} of every block, from the fused [3, ...] weight where the family fuses q, k, v."""
-        if f"{kind}_{which}" in self.block_params(0)["attn"]:
-            return self.layer_weights(f"attn.{kind}_{which}")
-        return self.layer_weights(f"attn.{kind}_QKV")[:, "QKV".index(which)]
-
-    @property
-    def W_Q(self) -> jax.Array:
-        """[L, H, D, K] query weights, TransformerLens' order (layer_weights("attn.W_Q") is [L, D, H, K])."""
-        return self._qkv("W", "Q").transpose(0, 2, 1, 3)
-
-    @property
-    def W_K(self) -> jax.Array:
-        """[L, H, D, K] key weights, TransformerLens' order."""
-        return self._qkv("W", "K").transpose(0, 2, 1, 3)
-
-    @property
-    def W_V(self) -> jax.Array:
-        """[L, H, D, K] value weights, TransformerLens' order."""
-        return self._qkv("W", "V").transpose(0, 2, 1, 3)
-
-    @property
-    def W_O(self) -> jax.Array:
-        """[L, H, K, D] output weights of each head (the same order as TransformerLens')."""
-        return self.layer_weights("attn.W_O")
-
-    @property
-    def b_Q(self) -> jax.Array:
-        """[L, H, K] query biases."""
-        return self._qkv("b", "Q")
-
-    @property
-    def b_K(self) -> jax.Array:
-        """[L, H, K] key biases."""
-        return self._qkv("b", "K")
-
-    @property
-    def b_V(self) -> jax.Array:
-        """[L, H, K] value biases."""
-        return self._qkv("b", "V")
-
-    @property
-    def b_O(self) -> jax.Array:
-        """[L, D] the attention output's bias."""
-        return self.layer_weights("attn.b_O")
-
-    @property
-    def W_in(self) -> jax.Array:
-        """[L, D, F] the MLP's input weights (ModernBERT's GeGLU: [L, D, 2, F])."""
-        return self.layer_weights("mlp.W_in")
-
-    @property
-    def W_out(self) -> jax.Array:
-        """[L, F, D] the MLP's output weights."""
-        return self.layer_weights("mlp.W_out")
-
-    @property
-    def b_in(self) -> jax.Array:
-        """[L, F] the MLP's input bias."""
-        return self.layer_weights("mlp.b_in")
-
-    @property
-    def b_out(self) -> jax.Array:
-        """[L, D] the MLP's output bias."""
-        return self.layer_weights("mlp.b_out")
-
-    def param_count(self) -> int:
-        return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
-
-    # ---- parameters by name: what an optimiser sees ---------------------------------------------------------
-
-    @classmethod
-    def from_parameters(cls, config: Config, parameters: Mapping[str, jax.Array], tokenizer=None, **kwargs) -> Model:
-        """A Model of `config` whose weights are `parameters`, {dotted name: array} as named_parameters gives them
-        (kwargs: Model's own)."""
-        shapes = _shape_state(config, kwargs.get("dtype", jnp.float32))
-        return cls(config, nnx.to_pure_dict(_state_of(shapes, parameters)), tokenizer, **kwargs)
-
-    def named_parameters(self) -> dict[str, jax.Array]:
-        """{dotted name: array} ("blocks.0.attn.W_Q", "classifier.b"), in the state's leaf order."""
-        return dict(zip(parameter_names(self.state), jax.tree_util.tree_leaves(self.state)))
-
-    def state_from(self, parameters: Mapping[str, jax.Array]):
-        """The state forward_fn takes, from {dotted name: array} (traced ones inside a jit or grad)."""
-        return _state_of(self.state, parameters)
-
     def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
         """Write this model as a Hugging Face directory — config.json with `architectures`, model.safetensors
         with transformers' key names, the tokenizer files — that AutoModelFor… and minibert.load read. A
@@ -292,26 +170,6 @@ class Model:
         """The position-table row of every token by this family's rule: [1, T] rows 0…T−1, or RoBERTa's [B, T]
         counting real tokens from pad_token_id + 1. NumPy in, NumPy out; JAX in, JAX out."""
         return position_rows(input_ids, self.config.pad_token_id, self.config.family.position_offset)
-
-    @property
-    def W_E(self) -> jax.Array:
-        """The word-embedding table [V, E] (TransformerLens' name), which the MLM head also unembeds with."""
-        return self._module().embed.word[...]
-
-    @property
-    def W_pos(self) -> jax.Array:
-        """The position-embedding table [max_position_embeddings, E] (TransformerLens' name)."""
-        return self._position_table(self._module())
-
-    def position_embeddings(self, position_ids, state=None) -> jax.Array:
-        """The position table's rows [..., E] for `position_ids` (inside a jit, pass the traced `state`)."""
-        return self._position_table(self._module(state))[position_ids]
-
-    def _position_table(self, module) -> jax.Array:
-        if self.config.family.positions != "table":  # ModernBERT rotates q and k instead (attn.hook_rot_q)
-            raise InputError(f"{self.config.family.name} has no position-embedding table: its positions are "
-                             f"{self.config.family.positions} (in attention), not rows added to the embeddings.")
-        return module.embed.position[...]
 
     # ---- inputs ---------------------------------------------------------------------------------------
 
@@ -490,9 +348,6 @@ class Model:
             finally:
                 self._tracing -= 1
         return counted
-
-    def _module(self, state=None) -> Bert:
-        return nnx.merge(self.graphdef, self.state if state is None else state)
 
     # ---- forward passes -------------------------------------------------------------------------------
 
@@ -696,86 +551,7 @@ class Model:
         given (no default prompt). A checkpoint with modules minibert does not compute (Dense, …) is refused
         unless `mode` asks for a pooling of the encoder's own hidden states.
         """
-        settings = self.pooling or {"mode": "mean", "normalize": False}
-        if mode is None and settings.get("unsupported"):
-            raise ConfigError(f"{self.source}: sentence-transformers computes this model's embeddings with "
-                              f"{', '.join(settings['unsupported'])}, which minibert does not compute, so its "
-                              f"sentence vectors would be wrong; use sentence-transformers for them, or pass "
-                              f"mode= to pool the encoder's own hidden states.")
-        mode = mode or settings["mode"]
-        if mode is None:
-            raise InputError(f"{self.source}: this checkpoint's modules.json has no Pooling module; pass a mode, "
-                             f"one of {', '.join(map(repr, POOLINGS))}.")
-        modes = (mode,) if isinstance(mode, str) else tuple(mode)
-        if not modes or any(m not in POOLINGS for m in modes):  # before the run: a typo costs no forward pass
-            raise InputError(f"pooling mode {mode!r} is not one of {', '.join(map(repr, POOLINGS))} (or a list "
-                             f"of them).")
-        normalize = settings["normalize"] if normalize is None else normalize
-        inputs, skip = self._sentence_inputs(batch, pairs, settings, prompt, prompt_name)
-        hidden = self.run(inputs)[0].last_hidden_state
-        pooled = jnp.concatenate([pooled_tokens(hidden, inputs.attention_mask, m, skip) for m in modes], axis=-1)
-        if normalize:
-            pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-        return pooled
-
-    def _sentence_inputs(self, batch, pairs, settings: Mapping, prompt: str | None, prompt_name: str | None):
-        """(Inputs, tokens each row's pooling leaves out) of sentence_embeddings: texts with the prompt
-        prepended, lower-cased and truncated as the checkpoint's sentence-transformers settings say."""
-        if not is_text(batch):  # tokenized by the caller: run as given, without the default prompt
-            if (prompt, prompt_name, pairs) != (None, None, None):
-                raise InputError("a prompt or pairs go with texts; pass texts, or tokenize the prompted texts and "
-                                 "their pairs yourself and pass neither.")
-            return self.inputs(batch), 0
-        prompts = settings.get("prompts", {})
-        if prompt is None and prompt_name is not None and prompt_name not in prompts:
-            raise InputError(f"prompt_name {prompt_name!r} is not one of this checkpoint's prompts "
-                             f"{list(prompts)} (config_sentence_transformers.json); pass prompt='text: ' instead.")
-        if prompt is None:
-            prompt = prompts.get(prompt_name or settings.get("default_prompt"), "")
-        if not isinstance(prompt, str):
-            raise InputError(f"prompt must be a text such as 'query: '; got {type(prompt).__name__}.")
-
-        def prepared(text):  # sentence-transformers' Lowercase normaliser, before anything else
-            return text.lower() if settings.get("lower_case") and isinstance(text, str) else text
-
-        texts = [prepared(prompt + text) for text in ([batch] if isinstance(batch, str) else batch)]
-        if isinstance(pairs, (str, list, tuple)):  # anything else goes to tokenize, which names the problem
-            pairs = [prepared(pair) for pair in ([pairs] if isinstance(pairs, str) else pairs)]
-        limit = None if self.pooling is None else self._sentence_length(settings)
-        # sentence-transformers counts the prompt's tokens with its [CLS] and without its closing [SEP]
-        counted = prompt and not settings.get("include_prompt", True)
-        skip = self.tokenize(prepared(prompt)).input_ids.shape[1] - 1 if counted else 0
-        return self.inputs(self.tokenize(texts, pairs, max_length=limit)), skip
-
-    def _sentence_length(self, settings: Mapping) -> int:
-        """The length sentence-transformers truncates texts to: max_seq_length, else the tokenizer's limit."""
-        length = settings.get("max_seq_length")
-        if length is None:
-            return min(self.tokenizer.model_max_length, self.config.max_tokens)
-        if length > self.config.max_tokens:
-            raise ConfigError(f"{self.source}: sentence_bert_config.json's max_seq_length is {length}, but the model "
-                              f"has {self.config.max_tokens} positions; set it to {self.config.max_tokens} or less.")
-        return length
-
-
-def parameter_shapes(config: Config, dtype=jnp.float32) -> dict[str, jax.ShapeDtypeStruct]:
-    """{dotted name: shape and dtype} of the parameters a Model of `config` holds, without making them."""
-    state = _shape_state(config, dtype)
-    return dict(zip(parameter_names(state), jax.tree_util.tree_leaves(state)))
-
-
-def _shape_state(config: Config, dtype):
-    return nnx.state(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
-
-
-def _state_of(like, parameters: Mapping[str, jax.Array]):
-    """A state shaped as `like` holding `parameters` {dotted name: array}."""
-    names = parameter_names(like)
-    missing = [name for name in names if name not in parameters]
-    if missing:
-        raise InputError(f"{len(missing)} of the model's parameters are missing ({', '.join(missing[:3])}, …): "
-                         f"pass every name of model.named_parameters().")
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), [parameters[name] for name in names])
+        return pooling.sentence_embeddings(self, batch, mode, normalize, pairs, prompt, prompt_name)
 
 
 DROPOUT_SITES = ("hidden", "attention", "classifier")  # model.Dropout's rates, as Hugging Face's configs name them
@@ -790,8 +566,3 @@ def _dropout_rates(dropout: Mapping[str, float] | None) -> dict[str, float] | No
         raise InputError(f"dropout={dict(dropout)!r}: pass rates in [0, 1) for any of {DROPOUT_SITES}.")
     return dict(dropout)
 
-
-def _weight_names(tree: Mapping, prefix: str = "") -> str:
-    """The dotted names of a nested params dict's leaves, e.g. "attn.W_Q, attn.b_Q, …"."""
-    return ", ".join(_weight_names(value, f"{prefix}{key}.") if isinstance(value, Mapping) else f"{prefix}{key}"
-                     for key, value in tree.items())

@@ -59,6 +59,11 @@ def _is_cjk(char: str) -> bool:
     return any(low <= code <= high for low, high in _CJK_RANGES)
 
 
+def is_text(batch) -> bool:
+    """A text, or a list or tuple of texts (as opposed to a Batch or id arrays)."""
+    return isinstance(batch, str) or (isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch))
+
+
 @dataclasses.dataclass(frozen=True)
 class Word:
     """One word of the input: WordPiece ids with their character spans in the original text."""
