@@ -26,8 +26,8 @@ LAYERS = {  # module (or subpackage) → layer, lowest first
     # The model and what it is built from and loaded with. Within the layer the direction is the import graph's
     # (test_the_import_graph_has_no_cycle): config stands on families' records, a family's code on model.py, the
     # registry on every family, checkpoint on the registry.
-    **{f"minibert.{name}": 1 for name in ("config", "families", "model", "attention", "hooks", "contract", "sites",
-                                          "tokenizer", "tokenizers_hf", "checkpoint", "sources", "accounting",
+    **{f"minibert.{name}": 1 for name in ("config", "families", "model", "dropout", "attention", "hooks", "contract",
+                                          "sites", "tokenizer", "tokenizers_hf", "checkpoint", "sources", "accounting",
                                           "buckets", "pooling", "programs")},
     "minibert.api": 2,
     "minibert.weights": 2,  # the Model's weights by name: a part of api.Model (its base class)

@@ -1,4 +1,4 @@
-"""Dropout (model.Dropout): kept fraction and scaling, placement, and rate 0 = the inference computation."""
+"""Dropout (minibert.dropout.Dropout): kept fraction and scaling, placement, and rate 0 = the inference computation."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_rate_zero_is_the_inference_forward_and_dropout_changes_training_outputs
 
 
 def test_masks_come_from_one_rbg_draw_not_a_threefry_hash_per_value():
-    """A site's mask is one RngBitGenerator draw (rbg key, model.mask_key): the lowered program's only ops on the
+    """A site's mask is one RngBitGenerator draw (rbg key, dropout.mask_key): the lowered program's only ops on the
     mask's n words are that draw and turning bits into uniforms (shifts, or, bitcast), never threefry's rounds
     (xor/rotations over n words), which the site key's 4 seed words alone go through."""
     n = 4096
