@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from minibert.config import head_label
 from minibert.viz._check import VizError
 from minibert.viz._html import page, write_page
-from minibert.viz.figures import _axes, _finish, _legend
+from minibert.viz.figures._base import _axes, _finish, _legend
 
 POSITIVE, NEGATIVE = "#1f6feb", "#cf222e"  # an edge (or token) that raises the metric, one that lowers it
 
