@@ -306,7 +306,8 @@ def test_tour_tells_tutorial_one_with_the_sentences_numbers(open_page, tiny_mlm)
             if said[-1].startswith("4/"):  # the tour's head is the step-through's now
                 assert page.page.input_value("#wb-step-layer-0") == str(layer)
                 assert page.page.input_value("#wb-step-head-0") == str(head)
-            page.page.press("#wb-tour-next", "Enter")  # the keyboard drives the tour too
+            if len(said) < 10:  # (on the last stop, Next is Done and ends the tour)
+                page.page.press("#wb-tour-next", "Enter")  # the keyboard drives the tour too
         assert said[0].startswith("1/10") and said[-1].startswith("10/10") and "click 1-3 " in said[-1]
         assert not any("working it out" in line for line in said)
         assert page.page.locator(".wb-spotlight").count() == 1

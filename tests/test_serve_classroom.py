@@ -104,3 +104,36 @@ def test_the_busy_sign_renders_everywhere_and_moves_nothing(browser, tiny_mlm):
         finally:
             release.set()
             workbench.model.run = original
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two bounding boxes ({x, y, width, height}) share any area."""
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
+def test_the_tour_ends_and_its_box_covers_nothing_it_outlines(open_page, tiny_mlm):
+    """At 1366×768, no stop's box covers the element it outlines; on stop 9 (the neuron view, which fits the window
+    beside the box) it covers none of the views the stop talks about either. On the last stop Next reads "Done"
+    and ends the tour."""
+    with Server([tiny_mlm[0]], tour=True) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": 1366, "height": 768})
+        page.type("a b c d e f g h i j k")
+        for stop in range(1, 11):
+            page.settle()
+            said = page.page.text_content(".wb-tour p")
+            assert said.startswith(f"{stop}/10"), said
+            box = page.page.locator("#wb-tour").bounding_box()
+            outlined = page.page.locator(".wb-spotlight").bounding_box()
+            assert not overlap(box, outlined), said
+            if stop == 9:
+                assert outlined["height"] < 768 - box["height"] - 24  # room for both: the case the lecturer met
+                for kind in ("head", "model", "neuron"):
+                    view = page.page.locator(f"#wb-view-0-{kind}-only").bounding_box()
+                    assert not overlap(box, view), kind
+            expected = "Done" if stop == 10 else "Next"
+            assert page.page.text_content("#wb-tour-next") == expected
+            page.page.click("#wb-tour-next")
+        assert page.page.locator("#wb-tour").count() == 0 and page.page.locator(".wb-spotlight").count() == 0
+        assert page.problems == []

@@ -134,27 +134,47 @@ function minibertTour(page) {
       var target = app.querySelector("#" + prefix + TOUR[at].target());
       if (!target) return;
       target.classList.add("wb-spotlight");
+      place(target);
+    }
+    /** Scroll `target` into the part of the window the box leaves free: the box at the bottom and the target
+        centred above it where both fit (the box then covers only what follows the target), else the box at the
+        top and the target starting just below it. Where the page cannot scroll that far, the other edge. */
+    function place(target) {
       box.classList.remove("wb-tour-top");
-      target.scrollIntoView({block: "center"});
-      var covered = function () {
-        var a = box.getBoundingClientRect(), b = target.getBoundingClientRect();
-        return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-      };
-      if (covered()) box.classList.add("wb-tour-top");  // the box moves to the other edge of the window
+      var clear = box.getBoundingClientRect().height + 16;  // px the box takes, with a gap
+      var tall = target.getBoundingClientRect().height > window.innerHeight - clear - 8;
+      box.classList.toggle("wb-tour-top", tall);
+      target.style.scrollMarginTop = tall ? clear + "px" : "";
+      target.style.scrollMarginBottom = tall ? "" : clear + "px";
+      target.scrollIntoView({block: tall ? "start" : "center"});
+      var a = box.getBoundingClientRect(), b = target.getBoundingClientRect();
+      if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) {
+        box.classList.toggle("wb-tour-top");
+      }
     }
     function show() {
       if (TOUR[at].enter) TOUR[at].enter();
+      var last = at === TOUR.length - 1;  // the last stop's Next ends the tour
+      next.textContent = last ? "Done" : "Next";
+      next.title = last ? "end the tour" : "";
       update();
     }
-    back.addEventListener("click", function () { at = Math.max(0, at - 1); show(); });
-    next.addEventListener("click", function () { at = Math.min(TOUR.length - 1, at + 1); show(); });
-    close.addEventListener("click", function () {
+    function end() {
       box.remove();
       tourView = null;
+      app.style.paddingBottom = "";
       app.querySelectorAll(".wb-spotlight").forEach(function (n) { n.classList.remove("wb-spotlight"); });
+    }
+    back.addEventListener("click", function () { at = Math.max(0, at - 1); show(); });
+    next.addEventListener("click", function () {
+      if (at === TOUR.length - 1) { end(); return; }
+      at += 1;
+      show();
     });
+    close.addEventListener("click", end);
     [says, back, next, close].forEach(function (n) { box.appendChild(n); });
     app.insertBefore(box, controls);
+    app.style.paddingBottom = "45vh";  // room to scroll the page's last view above the box (at most 40vh)
     tourView = {update: update};
     show();
   }
