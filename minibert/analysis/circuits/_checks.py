@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from minibert.analysis._finite import NonFinite, refuse_nonfinite
 from minibert.contract import StaticFn, metric_values, traced_call
 from minibert.errors import AnalysisError
 
@@ -50,10 +51,9 @@ def metric_of(metric: StaticFn, out, n_rows: int) -> jax.Array:
 def check_finite(values, what: str, names: list[str] | None = None) -> np.ndarray:
     """values as a NumPy array, or one AnalysisError naming where they are NaN or infinite: the rows, or the
     entries by `names` (the flattened values' labels)."""
-    values = np.asarray(values)
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        where = [names[i] for i in bad[:5]] if names is not None else [f"row {i}" for i in bad[:5]]
-        raise AnalysisError(f"{what}: not finite (NaN or ±inf) at {', '.join(where)}{' …' if bad.size > 5 else ''}; "
-                            f"check the metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
-    return values
+    def wording(bad: NonFinite) -> str:
+        where = [names[i] if names is not None else f"row {i}" for i in bad.flat[:5]]
+        return (f"{what}: not finite (NaN or ±inf) at {', '.join(where)}{' …' if bad.count > 5 else ''}; check the "
+                f"metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
+
+    return refuse_nonfinite(values, wording)

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import optax.tree_utils as otu
 
+from minibert.analysis._finite import refuse_nonfinite
 from minibert.analysis.probes.features import (
     Features,
     control_labels,
@@ -134,14 +135,10 @@ def checked_features(features, what: str = "features") -> np.ndarray:
     x = np.asarray(getattr(features, "values", features), np.float32)
     if x.ndim != 3 or 0 in x.shape:
         raise AnalysisError(f"{what} must be [L, N, F] with at least one layer, item and feature; got {x.shape}.")
-    finite = np.isfinite(x)
-    if not finite.all():
-        layer, item, feature = np.argwhere(~finite)[0]
-        raise AnalysisError(f"{what} hold {(~finite).sum()} non-finite values (NaN or ±inf), the first at layer "
-                            f"{layer}, item {item}, feature {feature} ({x[layer, item, feature]}); a probe on them "
-                            f"is meaningless. Drop or fix those items (an activation overflowed, or the input "
-                            f"carried NaN).")
-    return x
+    return refuse_nonfinite(x, lambda bad: (
+        f"{what} hold {bad.count} non-finite values (NaN or ±inf), the first at layer {bad.first[0]}, item "
+        f"{bad.first[1]}, feature {bad.first[2]} ({bad.value}); a probe on them is meaningless. Drop or fix those "
+        f"items (an activation overflowed, or the input carried NaN)."))
 
 
 def _checked_labels(labels, n: int, what: str = "labels") -> np.ndarray:

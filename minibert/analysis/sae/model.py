@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis._finite import refuse_nonfinite
 from minibert.errors import AnalysisError
 
 ARCHITECTURES = ("topk", "relu")
@@ -63,11 +64,8 @@ class SAEConfig:
 
 def checked_finite(x: np.ndarray, what: str, why: str) -> None:
     """Refuse activations [N, d] holding NaN or ±inf, naming the first row; `why` says what they would do."""
-    finite = np.isfinite(x)
-    if not finite.all():
-        row = int(np.argwhere(~finite)[0, 0])
-        raise AnalysisError(f"{what} holds {(~finite).sum()} non-finite activations (NaN or ±inf), the first in row "
-                            f"{row}; {why}. Drop those rows.")
+    refuse_nonfinite(x, lambda bad: f"{what} holds {bad.count} non-finite activations (NaN or ±inf), the first in row "
+                                    f"{bad.first[0]}; {why}. Drop those rows.")
 
 
 def init_params(config: SAEConfig, seed: int = 0) -> dict[str, jax.Array]:

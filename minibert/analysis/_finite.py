@@ -1,0 +1,33 @@
+"""The one check that what an analysis is given, or computes, holds no NaN or ±inf. Finding them (how many, where
+the first is) is done here; each caller words the refusal for its own data (rows of activations, a probe's
+features, a metric's values by name)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from minibert.errors import AnalysisError
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """The NaN and ±inf entries of an array: `count` of them, the first at index `first` holding `value`; `flat`:
+    the flat indices of every one, in order."""
+
+    count: int
+    first: tuple[int, ...]
+    value: np.generic
+    flat: np.ndarray
+
+
+def refuse_nonfinite(values, wording: Callable[[NonFinite], str]) -> np.ndarray:
+    """values as a NumPy array, or one AnalysisError whose message is wording(the entries that are not finite)."""
+    values = np.asarray(values)
+    flat = np.flatnonzero(~np.isfinite(values))
+    if flat.size:
+        first = tuple(int(i) for i in np.unravel_index(flat[0], values.shape))
+        raise AnalysisError(wording(NonFinite(int(flat.size), first, values.flat[flat[0]], flat)))
+    return values
