@@ -10,9 +10,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 import test_serve_browser
+from conftest import make_hf_model
 from test_serve_browser import Server, Workbench_page
 from tolerances import assert_close_to_scale, forward_rtol
+
+import minibert
 
 server, open_page = test_serve_browser.server, test_serve_browser.open_page  # its fixtures: a tiny MLM's workbench
 
@@ -136,4 +140,57 @@ def test_the_tour_ends_and_its_box_covers_nothing_it_outlines(open_page, tiny_ml
             assert page.page.text_content("#wb-tour-next") == expected
             page.page.click("#wb-tour-next")
         assert page.page.locator("#wb-tour").count() == 0 and page.page.locator(".wb-spotlight").count() == 0
+        assert page.problems == []
+
+
+LONG_WORDS = ["professor", "afternoon", "explained", "attention"]  # longer than a bar's column
+
+
+@pytest.fixture(scope="module")
+def twelve_heads(tmp_path_factory):
+    """A tiny random masked LM with 12 heads a layer (the bundled model's count) and some long words in its vocab."""
+    directory = tmp_path_factory.mktemp("twelve-heads")
+    make_hf_model(directory, "BertForMaskedLM", scale=0.2, hidden_size=48, num_attention_heads=12)
+    vocab = (directory / "vocab.txt").read_text().splitlines()
+    for word in LONG_WORDS:  # in place of made-up pieces: the ids (and the weights) stay as they are
+        vocab[vocab.index(f"w{LONG_WORDS.index(word)}")] = word
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    return minibert.load(directory)
+
+
+def test_model_view_labels_and_bar_labels_fit_at_1366(open_page, twelve_heads):
+    """Before / after an ablation at 1366×768 (and in projector mode), the model view's column labels of 12 heads
+    neither touch each other nor leave its frame ("Head 10Head 11Head 12", the last cut); the step-through's bars
+    name each key by its whole token (it cut "professor" to "profess…"), with the token in a tooltip."""
+    text = "the professor explained attention this afternoon"
+    with Server([twelve_heads]) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": 1366, "height": 768})
+        page.type(text)
+        page.page.click("#wb-head-0-0-2")
+        page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
+        page.settle()
+        for projector in (False, True):
+            if projector:
+                page.page.click("#wb-projector")
+                page.settle()
+            for side in ("before", "after"):
+                view = f"#wb-views-0 .wb-view-side[data-side={side}] .mbv[data-mbv-kind=model]"
+                frame = page.page.locator(f"{view} .mbv-scroll").bounding_box()
+                labels = page.page.eval_on_selector_all(
+                    f"{view} .mbv-grid .mbv-axis:not(.mbv-rowlab)",
+                    "ns => ns.filter(n => n.textContent).map(n => { const r = document.createRange(); "
+                    "r.selectNodeContents(n); const b = r.getBoundingClientRect(); return [b.left, b.right]; })")
+                assert len(labels) == 12, (side, projector)
+                assert all(right + 2 <= left for (_, right), (left, _) in zip(labels, labels[1:])), (side, labels)
+                assert labels[0][0] >= frame["x"] and labels[-1][1] <= frame["x"] + frame["width"], (side, projector)
+            tokens = twelve_heads.tokenize([text]).tokens[0]
+            assert set(LONG_WORDS) <= set(tokens)
+            for step in ("qk", "scaled", "pattern"):
+                shown = page.page.eval_on_selector_all(
+                    f"#wb-step-0 .wb-step[data-step={step}] .wb-bar-token",
+                    "ns => ns.map(n => [n.textContent, n.title, n.scrollWidth <= n.clientWidth && "
+                    "n.scrollHeight <= n.clientHeight])")
+                assert [token for token, _, _ in shown] == tokens
+                assert all(f"“{token}”" in title and whole for token, title, whole in shown), (step, shown)
         assert page.problems == []

@@ -77,18 +77,24 @@ function modelView(body, meta, arrays, root, page) {
     return gridPicture(root, grid);
   }));
   body.appendChild(controls);
-  body.appendChild(div("mbv-help", "Rows are layers, columns heads, numbered from 1 (tooltips give the 0-indexed " +
-                                   "numbers). Click a thumbnail to enlarge it; Escape closes. Download saves the " +
-                                   "grid, or the enlarged head when one is open."));
-
   // Thumbnails as large as THUMB, smaller where every head of a row must fit the width the view is given (two
   // models or before / after side by side on a 1366-px screen): no head is cut off.
   var room = root.parentNode && root.parentNode.clientWidth ? root.parentNode.clientWidth - 110 : Infinity;
   var size = Math.max(28, Math.min(THUMB, Math.floor(room / meta.heads.length) - 6));
+  // Column labels as wide as their thumbnails allow: "Head 12" over full-size ones, "H12" over shrunk ones.
+  var headWord = size >= THUMB ? "Head " : "H";
+  body.appendChild(div("mbv-help", "Rows are layers, columns heads" + (size >= THUMB ? "" : " (H3: head 3)") +
+                                   ", numbered from 1 (tooltips give the 0-indexed numbers). Click a thumbnail to " +
+                                   "enlarge it; Escape closes. Download saves the grid, or the enlarged head when one " +
+                                   "is open."));
+
   var stage = div("mbv-stage"), grid = div("mbv-grid");
   grid.style.gridTemplateColumns = "auto repeat(" + meta.heads.length + ", " + (size + 2) + "px)";
   grid.appendChild(div("mbv-axis"));
-  meta.heads.forEach(function (h) { grid.appendChild(el("div", {"class": "mbv-axis", title: "0-indexed: " + h}, "Head " + (h + 1))); });
+  meta.heads.forEach(function (h) {
+    grid.appendChild(el("div", {"class": "mbv-axis", title: "head " + (h + 1) + " (0-indexed: " + h + ")"},
+                        headWord + (h + 1)));
+  });
   var thumbs = [];
   meta.layers.forEach(function (l, a) {
     grid.appendChild(el("div", {"class": "mbv-axis mbv-rowlab", title: "0-indexed: " + l}, "Layer " + (l + 1)));

@@ -175,10 +175,15 @@ function minibertStepThrough(page) {
     return step.shape[0] / config.models[0].heads;
   }
 
+  var BAR_LABEL_CHARS = 7;  // characters of a token that fit a bar's column (workbench.css's .wb-bar-col, monospace)
+
   /** One value per key token as bars (q·k and the scores signed around a baseline, the softmax from 0 to 1), each
       with its number (`cell`) and its token below; −∞ (a masked key) has no bar. */
   function bars(step, tokens, cell) {
-    var chart = el("div", {"class": "wb-bars", role: "group", "aria-label": step.label + ", one bar per key token"});
+    // Whole tokens under the bars: written upright (bottom to top) where one is wider than a column.
+    var longest = tokens.reduce(function (m, token) { return Math.max(m, token.length); }, 0);
+    var chart = el("div", {"class": "wb-bars" + (longest > BAR_LABEL_CHARS ? " wb-bars-upright" : ""), role: "group",
+                           "aria-label": step.label + ", one bar per key token"});
     var scale = maxAbs(step.values), signed = step.values.some(function (v) { return v !== null && v < 0; });
     step.values.forEach(function (value, s) {
       var column = el("div", {"class": "wb-bar-col", "data-key": String(s)});
@@ -192,8 +197,8 @@ function minibertStepThrough(page) {
       }
       column.appendChild(track);
       column.appendChild(cell(s, number(value)));
-      column.appendChild(el("span", {"class": "wb-bar-token", title: "key “" + tokens[s] + "” (s = " + s + ")"},
-                            tokens[s]));
+      column.appendChild(el("span", {"class": "wb-bar-token", title: "key “" + tokens[s] + "” (s = " + s + ", "
+                                                                    + "0-indexed)"}, tokens[s]));
       chart.appendChild(column);
     });
     return chart;
