@@ -27,6 +27,7 @@ from minibert.hooks import (
     count_compiles,
     layer_of,
     resolve_names,
+    unstacked,
     writers_for,
 )
 from minibert.model import NO_DROPOUT, Bert, Dropout, Output, position_rows
@@ -275,8 +276,9 @@ class Model(Weights):
         """Every hook point → (shape, dtype) for a batch of 2 × 3 tokens, in forward order."""
         if self._hook_sites is None:
             recorder = Recorder()
-            ids = jnp.zeros((2, 3), jnp.int32)
-            jax.eval_shape(lambda state: nnx.merge(self.graphdef, state)(ids, ids, ids + 1, recorder), self.state)
+            ids = jax.ShapeDtypeStruct((2, 3), jnp.int32)  # shapes only: concrete arrays would compile jnp's ops
+            jax.eval_shape(lambda state, ids: nnx.merge(self.graphdef, state)(ids, ids, ids + 1, recorder),
+                           self.state, ids)
             self._hook_sites = recorder.sites
         return self._hook_sites
 
@@ -351,15 +353,15 @@ class Model(Weights):
 
     # ---- forward passes -------------------------------------------------------------------------------
 
-    def _hook_points(self, writer_leaves, writer_def, capture: frozenset) -> HookPoints:
-        """The hooks of one traced forward, from its writers flattened to traced leaves."""
+    def _hook_points(self, writer_leaves, writer_def, capture: frozenset, stacked: bool = False) -> HookPoints:
+        """The hooks of one traced forward, from its writers flattened to traced leaves (stacked: HookPoints')."""
         writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
         count_compiles(writers, self._hook_compiles)
-        return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim)
+        return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim, stacked)
 
     def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def, dropout=NO_DROPOUT,
                  first_token_only: bool = False):
-        hooks = self._hook_points(writer_leaves, writer_def, capture)
+        hooks = self._hook_points(writer_leaves, writer_def, capture, stacked=True)
         out = self._module(state)(inputs.input_ids, inputs.token_type_ids, inputs.attention_mask, hooks,
                                   inputs.position_ids, dropout, first_token_only)
         return out, hooks.captured
@@ -376,7 +378,8 @@ class Model(Weights):
         return out, hooks.captured
 
     def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None, *,
-                   dropout: Mapping[str, float] | None = None, first_token_only: bool = False) -> Callable:
+                   dropout: Mapping[str, float] | None = None, first_token_only: bool = False,
+                   stacked: bool = False) -> Callable:
         """A pure function `(state, inputs) -> (Output, {name: value})` to compose inside your own
         jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state or
         model.state_from(named parameters).
@@ -384,7 +387,11 @@ class Model(Weights):
         `dropout`: training's rates {"hidden": …, "attention": …, "classifier": …} (model.Dropout); the function
         then takes a third argument, the PRNG key its masks are drawn from, so one step is reproducible.
         `first_token_only`: the last block computes position 0 alone (model.Bert.first_token_suffices: a head that
-        reads [CLS] only; training's sequence classifier), so last_hidden_state is [B, 1, D]."""
+        reads [CLS] only; training's sequence classifier), so last_hidden_state is [B, 1, D].
+        `stacked`: the values of a site captured at several layers of a scanned run come back as one [n, ...] array
+        named hooks.stacked_name ("blocks.0,1,2.attn.hook_pattern"), as Model.run's program returns them
+        (hooks.unstacked splits them): a program capturing every layer then compiles in a time that does not grow
+        with depth."""
         capture = frozenset(self._names(names)) if names != () else frozenset()
         leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
         rates = _dropout_rates(dropout)
@@ -394,7 +401,8 @@ class Model(Weights):
                 raise InputError("forward_fn: a dropout key goes with dropout rates: pass both "
                                  "(forward_fn(dropout={...}) then fn(state, inputs, key)) or neither.")
             drop = NO_DROPOUT if rates is None else Dropout(dropout_key, **rates)
-            return self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop, first_token_only)
+            out, captured = self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop, first_token_only)
+            return out, captured if stacked else unstacked(captured, host=False)
 
         return self._counted(forward)
 
@@ -448,9 +456,12 @@ class Model(Weights):
                 out, values = self._stage_jit(self.state, out, inputs, leaves, stage=stage, capture=capture,
                                               writer_def=writer_def)
                 captured |= {name: np.asarray(value) for name, value in values.items()}
+        captured = unstacked(captured)  # a scanned run's buffers, split outside the program (NumPy views on a CPU)
         if inputs.shape[1] != length:
             out = _cut_output(out, length, self.config.heads)
             captured = {n: buckets.cut(n, v, length) for n, v in captured.items()}
+        if not offload:
+            captured = {n: programs.on_device(v) if isinstance(v, np.ndarray) else v for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
 
     def _pads_safely_under(self, writers: Mapping[str, tuple[HookFn, ...]], rows: int) -> bool:
@@ -521,6 +532,7 @@ class Model(Weights):
         # The shapes of the chosen values, without running the model (the jit's trace serves both).
         _, shapes = self._forward_jit.eval_shape(self.state, inputs, leaves, capture=frozenset(chosen),
                                                  writer_def=writer_def)
+        shapes = unstacked(shapes)
         deltas = {name: jnp.zeros(shapes[name].shape, shapes[name].dtype) for name in chosen}
 
         def objective(deltas):

@@ -284,18 +284,18 @@ def stacked_name(template: str, layers: Iterable[int]) -> str:
     return template.replace("*", ",".join(map(str, layers)), 1)
 
 
-def unstacked(captured: Mapping[str, object]) -> dict[str, object]:
+def unstacked(captured: Mapping[str, object], host: bool = True) -> dict[str, object]:
     """Captures with each stacked buffer (stacked_name) split into its layers' values under their own names, in
-    the order given. Slices of a device array on a CPU are NumPy views of it (slicing it with jax would compile a
-    small program for every new shape; programs.on_device puts them back); shapes (jax.ShapeDtypeStruct) split
-    into the shape of one layer's value."""
+    the order given. host: slices of a device array on a CPU are NumPy views of it (slicing it with jax would
+    compile a small program for every new shape; programs.on_device puts them back); False: sliced as they are
+    (inside a traced function). Shapes (jax.ShapeDtypeStruct) split into the shape of one layer's value."""
     values = {}
     for name, value in captured.items():
         match = _STACKED.match(name)
         if match is None:
             values[name] = value
             continue
-        rows = host_view(value)
+        rows = host_view(value) if host else value
         for slot, layer in enumerate(match.group(1).split(",")):
             values[f"blocks.{layer}.{match.group(2)}"] = (
                 jax.ShapeDtypeStruct(value.shape[1:], value.dtype) if isinstance(value, jax.ShapeDtypeStruct)

@@ -210,6 +210,44 @@ def test_minibert_own_hooks_never_warn(model, monkeypatch):
     assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
 
 
+# ---- captures of a scanned run: one stacked buffer per site, split outside the program -----------------------------
+
+def test_a_scanned_run_returns_each_captured_site_as_one_stacked_buffer(model):
+    """Model.run's program returns a site captured at every layer of the scan as one [L, ...] buffer
+    (hooks.stacked_name), split into the per-layer names outside the program (slicing L outputs inside it made its
+    compile grow with depth): forward_fn(stacked=True), the same program, captures that buffer alone; a site at one
+    layer keeps its own name. run_with_cache's values are the buffer's slices cut to the real length (the same
+    computation at the bucket's length and at the exact one: two fp32 programs, tolerances.forward_rtol)."""
+    names = "blocks.*.attn.hook_pattern"
+    inputs = model.inputs(batch(7))
+    shapes = jax.eval_shape(model.forward_fn(names, stacked=True), model.state, inputs)[1]
+    assert {name: shape.shape for name, shape in shapes.items()} == {"blocks.0,1.attn.hook_pattern": (2, 2, 4, 7, 7)}
+    one = jax.eval_shape(model.forward_fn("blocks.1.attn.hook_z", stacked=True), model.state, inputs)[1]
+    assert list(one) == ["blocks.1.attn.hook_z"]
+    _, stacked = jax.jit(model.forward_fn(names, stacked=True))(model.state, inputs)
+    _, cache = model.run_with_cache(inputs, names=names)
+    assert list(cache) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    for layer in range(2):
+        assert_close_to_scale(cache[f"blocks.{layer}.attn.hook_pattern"],
+                              stacked["blocks.0,1.attn.hook_pattern"][layer],
+                              forward_rtol(model.config, S=bucket_length(7, model.length_buckets)), f"layer {layer}")
+
+
+def test_unstacked_splits_each_buffer_into_its_layers_values():
+    """hooks.unstacked by hand: the buffer of layers 0, 2 and 5 gives its three slots under their own names, other
+    captures pass as they are, and a buffer's shape gives one layer's shape."""
+    buffer = np.arange(24.0, dtype=np.float32).reshape(3, 2, 4)
+    got = hooks.unstacked({"blocks.0,2,5.hook_resid_post": programs.on_device(buffer), "embed.hook_embed": "as is"})
+    assert list(got) == ["blocks.0.hook_resid_post", "blocks.2.hook_resid_post", "blocks.5.hook_resid_post",
+                         "embed.hook_embed"]
+    for slot, layer in enumerate((0, 2, 5)):
+        np.testing.assert_array_equal(got[f"blocks.{layer}.hook_resid_post"], buffer[slot])
+    assert got["embed.hook_embed"] == "as is"
+    shape = hooks.unstacked({"blocks.3,4.hook_resid_post": jax.ShapeDtypeStruct((2, 5, 8), jnp.float32)})
+    assert shape["blocks.4.hook_resid_post"].shape == (5, 8)
+    assert hooks.stacked_name("blocks.*.attn.hook_z", (0, 2, 5)) == "blocks.0,2,5.attn.hook_z"
+
+
 # ---- resident programs: at most Model.max_programs, least recently used out --------------------------------------
 
 def test_the_resident_programs_stay_under_max_programs(model):
