@@ -194,3 +194,40 @@ def test_model_view_labels_and_bar_labels_fit_at_1366(open_page, twelve_heads):
                 assert [token for token, _, _ in shown] == tokens
                 assert all(f"“{token}”" in title and whole for token, title, whole in shown), (step, shown)
         assert page.problems == []
+
+
+def contrast_on_white(css_colour: str) -> float:
+    """WCAG's contrast ratio of an "rgb(r, g, b)" colour against white (21 for black, 4.5 the AA minimum)."""
+    channels = [float(c) / 255 for c in css_colour[css_colour.index("(") + 1:].rstrip(")").split(",")[:3]]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return 1.05 / (luminance + 0.05)
+
+
+def test_projector_mode_enlarges_and_darkens_every_text(open_page, twelve_heads):
+    """In projector mode the "why" panel's summary is as large as the headings, the views' captions and column heads
+    are full contrast (AAA's 7:1 on white at least; they were light grey, 5:1), the neuron view's numbers are half as
+    large again as the 11.5 px ones (they grew to 14 px only), and the head buttons' labels keep a margin inside
+    their borders ("1-10" filled them edge to edge)."""
+    with Server([twelve_heads]) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": 1366, "height": 768})
+        page.type("the professor explained attention")
+        page.page.click("#wb-projector")
+        page.settle()
+        size = lambda selector: float(page.page.eval_on_selector(  # noqa: E731
+            selector, "n => parseFloat(getComputedStyle(n).fontSize)"))
+        assert size("#wb-why-open-0 summary") >= size("#wb-step-0 h2")
+        neuron = "#wb-views-0 .mbv[data-mbv-kind=neuron]"
+        assert size(f"{neuron} svg text.mbv-num") >= 1.5 * 11.5
+        captions = page.page.eval_on_selector_all(
+            f"{neuron} .mbv-help, {neuron} .mbv-sub, #wb-views-0 .mbv svg text.mbv-colhead, #wb-views-0 .mbv-help",
+            "ns => ns.map(n => n.tagName === 'text' ? getComputedStyle(n).fill : getComputedStyle(n).color)")
+        assert len(captions) > 4 and all(contrast_on_white(c) >= 7 for c in captions), captions
+        margins = page.page.eval_on_selector_all(
+            "#wb-heads-0 .wb-head", "ns => ns.map(n => { const r = document.createRange(); r.selectNodeContents(n); "
+            "const t = r.getBoundingClientRect(), b = n.getBoundingClientRect(); "
+            "return Math.min(t.left - b.left, b.right - t.right); })")
+        assert min(margins) >= 6, min(margins)
+        assert page.page.evaluate("document.documentElement.scrollWidth") <= 1366
+        assert page.problems == []

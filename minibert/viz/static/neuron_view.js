@@ -62,11 +62,14 @@ function neuronView(body, meta, arrays, root, page) {
   var cell = Math.max(2, Math.min(6, Math.floor(192 / K))), vectorW = K * cell;
   var x = {label: 4, k: 18, qk: 18 + vectorW + 16};
   x.dot = x.qk + vectorW + 16;
-  x.scaled = x.dot + 74;
-  (meta.terms || []).forEach(function (name) { x[name] = x.scaled; x.scaled += 74; });
-  x.bar = x.scaled + 80;
-  x.softmax = x.bar + 40;
-  var tableW = x.softmax + 72, tableH = 2 * ROW + T * ROW + 4;
+  // A number's box: wider in large type (views.css's .mbv-large, the workbench's projector mode), whose numbers are
+  // half as large again.
+  var NUM = root.classList.contains("mbv-large") ? 90 : 66;
+  x.scaled = x.dot + NUM + 8;
+  (meta.terms || []).forEach(function (name) { x[name] = x.scaled; x.scaled += NUM + 8; });
+  x.bar = x.scaled + NUM + 14;
+  x.softmax = x.bar + NUM - 26;
+  var tableW = x.softmax + NUM + 6, tableH = 2 * ROW + T * ROW + 4;
   var table = svg("svg", {width: tableW, height: tableH, "class": "mbv-neuron"});
   // The q, k and q×k cells (K · (2T + 1) of them) go on a canvas: as SVG they made each click slow.
   var cellsW = x.qk + vectorW - x.k, cells = el("canvas", {"class": "mbv-cells", width: cellsW, height: tableH});
@@ -134,8 +137,8 @@ function neuronView(body, meta, arrays, root, page) {
 
   function number(fragment, column, j, value, text, background, tip) {
     var x0 = x[column];
-    if (background) fragment.appendChild(svg("rect", Object.assign({x: x0, y: rowTop(j) + 2, width: 66, height: ROW - 4, rx: 3}, background)));
-    fragment.appendChild(svg("text", {x: x0 + 62, y: rowTop(j) + ROW / 2, "text-anchor": "end", "class": "mbv-num",
+    if (background) fragment.appendChild(svg("rect", Object.assign({x: x0, y: rowTop(j) + 2, width: NUM, height: ROW - 4, rx: 3}, background)));
+    fragment.appendChild(svg("text", {x: x0 + NUM - 4, y: rowTop(j) + ROW / 2, "text-anchor": "end", "class": "mbv-num",
                                       "data-col": column, "data-key": j, "data-value": value, "data-tip": tip}, text));
   }
 
@@ -193,9 +196,9 @@ function neuronView(body, meta, arrays, root, page) {
     var fragment = document.createDocumentFragment();
     header(fragment, "k", x.k);
     header(fragment, "q \u00d7 k", x.qk);
-    header(fragment, "q\u00b7k", x.dot + 62, "end");
-    (meta.terms || []).forEach(function (name) { header(fragment, name, x[name] + 62, "end"); });
-    header(fragment, terms.length ? "scores" : "q\u00b7k/\u221a" + K, x.scaled + 62, "end");
+    header(fragment, "q\u00b7k", x.dot + NUM - 4, "end");
+    (meta.terms || []).forEach(function (name) { header(fragment, name, x[name] + NUM - 4, "end"); });
+    header(fragment, terms.length ? "scores" : "q\u00b7k/\u221a" + K, x.scaled + NUM - 4, "end");
     header(fragment, "softmax", x.bar);
     fragment.appendChild(svg("text", {x: x.label, y: ROW * 1.5, "class": "mbv-colhead"}, "q"));
     keys.forEach(function (j) {
