@@ -8,11 +8,13 @@ Each measurement builds a fresh random Model (BertModel at all-MiniLM-L6-v2's wi
 times, for `jax.jit(model.forward_fn(names))` on one batch of 8 rows of 32 tokens: the Python trace (jit's
 .trace), the lowering to StableHLO (.lower) and XLA's compile (.compile), in CPU seconds of the process (on a
 shared machine wall time measures the other processes too), JAX's persistent compilation cache off (every
-compile is real). Two programs: the plain forward, and one capturing every attention pattern. Medians of
---repeats fresh models. The last tables time a compiled plain forward, and the gradient of a loss with respect to
-every weight (what a training step computes), scanned and unrolled, in interleaved rounds (CPU seconds): the scan
-reads each layer's weights through a switch on the traced layer (no stacked copy), whose backward pass adds every
-layer's weight cotangent in each step.
+compile is real). Three programs: the plain forward; one capturing every attention pattern as Model.run compiles
+it (one [L, ...] buffer per site, split outside the program: forward_fn(stacked=True)); and the same capture with
+each layer's value sliced out inside the program (forward_fn's default; Model.run's program before). Unrolled, the
+last two are one program (no scan, no buffer). Medians of --repeats fresh models. The last tables time a compiled
+plain forward, and the gradient of a loss with respect to every weight (what a training step computes), scanned and
+unrolled, in interleaved rounds (CPU seconds): the scan reads each layer's weights through a switch on the traced
+layer (no stacked copy), whose backward pass adds every layer's weight cotangent in each step.
 """
 
 from __future__ import annotations
@@ -35,17 +37,19 @@ MINILM = dict(vocab_size=30522, hidden_size=384, num_attention_heads=12, interme
               max_position_embeddings=512)
 # (random_ids draws ids from 1996 up: WordPiece's first words)
 SMOKE = dict(vocab_size=2100, hidden_size=32, num_attention_heads=4, intermediate_size=37, max_position_embeddings=64)
-PROGRAMS = {"plain": (), "every pattern": "blocks.*.attn.hook_pattern"}
+PATTERNS = "blocks.*.attn.hook_pattern"
+PROGRAMS = {"plain": ((), False), "every pattern (Model.run: stacked)": (PATTERNS, True),
+            "every pattern, sliced in the program": (PATTERNS, False)}  # name → (names, stacked)
 
 
 def model_of(width: dict, layers: int, scan: bool) -> minibert.Model:
     return minibert.Model(minibert.BertConfig(num_hidden_layers=layers, **width), seed=0, scan=scan)
 
 
-def compile_seconds(model: minibert.Model, inputs, names) -> dict[str, float]:
+def compile_seconds(model: minibert.Model, inputs, names, stacked: bool = False) -> dict[str, float]:
     """CPU seconds of this process (time.process_time: the work, whatever the machine's load) to trace, lower and
-    compile jax.jit(model.forward_fn(names)) for `inputs`."""
-    fn = jax.jit(model.forward_fn(names))
+    compile jax.jit(model.forward_fn(names, stacked=stacked)) for `inputs`."""
+    fn = jax.jit(model.forward_fn(names, stacked=stacked))
     start = time.process_time()
     traced = fn.trace(model.state, inputs)
     traced_at = time.process_time()
@@ -61,16 +65,18 @@ def measure(width: dict, layers: tuple[int, ...], repeats: int, rows: int, token
     ids = harness.random_ids(rows, tokens, vocab=width["vocab_size"])
     warm = model_of(width, 1, True)  # the process's first compile pays one-time costs: not in the table
     compile_seconds(warm, warm.inputs(ids), ())
-    results = {}
-    for program, names in PROGRAMS.items():
+    results, measured = {}, {}
+    for program, (names, stacked) in PROGRAMS.items():
         for depth in layers:
             for scan in (True, False):
-                samples = []
-                for _ in range(repeats):
-                    model = model_of(width, depth, scan)
-                    samples.append(compile_seconds(model, model.inputs(ids), names))
-                results[program, depth, scan] = {phase: statistics.median(s[phase] for s in samples)
-                                                 for phase in samples[0]}
+                key = (names, stacked and scan, depth, scan)  # unrolled, stacked or not is the same program
+                if key not in measured:
+                    samples = []
+                    for _ in range(repeats):
+                        model = model_of(width, depth, scan)
+                        samples.append(compile_seconds(model, model.inputs(ids), names, stacked and scan))
+                    measured[key] = {phase: statistics.median(s[phase] for s in samples) for phase in samples[0]}
+                results[program, depth, scan] = measured[key]
     return results
 
 
