@@ -19,6 +19,25 @@ from minibert.errors import InputError
 from minibert.model import Bert, parameter_names
 
 
+def _stacked_view(name: str, doc: str) -> property:
+    """A read-only property under TransformerLens' name: layer_weights(name), [L, ...]."""
+    return property(lambda self: self.layer_weights(name), doc=doc)
+
+
+def _qkv_view(kind: str, which: str, doc: str) -> property:
+    """A read-only property: the query, key or value weights (kind "W", [L, H, D, K]: TransformerLens' order, heads
+    before D) or biases (kind "b", [L, H, K]) of every block, from the fused [3, ...] weight where the family fuses
+    q, k and v."""
+    def view(self) -> jax.Array:
+        if f"{kind}_{which}" in self.block_params(0)["attn"]:
+            stacked = self.layer_weights(f"attn.{kind}_{which}")
+        else:
+            stacked = self.layer_weights(f"attn.{kind}_QKV")[:, "QKV".index(which)]
+        return stacked.transpose(0, 2, 1, 3) if kind == "W" else stacked
+
+    return property(view, doc=doc)
+
+
 class Weights:
     """The weight-reading half of api.Model (see the module's docstring)."""
 
@@ -81,76 +100,23 @@ class Weights:
         return jnp.stack([weight(layer) for layer in range(self.config.num_hidden_layers)])
 
     # ---- TransformerLens' weight names and orders: [L, ...] stacks over the blocks -------------------------------
-    # W_Q, W_K, W_V [L, H, D, K]; W_O [L, H, K, D]; b_Q, b_K, b_V [L, H, K]; b_O [L, D]; W_in [L, D, F];
-    # W_out [L, F, D]; b_in [L, F]; b_out [L, D]. minibert's own block weights keep the einsum layout
-    # (layer_weights("attn.W_Q") is [L, D, H, K]); these give TransformerLens' order under its names, so code
-    # written for HookedTransformer (per-head norms over axes (2, 3), W_Q[l, h] a [D, K] matrix) reads them as is.
+    # minibert's own block weights keep the einsum layout (layer_weights("attn.W_Q") is [L, D, H, K]); these give
+    # TransformerLens' order under its names, so code written for HookedTransformer (per-head norms over axes
+    # (2, 3), W_Q[l, h] a [D, K] matrix) reads them as is.
 
-    def _qkv(self, kind: str, which: str) -> jax.Array:
-        """attn.{kind}_{which} of every block, from the fused [3, ...] weight where the family fuses q, k, v."""
-        if f"{kind}_{which}" in self.block_params(0)["attn"]:
-            return self.layer_weights(f"attn.{kind}_{which}")
-        return self.layer_weights(f"attn.{kind}_QKV")[:, "QKV".index(which)]
-
-    @property
-    def W_Q(self) -> jax.Array:
-        """[L, H, D, K] query weights, TransformerLens' order (layer_weights("attn.W_Q") is [L, D, H, K])."""
-        return self._qkv("W", "Q").transpose(0, 2, 1, 3)
-
-    @property
-    def W_K(self) -> jax.Array:
-        """[L, H, D, K] key weights, TransformerLens' order."""
-        return self._qkv("W", "K").transpose(0, 2, 1, 3)
-
-    @property
-    def W_V(self) -> jax.Array:
-        """[L, H, D, K] value weights, TransformerLens' order."""
-        return self._qkv("W", "V").transpose(0, 2, 1, 3)
-
-    @property
-    def W_O(self) -> jax.Array:
-        """[L, H, K, D] output weights of each head (the same order as TransformerLens')."""
-        return self.layer_weights("attn.W_O")
-
-    @property
-    def b_Q(self) -> jax.Array:
-        """[L, H, K] query biases."""
-        return self._qkv("b", "Q")
-
-    @property
-    def b_K(self) -> jax.Array:
-        """[L, H, K] key biases."""
-        return self._qkv("b", "K")
-
-    @property
-    def b_V(self) -> jax.Array:
-        """[L, H, K] value biases."""
-        return self._qkv("b", "V")
-
-    @property
-    def b_O(self) -> jax.Array:
-        """[L, D] the attention output's bias."""
-        return self.layer_weights("attn.b_O")
-
-    @property
-    def W_in(self) -> jax.Array:
-        """[L, D, F] the MLP's input weights (ModernBERT's GeGLU: [L, D, 2, F])."""
-        return self.layer_weights("mlp.W_in")
-
-    @property
-    def W_out(self) -> jax.Array:
-        """[L, F, D] the MLP's output weights."""
-        return self.layer_weights("mlp.W_out")
-
-    @property
-    def b_in(self) -> jax.Array:
-        """[L, F] the MLP's input bias."""
-        return self.layer_weights("mlp.b_in")
-
-    @property
-    def b_out(self) -> jax.Array:
-        """[L, D] the MLP's output bias."""
-        return self.layer_weights("mlp.b_out")
+    W_Q = _qkv_view("W", "Q", "[L, H, D, K] query weights, TransformerLens' order (layer_weights('attn.W_Q') is "
+                              "[L, D, H, K]).")
+    W_K = _qkv_view("W", "K", "[L, H, D, K] key weights, TransformerLens' order.")
+    W_V = _qkv_view("W", "V", "[L, H, D, K] value weights, TransformerLens' order.")
+    b_Q = _qkv_view("b", "Q", "[L, H, K] query biases.")
+    b_K = _qkv_view("b", "K", "[L, H, K] key biases.")
+    b_V = _qkv_view("b", "V", "[L, H, K] value biases.")
+    W_O = _stacked_view("attn.W_O", "[L, H, K, D] output weights of each head (the same order as TransformerLens').")
+    b_O = _stacked_view("attn.b_O", "[L, D] the attention output's bias.")
+    W_in = _stacked_view("mlp.W_in", "[L, D, F] the MLP's input weights (ModernBERT's GeGLU: [L, D, 2, F]).")
+    W_out = _stacked_view("mlp.W_out", "[L, F, D] the MLP's output weights.")
+    b_in = _stacked_view("mlp.b_in", "[L, F] the MLP's input bias.")
+    b_out = _stacked_view("mlp.b_out", "[L, D] the MLP's output bias.")
 
     # ---- the embedding tables -------------------------------------------------------------------------------
 
