@@ -87,7 +87,7 @@ def test_a_masked_lm_explains_its_top_guess_and_without_mask_the_cls_length(tiny
     plain = "a b c d"
     answer = ask(model, {"text": plain})
     hidden = np.asarray(model(model.tokenize([plain])).last_hidden_state)[0, 0]
-    assert "[CLS]" in answer["target"]
+    assert "[CLS]" in answer["target"] and "[MASK]" in answer["hint"]  # and how to get the top guess explained
     assert_close_to_scale([answer["value"]], [np.linalg.norm(hidden)],
                           forward_rtol(model.config, len(answer["tokens"])), "[CLS] length")
 

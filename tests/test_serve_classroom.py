@@ -7,6 +7,7 @@ tests/tolerances.py's forward bound."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -230,4 +231,40 @@ def test_projector_mode_enlarges_and_darkens_every_text(open_page, twelve_heads)
             "return Math.min(t.left - b.left, b.right - t.right); })")
         assert min(margins) >= 6, min(margins)
         assert page.page.evaluate("document.documentElement.scrollWidth") <= 1366
+        assert page.problems == []
+
+
+@pytest.fixture(scope="module")
+def sentence_model(tmp_path_factory):
+    """A tiny random encoder saved as a sentence-transformers model (Transformer → mean Pooling), the bundled model's
+    kind: its output is the A–B similarity."""
+    directory = tmp_path_factory.mktemp("sentence-model")
+    make_hf_model(directory, "BertModel", seed=3)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                     "pooling_mode_mean_tokens": True}))
+    return minibert.load(directory)
+
+
+def test_the_why_panel_of_a_sentence_model_says_to_type_sentence_b(open_page, sentence_model):
+    """Opened on a sentence model (whose output is the A–B similarity) with no sentence B, the panel says to type one
+    and where the similarity's heads show (ablating them), and explains no ‖h[CLS]‖ with "(no head reads this text)"
+    (a number a self-attention lab cannot use); with a sentence B it says the same, and Outputs show the similarity."""
+    assert sentence_model.pooling is not None
+    with Server([sentence_model]) as running:
+        page = open_page(running)
+        page.type("a b c d")
+        page.page.click("#wb-why-open-0 summary")
+        page.page.wait_for_selector("#wb-why-0[aria-busy=false] .wb-why-hint")
+        said = page.page.text_content("#wb-why-body-0")
+        assert "type a sentence B" in said and "ablate" in said
+        assert "‖h[CLS]‖" not in said and "no head reads" not in said
+        assert page.page.locator("#wb-why-0 .wb-why-token, #wb-why-0 .wb-why-head").count() == 0
+        page.type("a b c d", "e f")
+        page.page.wait_for_selector("#wb-why-0[aria-busy=false] .wb-why-hint")
+        assert page.page.locator("#wb-outputs-0 .wb-value[data-kind=similarity]").count() == 1
+        assert "type a sentence B" in page.page.text_content("#wb-why-body-0")
         assert page.problems == []

@@ -5,10 +5,11 @@ What is explained is one number of the output, the *target* (`target`):
     sequence classifier   the logit of the class the model predicts for the text
     masked LM             the top guess's logit at the first [MASK] (max over the vocabulary)
     token classifier      the top label's logit at the chosen query token
+    a sentence model      nothing: its output is the similarity of two texts, which no one text's score stands in
+                          for; the answer's `hint` says so, and where to look instead (Outputs, ablating heads)
     anything else         ‖h_[CLS]‖, the length of the final hidden state at [CLS] (a checkpoint with no head, a
                           masked LM without [MASK]): which tokens and heads build the vector the model ends with
-                          at its first position (the sentence vector of a [CLS]-pooled model; a fixed, text-
-                          independent readout for a mean-pooled one, unlike a cosine to another text)
+                          at its first position; `hint` says how to get a score of the model's own instead
 Token attributions: integrated gradients (STEPS Gauss–Legendre points, [PAD] baseline; docs/circuits.md), one per
 token. Heads: each head's direct effect on the target along the skip path frozen at the run
 (analysis.direct_attribution), the TOP_HEADS largest by |value|. Each (bucket length, target) is two compiled
@@ -42,28 +43,43 @@ def _cls_length(out):
     return jnp.linalg.norm(out.last_hidden_state[:, 0].astype(jnp.float32), axis=-1)
 
 
+SIMILARITY_HINT = ("This model's output is the similarity of sentence A and sentence B: type a sentence B to see it "
+                   "in Outputs, and click heads to ablate them to see which ones move it (tutorial 4 sweeps every "
+                   "head). This panel explains a score of one text (a class, a masked-LM guess, a token's label), "
+                   "which this model does not output.")
+CLS_LENGTH = "‖h[CLS]‖, the length of the vector the last layer writes at [CLS], the first token"
+
+
 def target(model, run, query: int):
-    """(metric function of the output, what it is in words) for one workbench Run (its logits, ids, tokens)."""
+    """(metric function of the output, what it is in words, a hint or None) for one workbench Run (its logits, ids,
+    tokens); (None, None, hint) for a sentence model, whose output (a similarity of two texts) is not explained."""
     heads, tokenizer = model.config.heads, model.tokenizer
     if heads.classifier == "sequence":
         c = int(np.argmax(run.logits))
-        return _class_logit(c), f"the logit of the predicted class “{model.config.id2label[c]}”"
+        return _class_logit(c), f"the logit of the predicted class “{model.config.id2label[c]}”", None
     if heads.mlm and (run.ids == tokenizer.mask_token_id).any():
         position = int(np.flatnonzero(run.ids == tokenizer.mask_token_id)[0])
-        return _top_logit_at(position), f"the top guess's logit at the first [MASK] (position {position})"
+        return _top_logit_at(position), f"the top guess's logit at the first [MASK] (position {position})", None
     if heads.classifier == "token":
-        return _top_logit_at(query), f"the top label's logit at the chosen token (position {query})"
-    return _cls_length, "‖h[CLS]‖, the length of the final [CLS] vector (no head reads this text)"
+        return _top_logit_at(query), f"the top label's logit at the chosen token (position {query})", None
+    if model.pooling is not None:
+        return None, None, SIMILARITY_HINT
+    hint = (f"Put {tokenizer.mask_token} in the text: the panel then explains the model's top guess there."
+            if heads.mlm else "This checkpoint has no head, so it outputs no score of its own to explain.")
+    return _cls_length, CLS_LENGTH, hint
 
 
 def why(workbench, body: Mapping) -> dict:
     """The answer to the page's "why" request (docs/serve.md): {target, value, tokens, scores [T], baseline_value,
-    completeness_gap, method, steps, heads: [{layer, head, label, value}], linear}. `query` (0-indexed, default 0)
-    is the token a token classifier's target reads."""
+    completeness_gap, method, steps, heads: [{layer, head, label, value}], linear, hint}; for a sentence model
+    only {target: None, tokens, hint}. `query` (0-indexed, default 0) is the token a token classifier's target
+    reads."""
     request = workbench._request({**body, "ablate": []})
     run = workbench._run(request)
     query = index(body, "query", len(run.tokens), "tokens here", 0)
-    metric, described = target(workbench.model, run, query)
+    metric, described, hint = target(workbench.model, run, query)
+    if metric is None:
+        return {"target": None, "tokens": run.tokens, "hint": hint}
     batch = workbench._batch(request)
     padded = workbench._padded(batch.input_ids, batch.token_type_ids)  # one program per bucket, as the runs
     length = len(run.tokens)
@@ -77,4 +93,4 @@ def why(workbench, body: Mapping) -> dict:
     return {"target": described, "value": float(tokens.metric[0]), "tokens": run.tokens,
             "scores": [float(s) for s in tokens.scores[0, :length]], "baseline_value": float(tokens.baseline_metric[0]),
             "completeness_gap": float(tokens.completeness_gap[0]), "method": tokens.method, "steps": STEPS,
-            "heads": top, "linear": direct.linear}
+            "heads": top, "linear": direct.linear, "hint": hint}

@@ -61,6 +61,8 @@ function minibertWhy(page) {
   function draw(panel, answer) {
     var shown = panel.why.shown;
     clear(shown);
+    if (answer.hint) shown.appendChild(el("p", {"class": "wb-why-hint"}, answer.hint));
+    if (answer.target === null) return;  // a sentence model: nothing of one text to explain (the hint says why)
     var target = el("p", {"class": "wb-why-target"}, "Explains " + answer.target + " = ");
     target.appendChild(el("span", {"class": "wb-why-value", "data-value": String(answer.value)}, number(answer.value)));
     target.appendChild(document.createTextNode(" (the text as typed, no head ablated)."));
