@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import anywidget  # noqa: F401 (viz.explore imports it lazily; the test needs it installed)
 import numpy as np
@@ -15,6 +16,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert import viz
 from minibert.app import serve
+from minibert.buckets import bucket_length
 from minibert.families.deberta_v2 import position_terms
 from minibert.viz import _html, views
 from minibert.viz.views import TERMS
@@ -33,14 +35,59 @@ TOKEN = "t"
 def test_widget_messages_match_the_server(tiny_mlm, action, body):
     model = tiny_mlm[0]
     widget = viz.explore(model)
-    sent = []
-    widget.send = sent.append  # what the widget would send to the page
-    widget._handle_custom_msg({"id": 7, "action": action, "body": body}, [])
+    sent = answered(widget, {"id": 7, "action": action, "body": body})
     client = TestClient(serve.create_app([Workbench(model)], TOKEN, port=1), base_url="http://127.0.0.1:1")
     http = client.post(f"/api/{action}", json=body, headers={serve.TOKEN_HEADER: TOKEN}).json()
-    assert len(sent) == 1 and sent[0]["id"] == 7
-    from_widget = sent[0].get("answer", {"error": sent[0].get("error")})
+    assert sent["id"] == 7
+    from_widget = sent.get("answer", {"error": sent.get("error")})
     assert json.loads(json.dumps(from_widget)) == http
+
+
+ANSWER_HANG_GUARD_S = 300  # an answer takes seconds (a first compile); this only stops a hang
+
+
+def answered(widget, message: dict) -> dict:
+    """What the widget sends back to the page for one message, through its own handler (answered on one of its
+    threads, or at once)."""
+    sent, arrived = [], threading.Event()
+    widget.send = lambda reply: (sent.append(reply), arrived.set())  # what the widget would send to the page
+    widget._handle_custom_msg(message, [])
+    assert arrived.wait(ANSWER_HANG_GUARD_S), f"no answer to {message} in {ANSWER_HANG_GUARD_S} s"
+    assert len(sent) == 1
+    return sent[0]
+
+
+def test_the_kernel_says_what_compiles_while_it_runs(tiny_mlm):
+    """A kernel reads its messages one at a time: the widget's handler returns at once and works a run out on a
+    thread, so the page's "status" message is answered meanwhile, naming the program that compiles (the page then
+    says "compiling for N-token texts…"); the run's answer follows. (The run is held on an event: a long compile.)"""
+    widget = viz.explore(tiny_mlm[0])
+    workbench, release, entered = widget.workbench, threading.Event(), threading.Event()
+    original = workbench.model.run
+
+    def held_run(*args, **kwargs):
+        entered.set()
+        release.wait(timeout=ANSWER_HANG_GUARD_S)
+        return original(*args, **kwargs)
+
+    sent, handled = [], threading.Event()
+    widget.send = sent.append
+    workbench.model.run = held_run
+    try:
+        kernel = threading.Thread(target=lambda: (widget._handle_custom_msg(
+            {"id": 1, "action": "run", "body": {"text": "a b c"}}, []), handled.set()), daemon=True)
+        kernel.start()
+        assert entered.wait(ANSWER_HANG_GUARD_S)
+        assert handled.wait(10), "the handler waited for the run: the kernel could read no other message"
+        widget._handle_custom_msg({"id": 2, "action": "status", "body": {}}, [])
+        assert [reply["id"] for reply in sent] == [2]
+        assert sent[0]["answer"]["compiling"] == [{"what": "run", "tokens": bucket_length(5, workbench.buckets)}]
+    finally:
+        release.set()
+        workbench.model.run = original
+    widget.answering.shutdown(wait=True)
+    assert [reply["id"] for reply in sent] == [2, 1]
+    assert sent[1]["answer"]["tokens"] == ["[CLS]", "a", "b", "c", "[SEP]"]
 
 
 def test_widget_carries_the_pages_code(tiny_mlm):
@@ -158,10 +205,7 @@ def test_two_widgets_on_one_page_are_independent(browser, tiny_mlm):
     widgets = [viz.explore(tiny_mlm[0]) for _ in range(2)]
 
     def kernel(n: int, message: dict) -> dict:  # the widget's own message handler, its answer returned
-        sent = []
-        widgets[n].send = sent.append
-        widgets[n]._handle_custom_msg(message, [])
-        return sent[0]
+        return answered(widgets[n], message)
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     problems = []

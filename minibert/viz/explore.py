@@ -3,12 +3,17 @@
     explore(model)                                      # the page `minibert serve` shows, driven by the kernel
 
 The page's requests reach the kernel as messages and are answered by viz.workbench.Workbench.answer, the same
-function the HTTP server (minibert.app.serve) answers with.
+function the HTTP server (minibert.app.serve) answers with. A kernel handles its messages one at a time, so the
+answers are worked out on threads (as the server's are) and the message handler returns at once: the page's
+"status" question, answered on the kernel's own thread, gets through while a run compiles, and the page says
+"compiling for N-token texts…" as the served page does.
 """
 
 from __future__ import annotations
 
 import json
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 from minibert.errors import InputError, MinibertError
@@ -75,8 +80,32 @@ def explore(model, *, max_tokens: int = MAX_TOKENS):
 
     widget = Explorer(config=json.dumps({"models": [workbench.info()], "tour": False}))
     widget.workbench = workbench
-    widget.on_msg(lambda _, content, buffers: widget.send(reply(workbench, content)))
+    widget.answering = ThreadPoolExecutor(ANSWERING_THREADS, thread_name_prefix="explore")
+    widget.on_msg(lambda _, content, buffers: answer(widget, content))
     return widget
+
+
+ANSWERED_AT_ONCE = ("status", "info")  # wait for nothing: answered on the kernel's thread, between other messages
+ANSWERING_THREADS = 4  # the page asks for a run, a step and the "why" panel at once; the workbench's locks order them
+
+
+def answer(widget, message) -> None:
+    """Send the widget the answer to one message: at once for ANSWERED_AT_ONCE, else from one of its threads, so
+    that the kernel reads the next message (the page's "what compiles now?") while this one computes."""
+    action = message.get("action") if isinstance(message, dict) else None
+    if action in ANSWERED_AT_ONCE:
+        widget.send(reply(widget.workbench, message))
+    else:
+        widget.answering.submit(_send_reply, widget, message)
+
+
+def _send_reply(widget, message) -> None:
+    try:
+        widget.send(reply(widget.workbench, message))
+    except Exception as error:  # a bug, not bad input: the page must still hear back (else it waits forever)
+        traceback.print_exc()  # the kernel's log keeps the traceback
+        widget.send({"id": (message if isinstance(message, dict) else {}).get("id"),
+                     "error": f"the kernel failed to answer: {type(error).__name__}: {error}"})
 
 
 def reply(workbench: Workbench, message) -> dict:
