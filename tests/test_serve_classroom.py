@@ -268,3 +268,20 @@ def test_the_why_panel_of_a_sentence_model_says_to_type_sentence_b(open_page, se
         assert page.page.locator("#wb-outputs-0 .wb-value[data-kind=similarity]").count() == 1
         assert "type a sentence B" in page.page.text_content("#wb-why-body-0")
         assert page.problems == []
+
+
+def test_the_tours_last_stop_asks_a_sentence_model_for_sentence_b_first(open_page, sentence_model, tiny_mlm):
+    """The last stop asks to ablate 1-3. A sentence model's output, the A–B similarity, needs a sentence B, so there
+    it first asks for one (without it Outputs showed no number to compare); it says where the change shows (the
+    ablation acts after the head's softmax: later layers). A masked LM's tour asks for no sentence B."""
+    for model, asks in ((sentence_model, True), (tiny_mlm[0], False)):
+        with Server([model], tour=True) as running:
+            page = open_page(running)
+            page.type("a b c d")
+            for _ in range(9):
+                page.page.click("#wb-tour-next")
+            page.settle()
+            said = page.page.text_content(".wb-tour p")
+            assert said.startswith("10/10") and "click 1-3 " in said and "next layer on" in said, said
+            assert ("type a sentence B first" in said) == asks, said
+            assert page.problems == []

@@ -101,8 +101,12 @@ function minibertTour(page) {
     }},
     {target: function () { return "head-0-" + TOUR_LAYER + "-" + TOUR_HEAD; }, say: function (f) {
       var guesses = config.models[0].outputs.indexOf("mlm") >= 0;
-      return ["Now intervene: click " + f.head + " (the outlined button) to ablate this head and see the outputs " +
-              "and the views before vs after; " + (guesses ? "[MASK] a token to see the model's guesses change."
+      var pair = config.models[0].outputs.indexOf("similarity") >= 0;  // its output needs a sentence B
+      return ["Now intervene: " + (pair ? "type a sentence B first (a paraphrase of yours, say), so that Outputs " +
+              "show the A–B similarity; then " : "") + "click " + f.head + " (the outlined button) to ablate this " +
+              "head and see the outputs and the views before vs after. The ablation replaces the head's z after its " +
+              "softmax: its own pattern stays as it was, and the views change from the next layer on. " +
+              (guesses ? "[MASK] a token to see the model's guesses change."
                 : "[MASK] a token to see the computation change (this model has no masked-LM head, so it makes " +
                   "no guesses).")];
     }}
