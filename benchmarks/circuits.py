@@ -14,8 +14,6 @@ changed), a metric read off the mean-pooled sentence vector:
 
 from __future__ import annotations
 
-import argparse
-
 import jax.numpy as jnp
 import numpy as np
 from harness import (
@@ -23,6 +21,7 @@ from harness import (
     block,
     bundled_dir,
     check_times,
+    command_line,
     fmt,
     hf_model,
     load_average,
@@ -78,10 +77,7 @@ def captum_ig(hf, batch, direction, steps: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 timed runs per case instead of 7")
-    parser.add_argument("--smoke", action="store_true", help="2 pairs, 2 steps, 3 patched edges, one run per case")
-    args = parser.parse_args(argv)
+    args = command_line(__doc__, smoke="2 pairs, 2 steps, 3 patched edges, one run per case").parse_args(argv)
     settings = Settings.make(args.quick, args.smoke)
     pairs = PAIRS[:2] if args.smoke else PAIRS
     steps, ig_steps, sampled = (2, 2, 3) if args.smoke else (5, 50, 20)

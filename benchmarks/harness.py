@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import os
@@ -35,6 +36,19 @@ class Settings:
         if smoke:
             return cls(True, repeats=1, warmup=0, smoke=True)
         return cls(quick, repeats=3 if quick else 7, warmup=1 if quick else 2)
+
+
+QUICK = "3 timed runs per case instead of 7"  # --quick's help where it means Settings.make's quick
+
+
+def command_line(doc: str, smoke: str, quick: str | None = QUICK) -> argparse.ArgumentParser:
+    """A benchmark's options, described by its docstring's first line: --quick (fewer timed runs, as `quick` says;
+    None: no such option) and --smoke (CI's check that the script runs, at the size `smoke` says)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+    return parser
 
 
 # ---- timing -----------------------------------------------------------------------------------------------

@@ -19,12 +19,10 @@ rather than the method; one core and one torch thread compare the work done.
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import Settings, block, bundled_dir, fmt, hf_model, machine, markdown_table, time_round_robin
+from harness import Settings, block, bundled_dir, command_line, fmt, hf_model, machine, markdown_table, time_round_robin
 
 import minibert
 from minibert import HookFn
@@ -143,10 +141,7 @@ def torch_attribution(hf, ids, types, steps: int) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 timed runs per case instead of 7")
-    parser.add_argument("--smoke", action="store_true", help="a short pair, 2 steps, one run per case (CI)")
-    args = parser.parse_args(argv)
+    args = command_line(__doc__, smoke="a short pair, 2 steps, one run per case (CI)").parse_args(argv)
     settings = Settings.make(args.quick, args.smoke)
     steps = 2 if args.smoke else 20
     question, review = (SMOKE_QUESTION, SMOKE_REVIEW) if args.smoke else (QUESTION, REVIEW)

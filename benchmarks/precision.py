@@ -12,7 +12,6 @@ result back, so on a CPU bf16 compute is overhead alone. finetune warns with the
 
 from __future__ import annotations
 
-import argparse
 import re
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 from harness import (
     Settings,
     bundled_dir,
+    command_line,
     fmt,
     load_average,
     machine,
@@ -51,10 +51,8 @@ def lowered_converts(model, rows: dict, dtype) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 timed steps per dtype instead of 7")
-    parser.add_argument("--smoke", action="store_true", help="a tiny random model, 2 × 16, one timed step (CI)")
-    args = parser.parse_args(argv)
+    args = command_line(__doc__, smoke="a tiny random model, 2 × 16, one timed step (CI)",
+                        quick="3 timed steps per dtype instead of 7").parse_args(argv)
     settings = Settings.make(args.quick, args.smoke)
     batch, length = (2, 16) if args.smoke else (16, 128)
     scratch = scratch_dir()

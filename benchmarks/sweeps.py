@@ -23,11 +23,11 @@ interventions.ablate_heads, as ablation_sweep builds it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import time
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -175,9 +175,7 @@ def rss_gib() -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 timed runs per case instead of 7")
-    parser.add_argument("--smoke", action="store_true", help="a short sentence pair, one run per case (CI)")
+    parser = harness.command_line(__doc__, smoke="a short sentence pair, one run per case (CI)")
     cores = len(os.sched_getaffinity(0))
     parser.add_argument("--torch-threads", type=int, default=cores,
                         help="PyTorch's intra-op threads (default: every core this process may use, as XLA; "
