@@ -200,6 +200,48 @@ def test_a_view_packs_its_data_and_escapes_user_text():
         toy_view(["a", "b", "c", "d"], [1.0])
 
 
+def toy_figure(values, tokens, *, title: str = "", ax=None, path=None):
+    """A toy figure as docs/architecture.md says to write one: arrays checked with viz/_check, an Axes of the
+    caller's or a new NotebookFigure, user text drawn literally, saved by suffix."""
+    from minibert.viz import _check
+    from minibert.viz.figures._base import _axes, _finish, _tick_labels
+
+    tokens = _check.token_list(tokens)
+    v = _check.matrix("values", values, 1, "[T] (one number per token)")
+    if v.shape != (len(tokens),):
+        raise _check.VizError(f"values must hold one number per token ({len(tokens)}); got {v.shape}.")
+    fig, ax = _axes(ax, (4.0, 3.0))
+    ax.bar(np.arange(len(tokens)), v)
+    _tick_labels(ax, "x", tokens)
+    ax.set_title(title, parse_math=False)
+    return _finish(fig, path)
+
+
+def test_a_figure_draws_its_arrays_and_saves_by_suffix(tmp_path):
+    """The toy figure holds its values (one bar per token), shows itself as a PNG, keeps "$x$" as typed, draws into
+    an Axes it is given, saves .svg by suffix and refuses another suffix and a bad array, each one VizError."""
+    from matplotlib.figure import Figure
+
+    from minibert.viz import VizError, figures
+
+    values = np.array([0.5, 2.0, 1.0])
+    fig = toy_figure(values, ["$x$", "b", "c"], title="$y$")
+    assert isinstance(fig, figures.NotebookFigure) and fig._repr_png_().startswith(b"\x89PNG")
+    ax = fig.axes[0]
+    np.testing.assert_array_equal([bar.get_height() for bar in ax.patches], values)  # drawn as given, no arithmetic
+    assert ax.get_xticklabels()[0].get_text() == "$x$" and not ax.get_xticklabels()[0].get_parse_math()
+    assert ax.title.get_text() == "$y$" and not ax.title.get_parse_math()
+    own = Figure()
+    assert toy_figure(values, ["a", "b", "c"], ax=own.add_subplot()) is own
+    saved = tmp_path / "toy.svg"
+    toy_figure(values, ["a", "b", "c"], path=saved)
+    assert saved.read_text().lstrip().startswith("<?xml")
+    with pytest.raises(VizError, match=r"must end in \.png, \.svg or \.pdf"):
+        toy_figure(values, ["a", "b", "c"], path=tmp_path / "toy.txt")
+    with pytest.raises(VizError, match=r"one number per token \(3\)"):
+        toy_figure([1.0], ["a", "b", "c"])
+
+
 def test_a_cli_command_is_a_subparser_whose_errors_are_one_line(monkeypatch, capsys):
     """A toy command added as build_parser adds one: its output on stdout; a MinibertError from the library it
     calls is one line `minibert NAME: error: …` and exit status 2."""
