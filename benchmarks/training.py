@@ -11,6 +11,13 @@ AdamW's two moments (3 × parameters × 4 bytes) plus the activations a backward
     taskset -c 0 python benchmarks/training.py [--quick]   # one core, one torch thread
     python benchmarks/training.py --all-cores              # every core the process may use, both sides
     python benchmarks/training.py --smoke                  # a tiny random model, B × T = 2 × 16, one run (CI)
+    python benchmarks/training.py --compile                # the step's compile time, scanned against unrolled
+
+--compile (issue 28): seconds to trace and lower finetune's step, and to compile it in XLA, for a random model of
+the bert-base shape (12 layers × 768; --compile-model minilm: all-MiniLM-L6-v2's) in float32 and bfloat16
+compute, with the blocks scanned (model.Bert.stack) and unrolled (Model(..., scan=False): the stack issue 28
+measured at 21.5 s / 37 s). Each case runs in a fresh process with the persistent compilation cache off; wall and
+CPU seconds of that process (CPU seconds are the steadier on a shared machine: XLA compiles on one thread).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -175,6 +183,50 @@ def estimate_bytes(model, batch: int, length: int) -> tuple[int, int]:
     return 3 * 4 * parameters, accounting.activation_bytes(model.config, batch, length, blocks=layers, backward=True)
 
 
+# ---- --compile: the step's compile time against the stack ------------------------------------------------------
+
+SHAPES = {"bert-base": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                           intermediate_size=3072, max_position_embeddings=512),
+          "minilm": dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                         intermediate_size=1536, max_position_embeddings=512),  # all-MiniLM-L6-v2's
+          "tiny": dict(vocab_size=30522, hidden_size=64, num_hidden_layers=12, num_attention_heads=4,
+                       intermediate_size=128, max_position_embeddings=512)}  # --smoke
+
+
+def step_compile(shape: str, scan: bool, compute_dtype: str, batch: int, length: int, dropout: float) -> dict:
+    """Wall and CPU seconds to trace and lower finetune's step (step_program) for a random classifier of `shape`,
+    then to compile it in XLA; in this process, whose persistent compilation cache is off."""
+    config = minibert.BertConfig(**SHAPES[shape], architecture="BertForSequenceClassification", id2label=LABELS)
+    model = minibert.Model(config, seed=0, scan=scan)
+    rows = inputs(batch, length, config.vocab_size)
+    train, args = step_program(model, rows, jnp.dtype(compute_dtype), dropout)
+    times = [(time.perf_counter(), time.process_time())]
+    lowered = train.lower(*args)
+    times.append((time.perf_counter(), time.process_time()))
+    lowered.compile()
+    times.append((time.perf_counter(), time.process_time()))
+    (w0, c0), (w1, c1), (w2, c2) = times
+    return {"lower_wall": w1 - w0, "lower_cpu": c1 - c0, "compile_wall": w2 - w1, "compile_cpu": c2 - c1}
+
+
+def compile_table(shape: str, batch: int, length: int, dropout: float) -> str:
+    """Each case (stack × compute dtype) in a fresh process; a Markdown table with the scanned/unrolled ratio."""
+    rows, totals = [], {}
+    for dtype in ("float32", "bfloat16"):
+        for scan in (False, True):
+            env = os.environ | {"MINIBERT_COMPILATION_CACHE": "0"}
+            command = [sys.executable, __file__, "--compile-child", shape, str(scan), dtype, str(batch), str(length),
+                       str(dropout)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+            seconds = json.loads(out.stdout.strip().splitlines()[-1])
+            totals[scan, dtype] = seconds["lower_cpu"] + seconds["compile_cpu"]
+            rows.append([shape, "scanned" if scan else "unrolled", dtype, fmt(seconds["lower_wall"]),
+                         fmt(seconds["compile_wall"]), fmt(seconds["lower_wall"] + seconds["compile_wall"]),
+                         fmt(totals[scan, dtype]), fmt(totals[scan, dtype] / totals[False, dtype]) + "×"])
+    return markdown_table(["model", "stack", "compute", "trace + lower (wall s)", "XLA compile (wall s)",
+                           "total (wall s)", "total (CPU s)", "CPU ÷ unrolled"], rows)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 timed steps per case instead of 7")
@@ -182,10 +234,31 @@ def main(argv=None) -> int:
     parser.add_argument("--all-cores", action="store_true", help="torch uses every allowed core (default: one thread)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--compile", action="store_true", help="the step's compile time, scanned and unrolled, "
+                        "fp32 and bf16 (each in a fresh process)")
+    parser.add_argument("--compile-model", choices=("bert-base", "minilm"), default="bert-base",
+                        help="--compile's model shape (random weights)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="--compile's dropout rate (finetune's: 0.1)")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--compile-child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(*args.child)
+    if args.compile_child:
+        shape, scan, dtype, batch, length, dropout = args.compile_child
+        print(json.dumps(step_compile(shape, scan == "True", dtype, int(batch), int(length), float(dropout))))
+        return 0
+    if args.compile:
+        batch, length = (2, 16) if args.smoke else (args.batch, args.length)
+        shape = "tiny" if args.smoke else args.compile_model
+        info = machine()
+        print(f"## Training step compile (issue 28) — {info['cpu']}, {info['date']}, load average {load_average()}"
+              f" at the start\n\n{info['versions']}. finetune's step (forward, backward, AdamW with clipping) of a "
+              f"random {shape}-shaped 2-class classifier at B × T = {batch} × {length}, dropout {args.dropout}; "
+              f"persistent cache off; each case a fresh process.\n")
+        print(compile_table(shape, batch, length, args.dropout))
+        print(f"\nLoad average at the end: {load_average()}")
+        return 0
     import torch
 
     settings = Settings.make(args.quick, args.smoke)

@@ -218,3 +218,48 @@ def test_rows_cut_to_the_models_positions_are_counted(tmp_path):
         warnings.simplefilter("error")
         # exactly 64 tokens: nothing cut, nothing said
         data_.encode(model, rows[:1], "sequence-classification", ("LABEL_0", "LABEL_1"))
+
+
+# ---- the step's row lengths: few programs, chosen from the run's batches ----------------------------------------
+
+def padded_tokens(longest: np.ndarray, lengths) -> int:
+    """Tokens of every batch padded to the shortest of `lengths` that holds its longest row (one row each)."""
+    return int(sum(min(n for n in lengths if n >= m) for m in longest))
+
+
+def test_step_lengths_pad_as_few_tokens_as_any_choice_of_as_many():
+    """Against brute force: every set of at most 3 lengths from the candidates (the batches' maxima rounded up to
+    multiples of 8, the largest always in) pads at least as many tokens as step_lengths' choice."""
+    import itertools
+
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        longest = rng.integers(3, 129, size=rng.integers(1, 40))  # rows of at most the model's 128 positions
+        chosen = data_.step_lengths(longest, limit=128, programs=3)
+        assert len(chosen) <= 3 and all(n % data_.ALIGN == 0 or n == 128 for n in chosen)
+        candidates = sorted({min(-(-m // 8) * 8, 128) for m in longest})
+        best = min(padded_tokens(longest, (*rest, candidates[-1]))
+                   for k in range(3) for rest in itertools.combinations(candidates[:-1], k))
+        assert padded_tokens(longest, chosen) == best
+
+
+def test_a_realistic_dataset_compiles_at_most_four_step_programs():
+    """2,000 synthetic examples of lognormal lengths (median 25 tokens), batches of 16 in three shuffled epochs, as
+    finetune orders them: STEP_PROGRAMS (4) lengths, which pad fewer tokens than the 5 or more coarse buckets
+    (buckets.COARSE, finetune's rule before) the same batches touch."""
+    from minibert.buckets import COARSE, bucket_length, length_buckets
+
+    lengths = np.maximum(np.round(np.random.default_rng(0).lognormal(np.log(25), 0.6, 2000)), 3).astype(int)
+    encoded = data_.Encoded([np.full(n, 5) for n in lengths], [np.zeros(n, int) for n in lengths],
+                            [np.zeros(1, int) for _ in lengths])
+    orders = [data_.epoch_order(len(lengths), epoch, 0, True) for epoch in range(3)]
+    longest = data_.longest_rows(encoded, orders, 16)
+    assert longest.tolist() == [lengths[order[s:s + 16]].max() for order in orders for s in range(0, 2000, 16)]
+    chosen = data_.step_lengths(longest, limit=512)
+    coarse = length_buckets(512, *COARSE)
+    touched = {bucket_length(m, coarse) for m in longest}
+    assert len(chosen) == data_.STEP_PROGRAMS < len(touched)
+    assert padded_tokens(longest, chosen) < padded_tokens(longest, coarse)
+    shapes = {batch["input_ids"].shape[1] for order in orders
+              for batch in data_.batches(encoded, order, 16, "sequence-classification", chosen, pad_id=0)}
+    assert shapes == set(chosen)

@@ -197,3 +197,30 @@ def test_settings_that_cannot_train_are_refused(base, setting, message):
 
     with pytest.raises(InputError, match=message):
         training.finetune(base, ROWS, **(QUICK | setting))
+
+
+@pytest.mark.slow  # fine-tunes a tiny model on three lengths
+def test_finetune_compiles_one_step_per_chosen_length_and_says_so(tmp_path, capsys):
+    """Texts of 3, 20 and 40 words (5, 22 and 42 tokens) in batches of their own: the step compiles once per length
+    data.step_lengths chooses (8, 24, 48: each batch's longest row rounded up to a multiple of 8) — JAX's own trace
+    events of the step function, counted apart from minibert — result.step_lengths names them, and the progress
+    bar says "compiling the step for N-token rows" for each."""
+    make_hf_model(tmp_path, "BertModel")
+    model = minibert.load(tmp_path)
+    rows = [training.Example(" ".join(["a"] * n), None, i % 2) for i, n in enumerate([3] * 4 + [20] * 4 + [40] * 4)]
+    traces = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traces.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        result = training.finetune(model, rows, num_labels=2, epochs=1, batch_size=4, shuffle=False,
+                                   learning_rate=1e-3, dropout=0.0)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert result.step_lengths == (8, 24, 48)
+    assert traces.count("train") == 3
+    shown = capsys.readouterr().err
+    assert all(f"compiling the step for {n}-token rows" in shown for n in (8, 24, 48))

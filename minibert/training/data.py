@@ -12,8 +12,9 @@ spells an integer (`1`, ` 1`, `"-2"`) is a class number. The labels of one data 
 (0 … N − 1, named LABEL_i) or all names (classes in sorted order), never a mix: in `2, neg, pos, 0` the `2`
 could be a class number or a name, so the mix is refused rather than guessed.
 
-Batches have a fixed number of rows (the last one padded with rows of weight 0) and a length from the
-model's length buckets, so the step compiles once per bucket.
+Batches have a fixed number of rows (the last one padded with rows of weight 0) and one of a few lengths, so the
+step compiles once per length: `step_lengths` chooses at most STEP_PROGRAMS of them from the run's own batches
+(every epoch's order is known before the first step), those that pad the fewest tokens.
 """
 
 from __future__ import annotations
@@ -346,6 +347,43 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     """The order of the examples in `epoch`: a permutation drawn from (seed, epoch), so a resumed run
     sees the same order, or 0 … n − 1."""
     return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+
+
+STEP_PROGRAMS = 4  # step programs a run compiles at most (each: seconds on a CPU; benchmarks/RESULTS.md)
+ALIGN = 8  # step lengths are multiples of 8 (accelerators tile matmuls in 8s; a CPU does not mind)
+
+
+def longest_rows(encoded: Encoded, orders: Iterable[np.ndarray], batch_size: int) -> np.ndarray:
+    """The longest row of every batch `batches` makes from these epoch orders, in tokens."""
+    lengths = np.array([len(ids) for ids in encoded.ids])
+    return np.array([lengths[order[start:start + batch_size]].max()
+                     for order in orders for start in range(0, len(order), batch_size)])
+
+
+def step_lengths(longest: Sequence[int], limit: int, programs: int = STEP_PROGRAMS) -> tuple[int, ...]:
+    """At most `programs` row lengths (multiples of ALIGN, at most `limit`) such that padding each batch to the
+    shortest of them that holds its longest row (`longest`) pads the fewest tokens over the run: the optimal
+    partition of the batches' lengths, by dynamic programming over the distinct ones.
+
+    Fewer programs than buckets.COARSE gives (6 for 2,000 short texts of lognormal lengths) and less padding: the
+    lengths sit where this data's batches are, not on a fixed grid (tests/test_training_data.py)."""
+    rounded = np.minimum(-(-np.asarray(longest) // ALIGN) * ALIGN, limit)
+    values, counts = np.unique(rounded, return_counts=True)
+    before = np.concatenate([[0], np.cumsum(counts)])  # batches at the first i values: before[i]
+    # cost[j][i]: padded length summed over the batches of values[:i], in j programs the last of which is values[i-1]
+    cost = np.full((programs + 1, len(values) + 1), np.inf)
+    cost[0, 0] = 0.0
+    start = np.zeros((programs + 1, len(values) + 1), int)
+    for j in range(1, programs + 1):
+        for i in range(1, len(values) + 1):
+            options = [cost[j - 1, a] + values[i - 1] * (before[i] - before[a]) for a in range(i)]
+            start[j, i] = int(np.argmin(options))
+            cost[j, i] = options[start[j, i]]
+    j, i, chosen = int(np.argmin(cost[:, -1])), len(values), []
+    while i > 0:
+        chosen.append(int(values[i - 1]))
+        i, j = start[j, i], j - 1
+    return tuple(sorted(chosen))
 
 
 def batches(encoded: Encoded, order: np.ndarray, batch_size: int, task: str, buckets: Sequence[int], *,

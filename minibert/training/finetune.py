@@ -7,9 +7,9 @@
 
 What one optimisation step computes is transformers' Trainer's: the task's mean cross-entropy over the batch
 (classes, labelled tokens or masked tokens), its gradient with respect to the trainable parameters, then
-optim.adamw. The step is one compiled program (forward, backward and AdamW), compiled once per length bucket
-(model.length_buckets: buckets.COARSE, so a dataset of short texts compiles a handful); the progress bar says
-when one compiles, and result.step_lengths lists them.
+optim.adamw. The step is one compiled program (forward, backward and AdamW), compiled once per row length: at
+most data.STEP_PROGRAMS lengths, chosen from the run's own batches before the first step to pad the fewest tokens
+(data.step_lengths); the progress bar says when one compiles, and result.step_lengths lists them.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Result:
     history: History
     new_parameters: list[str]  # parameters the base model lacked, initialised as transformers does
     devices: int = 1  # devices each step ran on (every process's under jax.distributed), rows split over them
-    step_lengths: tuple[int, ...] = ()  # the row lengths the step ran at (model.length_buckets): one program each
+    step_lengths: tuple[int, ...] = ()  # the row lengths the step ran at (data.step_lengths): one program each
 
 
 # ---- the model for a task ---------------------------------------------------------------------------------
@@ -361,10 +361,13 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
         raise InputError("resume= under jax.distributed (several processes) is not supported yet; run without "
                          "resume=, or in one process.")
     trainable_params, frozen, opt_state = devices.replicated((trainable_params, frozen, opt_state))
-    batch_settings = dict(batch_size=batch_size, task=task, buckets=model.length_buckets,
-                          pad_id=cfg.pad_token_id, mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size,
-                          rows=devices.rows(batch_size))
+    orders = [data_.epoch_order(len(encoded), epoch, seed, shuffle) for epoch in range(epochs)]
+    lengths = data_.step_lengths(data_.longest_rows(encoded, orders, batch_size), cfg.max_tokens)
+    batch_settings = dict(batch_size=batch_size, task=task, buckets=lengths, pad_id=cfg.pad_token_id,
+                          mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size, rows=devices.rows(batch_size))
     evaluator = compiled_eval(step) if eval_data is not None else None
+    # The eval batches pad to the step's lengths where they fit (the longer ones to the model's buckets past them).
+    eval_buckets = lengths + tuple(b for b in model.length_buckets if b > lengths[-1])
     eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names,
                                  "the eval data") if evaluator else None
 
@@ -404,10 +407,9 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
 
         late = LateLosses(record)
         for epoch in range(micro // per_epoch, epochs):
-            order = data_.epoch_order(len(encoded), epoch, seed, shuffle)
             losses, tokens = [], 0
             first = micro - epoch * per_epoch
-            for batch in data_.batches(encoded, order, mask_seed=(seed, epoch), first=first, **batch_settings):
+            for batch in data_.batches(encoded, orders[epoch], mask_seed=(seed, epoch), first=first, **batch_settings):
                 key = jax.random.fold_in(dropout_key, micro)
                 with bar.compiling(batch["input_ids"].shape[1]):
                     trainable_params, opt_state, loss = train(trainable_params, frozen, opt_state,
@@ -424,7 +426,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                         save()
             late.flush()
             if evaluator is not None:
-                eval_settings = dict(batch_settings, mask_seed=(seed, epochs))  # the same masks every epoch
+                # the same masks every epoch
+                eval_settings = dict(batch_settings, buckets=eval_buckets, mask_seed=(seed, epochs))
                 scores = evaluate(evaluator, trainable_params | frozen, eval_encoded, eval_settings, writer_leaves,
                                   len(names) or cfg.vocab_size, devices)
                 history.eval.append({"epoch": epoch + 1, **scores})
