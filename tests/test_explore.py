@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 from test_families_methods import tiny
 from test_families_modern import make_modernbert
+from test_serve_browser import held_runs
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
@@ -62,18 +63,9 @@ def test_the_kernel_says_what_compiles_while_it_runs(tiny_mlm):
     thread, so the page's "status" message is answered meanwhile, naming the program that compiles (the page then
     says "compiling for N-token texts…"); the run's answer follows. (The run is held on an event: a long compile.)"""
     widget = viz.explore(tiny_mlm[0])
-    workbench, release, entered = widget.workbench, threading.Event(), threading.Event()
-    original = workbench.model.run
-
-    def held_run(*args, **kwargs):
-        entered.set()
-        release.wait(timeout=ANSWER_HANG_GUARD_S)
-        return original(*args, **kwargs)
-
-    sent, handled = [], threading.Event()
+    workbench, sent, handled = widget.workbench, [], threading.Event()
     widget.send = sent.append
-    workbench.model.run = held_run
-    try:
+    with held_runs(workbench.model) as (entered, release):
         kernel = threading.Thread(target=lambda: (widget._handle_custom_msg(
             {"id": 1, "action": "run", "body": {"text": "a b c"}}, []), handled.set()), daemon=True)
         kernel.start()
@@ -82,9 +74,6 @@ def test_the_kernel_says_what_compiles_while_it_runs(tiny_mlm):
         widget._handle_custom_msg({"id": 2, "action": "status", "body": {}}, [])
         assert [reply["id"] for reply in sent] == [2]
         assert sent[0]["answer"]["compiling"] == [{"what": "run", "tokens": bucket_length(5, workbench.buckets)}]
-    finally:
-        release.set()
-        workbench.model.run = original
     widget.answering.shutdown(wait=True)
     assert [reply["id"] for reply in sent] == [2, 1]
     assert sent[1]["answer"]["tokens"] == ["[CLS]", "a", "b", "c", "[SEP]"]

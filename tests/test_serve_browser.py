@@ -9,6 +9,7 @@ picture, docs/images/workbench.png, from the bundled model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -63,6 +64,29 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+HELD_RUN_GUARD_S = 120  # how long a held run waits for its release at most: a failing test still ends
+
+
+@contextlib.contextmanager
+def held_runs(model):
+    """While inside, every model.run waits until the yielded `release` is set, as a long first compile would;
+    `entered` is set once one waits. On leaving, the waiting runs are released and model.run is the class's again."""
+    entered, release = threading.Event(), threading.Event()
+    original = model.run
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(timeout=HELD_RUN_GUARD_S)
+        return original(*args, **kwargs)
+
+    model.run = held
+    try:
+        yield entered, release
+    finally:
+        release.set()
+        del model.run
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ tests/tolerances.py's forward bound."""
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 import test_serve_browser
 from conftest import make_hf_model
-from test_serve_browser import Server, Workbench_page
+from test_serve_browser import Server, Workbench_page, held_runs
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
@@ -81,34 +80,20 @@ def test_the_busy_sign_renders_everywhere_and_moves_nothing(browser, tiny_mlm):
     """While a first run is held (a compile that takes long), the busy line shows with a mark drawn by CSS, not a
     glyph a lab machine's fonts may lack (its ::before has no character beyond ASCII), and the panels below it stay
     where they are when it appears and goes."""
-    release = threading.Event()
-    model = tiny_mlm[0]
-    with Server([model]) as running:
-        workbench = running.workbenches[0]
-        original = workbench.model.run
-
-        def held_run(*args, **kwargs):
-            release.wait(timeout=120)
-            return original(*args, **kwargs)
-
-        workbench.model.run = held_run
-        try:
-            page = Workbench_page(browser, running)
-            page.page.wait_for_function(
-                "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")
-            mark = page.page.eval_on_selector("#wb-busy", "n => getComputedStyle(n, '::before').content")
-            assert all(ord(c) < 128 for c in mark), mark
-            top = lambda: page.page.eval_on_selector("#wb-model-0", "n => n.getBoundingClientRect().top")  # noqa: E731
-            busy_top = top()
-            release.set()
-            page.settle()
-            assert page.page.locator("#wb-busy").is_hidden()
-            assert top() == busy_top
-            assert page.problems == []
-            page.page.close()
-        finally:
-            release.set()
-            workbench.model.run = original
+    with Server([tiny_mlm[0]]) as running, held_runs(running.workbenches[0].model) as (_, release):
+        page = Workbench_page(browser, running)
+        page.page.wait_for_function(
+            "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")
+        mark = page.page.eval_on_selector("#wb-busy", "n => getComputedStyle(n, '::before').content")
+        assert all(ord(c) < 128 for c in mark), mark
+        top = lambda: page.page.eval_on_selector("#wb-model-0", "n => n.getBoundingClientRect().top")  # noqa: E731
+        busy_top = top()
+        release.set()
+        page.settle()
+        assert page.page.locator("#wb-busy").is_hidden()
+        assert top() == busy_top
+        assert page.problems == []
+        page.page.close()
 
 
 def overlap(a: dict, b: dict) -> bool:

@@ -7,12 +7,11 @@ with run_with_cache within tests/tolerances.py's forward bound."""
 from __future__ import annotations
 
 import re
-import threading
 
 import numpy as np
 import test_serve_browser
 from conftest import make_hf_model
-from test_serve_browser import Server, Workbench_page
+from test_serve_browser import Server, Workbench_page, held_runs
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
@@ -72,35 +71,20 @@ def test_views_and_step_through_share_one_selection(open_page, tiny_mlm):
 def test_the_page_says_what_it_waits_for(browser, tiny_mlm):
     """While a program compiles, the page says "compiling for N-token texts…" and its empty sections say
     "computing…"; when the answers come, both go. (The first run is held on an event: a compile that takes long.)"""
-    release, entered = threading.Event(), threading.Event()
-    model = tiny_mlm[0]
-    with Server([model]) as running:
-        workbench = running.workbenches[0]
-        original = workbench.model.run
-
-        def slow_first_run(*args, **kwargs):
-            entered.set()
-            release.wait(timeout=120)
-            return original(*args, **kwargs)
-
-        workbench.model.run = slow_first_run
-        try:
-            page = Workbench_page(browser, running)
-            page.page.wait_for_selector("#wb-busy.wb-busy-on")
-            entered.wait(timeout=120)
-            busy = page.page.wait_for_function(
-                "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")
-            assert busy
-            assert page.page.text_content("#wb-outputs-0 .wb-pending") == "computing…"
-            release.set()
-            page.settle()
-            assert page.page.locator("#wb-busy").is_hidden()
-            assert page.page.locator(".wb-pending").count() == 0
-            assert page.problems == []
-            page.page.close()
-        finally:
-            release.set()
-            workbench.model.run = original
+    with Server([tiny_mlm[0]]) as running, held_runs(running.workbenches[0].model) as (entered, release):
+        page = Workbench_page(browser, running)
+        page.page.wait_for_selector("#wb-busy.wb-busy-on")
+        entered.wait(timeout=120)
+        busy = page.page.wait_for_function(
+            "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")
+        assert busy
+        assert page.page.text_content("#wb-outputs-0 .wb-pending") == "computing…"
+        release.set()
+        page.settle()
+        assert page.page.locator("#wb-busy").is_hidden()
+        assert page.page.locator(".wb-pending").count() == 0
+        assert page.problems == []
+        page.page.close()
 
 
 def test_tour_numbers_the_rows_it_explains_and_keeps_the_button_in_sight(open_page, tiny_mlm):
