@@ -12,8 +12,9 @@ with transformers eager, each in a fresh process.
    (JAX's cache-miss events: with the cache on, every compilation is one); memory: resident set growth over the
    session (/proc/self/statm).
 2. The long session: 500 calls of random lengths (1-128 tokens) mixing plain calls, pattern captures and a head
-   ablation in a random layer (HookFn, traced head); resident memory after warm-up and at the end, and the
-   programs the model holds (at most Model.max_programs).
+   ablation in a random layer (HookFn, traced head); resident memory growth along the way, at the last call that
+   traced a new program (the end of the warm-up) and since then, and the programs the model holds (at most
+   Model.max_programs).
 3. Fine-tuning: all-MiniLM-L6-v2 with a new classifier, 3 epochs on 2,000 synthetic examples of lognormal
    lengths (median 25 tokens) — quick: 1 epoch on 400 — in a fresh process with an empty cache: the step programs
    (result.step_lengths) and the share of the wall time spent tracing, lowering and compiling (JAX's own duration
@@ -170,8 +171,9 @@ def long_session(calls: int, smoke: bool) -> dict:
     model = load_minibert(smoke)
     rng = np.random.default_rng(0)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    rss, start = {}, rss_mb()
+    rss, start, warmed = {}, rss_mb(), (0, 0.0)
     for call in range(calls):
+        traces = model.traces
         ids = {"input_ids": rng.integers(1996, 30000, size=(1, int(rng.integers(1, 129))))}
         kind = call % 3
         if kind == 0:
@@ -182,10 +184,12 @@ def long_session(calls: int, smoke: bool) -> dict:
             hook = minibert.HookFn(_zero_head, head=jnp.int32(rng.integers(heads)))
             np.asarray(model.run_with_hooks(ids, {f"blocks.{rng.integers(layers)}.attn.hook_z": hook})
                        .last_hidden_state)
+        if model.traces > traces:  # the last call that traced a program ends the warm-up
+            warmed = (call + 1, rss_mb() - start)
         if call + 1 in (calls // 5, calls // 2, calls):
             rss[call + 1] = rss_mb() - start
     return {"rss_growth_mb": rss, "programs": model.traces, "resident": model.compiled_programs,
-            "max_programs": model.max_programs}
+            "max_programs": model.max_programs, "warm_after_calls": warmed[0], "rss_growth_at_warm_mb": warmed[1]}
 
 
 def finetune(examples: int, epochs: int, smoke: bool) -> dict:
@@ -301,9 +305,12 @@ def report(numbers: dict, args) -> str:
               ", ".join(f"{k} {v:.1e}" for k, v in numbers["largest_gap"].items()), ""]
     calls = sorted(long["rss_growth_mb"], key=int)
     lines += [harness.markdown_table(
-        ["long session", *[f"RSS growth after {c} calls" for c in calls], "programs traced", "resident (cap)"],
+        ["long session", *[f"RSS growth after {c} calls" for c in calls], "last new program (RSS growth then)",
+         "growth since", "programs traced", "resident (cap)"],
         [["random lengths 1-128, plain / patterns / head ablation in a random layer",
-          *[f"{long['rss_growth_mb'][c]:.0f} MB" for c in calls], str(long["programs"]),
+          *[f"{long['rss_growth_mb'][c]:.0f} MB" for c in calls],
+          f"call {long['warm_after_calls']} ({long['rss_growth_at_warm_mb']:.0f} MB)",
+          f"{long['rss_growth_mb'][calls[-1]] - long['rss_growth_at_warm_mb']:+.0f} MB", str(long["programs"]),
           f"{long['resident']} ({long['max_programs']})"]]), ""]
     lines += [harness.markdown_table(
         ["fine-tuning", "wall", "tracing + lowering + compiling", "share", "step programs (row lengths)",

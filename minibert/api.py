@@ -144,7 +144,7 @@ class Model(Weights):
             self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype, scan=scan)))
             nnx.replace_by_pure_dict(self.state, params)
         self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
-        self.bucket_rule = buckets.COARSE  # (smallest, per_octave) of length_buckets: buckets.FINE for throughput
+        self.bucket_rule = buckets.INTERACTIVE  # (smallest, per_octave) of length_buckets: buckets.FINE for throughput
         self._hook_compiles: dict = {}  # programs compiled per hook code (hooks.count_compiles warns on many)
         self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
         self._programs: dict = {}  # Model.jit's Programs, by (fn, static_argnames)
@@ -483,9 +483,9 @@ class Model(Weights):
 
     @property
     def length_buckets(self) -> tuple[int, ...]:
-        """The row lengths run, model(batch), run_with_cache, run_with_hooks and finetune pad to, up to the model's
-        positions: buckets.length_buckets under `bucket_rule` — buckets.COARSE (16, 24, 32, 48, 64, 96, …) unless
-        set to buckets.FINE for throughput (docs/compiled.md)."""
+        """The row lengths run, model(batch), run_with_cache and run_with_hooks pad to, up to the model's positions:
+        buckets.length_buckets under `bucket_rule` — buckets.INTERACTIVE (32, 64, 128, 256, 512) unless set to
+        buckets.COARSE (16, 24, 32, 48, …) or buckets.FINE for throughput (docs/compiled.md)."""
         return buckets.length_buckets(self.config.max_tokens, *self.bucket_rule)
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:

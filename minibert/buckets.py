@@ -5,12 +5,14 @@ lives), so Model.run pads the rows of a batch on the right to a bucket length an
 the real length. Padding is masked: no real token attends to a padding key, and every other step of the forward
 works position by position, so real tokens get the same values up to rounding.
 
-Two rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
+Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
 
-- COARSE, for interactive calls (model(batch), run_with_cache, run_with_hooks, Model.grad) and for training
-  steps: 16, 24, 32, 48, 64, 96, 128, … — two lengths per doubling from 16. A notebook of sentences of 4 to 60
-  words touches five or six lengths; a padded row costs up to half again its tokens, milliseconds on a short
-  text, where each program it saves costs seconds.
+- INTERACTIVE, Model.run's default (model(batch), run_with_cache, run_with_hooks): 32, 64, 128, 256, 512 — one
+  length per doubling from 32. A notebook of sentences of 4 to 60 words touches two lengths, texts of 1 to 128
+  tokens three. A padded row costs up to twice its tokens: on a CPU a few milliseconds for a sentence, where each
+  program it saves costs a second or more of compiling (benchmarks/RESULTS.md).
+- COARSE, two lengths per doubling from 16 (16, 24, 32, 48, 64, 96, …): a row pads by under half its tokens, for
+  twice the programs.
 - FINE, where many batches share each program and throughput pays for more of them (a survey over a corpus of
   unpacked rows, a long batch job): every length to 31, then 16 per doubling, so no length does more than ~7% more
   work than its exact program (accounting.flops_per_token, over every length to 512).
@@ -28,7 +30,8 @@ import numpy as np
 from minibert.programs import host_view, on_device
 from minibert.sites import site_axes
 
-COARSE = (16, 2)  # (smallest, per_octave) of length_buckets: interactive calls and training
+INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (Model.bucket_rule)
+COARSE = (16, 2)  # half the padding, twice the programs
 FINE = (1, 16)  # where throughput pays for programs: Model.bucket_rule = FINE
 
 

@@ -113,21 +113,23 @@ class RecompileWarning(UserWarning):
 
 
 def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict) -> None:
-    """Count one compiled program for each distinct hook code in `writers`; warn once per code when its count
-    reaches RECOMPILE_WARNING_AT, saying what to do. `counts` is the model's own tally."""
-    for fn in {hook.fn: None for fns in writers.values() for hook in fns}:
+    """Count one compiled program for each distinct hook code at each site in `writers`; warn once per code and
+    site when its count reaches RECOMPILE_WARNING_AT, saying what to do. One code at several sites (a HookFn moved
+    from layer to layer) compiles a program per site, which is not what the warning is about. `counts` is the
+    model's own tally."""
+    for fn, name in {(hook.fn, name): None for name, fns in writers.items() for hook in fns}:
         if getattr(fn, "__module__", "").startswith("minibert."):
             continue  # minibert's own hooks (Model.grad's shifts, the sweeps') are HookFns already
         code = getattr(fn, "__code__", fn)
-        counts[code] = counts.get(code, 0) + 1
-        if counts[code] == RECOMPILE_WARNING_AT:
+        counts[code, name] = counts.get((code, name), 0) + 1
+        if counts[code, name] == RECOMPILE_WARNING_AT:
             where = f" ({code.co_filename}:{code.co_firstlineno})" if hasattr(code, "co_filename") else ""
             warnings.warn(
-                f"hook {getattr(fn, '__name__', fn)!r}{where} has compiled {RECOMPILE_WARNING_AT} programs: each "
-                f"new value it closes over or reads as a global, and each new row length, compiles again (seconds "
-                f"and memory each). Pass the values that change as arrays, HookFn(fn, head=jnp.int32(h)), which "
-                f"compiles once for all of them; a hook that reads the row length (a mean over positions, "
-                f"value[:, -1], an array shaped by it) runs at each exact length (docs/compiled.md).",
+                f"hook {getattr(fn, '__name__', fn)!r}{where} has compiled {RECOMPILE_WARNING_AT} programs at "
+                f"{name}: each new value it closes over or reads as a global, and each new row length, compiles "
+                f"again (seconds and memory each). Pass the values that change as arrays, HookFn(fn, "
+                f"head=jnp.int32(h)), which compiles once for all of them; a hook that reads the row length (a mean "
+                f"over positions, value[:, -1], an array shaped by it) runs at each exact length (docs/compiled.md).",
                 RecompileWarning, stacklevel=2)
 
 

@@ -22,8 +22,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert import BertConfig, Model, hooks, programs, training
 from minibert.accounting import flops_per_token
-from minibert.buckets import COARSE, FINE, bucket_length, length_buckets
-from minibert.training import data as data_
+from minibert.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -78,16 +77,16 @@ def _last_position_doubled(z, ctx):
     return z.at[:, -1].multiply(2.0)
 
 
-@pytest.mark.slow  # nine compilations
+@pytest.mark.slow  # eight compilations
 def test_hooks_that_do_not_read_the_length_share_the_length_buckets(model):
     """An unmarked hook that works position by position runs on rows padded to the bucket length: six lengths
     compile one program per bucket they fall in, and give the exact-length run's values (two fp32 programs of
     the whole forward: tolerances.forward_rtol, at the padded length). A hook that reads the row length (a mean
     over positions) fails the probe and compiles one program per length, with the exact-length values."""
-    lengths = (17, 20, 25, 26, 33, 40)  # buckets 24, 24, 32, 32, 48, 48 (buckets.COARSE: 16, 24, 32, 48, …)
+    lengths = (5, 17, 30, 33, 40, 60)  # buckets 32, 32, 32, 64, 64, 64 (buckets.INTERACTIVE: 32, 64, 128, …)
     before = model.traces
     padded = [model.run_with_hooks(batch(n), {Z: _zero_head_1}).last_hidden_state for n in lengths]
-    assert model.traces - before == len({bucket_length(n, model.length_buckets) for n in lengths}) == 3
+    assert model.traces - before == len({bucket_length(n, model.length_buckets) for n in lengths}) == 2
     for n, got in zip(lengths, padded):
         exact = exact_forward(model, batch(n), {Z: _zero_head_1})
         assert got.shape == exact.shape == (2, n, 32)
@@ -112,7 +111,7 @@ def exact_forward(model, batch, hooks):
                                           (lambda z, ctx: jnp.roll(z, 1, axis=1), False)],
                          ids=["head zeroed", "mean", "last position", "shaped by T, per position", "roll"])
 def test_the_probe_pads_exactly_the_hooks_whose_positions_do_not_read_the_length(model, hook, padded):
-    """buckets.pads_safely: a hook at hook_z runs padded (one program for lengths 17 and 20, both in bucket 24)
+    """buckets.pads_safely: a hook at hook_z runs padded (one program for lengths 17 and 20, both in bucket 32)
     exactly when its first positions do not depend on how many follow."""
     before = model.traces
     for n in (17, 20):
@@ -132,7 +131,7 @@ def test_hooks_at_sites_without_positions_are_bucketed(model):
     """The pooler's [B, D] has no T axis: a hook there cannot see the row length, so it needs no mark."""
     model = Model(BertConfig(**TINY, architecture="BertForPreTraining"), seed=1)
     before = model.traces
-    for n in (33, 34):  # one bucket, 48
+    for n in (33, 34):  # one bucket, 64
         model.run_with_hooks(batch(n), {"pooler.hook_pooler_out": lambda pooled, ctx: pooled * 2})
     assert model.traces - before == 1
 
@@ -151,6 +150,19 @@ def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
     recompiles = [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
     assert len(recompiles) == 1
     assert "compiled 3 programs" in str(recompiles[0].message) and "HookFn(fn, head=" in str(recompiles[0].message)
+
+
+def test_a_hook_moved_from_layer_to_layer_does_not_warn(model, monkeypatch):
+    """One HookFn at both layers' hook_z and two buckets: four programs, two per site, so no RecompileWarning at
+    a threshold of 3 (the warning is about one site compiling again and again: new closed-over values, lengths)."""
+    monkeypatch.setattr(hooks, "RECOMPILE_WARNING_AT", 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (5, 40):
+            for layer in range(2):
+                model.run_with_hooks(batch(n), {f"blocks.{layer}.attn.hook_z": minibert.HookFn(_zero_head,
+                                                                                            head=jnp.int32(1))})
+    assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
 
 
 def _zero_head(z, ctx, head):
@@ -173,14 +185,18 @@ def test_fine_buckets_pad_no_length_by_more_than_a_sixteenth():
         assert len([b for b in buckets if low <= b < 2 * low]) == 16
 
 
-def test_coarse_buckets_are_few_and_pad_by_at_most_half():
-    """buckets.COARSE, for interactive calls and training: 16, 24, 32, 48, … — two programs per doubling, so
-    texts of 1 to 96 tokens touch at most 6; past 16 tokens a row pads by under half its length (1 + 1/2)."""
+def test_interactive_buckets_are_few_and_pad_by_at_most_twice():
+    """buckets.INTERACTIVE, Model.run's default: 32, 64, 128, 256, 512 — one program per doubling, so texts of 1 to
+    128 tokens touch 3; past 32 tokens a row pads to under twice its length. buckets.COARSE (16, 24, 32, 48, …),
+    two per doubling, pads by under half its length, touching 6 lengths for texts of 1 to 96 tokens."""
     model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
-    assert model.length_buckets == length_buckets(512, *COARSE)
-    assert model.length_buckets[:8] == (16, 24, 32, 48, 64, 96, 128, 192)
-    assert len({bucket_length(T, model.length_buckets) for T in range(1, 97)}) == 6
-    assert all(bucket_length(T, model.length_buckets) < T * 1.5 for T in range(17, 513))
+    assert model.length_buckets == length_buckets(512, *INTERACTIVE) == (32, 64, 128, 256, 512)
+    assert len({bucket_length(T, model.length_buckets) for T in range(1, 129)}) == 3
+    assert all(bucket_length(T, model.length_buckets) < T * 2 for T in range(33, 513))
+    coarse = length_buckets(512, *COARSE)
+    assert coarse[:8] == (16, 24, 32, 48, 64, 96, 128, 192)
+    assert len({bucket_length(T, coarse) for T in range(1, 97)}) == 6
+    assert all(bucket_length(T, coarse) < T * 1.5 for T in range(17, 513))
 
 
 @pytest.mark.parametrize("width, ffn", [(384, 1536), (768, 3072)], ids=["MiniLM", "bert-base"])
@@ -254,6 +270,7 @@ def test_the_resident_programs_stay_under_max_programs(model):
     """Five buckets' programs through a model that keeps three: never more than three resident; the two least
     recently used went, so running their lengths again compiles again, while the most recent runs as it is."""
     model.max_programs = 3
+    model.bucket_rule = COARSE  # five lengths, five buckets
     lengths = (10, 20, 30, 40, 60)  # buckets 16, 24, 32, 48, 64
     for n in lengths:
         model(batch(n))
@@ -293,7 +310,7 @@ events = collections.Counter()
 jax.monitoring.register_event_listener(lambda event, **kwargs: events.update([event]))
 import jax, minibert
 model = minibert.Model(minibert.BertConfig(**{tiny!r}), seed=1)
-for n in (4, 9, 20):
+for n in (4, 20, 40):
     model({{"input_ids": [[5] * n]}})
     model.run_with_cache({{"input_ids": [[5] * n]}}, names="blocks.*.attn.hook_pattern")
     model.run_with_hooks({{"input_ids": [[5] * n]}}, {{"blocks.1.attn.hook_z": lambda z, ctx: z.at[:, :, 2].set(0.0)}})
@@ -317,7 +334,7 @@ def cache_entries(directory: Path) -> set[str]:
 
 @pytest.mark.slow  # three Python processes, each compiling a model's programs or loading them
 def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path):
-    """A session of plain calls, captures and hooks at lengths of two buckets (16, 24), in a fresh process with
+    """A session of plain calls, captures and hooks at lengths of two buckets (32, 64), in a fresh process with
     an empty cache folder: every program XLA compiles is written there. The same session in a second process
     traces as many programs and loads every one (cache hits, no miss), adding no entry; with
     MINIBERT_COMPILATION_CACHE=0 nothing is read or written."""
@@ -325,7 +342,7 @@ def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path
     first = run_session({"MINIBERT_CACHE_DIR": str(folder)})
     entries = cache_entries(folder)
     assert first["dir"] == str(folder) and first["hits"] == 0 and first["misses"] == len(entries) > 0
-    assert first["traces"] == 6  # plain, patterns, hook × buckets 16 and 24 (lengths 4, 9 → 16; 20 → 24)
+    assert first["traces"] == 6  # plain, patterns, hook × buckets 32 and 64 (lengths 4, 20 → 32; 40 → 64)
     second = run_session({"MINIBERT_CACHE_DIR": str(folder)})
     assert second["traces"] == first["traces"] and second["misses"] == 0 and second["hits"] == first["misses"]
     assert cache_entries(folder) == entries
@@ -348,35 +365,14 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
         assert programs.cache_directory() is None
 
 
-# ---- fine-tuning: one step program per length bucket its batches touch ------------------------------------------
-
-def lognormal_lengths(n: int, median: float = 25.0, sigma: float = 0.6, seed: int = 0) -> np.ndarray:
-    """Token counts of short texts (synthetic): lognormal around `median`, at least 3 ([CLS], a word, [SEP])."""
-    return np.maximum(np.round(np.random.default_rng(seed).lognormal(np.log(median), sigma, n)), 3).astype(int)
-
-
-def test_a_realistic_dataset_touches_at_most_six_training_buckets():
-    """2,000 synthetic examples of lognormal lengths (median 25 tokens), batches of 16 in three shuffled epochs, as
-    training.data.batches makes them for a model of 512 positions: at most 6 row lengths, so at most 6 step programs
-    (buckets.FINE would touch about 30)."""
-    lengths = lognormal_lengths(2000)
-    encoded = data_.Encoded([np.full(n, 5) for n in lengths], [np.zeros(n, int) for n in lengths],
-                            [np.zeros(1, int) for _ in lengths])
-    model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
-
-    def touched(buckets):
-        return {batch["input_ids"].shape[1] for epoch in range(3)
-                for batch in data_.batches(encoded, data_.epoch_order(len(lengths), epoch, 0, True), 16,
-                                           "sequence-classification", buckets, pad_id=0)}
-    assert len(touched(model.length_buckets)) <= 6
-    assert len(touched(length_buckets(512, *FINE))) > 20
-
+# ---- fine-tuning: one step program per row length training.data.step_lengths chooses ----------------------------
 
 @pytest.mark.slow  # fine-tunes a tiny model on three lengths
-def test_finetune_compiles_one_step_per_bucket_and_says_so(tmp_path, capsys):
-    """Texts of 3, 20 and 40 words (5, 22 and 42 tokens) in batches of their own: the step compiles once per bucket
-    (16, 24, 48) — JAX's own trace events of the step function, counted apart from minibert — result.step_lengths
-    names them, and the progress bar says "compiling the step for N-token rows" for each."""
+def test_finetune_compiles_one_step_per_chosen_length_and_says_so(tmp_path, capsys):
+    """Texts of 3, 20 and 40 words (5, 22 and 42 tokens) in batches of their own: the step compiles once per row
+    length training.data.step_lengths chooses (multiples of 8: 8, 24, 48) — JAX's own trace events of the step
+    function, counted apart from minibert — result.step_lengths names them, and the progress bar says "compiling
+    the step for N-token rows" for each."""
     make_hf_model(tmp_path, "BertModel")
     model = minibert.load(tmp_path)
     rows = [training.Example(" ".join(["a"] * n), None, i % 2) for i, n in enumerate([3] * 4 + [20] * 4 + [40] * 4)]
@@ -392,7 +388,7 @@ def test_finetune_compiles_one_step_per_bucket_and_says_so(tmp_path, capsys):
                                    learning_rate=1e-3, dropout=0.0)
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
-    assert result.step_lengths == (16, 24, 48)
+    assert result.step_lengths == (8, 24, 48)
     assert traces.count("train") == 3
     shown = capsys.readouterr().err
-    assert all(f"compiling the step for {n}-token rows" in shown for n in (16, 24, 48))
+    assert all(f"compiling the step for {n}-token rows" in shown for n in (8, 24, 48))
