@@ -226,6 +226,29 @@ def test_minibert_own_hooks_never_warn(model, monkeypatch):
     assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
 
 
+@pytest.mark.slow  # eight compilations of a tiny model
+def test_a_long_session_of_random_lengths_compiles_the_policys_count_and_no_more(model):
+    """benchmarks/session.py's long session in small: 60 calls of random lengths 1-64 mixing plain calls, pattern
+    captures and a HookFn zeroing a random head at a random layer's hook_z. buckets.INTERACTIVE gives this
+    64-position model two buckets (32, 64), so the policy's count is 2 × (plain + patterns + 2 sites) = 8 programs,
+    all resident under the cap of 32: every program is traced once, and calls past the warm-up trace none."""
+    rng = np.random.default_rng(0)
+    before, calls_after_warmup = model.traces, 0
+    for call in range(60):
+        ids = {"input_ids": rng.integers(5, 99, size=(1, int(rng.integers(1, 65))))}
+        traces = model.traces
+        if call % 3 == 0:
+            model(ids)
+        elif call % 3 == 1:
+            model.run_with_cache(ids, names="blocks.*.attn.hook_pattern")
+        else:
+            hook = minibert.HookFn(_zero_head, head=jnp.int32(rng.integers(4)))
+            model.run_with_hooks(ids, {f"blocks.{rng.integers(2)}.attn.hook_z": hook})
+        calls_after_warmup = 0 if model.traces > traces else calls_after_warmup + 1
+    assert model.traces - before == model.compiled_programs == 2 * (1 + 1 + 2)
+    assert calls_after_warmup > 0
+
+
 # ---- captures of a scanned run: one stacked buffer per site, split outside the program -----------------------------
 
 def test_a_scanned_run_returns_each_captured_site_as_one_stacked_buffer(model):
