@@ -17,6 +17,7 @@ from test_serve_browser import Server, Workbench_page, held_runs
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
+from minibert.analysis import interventions
 
 server, open_page = test_serve_browser.server, test_serve_browser.open_page  # its fixtures: a tiny MLM's workbench
 
@@ -270,3 +271,25 @@ def test_the_tours_last_stop_asks_a_sentence_model_for_sentence_b_first(open_pag
             assert said.startswith("10/10") and "click 1-3 " in said and "next layer on" in said, said
             assert ("type a sentence B first" in said) == asks, said
             assert page.problems == []
+
+
+def test_the_similarity_before_and_after_an_ablation_is_the_models(sentence_model):
+    """The number the lab's intervention reads: the A–B cosine of a sentence model, before and after zero-ablating
+    1-3, against each text run alone (run_with_hooks under ablate_heads) and mean-pooled over its tokens by hand."""
+    from test_serve import client_for, post
+
+    model, texts = sentence_model, ["a b c d e", "b c d f"]
+    answer = post(client_for(model), "run", {"text": texts[0], "pair": texts[1], "ablate": [[0, 2]]}).json()
+    cfg = model.config
+    mask = interventions.head_mask(0, 2, cfg.num_hidden_layers, cfg.num_attention_heads)
+    rtol = max(forward_rtol(cfg, len(model.tokenize([text]).tokens[0])) for text in texts)
+    for side, hooks in (("before", {}), ("after", interventions.ablate_heads(mask))):
+        hidden = [np.asarray(model.run_with_hooks(model.tokenize([text]), hooks=hooks).last_hidden_state,
+                             np.float64)[0] for text in texts]  # one row each, no padding
+        a, b = (h.mean(0) for h in hidden)  # mean pooling over every token
+        cosine = a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+        # each hidden entry within rtol · max|h|, so each mean within √D · rtol · max|h| (‖Δ‖); a cosine moves by
+        # at most 2‖Δ‖/‖·‖ for each of its two vectors
+        bound = 2 * np.sqrt(cfg.hidden_size) * rtol * sum(np.abs(h).max() / np.linalg.norm(h.mean(0)) for h in hidden)
+        assert abs(answer["outputs"][side]["similarity"] - cosine) <= bound, side
+    assert answer["outputs"]["before"]["similarity"] != answer["outputs"]["after"]["similarity"]

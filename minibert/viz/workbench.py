@@ -238,11 +238,12 @@ class Workbench:
                              f"with [CLS] and [SEP]; whoever started it can change that: minibert serve --max-tokens).")
         return batch
 
-    def _padded(self, ids, types) -> dict:
-        """[B, T] ids and token types padded with masked padding to the bucket length: one program per bucket."""
+    def _padded(self, ids, types, mask=None) -> dict:
+        """[B, T] ids and token types padded with masked padding to the bucket length: one program per bucket.
+        mask: [B, T], where rows of several lengths were padded already (sentences A and B); else all real."""
         n_rows, length = ids.shape
         extra = ((0, 0), (0, bucket_length(length, self.buckets) - length))
-        mask = np.pad(np.ones_like(ids), extra)
+        mask = np.pad(np.ones_like(ids) if mask is None else np.asarray(mask), extra)
         return {"input_ids": np.pad(ids, extra, constant_values=self.model.config.pad_token_id),
                 "token_type_ids": np.pad(types, extra), "attention_mask": mask}
 
@@ -298,8 +299,9 @@ class Workbench:
             return None
         batch = self.model.tokenize([request.text, request.pair])
         with self._programs.first("similarity", bucket_length(batch.input_ids.shape[1], self.buckets)):
-            out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), hooks=hooks)[0]
-        hidden = np.asarray(out.last_hidden_state, np.float64)[:, :batch.input_ids.shape[1]]
+            out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids, batch.attention_mask),
+                                 hooks=hooks)[0]
+        hidden = np.asarray(out.last_hidden_state)[:, :batch.input_ids.shape[1]]  # pooled as the model's dtype
         a, b = _pooled(hidden, np.asarray(batch.attention_mask), self.model.pooling["mode"])
         return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
