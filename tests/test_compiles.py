@@ -16,11 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_hf_model
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import BertConfig, Model, hooks, programs, training
+from minibert import BertConfig, Model, hooks, programs
 from minibert.accounting import flops_per_token
 from minibert.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
 
@@ -386,32 +385,3 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     for off in ("0", "off", "false"):
         monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
         assert programs.cache_directory() is None
-
-
-# ---- fine-tuning: one step program per row length training.data.step_lengths chooses ----------------------------
-
-@pytest.mark.slow  # fine-tunes a tiny model on three lengths
-def test_finetune_compiles_one_step_per_chosen_length_and_says_so(tmp_path, capsys):
-    """Texts of 3, 20 and 40 words (5, 22 and 42 tokens) in batches of their own: the step compiles once per row
-    length training.data.step_lengths chooses (multiples of 8: 8, 24, 48) — JAX's own trace events of the step
-    function, counted apart from minibert — result.step_lengths names them, and the progress bar says "compiling
-    the step for N-token rows" for each."""
-    make_hf_model(tmp_path, "BertModel")
-    model = minibert.load(tmp_path)
-    rows = [training.Example(" ".join(["a"] * n), None, i % 2) for i, n in enumerate([3] * 4 + [20] * 4 + [40] * 4)]
-    traces = []
-
-    def listen(event, duration, **kwargs):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            traces.append(kwargs.get("fun_name"))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        result = training.finetune(model, rows, num_labels=2, epochs=1, batch_size=4, shuffle=False,
-                                   learning_rate=1e-3, dropout=0.0)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert result.step_lengths == (8, 24, 48)
-    assert traces.count("train") == 3
-    shown = capsys.readouterr().err
-    assert all(f"compiling the step for {n}-token rows" in shown for n in (8, 24, 48))
