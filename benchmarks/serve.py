@@ -2,12 +2,19 @@
 
     .venv/bin/python benchmarks/serve.py            # bundled model, 128-token texts; prints a Markdown table
     .venv/bin/python benchmarks/serve.py --smoke    # a few requests at 16 tokens: the code paths, for CI
+    .venv/bin/python benchmarks/serve.py --start    # `minibert serve` from a fresh process: issue 28's targets
 
 Three measurements, after warm-up (every length bucket compiled, as minibert serve does at start):
   edit     a new 128-token text: what the page asks for after an edit (POST /api/run, then /api/step)
   ablate   one more head ablated on the same text: /api/run with the head, then /api/step
   load     8 clients at once × 50 requests each (texts and ablations varied): errors, and the server's
            resident memory after each tenth of the requests (flat: no growth beyond the first tenth)
+--start (issue 28): `minibert serve --no-browser --port 0` in a fresh process, twice: with an empty persistent
+compilation cache, then with the cache the first start filled, each opened in headless chromium (playwright) at
+1366×768. Each start is timed to its URL on stdout and to the first full screen: the page's tokens, views and
+step-through drawn, nothing busy. Then a student types a new sentence of 16 word pieces over the default text, a
+word a second from a second after the first screen; each word is an edit, timed from its last key until the page
+has drawn its answer (the page's 200 ms wait after a key included). CPU seconds of the server process beside.
 Latencies are wall-clock per edit as a client sees them (p50, p95), beside the CPU seconds the process spent
 on it (server and client together: the process time, all threads), which other processes' load changes far
 less than the wall time. Only the public API is used: minibert.load, viz.explore.Workbench, app.serve.create_app.
@@ -16,8 +23,11 @@ less than the wall time. Only the public API is used: minibert.load, viz.explore
 from __future__ import annotations
 
 import argparse
+import os
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -124,11 +134,97 @@ def load(url: str, texts: list[str], clients: int, requests: int, n_layers: int,
     return errors, memory
 
 
+# ---- --start: a fresh `minibert serve` to its first screen, then typing ------------------------------------------
+
+TYPED = "The students quickly noticed that the tired teacher had forgotten her notes at home again."  # 16 pieces
+TYPING = 1.0  # seconds between the typed words
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as the browser tests launch it (tests/conftest.py)
+SETTLED = ("() => document.getElementById('workbench').getAttribute('aria-busy') === 'false' && "
+           "!document.querySelector('.mbv[aria-busy=true]') && document.querySelectorAll('#wb-tokens-0 .wb-token')"
+           ".length > 0 && document.querySelector('#wb-step-0 .wb-step') !== null")  # tokens, views, step-through
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_start(browser, cache: Path, log: Path) -> dict:
+    """Seconds from launching `minibert serve` to its URL and to its first full screen in chromium at 1366×768
+    (the page's tokens, views and step-through drawn and nothing busy); then the typed edits' latencies, each from
+    its last key until the page has drawn the answer (the page's 200 ms wait after a key included)."""
+    env = os.environ | {"MINIBERT_CACHE_DIR": str(cache)}
+    command = [sys.executable, "-m", "minibert.app.cli", "serve", "--no-browser", "--port", "0"]
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    began = time.perf_counter()
+    with log.open("a") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    try:
+        url = process.stdout.readline().strip()
+        times = {"url": time.perf_counter() - began}
+        if not url.startswith("http"):
+            raise RuntimeError(f"minibert serve printed {url!r}; see {log}")
+        page.goto(url)
+        page.wait_for_function(SETTLED, polling=20, timeout=600_000)
+        times["screen"] = time.perf_counter() - began
+        times["screen_cpu"] = cpu_seconds(process.pid)
+        time.sleep(TYPING)
+        page.click("#wb-text")
+        page.keyboard.press("Control+A")
+        edits = []
+        for n, word in enumerate(TYPED.split()):
+            page.keyboard.type(word if n == 0 else " " + word)
+            typed = time.perf_counter()
+            page.wait_for_function(SETTLED, polling=20, timeout=600_000)
+            edits.append(time.perf_counter() - typed)
+            time.sleep(max(0.0, TYPING - edits[-1]))
+        times["edits"] = edits
+    finally:
+        page.close()
+        process.terminate()
+        process.wait(timeout=120)
+    return times
+
+
+def start_report(args) -> int:
+    from playwright.sync_api import sync_playwright
+
+    scratch = Path(tempfile.mkdtemp(prefix="serve-start-"))
+    load_before = harness.load_average()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox",
+                                                                             "--disable-gpu", "--no-first-run"])
+        cold = one_start(browser, scratch / "cache", scratch / "serve.log")
+        warm = one_start(browser, scratch / "cache", scratch / "serve.log")
+        browser.close()
+    machine = harness.machine()
+    rows = [[name, harness.fmt(t["url"]), harness.fmt(t["screen"]), harness.fmt(t["screen_cpu"]),
+             harness.fmt(max(t["edits"])), harness.fmt(float(np.median(t["edits"])))]
+            for name, t in (("cold (empty cache)", cold), ("second start (cache)", warm))]
+    text = "\n".join([
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}; {machine['versions']}; load "
+        f"average {load_before} before, {harness.load_average()} after. Command: `benchmarks/serve.py --start`.", "",
+        harness.markdown_table(["start", "URL printed (s)", "first full screen (s)", "server CPU to first screen (s)",
+                                "slowest typed edit (s)", "median typed edit (s)"], rows), "",
+        "Typed edits, cold start (s from the last key to the page drawn): "
+        + ", ".join(f"{e:.2f}" for e in cold["edits"]),
+    ])
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a few requests at 16 tokens (CI)")
+    parser.add_argument("--start", action="store_true", help="time a fresh `minibert serve` to its first screen "
+                        "(empty cache, then a second start) and typed edits after it")
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
     args = parser.parse_args(argv)
+    if args.start:
+        return start_report(args)
     tokens, edits, clients, requests = (16, 4, 2, 4) if args.smoke else (128, 20, 8, 50)
     model = minibert.load()
     cfg = model.config

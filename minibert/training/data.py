@@ -349,7 +349,7 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
 
 
-STEP_PROGRAMS = 4  # step programs a run compiles at most (each: seconds on a CPU; benchmarks/RESULTS.md)
+STEP_PROGRAMS = 4  # step programs a run compiles at most (each costs seconds on a CPU)
 ALIGN = 8  # step lengths are multiples of 8 (accelerators tile matmuls in 8s; a CPU does not mind)
 
 
@@ -365,8 +365,8 @@ def step_lengths(longest: Sequence[int], limit: int, programs: int = STEP_PROGRA
     shortest of them that holds its longest row (`longest`) pads the fewest tokens over the run: the optimal
     partition of the batches' lengths, by dynamic programming over the distinct ones.
 
-    Fewer programs than buckets.COARSE gives (6 for 2,000 short texts of lognormal lengths) and less padding: the
-    lengths sit where this data's batches are, not on a fixed grid (tests/test_training_data.py)."""
+    Fewer programs than a fixed grid of buckets (buckets.COARSE touches 5 or 6 for 2,000 short texts of lognormal
+    lengths), and less padding: the lengths sit where this data's batches are."""
     rounded = np.minimum(-(-np.asarray(longest) // ALIGN) * ALIGN, limit)
     values, counts = np.unique(rounded, return_counts=True)
     before = np.concatenate([[0], np.cumsum(counts)])  # batches at the first i values: before[i]

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-import orbax.checkpoint as ocp
 
 from minibert.errors import DataFileError, InputError
 
@@ -40,14 +39,19 @@ class Checkpoints:
     a run's checkpoints and nothing else."""
 
     def __init__(self, directory: str | Path):
+        # Imported here, by the runs that save: importing minibert.training (the workbench's start, a probe) need
+        # not pay for orbax (~0.6 s).
+        import orbax.checkpoint as ocp
+
+        self.ocp = ocp
         self.directory = Path(directory).absolute()
         _check_run_folder(self.directory)
         self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=2))
 
     def save(self, micro: int, state: dict, meta: dict) -> None:
         """Save `state` (a pytree of arrays) and `meta` (JSON) as the checkpoint after `micro` micro-batches."""
-        self.manager.save(micro, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         meta=ocp.args.JsonSave(meta)))
+        args = self.ocp.args
+        self.manager.save(micro, args=args.Composite(state=args.StandardSave(state), meta=args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
     def restore(self, like: dict, settings: dict) -> tuple[int, dict, dict] | None:
@@ -57,8 +61,9 @@ class Checkpoints:
         if micro is None:
             return None
         try:
-            restored = self.manager.restore(micro, args=ocp.args.Composite(state=ocp.args.StandardRestore(like),
-                                                                           meta=ocp.args.JsonRestore()))
+            args = self.ocp.args
+            restored = self.manager.restore(micro, args=args.Composite(state=args.StandardRestore(like),
+                                                                       meta=args.JsonRestore()))
             saved = restored["meta"]["settings"]
         except (OSError, ValueError, KeyError, TypeError) as error:  # orbax's, tensorstore's and json's errors
             raise DataFileError(f"the checkpoint {self.directory / str(micro)} cannot be read ({type(error).__name__}: "
