@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -100,17 +101,19 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: Config, *, dtype=jnp.float32
         flat[path] = to_ours(_checked_weight(original, value, source, allow_nonfinite), cfg).astype(dtype)
     for key, path in tied.items():
         if key in by_key and path in flat:
-            repeated = jnp.asarray(by_key[key][1], jnp.float32).astype(dtype)
-            if not jnp.array_equal(repeated, flat[path]):
+            repeated = np.asarray(by_key[key][1], np.float32).astype(dtype)
+            if not np.array_equal(repeated, flat[path]):
                 raise CheckpointError(
                     f"{source}: {key!r} differs from {path.replace('.', ' ')}; minibert ties the MLM decoder "
                     f"to the word embeddings as {cfg.family.name} does, and these weights are untied."
                 )
-    return _nest(flat)
+    # Converted on the host, in NumPy, and moved in one transfer: jnp's transposes and reshapes would compile one
+    # small program per weight shape on the first load.
+    return _nest(jax.device_put(flat))
 
 
-def _checked_weight(key: str, value, source: str, allow_nonfinite: bool) -> jnp.ndarray:
-    """A checkpoint tensor as float32, refused if it is not floating point or (unless allowed) not finite."""
+def _checked_weight(key: str, value, source: str, allow_nonfinite: bool) -> np.ndarray:
+    """A checkpoint tensor as float32 (NumPy), refused if it is not floating point or (unless allowed) not finite."""
     if not jnp.issubdtype(value.dtype, jnp.floating):
         # F32 bytes declared I32 in a safetensors header pass the file's size checks and read as numbers ~1e9.
         raise CheckpointError(f"{source}: {key!r} is stored as {value.dtype}, but weights are floating point "
@@ -123,7 +126,7 @@ def _checked_weight(key: str, value, source: str, allow_nonfinite: bool) -> jnp.
             raise CheckpointError(f"{source}: {key!r} holds {bad} NaN or infinite value(s) of {value.size}; every "
                                   f"output would be non-finite. Re-download the checkpoint, or pass "
                                   f"allow_nonfinite=True to load it anyway.")
-    return jnp.asarray(value, dtype=jnp.float32)
+    return np.asarray(value, dtype=np.float32)
 
 
 def _nest(flat: Mapping[str, object]) -> dict:
@@ -161,7 +164,7 @@ def read_safetensors(directory: Path) -> dict[str, object]:
             raise CheckpointError(f"{path} is listed in the safetensors index but does not exist; "
                                   f"download the missing shard.")
         try:
-            with safe_open(str(path), framework="flax") as f:
+            with safe_open(str(path), framework="numpy") as f:  # NumPy: flax's reader compiles a program per shape
                 shard = {key: f.get_tensor(key) for key in f.keys()}
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(
