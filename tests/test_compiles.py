@@ -164,6 +164,28 @@ def test_a_hook_moved_from_layer_to_layer_does_not_warn(model, monkeypatch):
     assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
 
 
+def _zero_head_in_layer(z, ctx, head, layer):
+    """Zero `head` where this is block `layer` (both traced): one hook for every layer's site."""
+    return jnp.where(ctx.layer == layer, _zero_head(z, ctx, head), z)
+
+
+def test_a_hook_at_every_layer_with_a_traced_layer_moves_without_compiling(model):
+    """docs/compiled.md's recipe for moving a hook between layers: the hook at every layer's site (a glob), the
+    layer it acts in a HookFn array. Both layers and two heads run one program, and each run equals the hook placed
+    at that layer alone (another program: two fp32 programs, tolerances.forward_rtol)."""
+    inputs = batch(9)
+    before = model.traces
+    moved = {(layer, head): model.run_with_hooks(inputs, {"blocks.*.attn.hook_z": minibert.HookFn(
+        _zero_head_in_layer, head=jnp.int32(head), layer=jnp.int32(layer))}).last_hidden_state
+        for layer in range(2) for head in (1, 3)}
+    assert model.traces - before == 1
+    for (layer, head), got in moved.items():
+        placed = model.run_with_hooks(inputs, {f"blocks.{layer}.attn.hook_z": minibert.HookFn(
+            _zero_head, head=jnp.int32(head))}).last_hidden_state
+        assert_close_to_scale(got, placed, forward_rtol(model.config, S=bucket_length(9, model.length_buckets)),
+                              f"layer {layer}, head {head}")
+
+
 def _zero_head(z, ctx, head):
     return jnp.where(jnp.arange(z.shape[2])[None, None, :, None] == head, 0.0, z)
 
