@@ -533,7 +533,7 @@ class Model(Weights):
         _, shapes = self._forward_jit.eval_shape(self.state, inputs, leaves, capture=frozenset(chosen),
                                                  writer_def=writer_def)
         shapes = unstacked(shapes)
-        deltas = {name: jnp.zeros(shapes[name].shape, shapes[name].dtype) for name in chosen}
+        deltas = {name: programs.on_device(np.zeros(shapes[name].shape, shapes[name].dtype)) for name in chosen}
 
         def objective(deltas):
             writers = dict(user_writers)
