@@ -104,9 +104,9 @@ def test_accumulation_of_two_half_batches_is_one_whole_batch(base):
 
 
 @pytest.mark.slow
-def test_one_compiled_step_per_length_bucket(base, monkeypatch):
-    """Every batch's length is a bucket, and the step compiles once for each bucket the run meets, over every
-    epoch: never once per batch."""
+def test_one_compiled_step_per_step_length(base, monkeypatch):
+    """Every batch's length is one of the run's step lengths (data.step_lengths over its batches), and the step
+    compiles once for each length the run meets, over every epoch: never once per batch."""
     import importlib
 
     from minibert.training import data as data_
@@ -121,14 +121,15 @@ def test_one_compiled_step_per_length_bucket(base, monkeypatch):
         return programs[-1]
 
     monkeypatch.setattr(finetune_module, "compiled_step", recording)
-    # 4, 22 and 42 tokens: three lengths in three buckets under the coarse rule (16, 24, 32, 48, …)
+    # 4, 22 and 42 tokens, shuffled into batches of 4 whose longest rows differ
     rows = [training.Example(" ".join(["a"] * (2, 20, 40)[i % 3]), None, i % 2) for i in range(24)]
     result = training.finetune(base, rows, **(QUICK | {"epochs": 3, "batch_size": 4}))
     encoded = data_.encode(base, rows, "sequence-classification", ("LABEL_0", "LABEL_1"))
-    lengths = {batch["input_ids"].shape[1] for epoch in range(3)
-               for batch in data_.batches(encoded, data_.epoch_order(len(rows), epoch, 0, True), 4,
-                                          "sequence-classification", base.length_buckets, pad_id=0)}
-    assert lengths <= set(base.length_buckets)
+    orders = [data_.epoch_order(len(rows), epoch, 0, True) for epoch in range(3)]
+    chosen = data_.step_lengths(data_.longest_rows(encoded, orders, 4), base.config.max_tokens)
+    lengths = {batch["input_ids"].shape[1] for order in orders
+               for batch in data_.batches(encoded, order, 4, "sequence-classification", chosen, pad_id=0)}
+    assert lengths == set(result.step_lengths) == set(chosen)
     assert len(programs) == 1 and programs[0]._cache_size() == len(lengths) < len(result.history.loss) == 18
     assert len(lengths) > 1  # batches of different lengths met
 
