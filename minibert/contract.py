@@ -9,19 +9,24 @@ under a key that stands for the function (`StaticFn`). Two functions share a pro
 same: the same code, reading the same values (`behaviour_key`), so a lambda written again (a loop, a notebook
 cell run again) reuses the program, while `HEAD = 5` after a run with `HEAD = 4` compiles a new one rather than
 silently reusing the old value. The key sees the function's closure cells, the globals its own code names,
-default arguments and functools.partial arguments — scalars by value, arrays and other objects by identity
-(`fingerprint`). It does not see globals read by helper functions the function calls, nor an object mutated in
-place: values that change go in as traced arrays (hooks.HookFn), which compile once for all of them.
+default arguments and functools.partial arguments — scalars, NumPy arrays, tuples, lists, dicts and sets by
+value (a NumPy array or a list changed in place compiles anew), jax arrays and other objects by identity
+(`fingerprint`). It does not see globals read by helper functions the function calls, nor the attributes of an
+object changed in place: values that change go in as traced arrays (hooks.HookFn), which compile once for all.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
+import hashlib
 import numbers
+import types
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from minibert.errors import AnalysisError
 
@@ -81,27 +86,49 @@ class _Identity:
 
 
 _EMPTY_CELL = object()
+MAX_DEPTH, MAX_ITEMS = 4, 10_000  # containers deeper or longer than this are keyed by identity (cost per call)
 
 
-def _by_value(obj):
-    """Scalars (and tuples of them) by value, anything else by identity."""
+def _by_value(obj, depth: int = 0):
+    """Scalars by value; tuples, lists, dicts and sets of them by value, as are NumPy arrays (a digest of their
+    bytes), since each of these can be changed in place and a program keyed on its identity would keep the old
+    value; anything else (jax arrays, which never change, modules, functions, objects) by identity."""
     if obj is None or isinstance(obj, (bool, numbers.Number, str, bytes)):
         return (type(obj), obj)
-    if isinstance(obj, tuple):
-        return tuple(_by_value(x) for x in obj)
+    if depth < MAX_DEPTH:
+        if isinstance(obj, (tuple, list)) and len(obj) <= MAX_ITEMS:
+            return (type(obj), tuple(_by_value(x, depth + 1) for x in obj))
+        if isinstance(obj, dict) and len(obj) <= MAX_ITEMS:
+            return (dict, tuple((_by_value(k, depth + 1), _by_value(v, depth + 1)) for k, v in obj.items()))
+        if isinstance(obj, (set, frozenset)) and len(obj) <= MAX_ITEMS:
+            return (type(obj), frozenset(_by_value(x, depth + 1) for x in obj))
+    if isinstance(obj, np.ndarray) and obj.dtype != object:
+        digest = hashlib.blake2b(np.ascontiguousarray(obj).view(np.uint8), digest_size=16).digest()
+        return (np.ndarray, obj.dtype.str, obj.shape, digest)
     return _Identity(obj)
 
 
+@functools.cache
+def _globals_read(code) -> frozenset[str]:
+    """The global names `code` loads (and the functions, lambdas and comprehensions defined in it): not every
+    name in co_names, which also holds attribute names (`.at`, `.set`) a notebook may use for its own variables."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _globals_read(constant)
+    return frozenset(names)
+
+
 def fingerprint(fn: Callable) -> tuple:
-    """What a function reads besides its arguments: closure cells, the globals its code names, default
-    arguments, functools.partial arguments (scalars by value, other objects by identity)."""
+    """What a function reads besides its arguments: closure cells, the globals its code loads, default
+    arguments, functools.partial arguments (by value where they can change in place, see _by_value)."""
     if isinstance(fn, functools.partial):
         return ("partial", _by_value(fn.args), _by_value(tuple(sorted(fn.keywords.items()))), fingerprint(fn.func))
     code = getattr(fn, "__code__", None)
     if code is None:  # a callable object: its attributes are its own business; identity is what we have
         return ()
     cells = tuple(_cell_contents(cell) for cell in fn.__closure__ or ())
-    names = sorted(set(code.co_names) & fn.__globals__.keys())
+    names = sorted(_globals_read(code) & fn.__globals__.keys())
     return (_by_value(cells), tuple((name, _by_value(fn.__globals__[name])) for name in names),
             _by_value(fn.__defaults__), _by_value(tuple(sorted((fn.__kwdefaults__ or {}).items()))))
 
