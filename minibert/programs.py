@@ -5,8 +5,9 @@ when). Two things keep that cheap over time:
 
 - The persistent compilation cache: compiled programs are written to disk, so a second process (a restarted
   kernel, the next run of a script) loads them instead of compiling again. It is on by default, in
-  $MINIBERT_CACHE_DIR, else $XDG_CACHE_HOME/minibert/jax, else ~/.cache/minibert/jax; MINIBERT_COMPILATION_CACHE=0
-  turns it off, and a cache directory you set in JAX yourself (jax_compilation_cache_dir) is left as it is.
+  $MINIBERT_CACHE_DIR, else a folder you set in JAX yourself (jax_compilation_cache_dir), else
+  $XDG_CACHE_HOME/minibert/jax, else ~/.cache/minibert/jax; MINIBERT_COMPILATION_CACHE=0 turns it off in the
+  process. A folder that cannot be written turns it off too, with one CacheWarning.
   Several processes may share the folder: where the filelock package is installed (it comes with PyTorch and
   huggingface_hub) JAX locks it around each read and write and keeps it under CACHE_MAX_BYTES, least recently
   used out; without it, a read that meets a half-written entry costs a warning and a compile, never a wrong result.
@@ -19,6 +20,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import tempfile
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -27,37 +30,120 @@ import jax
 import numpy as np
 
 CACHE_DIR_ENV = "MINIBERT_CACHE_DIR"  # where the persistent cache lives
-CACHE_SWITCH_ENV = "MINIBERT_COMPILATION_CACHE"  # "0" (or "false", "off", "no") turns it off
+CACHE_SWITCH_ENV = "MINIBERT_COMPILATION_CACHE"  # one of SWITCH_OFF turns it off, one of SWITCH_ON keeps it on
+SWITCH_OFF = ("0", "false", "off", "no", "n", "none", "disabled", "disable")
+SWITCH_ON = ("", "1", "true", "on", "yes", "y", "enabled", "enable")
 CACHE_MAX_BYTES = 2 * 1024**3  # the folder's size bound, where filelock makes a bounded folder safe to share
 MAX_PROGRAMS = 32  # programs a Model keeps resident (a few MB each for a small model, tens for a large one)
 
 
-def cache_directory() -> Path | None:
-    """The persistent compilation cache's folder, or None when MINIBERT_COMPILATION_CACHE turns it off."""
-    if os.environ.get(CACHE_SWITCH_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+class CacheWarning(UserWarning):
+    """The persistent compilation cache's settings could not be followed as given; the message says what minibert
+    does instead and how to fix the setting."""
+
+
+_set_up = {"folder": None, "unusable": set()}  # what use_persistent_cache() did: the folder it gave JAX, ones refused
+
+
+def switched_off() -> bool:
+    """Whether MINIBERT_COMPILATION_CACHE turns the cache off (a value in neither SWITCH_OFF nor SWITCH_ON keeps it
+    on; use_persistent_cache() warns about it)."""
+    return switch() in SWITCH_OFF
+
+
+def switch() -> str:
+    """MINIBERT_COMPILATION_CACHE as it is compared with SWITCH_OFF and SWITCH_ON: stripped, lower case."""
+    return os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
+
+
+@functools.cache
+def absolute_folder(text: str) -> Path | None:
+    """A folder setting as an absolute path: ~ and $VARIABLES expanded as a shell would, a relative path resolved
+    against the working directory of the first call (at import), so a later os.chdir does not move the cache;
+    None where it names a variable that is not set."""
+    expanded = os.path.expanduser(os.path.expandvars(text))
+    return None if "$" in expanded else Path(expanded).absolute()
+
+
+def jax_own_folder() -> Path | None:
+    """A cache folder set in JAX itself (jax_compilation_cache_dir, or JAX_COMPILATION_CACHE_DIR), not by minibert."""
+    configured = jax.config.jax_compilation_cache_dir
+    return Path(configured) if configured and configured != _set_up["folder"] else None
+
+
+def chosen_folder() -> Path | None:
+    """The folder the settings choose (cache_directory() less the check that it can be written): None when
+    switched off, or when MINIBERT_CACHE_DIR names an unset variable; MINIBERT_CACHE_DIR wins, then a folder set
+    in JAX itself, then $XDG_CACHE_HOME/minibert/jax (an absolute XDG_CACHE_HOME only, as the XDG spec says), then
+    ~/.cache/minibert/jax."""
+    if switched_off():
         return None
     if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "minibert" / "jax"
+        return absolute_folder(os.environ[CACHE_DIR_ENV])
+    if jax_own_folder() is not None:
+        return jax_own_folder()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "minibert" / "jax"
+
+
+def cache_directory() -> Path | None:
+    """The persistent compilation cache's folder, or None when it is off: switched off by
+    MINIBERT_COMPILATION_CACHE, or off for this process because the folder could not be used."""
+    folder = chosen_folder()
+    return None if folder in _set_up["unusable"] else folder
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why `folder` cannot hold the cache (created where missing, a file written and removed), or None if it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return f"{type(error).__name__}: {error.strerror or error}"
+    return None
+
+
+def refused(message: str) -> None:
+    """The persistent cache off for this process (a JAX folder of your own included), with one warning."""
+    jax.config.update("jax_enable_compilation_cache", False)
+    warnings.warn(f"{message}; the persistent compilation cache is off in this process (programs compile as "
+                  f"usual). Fix: set {CACHE_DIR_ENV} to a folder you can write, or {CACHE_SWITCH_ENV}=0.",
+                  CacheWarning, stacklevel=3)
 
 
 def use_persistent_cache() -> Path | None:
     """Point JAX's persistent compilation cache at cache_directory() (done when this module is imported); the
     folder in use, or None. Every program is written, however small or quick to compile: on a CPU a small
-    model's forward compiles in about a second, which the cache turns into milliseconds."""
-    configured = jax.config.jax_compilation_cache_dir
-    if configured:  # the user's own setting wins
-        return Path(configured)
-    directory = cache_directory()
-    if directory is None:
+    model's forward compiles in about a second, which the cache turns into milliseconds. The thresholds are
+    lowered in a folder you set in JAX yourself too; switched off, the cache is off in this process, that folder
+    included."""
+    if switch() not in SWITCH_OFF + SWITCH_ON:
+        warnings.warn(f"{CACHE_SWITCH_ENV}={os.environ[CACHE_SWITCH_ENV]!r} is neither on nor off, so the "
+                      f"persistent compilation cache stays on; pass one of {', '.join(map(repr, SWITCH_OFF))} to "
+                      f"turn it off, or one of {', '.join(map(repr, SWITCH_ON[1:]))} to keep it on.",
+                      CacheWarning, stacklevel=2)
+    if switched_off():
+        jax.config.update("jax_enable_compilation_cache", False)
         return None
-    jax.config.update("jax_compilation_cache_dir", str(directory))
+    folder = chosen_folder()
+    if folder is None:
+        refused(f"{CACHE_DIR_ENV}={os.environ[CACHE_DIR_ENV]!r} names an environment variable that is not set")
+        return None
+    problem = unwritable(folder)
+    if problem is not None:
+        _set_up["unusable"].add(folder)
+        refused(f"the compilation cache folder {str(folder)!r} cannot be written ({problem})")
+        return None
+    if folder != jax_own_folder():  # minibert's folder: remembered, so it is never taken for one of your own
+        _set_up["folder"] = str(folder)
+        jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size floor, and none chosen for us
     if importlib.util.find_spec("filelock") is not None:
         jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
-    return directory
+    return folder
 
 
 def on_device(array, dtype=None) -> jax.Array:

@@ -407,3 +407,99 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     for off in ("0", "off", "false"):
         monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
         assert programs.cache_directory() is None
+
+
+# ---- where the persistent cache lives, set in the environment at import (minibert.programs) -----------------------
+
+PROBE = """
+import json, os, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import jax, numpy as np
+    from minibert import programs
+os.chdir(sys.argv[1])
+value = jax.jit(lambda x: x * 2.0 + 1.0)(np.float32(3.0))
+folder = programs.cache_directory()
+print(json.dumps({"folder": folder and str(folder), "jax": jax.config.jax_compilation_cache_dir,
+                  "on": jax.config.jax_enable_compilation_cache, "value": float(value),
+                  "warnings": [str(w.message) for w in caught if w.category is programs.CacheWarning]}))
+"""
+CACHE_SETTINGS = ("MINIBERT_CACHE_DIR", "MINIBERT_COMPILATION_CACHE", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR")
+
+
+def probe_cache(tmp_path: Path, env: dict, cwd: Path | None = None, later: Path | None = None) -> dict:
+    """PROBE in a fresh process started in `cwd` (tmp_path by default) with HOME=tmp_path/home and only the cache
+    settings in `env`; it compiles one small program after moving to `later` (else staying) and reports the
+    folder minibert names, JAX's setting, the program's value (7.0) and minibert's CacheWarnings."""
+    base = {name: value for name, value in os.environ.items() if name not in CACHE_SETTINGS}
+    done = subprocess.run([sys.executable, "-c", PROBE, str(later or cwd or tmp_path)], capture_output=True,
+                          text=True, env=base | {"HOME": str(tmp_path / "home")} | env, cwd=cwd or tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["value"] == 7.0  # 3 * 2 + 1, exact in float32: the cache never changes a result
+    return report
+
+
+@pytest.mark.slow  # three Python processes
+def test_minibert_cache_settings_win_over_a_jax_folder_and_a_jax_folder_alone_gets_every_program(tmp_path):
+    """A JAX folder of your own (JAX_COMPILATION_CACHE_DIR) is used, and minibert's zero thresholds make JAX write
+    even a program that compiles in milliseconds there; MINIBERT_CACHE_DIR wins over it; switched off, the cache
+    is off in the process, that folder included. cache_directory() names the folder JAX writes to."""
+    own, mine = tmp_path / "own", tmp_path / "mine"
+    alone = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(own)})
+    assert alone["folder"] == alone["jax"] == str(own) and alone["on"] and cache_entries(own)
+    both = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(own), "MINIBERT_CACHE_DIR": str(mine)})
+    assert both["folder"] == both["jax"] == str(mine) and cache_entries(mine)
+    off = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "own2"),
+                                 "MINIBERT_COMPILATION_CACHE": "0"})
+    assert off["folder"] is None and not off["on"] and not (tmp_path / "own2").exists()
+
+
+@pytest.mark.slow  # four Python processes
+def test_a_cache_folder_setting_is_made_absolute_once_with_its_variables_expanded(tmp_path):
+    """A relative MINIBERT_CACHE_DIR is resolved against the working directory at import: a program compiled
+    after os.chdir still goes there. $VARIABLES and ~ are expanded; a variable that is not set turns the cache
+    off with one warning (no folder named '$...' is made). A relative XDG_CACHE_HOME is ignored (the XDG spec)."""
+    first, later = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), later.mkdir()
+    relative = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": "rel"}, cwd=first, later=later)
+    assert relative["folder"] == relative["jax"] == str(first / "rel") and cache_entries(first / "rel")
+    assert not (later / "rel").exists()
+    expanded = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": "$HOME/x"})
+    assert expanded["folder"] == str(tmp_path / "home" / "x") and cache_entries(tmp_path / "home" / "x")
+    unset = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": "$MINIBERT_TEST_UNSET/x"}, cwd=first)
+    assert unset["folder"] is None and not unset["on"] and len(unset["warnings"]) == 1
+    assert "MINIBERT_CACHE_DIR='$MINIBERT_TEST_UNSET/x'" in unset["warnings"][0] and not list(first.glob("$*"))
+    xdg = probe_cache(tmp_path, {"XDG_CACHE_HOME": "relxdg"}, cwd=first)
+    assert xdg["folder"] == str(tmp_path / "home" / ".cache" / "minibert" / "jax") and not (first / "relxdg").exists()
+
+
+@pytest.mark.parametrize("off", ["0", "false", "OFF", " no ", "n", "none", "Disabled"])
+def test_the_obvious_off_words_turn_the_cache_off(monkeypatch, off):
+    monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
+    assert programs.switched_off() and programs.cache_directory() is None
+
+
+@pytest.mark.slow  # two Python processes
+def test_a_switch_value_neither_on_nor_off_keeps_the_cache_on_with_one_warning(tmp_path):
+    """'maybe' keeps the cache on and says so once, naming the variable and the accepted words; 'yes' says
+    nothing."""
+    maybe = probe_cache(tmp_path, {"MINIBERT_COMPILATION_CACHE": "maybe", "MINIBERT_CACHE_DIR": str(tmp_path / "c")})
+    assert maybe["folder"] == str(tmp_path / "c") and maybe["on"] and len(maybe["warnings"]) == 1
+    assert all(word in maybe["warnings"][0] for word in ("MINIBERT_COMPILATION_CACHE='maybe'", "'off'", "'on'"))
+    assert probe_cache(tmp_path, {"MINIBERT_COMPILATION_CACHE": "yes"})["warnings"] == []
+
+
+@pytest.mark.slow  # two Python processes
+def test_a_cache_folder_that_cannot_be_written_turns_the_cache_off_with_one_warning(tmp_path):
+    """MINIBERT_CACHE_DIR naming a file, or a folder under a file: the computation runs (probe_cache checks its
+    value), the cache is off in the process, one warning names the folder, the variable and the fix, and the
+    file is left as it was."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine")
+    for folder in (blocker, blocker / "under"):
+        report = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": str(folder)})
+        assert report["folder"] is None and not report["on"] and len(report["warnings"]) == 1
+        assert all(part in report["warnings"][0] for part in (repr(str(folder)), "MINIBERT_CACHE_DIR", "Fix:"))
+        assert blocker.read_text() == "mine"
