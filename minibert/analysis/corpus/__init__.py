@@ -25,9 +25,8 @@ How a corpus runs:
 - SurveyResult.counts says how many batches ran and how many tokens they held, padding included, and
   how many blank lines a corpus file had (skipped) and how many documents were cut to max_length
   (strict=True refuses both instead).
-- Each row length compiles one program (benchmarks/RESULTS.md says how long). To keep the programs across processes,
-  turn on JAX's persistent cache before the first survey:
-  `jax.config.update("jax_compilation_cache_dir", "~/.cache/jax")`.
+- Each row length compiles one program (benchmarks/RESULTS.md says how long); minibert's persistent compilation
+  cache, on by default (docs/compiled.md), keeps the programs for the next process.
 
 Scale-out (docs/scale_out.md): the batch axis is sharded over the local devices (`jax.sharding`, one mesh
 axis "data"). Several processes (each started with minibert.app.distributed.initialize(), i.e.
