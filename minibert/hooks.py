@@ -203,8 +203,8 @@ class LayerHooks:
     - writes: the hook functions on blocks.3.attn.hook_z run in layer 3 only (jax.lax.switch on the traced layer
       picks that layer's functions, each called with ctx.layer = 3, or none);
     - captures: the layers asked of a site fill a buffer [n, ...] carried through the scan, one slot per layer
-      asked, which `store` hands to the HookPoints under the per-layer names after the scan: memory holds what
-      was asked, nothing more;
+      asked, which `store` hands to the HookPoints after the scan, under the per-layer names or, where the
+      HookPoints are stacked (Model.run's), whole under its stacked_name: memory holds what was asked, nothing more;
     - active: a site is active where it is in any layer of the run (the block's path is one for every layer).
 
     `at(layer, buffers)` is the hooks object of one step of the scan; buffers None (a trace that only looks for
