@@ -10,7 +10,8 @@ when). Two things keep that cheap over time:
   process. A folder that cannot be written turns it off too, with one CacheWarning.
   Several processes may share the folder: where the filelock package is installed (it comes with PyTorch and
   huggingface_hub) JAX locks it around each read and write and keeps it under CACHE_MAX_BYTES, least recently
-  used out; without it, a read that meets a half-written entry costs a warning and a compile, never a wrong result.
+  used out; without it, a read that meets a half-written entry costs a warning and a compile, never a wrong result
+  (in every later process too: JAX never replaces an entry; deleting the folder clears it).
 - A Model's resident programs (`Resident`): at most Model.max_programs at a time, the least recently used dropped
   first, with their memory; model.clear_compiled() drops them all.
 """
