@@ -220,19 +220,31 @@ def test_projector_mode_enlarges_and_darkens_every_text(open_page, twelve_heads)
         assert page.problems == []
 
 
-@pytest.fixture(scope="module")
-def sentence_model(tmp_path_factory):
+def saved_sentence_model(directory, **config):
     """A tiny random encoder saved as a sentence-transformers model (Transformer → mean Pooling), the bundled model's
     kind: its output is the A–B similarity."""
-    directory = tmp_path_factory.mktemp("sentence-model")
-    make_hf_model(directory, "BertModel", seed=3)
+    make_hf_model(directory, "BertModel", seed=3, **config)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "1_Pooling").mkdir()
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+    width = config.get("hidden_size", 32)  # make_hf_model's default
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": width,
                                                                      "pooling_mode_mean_tokens": True}))
     return minibert.load(directory)
+
+
+@pytest.fixture(scope="module")
+def sentence_model(tmp_path_factory):
+    return saved_sentence_model(tmp_path_factory.mktemp("sentence-model"))
+
+
+@pytest.fixture(scope="module")
+def bundled_shape(tmp_path_factory):
+    """A sentence model with the bundled model's 6 layers of 12 heads, at a tiny width: its page is laid out as the
+    bundled model's (the head grid as tall, the tour's last stop as long)."""
+    return saved_sentence_model(tmp_path_factory.mktemp("bundled-shape"), hidden_size=48, num_attention_heads=12,
+                                num_hidden_layers=6)
 
 
 def test_the_why_panel_of_a_sentence_model_says_to_type_sentence_b(open_page, sentence_model):
@@ -293,3 +305,154 @@ def test_the_similarity_before_and_after_an_ablation_is_the_models(sentence_mode
         bound = 2 * np.sqrt(cfg.hidden_size) * rtol * sum(np.abs(h).max() / np.linalg.norm(h.mean(0)) for h in hidden)
         assert abs(answer["outputs"][side]["similarity"] - cosine) <= bound, side
     assert answer["outputs"]["before"]["similarity"] != answer["outputs"]["after"]["similarity"]
+
+
+# ---- the second lecturer's findings (a docs-only trial of the fixed page, 1366×768 and 1400×1000) ----------------
+
+
+def test_projector_mode_enlarges_the_before_and_after_labels(open_page):
+    """In projector mode the labels over each side of a comparison ("Before", "After: ablated … 1-3"), the only text
+    saying which side is ablated, are as large as the page's text (they stayed 13 px beside 24 px headings)."""
+    page = open_page()
+    page.type("a b c d")
+    page.page.click("#wb-projector")
+    page.page.click("#wb-head-0-0-2")
+    page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after] h3")
+    page.settle()
+    text = float(page.page.eval_on_selector("#workbench", "n => parseFloat(getComputedStyle(n).fontSize)"))
+    sizes = page.page.eval_on_selector_all("#wb-views-0 .wb-view-side h3",
+                                           "ns => ns.map(n => parseFloat(getComputedStyle(n).fontSize))")
+    assert len(sizes) == 6 and min(sizes) >= text >= 20, (sizes, text)  # three views, before and after
+    assert page.problems == []
+
+
+def test_ablating_with_no_output_says_why_instead_of_empty_columns(open_page, sentence_model):
+    """Ablating on a sentence model with no sentence B: Outputs show the line asking for sentence B, not two empty
+    "Before" / "After: ablated …" headings over nothing; after [MASK] on a masked LM, the side with no [MASK] says
+    so under its heading."""
+    with Server([sentence_model]) as running:
+        page = open_page(running)
+        page.type("a b c d")
+        page.page.click("#wb-head-0-0-2")
+        page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
+        page.settle()
+        assert page.page.locator("#wb-outputs-0 h3").count() == 0
+        said = page.page.text_content("#wb-outputs-0")
+        assert "Type a sentence B to see the A–B similarity" in said and "before and after" in said, said
+        assert page.problems == []
+    page = open_page()
+    page.type("a b c d e")
+    page.page.click("#wb-tokens-0 .wb-token[data-index='3']")
+    page.settle()
+    page.page.click("#wb-mask")
+    page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
+    page.settle()
+    before = page.page.text_content("#wb-outputs-0 .wb-output[data-side=before]")
+    assert before.startswith("Before") and "no [MASK] in this text" in before, before
+    assert page.problems == []
+
+
+def test_the_terms_on_hover_say_which_rows_are_in_sight(open_page, tiny_mlm):
+    """Hovering a value of q (x · W_Q[:, h, j] + b: 32 terms on the tiny model, more than the table's box shows)
+    says which rows are in sight, how many of all, and their sum, labelled as partial (the lecturer read 13 rows
+    as adding up to the total); scrolled to the end, it names the last rows. The rows in sight are measured here
+    from their boxes, and their sum recomputed from each row's operands."""
+    hidden = tiny_mlm[0].config.hidden_size
+    page = open_page()
+    page.type("a b c d")
+    q = "#wb-step-0 .wb-step[data-step=q]"
+    page.page.hover(f"{q} .wb-num >> nth=0")
+    page.page.wait_for_selector(f"{q} .wb-terms:not([hidden]) .wb-terms-sight")
+
+    def in_sight():
+        rows = page.page.eval_on_selector(
+            f"{q} .wb-terms-scroll", "box => { const b = box.getBoundingClientRect(); "
+            "return [...box.querySelectorAll('tr.wb-term')].map((r, i) => [i, r.getBoundingClientRect(), r.dataset])"
+            ".filter(([, r]) => r.top >= b.top - 0.5 && r.bottom <= b.bottom + 0.5)"
+            ".map(([i, , d]) => [i, Number(d.left), Number(d.right)]); }")
+        cue = page.page.locator(f"{q} .wb-terms-sight")
+        return rows, cue.text_content(), {k: float(cue.get_attribute(f"data-{k}")) for k in ("first", "last", "sum")}
+
+    for scrolled in (False, True):
+        if scrolled:
+            page.page.eval_on_selector(f"{q} .wb-terms-scroll", "n => { n.scrollTop = n.scrollHeight; "
+                                                                "n.dispatchEvent(new Event('scroll')); }")
+            page.page.wait_for_function(
+                f"() => document.querySelector('{q} .wb-terms-sight').dataset.last === '{hidden - 1}'")
+        rows, said, cue = in_sight()
+        assert 0 < len(rows) < hidden, len(rows)  # the case: some rows out of sight
+        assert (cue["first"], cue["last"]) == (rows[0][0], rows[-1][0])
+        assert f"{len(rows)} of {hidden}" in said and "scroll" in said, said
+        products = [left * right for _, left, right in rows]
+        # float64 sums of the same products in another order: within n·eps·Σ|terms|
+        assert abs(cue["sum"] - sum(products)) <= len(rows) * np.finfo(np.float64).eps * sum(map(abs, products))
+    assert page.problems == []
+
+
+def test_the_step_throughs_strips_line_up_in_one_column(open_page, twelve_heads):
+    """Every per-token row's colour strip (the keys, the values…) starts at the same x, with long tokens and in
+    projector mode too (each strip started right after its token's label there)."""
+    with Server([twelve_heads]) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": 1366, "height": 768})
+        page.type("the professor explained attention")
+        for projector in (False, True):
+            if projector:
+                page.page.click("#wb-projector")
+                page.settle()
+            lefts = page.page.eval_on_selector_all(
+                "#wb-step-0 .wb-number-row", "ns => ns.filter(n => n.querySelector('.wb-row-label'))"
+                ".map(n => n.querySelector('canvas.wb-strip-cells').getBoundingClientRect().left)")
+            assert len(lefts) > 8 and max(lefts) - min(lefts) < 1, (projector, lefts)
+        assert page.problems == []
+
+
+def test_a_text_over_the_character_limit_is_kept_and_the_message_says_so(open_page):
+    """A paste past 2,000 characters stays whole in the box (the box's maxlength cut it mid-word, silently) and the
+    message says how long it is, the limit, and that nothing was cut."""
+    page = open_page()
+    page.type("a b c")
+    long = " ".join(["b c d"] * 420)  # 2,519 characters
+    page.page.fill("#wb-text", long)
+    page.page.wait_for_function("() => document.querySelector('.wb-status').textContent.includes('characters')")
+    assert page.page.input_value("#wb-text") == long
+    said = page.page.text_content(".wb-status")
+    assert f"the text has {len(long):,} characters; the workbench takes at most 2,000" in said, said
+    assert "nothing was cut" in said, said
+
+
+def test_an_empty_text_is_named_as_the_page_names_it(open_page):
+    """An empty or blank text says "the text is empty; type a sentence", not the request's field name 'text'."""
+    page = open_page()
+    page.type("a b c")
+    for blank in ("", "   "):
+        page.page.fill("#wb-text", blank)
+        page.page.wait_for_function("() => document.querySelector('.wb-status').textContent.includes('empty')")
+        said = page.page.text_content(".wb-status")
+        assert said.startswith("the text is empty; type a sentence"), said
+        assert "'text'" not in said
+        page.type("a b c")
+
+
+def test_the_tours_back_and_its_last_stop_leave_the_next_controls_usable(open_page, bundled_shape):
+    """Back is disabled on the first stop (it was enabled and did nothing); on the last stop at 1366×768 the box
+    covers neither the button it outlines nor the step-through's Layer and Head selects students reach for next
+    (it covered them, on the bundled model's 6 × 12 heads); Escape closes the tour."""
+    with Server([bundled_shape], tour=True) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": 1366, "height": 768})
+        page.type("a b c d e f g h i j")
+        assert page.page.is_disabled("#wb-tour-back")
+        page.page.click("#wb-tour-next")
+        page.settle()
+        assert page.page.is_enabled("#wb-tour-back")
+        for _ in range(8):
+            page.page.click("#wb-tour-next")
+        page.settle()
+        assert page.page.text_content(".wb-tour p").startswith("10/10")
+        box = page.page.locator("#wb-tour").bounding_box()
+        for kept in (".wb-spotlight", "#wb-step-layer-0", "#wb-step-head-0"):
+            assert not overlap(box, page.page.locator(kept).bounding_box()), kept
+        page.page.keyboard.press("Escape")
+        assert page.page.locator("#wb-tour").count() == 0 and page.page.locator(".wb-spotlight").count() == 0
+        assert page.problems == []

@@ -76,6 +76,9 @@ class Run:
         return np.stack([self.captures[f"blocks.{layer}.{site}"] for layer in range(n_layers)])
 
 
+TEXT_FIELDS = {"text": "the text", "pair": "sentence B"}  # a request's text fields, as the page labels them
+
+
 def _text(body: Mapping, key: str, required: bool) -> str | None:
     value = body.get(key)
     if value is None or (value == "" and not required):
@@ -84,11 +87,13 @@ def _text(body: Mapping, key: str, required: bool) -> str | None:
         return None
     if not isinstance(value, str):
         raise InputError(f"{key!r} must be a string; got {type(value).__name__}.")
+    name = TEXT_FIELDS[key]  # what a student reads beside the box they typed in, not the request's field name
     if not value.strip():
-        raise InputError(f"{key!r} is empty; type a sentence.")
-    if len(value) > MAX_CHARS:
-        raise InputError(f"{key!r} has {len(value)} characters; the workbench takes at most {MAX_CHARS} per text. "
-                         f"Shorten it.")
+        raise InputError(f"{name} is empty; type a sentence.")
+    if len(value) > MAX_CHARS:  # the page keeps the text whole (no maxlength cutting a paste): the student shortens it
+        raise InputError(f"{name} has {len(value):,} characters; the workbench takes at most {MAX_CHARS:,} per text "
+                         f"(its first {MAX_CHARS:,} end “…{value[MAX_CHARS - 20:MAX_CHARS]}”). Shorten it; nothing "
+                         f"was cut.")
     return value
 
 

@@ -77,7 +77,10 @@ function minibertStepThrough(page) {
       var scale = maxAbs(step.values);
       for (var r = 0; r < rows; r++) {
         var line = el("div", {"class": "wb-number-row"});
-        if (rows > 1) line.appendChild(el("span", {"class": "wb-row-label"}, tokens[r]));
+        if (rows > 1) {  // as wide as the longest token (monospace): every row's strip starts at the same x
+          var name = line.appendChild(el("span", {"class": "wb-row-label"}, tokens[r]));
+          name.style.width = longest(tokens) + 1 + "ch";
+        }
         var drawn = strip(step, r * width, width, scale);
         line.appendChild(drawn.node);
         for (var i = step.start; i < width && i < step.start + shown; i++) {
@@ -175,15 +178,18 @@ function minibertStepThrough(page) {
     return step.shape[0] / config.models[0].heads;
   }
 
+  function longest(tokens) {  // characters of the longest token
+    return tokens.reduce(function (m, token) { return Math.max(m, token.length); }, 0);
+  }
+
   var BAR_LABEL_CHARS = 7;  // characters of a token that fit a bar's column (workbench.css's .wb-bar-col, monospace)
 
   /** One value per key token as bars (q·k and the scores signed around a baseline, the softmax from 0 to 1), each
       with its number (`cell`) and its token below; −∞ (a masked key) has no bar. */
   function bars(step, tokens, cell) {
     // Whole tokens under the bars: written upright (bottom to top) where one is wider than a column.
-    var longest = tokens.reduce(function (m, token) { return Math.max(m, token.length); }, 0);
-    var chart = el("div", {"class": "wb-bars" + (longest > BAR_LABEL_CHARS ? " wb-bars-upright" : ""), role: "group",
-                           "aria-label": step.label + ", one bar per key token"});
+    var chart = el("div", {"class": "wb-bars" + (longest(tokens) > BAR_LABEL_CHARS ? " wb-bars-upright" : ""),
+                           role: "group", "aria-label": step.label + ", one bar per key token"});
     var scale = maxAbs(step.values), signed = step.values.some(function (v) { return v !== null && v < 0; });
     step.values.forEach(function (value, s) {
       var column = el("div", {"class": "wb-bar-col", "data-key": String(s)});
@@ -262,13 +268,39 @@ function minibertStepThrough(page) {
         .forEach(function (t) { row.appendChild(el("td", {}, t)); });
       table.appendChild(row);
     });
-    box.appendChild(el("div", {"class": "wb-terms-scroll"})).appendChild(table);
+    var scroller = box.appendChild(el("div", {"class": "wb-terms-scroll"}));
+    scroller.appendChild(table);
+    var sight = box.appendChild(el("div", {"class": "wb-terms-sight"}));
     var total = (sum + (dot.bias ? dot.bias[j] : 0)) / dot.divisor;
     var hook = step.values[j] === null ? "−∞: a masked key" : number(step.values[j]);
     box.appendChild(el("div", {"class": "wb-terms-sum", "data-sum": String(sum), "data-value": String(total)},
-                       "Σ = " + number(sum) + (dot.bias ? "; + b_j (" + number(dot.bias[j]) + ")" : "") + divisor
-                       + " = " + number(total) + "  (the hook's value: " + hook + ")"));
+                       "Σ over all " + left.length + " terms = " + number(sum)
+                       + (dot.bias ? "; + b_j (" + number(dot.bias[j]) + ")" : "") + divisor + " = " + number(total)
+                       + "  (the hook's value: " + hook + ")"));
     box.hidden = false;
+    var rows = table.querySelectorAll("tr.wb-term");
+    scroller.addEventListener("scroll", function () { sayInSight(sight, scroller, rows, index); });
+    sayInSight(sight, scroller, rows, index);
+  }
+
+  /** Under a terms table taller than its box: which rows are in sight, of how many, and their sum, labelled as
+      partial (a student adding the rows in sight otherwise expects the total below); nothing when all fit. */
+  function sayInSight(sight, scroller, rows, index) {
+    var box = scroller.getBoundingClientRect(), first = -1, last = -1, sum = 0;
+    rows.forEach(function (row, n) {
+      var r = row.getBoundingClientRect();
+      if (r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) return;
+      if (first < 0) first = n;
+      last = n;
+      sum += Number(row.dataset.product);
+    });
+    sight.hidden = first < 0 || (first === 0 && last === rows.length - 1);
+    if (sight.hidden) return;
+    sight.dataset.first = String(first);
+    sight.dataset.last = String(last);
+    sight.dataset.sum = String(sum);
+    sight.textContent = "rows " + index + " = " + first + "–" + last + " in sight (" + (last - first + 1) + " of "
+      + rows.length + "; scroll the table for the rest): their products sum to " + number(sum) + ", a part of Σ";
   }
 
   /** The hover text of one number: the values it came from (same index where the operand has the same size). */

@@ -44,8 +44,9 @@ function minibertTour(page) {
 
   function stepRow(id) { return function () { return "step-0-" + id; }; }
 
-  // Each stop: the element it outlines (an id after the prefix), what it says; `row` names the step-through's rows
-  // by their numbers in the list, so that what the tour says and what the page shows agree.
+  // Each stop: the element it outlines (an id after the prefix), what it says, and the elements (ids after the
+  // prefix) its box should leave in sight besides; `row` names the step-through's rows by their numbers in the
+  // list, so that what the tour says and what the page shows agree.
   var TOUR = [
     {target: function () { return "text"; }, say: function () {
       return ["Type any sentence of your own: everything below is recomputed from it, live. This tour tells " +
@@ -99,7 +100,9 @@ function minibertTour(page) {
               "each k, q × k, q·k and the softmax. Change its layer, head or query and the step-through follows; " +
               "the head view draws every token's pattern as lines, the model view every head at once."];
     }},
-    {target: function () { return "head-0-" + TOUR_LAYER + "-" + TOUR_HEAD; }, say: function (f) {
+    {target: function () { return "head-0-" + TOUR_LAYER + "-" + TOUR_HEAD; },
+     keep: ["pair", "outputs-0", "step-layer-0", "step-head-0"],  // where students go next: kept in sight
+     say: function (f) {
       var guesses = config.models[0].outputs.indexOf("mlm") >= 0;
       var pair = config.models[0].outputs.indexOf("similarity") >= 0;  // its output needs a sentence B
       return ["Now intervene: " + (pair ? "type a sentence B first (a paraphrase of yours, say), so that Outputs " +
@@ -138,29 +141,41 @@ function minibertTour(page) {
       var target = app.querySelector("#" + prefix + TOUR[at].target());
       if (!target) return;
       target.classList.add("wb-spotlight");
-      place(target);
+      place(target, (TOUR[at].keep || []).map(function (id) { return app.querySelector("#" + prefix + id); })
+        .filter(Boolean));
     }
     /** Scroll `target` into the part of the window the box leaves free: the box at the bottom and the target
         centred above it where both fit (the box then covers only what follows the target), else the box at the
-        top and the target starting just below it. Where the page cannot scroll that far, the other edge. */
-    function place(target) {
-      box.classList.remove("wb-tour-top");
+        top and the target starting just below it. Then the box goes to the first corner (bottom or top first as
+        that chose, right before left) where it covers neither the target nor `keep`; else the first where it
+        does not cover the target. */
+    function place(target, keep) {
+      corner("");
       var clear = box.getBoundingClientRect().height + 16;  // px the box takes, with a gap
       var tall = target.getBoundingClientRect().height > window.innerHeight - clear - 8;
-      box.classList.toggle("wb-tour-top", tall);
       target.style.scrollMarginTop = tall ? clear + "px" : "";
       target.style.scrollMarginBottom = tall ? "" : clear + "px";
       target.scrollIntoView({block: tall ? "start" : "center"});
-      var a = box.getBoundingClientRect(), b = target.getBoundingClientRect();
-      if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) {
-        box.classList.toggle("wb-tour-top");
-      }
+      var corners = tall ? ["top", "", "top left", "left"] : ["", "top", "left", "top left"];
+      var clean = function (nodes) {
+        return function (where) { corner(where); return !nodes.some(covered); };
+      };
+      corner(corners.find(clean([target].concat(keep))) || corners.find(clean([target])) || corners[0]);
+    }
+    function corner(where) {  // "", "top", "left", "top left": where the box sits in the window
+      box.classList.toggle("wb-tour-top", where.indexOf("top") >= 0);
+      box.classList.toggle("wb-tour-left", where.indexOf("left") >= 0);
+    }
+    function covered(node) {
+      var a = box.getBoundingClientRect(), b = node.getBoundingClientRect();
+      return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
     }
     function show() {
       if (TOUR[at].enter) TOUR[at].enter();
       var last = at === TOUR.length - 1;  // the last stop's Next ends the tour
       next.textContent = last ? "Done" : "Next";
       next.title = last ? "end the tour" : "";
+      back.disabled = at === 0;  // nothing before the first stop
       update();
     }
     function end() {
@@ -176,6 +191,7 @@ function minibertTour(page) {
       show();
     });
     close.addEventListener("click", end);
+    box.addEventListener("keydown", function (e) { if (e.key === "Escape") end(); });  // focus in the box
     [says, back, next, close].forEach(function (n) { box.appendChild(n); });
     app.insertBefore(box, controls);
     app.style.paddingBottom = "45vh";  // room to scroll the page's last view above the box (at most 40vh)

@@ -40,11 +40,11 @@ function minibertWorkbench(app, config, options) {
   var status = el("div", {"class": "wb-status", role: "status", "aria-live": "polite"});
   var controls = el("div", {"class": "wb-controls"});
   var textLabel = el("label", {"for": prefix + "text"}, "Text");
-  var text = el("textarea", {id: prefix + "text", rows: 2, maxlength: config.models[0].max_chars});
+  // No maxlength: a paste past the server's limit stays whole, and the server's message says how long it is.
+  var text = el("textarea", {id: prefix + "text", rows: 2});
   text.value = "The cat sat on the mat because it was tired.";
   var pairLabel = el("label", {"for": prefix + "pair"}, "Sentence B (optional)");
-  var pair = el("input", {id: prefix + "pair", "class": "wb-pair", type: "text",
-                          maxlength: config.models[0].max_chars});
+  var pair = el("input", {id: prefix + "pair", "class": "wb-pair", type: "text"});
   var mode = select(prefix + "mode", "Ablation", config.models[0].ablation_modes);
   var mixing = select(prefix + "mixing", "Views show", config.models[0].mixing_methods);
   var clearButton = el("button", {id: prefix + "clear", type: "button"}, "Clear ablations");
@@ -325,43 +325,57 @@ function minibertWorkbench(app, config, options) {
     });
   }
 
-  /** outputs: {before} alone, or {before, after} with their titles. */
+  /** outputs: {before} alone, or {before, after} with their titles. Where no side has an output (no [MASK], no
+      sentence B), the line saying what gives one stands in place of the columns; a side with none says so. */
   function showOutputs(panel, outputs, titles) {
     var part = panel.outputs;
     renew(part);
     var sides = Object.keys(outputs);
-    var any = false;
-    sides.forEach(function (side) {
+    var blocks = sides.map(function (side) {
       var block = el("div", {"class": "wb-output", "data-side": side});
       block.appendChild(el("h3", {}, sides.length > 1 ? titles[side] : "Output"));
-      var result = outputs[side];
-      (result.mlm || []).forEach(function (masked) {
-        block.appendChild(el("div", {}, "[MASK] at position " + masked.position + ":"));
-        masked.top.forEach(function (guess) { block.appendChild(valueRow(guess.token, guess.p, "mlm")); });
-        any = true;
-      });
-      (result.classes || []).forEach(function (c) { block.appendChild(valueRow(c.label, c.p, "class")); any = true; });
-      (result.token_classes || []).forEach(function (labels, position) {  // each token's most probable label
-        var best = labels.reduce(function (a, b) { return b.p > a.p ? b : a; });
-        var row = valueRow("position " + position + ": " + best.label, best.p, "token_class");
-        row.dataset.position = String(position);
-        row.dataset.label = best.label;
-        block.appendChild(row);
-        any = true;
-      });
-      if (result.similarity != null) {
-        block.appendChild(valueRow("cosine similarity of A and B", result.similarity, "similarity"));
-        any = true;
-      }
-      part.appendChild(block);
+      var rows = outputRows(outputs[side]);
+      rows.forEach(function (row) { block.appendChild(row); });
+      if (!rows.length) block.appendChild(el("p", {"class": "wb-hint"}, noOutput(panel.info)));
+      return {block: block, any: rows.length > 0};
     });
-    if (!any) {
-      var hint = panel.info.outputs.indexOf("mlm") >= 0 ? "Put a " + panel.info.mask_token + " in the text to see "
-        + "the model's guesses." : panel.info.outputs.indexOf("similarity") >= 0 ? "Type a sentence B to see the "
-        + "A–B similarity. This model has no masked-LM head: " + panel.info.mask_token + " gets no guesses."
-        : "This checkpoint has no head: the views and the step-through show what changes.";
-      part.appendChild(el("p", {"class": "wb-hint"}, hint));
+    if (blocks.some(function (b) { return b.any; })) {
+      blocks.forEach(function (b) { part.appendChild(b.block); });
+      return;
     }
+    var hint = panel.info.outputs.indexOf("mlm") >= 0 ? "Put a " + panel.info.mask_token + " in the text to see "
+      + "the model's guesses" : panel.info.outputs.indexOf("similarity") >= 0 ? "Type a sentence B to see the "
+      + "A–B similarity" : "";
+    hint = !hint ? "This checkpoint has no head: the views and the step-through show what changes."
+      : hint + (sides.length > 1 ? ", before and after (the views below compare them already)." : ".")
+        + (panel.info.outputs.indexOf("mlm") < 0 ? " This model has no masked-LM head: " + panel.info.mask_token
+           + " gets no guesses." : "");
+    part.appendChild(el("p", {"class": "wb-hint"}, hint));
+  }
+
+  /** One side's output rows: the guesses at each [MASK], classes, each token's label, the A–B similarity. */
+  function outputRows(result) {
+    var rows = [];
+    (result.mlm || []).forEach(function (masked) {
+      rows.push(el("div", {}, "[MASK] at position " + masked.position + ":"));
+      masked.top.forEach(function (guess) { rows.push(valueRow(guess.token, guess.p, "mlm")); });
+    });
+    (result.classes || []).forEach(function (c) { rows.push(valueRow(c.label, c.p, "class")); });
+    (result.token_classes || []).forEach(function (labels, position) {  // each token's most probable label
+      var best = labels.reduce(function (a, b) { return b.p > a.p ? b : a; });
+      var row = valueRow("position " + position + ": " + best.label, best.p, "token_class");
+      row.dataset.position = String(position);
+      row.dataset.label = best.label;
+      rows.push(row);
+    });
+    if (result.similarity != null) rows.push(valueRow("cosine similarity of A and B", result.similarity, "similarity"));
+    return rows;
+  }
+
+  /** What a side with no output lacks. */
+  function noOutput(info) {
+    return info.outputs.indexOf("mlm") >= 0 ? "no " + info.mask_token + " in this text: no guesses"
+      : info.outputs.indexOf("similarity") >= 0 ? "no sentence B: no similarity" : "no output";
   }
 
   function valueRow(label, value, kind) {
