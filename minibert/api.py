@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -144,7 +145,7 @@ class Model(Weights):
             self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype, scan=scan)))
             nnx.replace_by_pure_dict(self.state, params)
         self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
-        self.bucket_rule = buckets.INTERACTIVE  # (smallest, per_octave) of length_buckets: buckets.FINE for throughput
+        self.bucket_rule = buckets.INTERACTIVE
         self._hook_compiles: dict = {}  # programs compiled per hook code (hooks.count_compiles warns on many)
         self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
         self._programs: dict = {}  # Model.jit's Programs, by (fn, static_argnames)
@@ -324,9 +325,19 @@ class Model(Weights):
 
     @max_programs.setter
     def max_programs(self, limit: int) -> None:
-        if not isinstance(limit, int) or limit < 1:
+        if not isinstance(limit, numbers.Integral) or isinstance(limit, bool) or limit < 1:
             raise InputError(f"max_programs={limit!r}: pass a whole number of programs, at least 1.")
-        self._resident.resize(limit)
+        self._resident.resize(int(limit))
+
+    @property
+    def bucket_rule(self) -> tuple[int, int]:
+        """(smallest, per_octave) of the length buckets plain calls, captures and hooks pad to
+        (buckets.length_buckets): buckets.INTERACTIVE by default, COARSE or FINE to choose (docs/compiled.md)."""
+        return self._bucket_rule
+
+    @bucket_rule.setter
+    def bucket_rule(self, rule) -> None:
+        self._bucket_rule = buckets.checked_rule(rule)
 
     @property
     def compiled_programs(self) -> int:

@@ -343,6 +343,22 @@ def test_clear_compiled_drops_every_program(model):
 def test_max_programs_must_be_a_positive_count(model):
     with pytest.raises(minibert.InputError, match="max_programs=0: pass a whole number"):
         model.max_programs = 0
+    with pytest.raises(minibert.InputError, match="max_programs=True: pass a whole number"):
+        model.max_programs = True
+    model.max_programs = np.int64(3)  # a NumPy whole number is a whole number
+    assert model.max_programs == 3 and type(model.max_programs) is int
+
+
+@pytest.mark.parametrize("rule", [(0, 1), (-1, 1), (32, 0), (16, 2.5), "fine", None, (8, 100), (1, 2, 3), (True, 1)])
+def test_a_bucket_rule_that_cannot_be_is_refused_when_set(model, rule):
+    """A tester's (0, 1) made length_buckets loop for ever at the next call; (32, 0) divided by zero, (8, 100)
+    made 377 buckets: each is refused at once, naming the rules to choose from, and the model keeps its rule."""
+    with pytest.raises(minibert.InputError, match=r"bucket_rule=.*pass \(smallest, per_octave\).*INTERACTIVE"):
+        model.bucket_rule = rule
+    assert model.bucket_rule == INTERACTIVE
+    model.bucket_rule = [np.int64(16), 2]  # a list of NumPy whole numbers is a rule
+    assert model.bucket_rule == COARSE
+    assert model.length_buckets == length_buckets(TINY["max_position_embeddings"], *COARSE)
 
 
 # ---- the persistent compilation cache (minibert.programs) ---------------------------------------------------------
