@@ -143,6 +143,15 @@ class Workbench_page:  # noqa: N801 (a page object, named for what it drives)
                                     "document.getElementById('wb-text').value === t", arg=text)
         self.settle()  # typing marks the page busy at once, until the answers to the edit are drawn
 
+    def mask(self, text: str, index: int):
+        """Type `text`, choose token `index` and press [MASK]: settled once both sides' views are drawn."""
+        self.type(text)
+        self.page.click(f"#wb-tokens-0 .wb-token[data-index='{index}']")
+        self.settle()
+        self.page.click("#wb-mask")
+        self.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
+        self.settle()
+
     def values(self, selector: str) -> list[float]:
         return self.values_of(selector, "value")
 
@@ -224,12 +233,7 @@ def test_masking_a_token_compares_with_the_text_before(open_page, tiny_mlm):
     (run_with_cache), the "after" side's the masked text's, and only the after side has the masked-LM guesses."""
     model = tiny_mlm[0]
     page = open_page()
-    page.type("a b c d e")
-    page.page.click("#wb-tokens-0 .wb-token[data-index='3']")
-    page.settle()
-    page.page.click("#wb-mask")
-    page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
-    page.settle()
+    page.mask("a b c d e", 3)
     assert page.page.input_value("#wb-text") == "a b [MASK] d e"
     rtol = forward_rtol(model.config, 7)
     name = "blocks.0.attn.hook_pattern"

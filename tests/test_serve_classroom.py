@@ -341,12 +341,7 @@ def test_ablating_with_no_output_says_why_instead_of_empty_columns(open_page, se
         assert "Type a sentence B to see the A–B similarity" in said and "before and after" in said, said
         assert page.problems == []
     page = open_page()
-    page.type("a b c d e")
-    page.page.click("#wb-tokens-0 .wb-token[data-index='3']")
-    page.settle()
-    page.page.click("#wb-mask")
-    page.page.wait_for_selector("#wb-views-0 .wb-view-side[data-side=after]")
-    page.settle()
+    page.mask("a b c d e", 3)
     before = page.page.text_content("#wb-outputs-0 .wb-output[data-side=before]")
     assert before.startswith("Before") and "no [MASK] in this text" in before, before
     assert page.problems == []
