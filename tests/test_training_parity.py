@@ -54,9 +54,11 @@ def _torch_loop(hf, model, rows, task, names, settings):
     mask_id = int(model.tokenize([model.tokenizer.mask_token]).input_ids[0, 1])
     losses = []
     hf.train()
-    for epoch in range(settings["epochs"]):
-        order = data_.epoch_order(len(encoded), epoch, settings["seed"], True)
-        for batch in data_.batches(encoded, order, settings["batch_size"], task, model.length_buckets,
+    orders = [data_.epoch_order(len(encoded), epoch, settings["seed"], True) for epoch in range(settings["epochs"])]
+    # finetune's batch lengths: masked-LM's masks are drawn over the padded batch, so the same lengths, the same masks
+    lengths = data_.step_lengths(data_.longest_rows(encoded, orders, settings["batch_size"]), model.config.max_tokens)
+    for epoch, order in enumerate(orders):
+        for batch in data_.batches(encoded, order, settings["batch_size"], task, lengths,
                                    pad_id=0, mask_id=mask_id, vocab_size=model.config.vocab_size,
                                    mask_seed=(settings["seed"], epoch)):
             real = batch["weight"] > 0
