@@ -349,7 +349,7 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
 
 
-STEP_PROGRAMS = 4  # step programs a run compiles at most (each costs seconds on a CPU)
+STEP_PROGRAMS = 3  # step programs a run compiles at most (each costs seconds on a CPU)
 ALIGN = 8  # step lengths are multiples of 8 (accelerators tile matmuls in 8s; a CPU does not mind)
 
 
