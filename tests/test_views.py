@@ -358,7 +358,8 @@ def test_saving_a_page_never_replaces_a_users_file_unasked(tmp_path):
         view.save(mine)
     assert mine.read_text() == "my notes"
     replaced = view.save(mine, overwrite=True).read_text(encoding="utf-8")
-    assert replaced.startswith("<!DOCTYPE html>") and view.html.split('class="mbv-data">')[1].split("</script>")[0] in replaced
+    data = view.html.split('class="mbv-data">')[1].split("</script>")[0]
+    assert replaced.startswith("<!DOCTYPE html>") and data in replaced
     with pytest.raises(viz.VizError, match="is a folder"):
         view.save(tmp_path, overwrite=True)
     with pytest.raises(viz.VizError, match="cannot write"):
