@@ -264,6 +264,9 @@ from minibert import viz
 doc = viz.document(model, sentences[1])
 n = mask[1].sum()  # its real tokens: the document has no padding, while a shorter row of the batch has some
 np.testing.assert_allclose(doc.q[LAYER], q[1, :n], atol=1e-4, rtol=1e-5)
-np.testing.assert_allclose(doc.attention[LAYER], pattern[1, :, :n, :n], atol=1e-6)
+# a run of another shape (one document, its own bucket) sums in another order: float32's ~6e-8 relative rounding,
+# carried through the blocks before this one and scores spread ~13 wide, moves a probability by ~1e-6 — the same
+# 1e-5 bound as "padding changes nothing" above
+np.testing.assert_allclose(doc.attention[LAYER], pattern[1, :, :n, :n], atol=1e-5)
 view = doc.neuron_view(layer=LAYER, head=HEAD, query_index=position(batch.tokens[1], "fox", instead=4))
 view  # in a notebook this shows the view; view.save("neuron_view.html") writes a standalone page
