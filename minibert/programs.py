@@ -81,8 +81,8 @@ def chosen_folder() -> Path | None:
         return None
     if os.environ.get(CACHE_DIR_ENV):
         return absolute_folder(os.environ[CACHE_DIR_ENV])
-    if jax_own_folder() is not None:
-        return jax_own_folder()
+    if (own := jax_own_folder()) is not None:
+        return own
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "minibert" / "jax"
