@@ -458,7 +458,7 @@ class Model(Weights):
         # length rarely compiles a new program; outputs and captures are cut back to the real length.
         length = inputs.shape[1]
         if self._pads_safely_under(writers, inputs.shape[0]):
-            inputs = inputs.padded_to(buckets.bucket_length(length, self.length_buckets), self.config.pad_token_id)
+            inputs = inputs.padded_to(self.padded_length(length, inputs.shape[0]), self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
         else:
@@ -496,8 +496,14 @@ class Model(Weights):
     def length_buckets(self) -> tuple[int, ...]:
         """The row lengths run, model(batch), run_with_cache and run_with_hooks pad to, up to the model's positions:
         buckets.length_buckets under `bucket_rule` — buckets.INTERACTIVE (32, 64, 128, 256, 512) unless set to
-        buckets.COARSE (16, 24, 32, 48, …) or buckets.FINE for throughput (docs/compiled.md)."""
+        buckets.COARSE (16, 24, 32, 48, …) or buckets.FINE for throughput (docs/compiled.md). A batch of at most 4
+        rows starts at 64 under INTERACTIVE (padded_length)."""
         return buckets.length_buckets(self.config.max_tokens, *self.bucket_rule)
+
+    def padded_length(self, length: int, rows: int = 1) -> int:
+        """The row length run pads a batch of `rows` rows of `length` tokens to (buckets.run_length): its length
+        bucket, and under buckets.INTERACTIVE at least 64 tokens for a batch of at most 4 rows."""
+        return buckets.run_length(length, rows, self.bucket_rule, self.config.max_tokens)
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
         """Which attention kernel model(batch) runs, and why (minibert.attention; docs/accelerators.md): on the
@@ -505,8 +511,8 @@ class Model(Weights):
         bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
         the answer as attention.choose says."""
         inputs = self.inputs(batch)
-        mask = inputs.padded_to(buckets.bucket_length(inputs.shape[1], self.length_buckets),
-                                self.config.pad_token_id).attention_mask
+        length = self.padded_length(inputs.shape[1], inputs.shape[0])
+        mask = inputs.padded_to(length, self.config.pad_token_id).attention_mask
         platform = platform or attention.platform()
         return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,
                                   cudnn=platform == "cuda")

@@ -8,9 +8,11 @@ works position by position, so real tokens get the same values up to rounding.
 Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
 
 - INTERACTIVE, Model.run's default (model(batch), run_with_cache, run_with_hooks): 32, 64, 128, 256, 512 — one
-  length per doubling from 32. A notebook of sentences of 4 to 60 words touches two lengths, texts of 1 to 128
-  tokens three. A padded row costs up to twice its tokens: on a CPU a few milliseconds for a sentence, where each
-  program it saves costs a second or more of compiling (benchmarks/RESULTS.md).
+  length per doubling from 32 — and a batch of at most FEW_ROWS rows starts at 64: a notebook's single sentences
+  of up to ~50 words share one program, texts of 1 to 128 tokens two. A padded row costs up to twice its tokens
+  (a 64-token row ~2-4 ms more than a 32-token one on a 2-core CPU), where each program it saves costs 0.3-0.5 s
+  of tracing and compiling (benchmarks/RESULTS.md); a large batch of short texts starts at 32, where padding
+  every row would cost more than a compile.
 - COARSE, two lengths per doubling from 16 (16, 24, 32, 48, 64, 96, …): a row pads by under half its tokens, for
   twice the programs.
 - FINE, where many batches share each program and throughput pays for more of them (a survey over a corpus of
@@ -34,6 +36,7 @@ from minibert.programs import host_view, on_device
 from minibert.sites import site_axes
 
 INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (Model.bucket_rule)
+FEW_ROWS, FEW_ROWS_SMALLEST = 4, 64  # under INTERACTIVE, a batch of at most 4 rows pads to at least 64 tokens
 COARSE = (16, 2)  # half the padding, twice the programs
 FINE = (1, 16)  # where throughput pays for programs: Model.bucket_rule = FINE
 MOST_PER_OCTAVE = 16  # FINE's: more lengths per doubling save under 1/16 of a row and compile a program each
@@ -61,6 +64,16 @@ def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> 
         buckets += range(octave, 2 * octave, max(1, octave // per_octave))
         octave *= 2
     return (*[b for b in buckets if b < max_length], max_length)
+
+
+def run_length(length: int, rows: int, rule, max_length: int) -> int:
+    """The row length Model.run pads a batch of `rows` rows of `length` tokens to: its bucket under `rule`
+    (length_buckets up to max_length), and under INTERACTIVE at least FEW_ROWS_SMALLEST tokens for a batch of at
+    most FEW_ROWS rows (a few rows cost little more at 64 than at 32; another program costs a compile)."""
+    buckets = length_buckets(max_length, *rule)
+    if tuple(rule) == INTERACTIVE and rows <= FEW_ROWS:
+        buckets = tuple(b for b in buckets if b >= min(FEW_ROWS_SMALLEST, max_length))
+    return bucket_length(length, buckets)
 
 
 def bucket_length(length: int, buckets) -> int:

@@ -329,10 +329,16 @@ def _checked(new, old, name: str, fn) -> jax.Array:
 
 
 class Recorder:
-    """A `hooks` object that marks every site active and records (name, shape) in forward order."""
+    """A `hooks` object that marks every site active and records (name, shape) in forward order. In a scanned
+    stack it records the block's sites once, under their template names, and gives them each layer's names when
+    the scan ends (a trace of one block, not of every layer: Model.hook_sites)."""
 
-    def __init__(self):
+    captures = False  # nothing is carried through a scan
+    buffers: dict = {}
+
+    def __init__(self, layers: range | None = None, into: Recorder | None = None):
         self.sites: dict[str, tuple[tuple[int, ...], jnp.dtype]] = {}
+        self.layers, self.into = layers, into
 
     def active(self, name):
         return True
@@ -340,6 +346,17 @@ class Recorder:
     def __call__(self, name, value):
         self.sites[name] = (tuple(value.shape), value.dtype)
         return value
+
+    def over_layers(self, layers: range) -> Recorder:
+        return Recorder(layers, into=self)
+
+    def at(self, layer, buffers) -> Recorder:
+        return self
+
+    def store(self, buffers) -> None:
+        """The end of a scanned run: each template site ("blocks.*.attn.hook_z") under every layer's name."""
+        for layer in self.layers:
+            self.into.sites |= {name.replace("*", str(layer), 1): site for name, site in self.sites.items()}
 
 
 # The hook-name prefix of each head part's sites (TransformerLens' module names where it has the part).

@@ -82,15 +82,18 @@ def test_hooks_that_do_not_read_the_length_share_the_length_buckets(model):
     compile one program per bucket they fall in, and give the exact-length run's values (two fp32 programs of
     the whole forward: tolerances.forward_rtol, at the padded length). A hook that reads the row length (a mean
     over positions) fails the probe and compiles one program per length, with the exact-length values."""
-    lengths = (5, 17, 30, 33, 40, 60)  # buckets 32, 32, 32, 64, 64, 64 (buckets.INTERACTIVE: 32, 64, 128, …)
+    lengths = (5, 17, 30, 33, 40, 60)  # 5 rows: buckets 32, 32, 32, 64, 64, 64 (buckets.INTERACTIVE: 32, 64, …)
     before = model.traces
-    padded = [model.run_with_hooks(batch(n), {Z: _zero_head_1}).last_hidden_state for n in lengths]
-    assert model.traces - before == len({bucket_length(n, model.length_buckets) for n in lengths}) == 2
+    padded = [model.run_with_hooks(batch(n, rows=5), {Z: _zero_head_1}).last_hidden_state for n in lengths]
+    assert model.traces - before == len({model.padded_length(n, 5) for n in lengths}) == 2
     for n, got in zip(lengths, padded):
-        exact = exact_forward(model, batch(n), {Z: _zero_head_1})
-        assert got.shape == exact.shape == (2, n, 32)
-        assert_close_to_scale(got, exact, forward_rtol(model.config, S=bucket_length(n, model.length_buckets)),
-                              f"length {n}")
+        exact = exact_forward(model, batch(n, rows=5), {Z: _zero_head_1})
+        assert got.shape == exact.shape == (5, n, 32)
+        assert_close_to_scale(got, exact, forward_rtol(model.config, S=model.padded_length(n, 5)), f"length {n}")
+    before = model.traces  # 2 rows (at most buckets.FEW_ROWS): every length runs at 64, one more program
+    for n in lengths:
+        model.run_with_hooks(batch(n), {Z: _zero_head_1})
+    assert model.traces - before == len({model.padded_length(n, 2) for n in lengths}) == 1
     exact = [exact_forward(model, batch(n), {Z: _mean_over_positions}) for n in lengths[:3]]
     before = model.traces
     for n, want in zip(lengths[:3], exact):
@@ -182,7 +185,7 @@ def test_a_hook_at_every_layer_with_a_traced_layer_moves_without_compiling(model
     for (layer, head), got in moved.items():
         placed = model.run_with_hooks(inputs, {f"blocks.{layer}.attn.hook_z": minibert.HookFn(
             _zero_head, head=jnp.int32(head))}).last_hidden_state
-        assert_close_to_scale(got, placed, forward_rtol(model.config, S=bucket_length(9, model.length_buckets)),
+        assert_close_to_scale(got, placed, forward_rtol(model.config, S=model.padded_length(9, 2)),
                               f"layer {layer}, head {head}")
 
 
@@ -208,12 +211,21 @@ def test_fine_buckets_pad_no_length_by_more_than_a_sixteenth():
 
 def test_interactive_buckets_are_few_and_pad_by_at_most_twice():
     """buckets.INTERACTIVE, Model.run's default: 32, 64, 128, 256, 512 — one program per doubling, so texts of 1 to
-    128 tokens touch 3; past 32 tokens a row pads to under twice its length. buckets.COARSE (16, 24, 32, 48, …),
-    two per doubling, pads by under half its length, touching 6 lengths for texts of 1 to 96 tokens."""
+    128 tokens touch 3; past 32 tokens a row pads to under twice its length; a batch of at most buckets.FEW_ROWS
+    rows starts at 64 (Model.padded_length), so a single text of 1 to 128 tokens touches 2. buckets.COARSE (16, 24,
+    32, 48, …), two per doubling, pads by under half its length, touching 6 lengths for texts of 1 to 96 tokens."""
     model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
     assert model.length_buckets == length_buckets(512, *INTERACTIVE) == (32, 64, 128, 256, 512)
     assert len({bucket_length(T, model.length_buckets) for T in range(1, 129)}) == 3
     assert all(bucket_length(T, model.length_buckets) < T * 2 for T in range(33, 513))
+    # A batch of at most FEW_ROWS rows starts at 64 (run pads it there): texts of 1 to 128 tokens touch 2 lengths.
+    assert [model.padded_length(T, rows) for T in (1, 32, 33, 64, 65) for rows in (1, 4, 5)] == [
+        64, 64, 32, 64, 64, 32, 64, 64, 64, 64, 64, 64, 128, 128, 128]
+    assert len({model.padded_length(T, 1) for T in range(1, 129)}) == 2
+    model.bucket_rule = COARSE  # another rule is run as it says, whatever the rows
+    assert model.padded_length(1, 1) == 16 and model.padded_length(17, 1) == 24
+    tiny = Model(BertConfig(**TINY | {"max_position_embeddings": 40}))  # fewer positions than 64: its last bucket
+    assert [tiny.padded_length(T, 1) for T in (1, 33, 40)] == [40, 40, 40]
     coarse = length_buckets(512, *COARSE)
     assert coarse[:8] == (16, 24, 32, 48, 64, 96, 128, 192)
     assert len({bucket_length(T, coarse) for T in range(1, 97)}) == 6
@@ -247,11 +259,12 @@ def test_minibert_own_hooks_never_warn(model, monkeypatch):
     assert not [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
 
 
-@pytest.mark.slow  # eight compilations of a tiny model
+@pytest.mark.slow  # four compilations of a tiny model, sixty calls
 def test_a_long_session_of_random_lengths_compiles_the_policys_count_and_no_more(model):
     """benchmarks/session.py's long session in small: 60 calls of random lengths 1-64 mixing plain calls, pattern
-    captures and a HookFn zeroing a random head at a random layer's hook_z. buckets.INTERACTIVE gives this
-    64-position model two buckets (32, 64), so the policy's count is 2 × (plain + patterns + 2 sites) = 8 programs,
+    captures and a HookFn zeroing a random head at a random layer's hook_z. buckets.INTERACTIVE runs a single row
+    of this 64-position model at 64 tokens whatever its length, so the policy's count is 1 × (plain + patterns + 2
+    sites) = 4 programs,
     all resident under the cap of 32: every program is traced once, and calls past the warm-up trace none."""
     rng = np.random.default_rng(0)
     before, calls_after_warmup = model.traces, 0
@@ -266,7 +279,7 @@ def test_a_long_session_of_random_lengths_compiles_the_policys_count_and_no_more
             hook = minibert.HookFn(_zero_head, head=jnp.int32(rng.integers(4)))
             model.run_with_hooks(ids, {f"blocks.{rng.integers(2)}.attn.hook_z": hook})
         calls_after_warmup = 0 if model.traces > traces else calls_after_warmup + 1
-    assert model.traces - before == model.compiled_programs == 2 * (1 + 1 + 2)
+    assert model.traces - before == model.compiled_programs == 1 * (1 + 1 + 2)
     assert calls_after_warmup > 0
 
 
@@ -290,7 +303,7 @@ def test_a_scanned_run_returns_each_captured_site_as_one_stacked_buffer(model):
     for layer in range(2):
         assert_close_to_scale(cache[f"blocks.{layer}.attn.hook_pattern"],
                               stacked["blocks.0,1.attn.hook_pattern"][layer],
-                              forward_rtol(model.config, S=bucket_length(7, model.length_buckets)), f"layer {layer}")
+                              forward_rtol(model.config, S=model.padded_length(7, 2)), f"layer {layer}")
 
 
 def test_unstacked_splits_each_buffer_into_its_layers_values():
@@ -370,10 +383,11 @@ events = collections.Counter()
 jax.monitoring.register_event_listener(lambda event, **kwargs: events.update([event]))
 import jax, minibert
 model = minibert.Model(minibert.BertConfig(**{tiny!r}), seed=1)
-for n in (4, 20, 40):
-    model({{"input_ids": [[5] * n]}})
-    model.run_with_cache({{"input_ids": [[5] * n]}}, names="blocks.*.attn.hook_pattern")
-    model.run_with_hooks({{"input_ids": [[5] * n]}}, {{"blocks.1.attn.hook_z": lambda z, ctx: z.at[:, :, 2].set(0.0)}})
+for n in (4, 20, 40):  # batches of 5 rows: more than buckets.FEW_ROWS, so lengths 4, 20 run at 32 and 40 at 64
+    ids = {{"input_ids": [[5] * n] * 5}}
+    model(ids)
+    model.run_with_cache(ids, names="blocks.*.attn.hook_pattern")
+    model.run_with_hooks(ids, {{"blocks.1.attn.hook_z": lambda z, ctx: z.at[:, :, 2].set(0.0)}})
 print(json.dumps({{"dir": jax.config.jax_compilation_cache_dir, "traces": model.traces,
                   "hits": events["/jax/compilation_cache/cache_hits"],
                   "misses": events["/jax/compilation_cache/cache_misses"]}}))
@@ -394,7 +408,7 @@ def cache_entries(directory: Path) -> set[str]:
 
 @pytest.mark.slow  # three Python processes, each compiling a model's programs or loading them
 def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path):
-    """A session of plain calls, captures and hooks at lengths of two buckets (32, 64), in a fresh process with
+    """A session of plain calls, captures and hooks on 5-row batches of two buckets (32, 64), in a fresh process with
     an empty cache folder: every program XLA compiles is written there. The same session in a second process
     traces as many programs and loads every one (cache hits, no miss), adding no entry; with
     MINIBERT_COMPILATION_CACHE=0 nothing is read or written."""

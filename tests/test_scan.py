@@ -224,3 +224,12 @@ def test_programs_counted_are_no_more_than_unrolled():
         model.run_with_cache(data, names="blocks.0.hook_resid_post", offload=True)
         counts.append(model.traces)
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("architecture", list(FAMILY_ARCHITECTURES.values()), ids=list(FAMILY_ARCHITECTURES))
+def test_hook_sites_of_a_scanned_model_are_the_unrolled_ones(architecture):
+    """Model.hook_sites traces a scanned model's block once and names its sites for every layer of the run: the
+    same names in the same (forward) order, with the same shapes and dtypes, as the unrolled trace of every layer."""
+    scanned, unrolled = random_models(architecture)
+    assert list(scanned.hook_sites.items()) == list(unrolled.hook_sites.items())
+    assert sum(layer_of(name) == LAYERS - 1 for name in scanned.hook_sites) > 0
