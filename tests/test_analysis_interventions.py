@@ -207,6 +207,23 @@ def test_mean_ablation_replaces_head_output_with_its_mean(bundled):
                           forward_rtol(bundled.config, S=batch.input_ids.shape[1]), "untouched head")
 
 
+def test_ablating_heads_runs_on_padded_rows_without_the_probe(tiny, monkeypatch):
+    """ablate_heads' hook is marked any_length (its mask and replacement hold no position): Model.run pads its
+    rows to the plain call's bucket without calling buckets.pads_safely, and the ablated run at the bucket's length
+    equals the one at the exact length (forward_fn, never padded: two fp32 programs, tolerances.forward_rtol at
+    the bucket's length)."""
+    monkeypatch.setattr(minibert.buckets, "pads_safely", lambda *args: pytest.fail("the probe ran"))
+    inputs = tiny.inputs({"input_ids": np.random.default_rng(3).integers(5, 99, size=(1, 6))})
+    hooks = interventions.ablate_heads(interventions.head_mask(1, 2, 3, 4))
+    before = tiny.traces
+    padded = tiny.run_with_hooks(inputs, hooks).last_hidden_state
+    rows = {aval.shape for key in tiny._resident._programs for aval in key[-1] if aval.dtype == jnp.int32}
+    assert tiny._pads_safely == {} and tiny.traces == before + 1 and rows == {(1, tiny.padded_length(6))} != {(1, 6)}
+    exact = jax.jit(tiny.forward_fn(hooks=hooks))(tiny.state, inputs)[0].last_hidden_state
+    assert padded.shape == exact.shape == (1, 6, 32)
+    assert_close_to_scale(padded, exact, forward_rtol(tiny.config, S=tiny.padded_length(6)), "ablated")
+
+
 def test_a_loop_of_single_head_ablations_compiles_once(bundled):
     batch = bundled.tokenize(TEXTS)
     outputs = []

@@ -33,10 +33,11 @@ from minibert import accounting
 from minibert.api import Inputs, is_text
 from minibert.contract import metric_values, static_metric, traced_call
 from minibert.errors import AnalysisError
-from minibert.hooks import HookError, HookFn, add_delta, site_axes
+from minibert.hooks import HookError, HookFn, add_delta, any_length, site_axes
 from minibert.tokenizer import Batch
 
 
+@any_length  # position by position: the mask and replacement are [L, H(, K)], so rows may run padded, unprobed
 def _ablate_z(z, ctx, mask, replacement):
     """z [B, T, H, K]: heads with mask[layer, h] = 1 take replacement[layer, h] instead of their output."""
     m = mask[ctx.layer][None, None, :, None]
