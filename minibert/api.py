@@ -503,7 +503,14 @@ class Model(Weights):
     def padded_length(self, length: int, rows: int = 1) -> int:
         """The row length run pads a batch of `rows` rows of `length` tokens to (buckets.run_length): its length
         bucket, and under buckets.INTERACTIVE at least 64 tokens for a batch of at most 4 rows."""
-        return buckets.run_length(length, rows, self.bucket_rule, self.config.max_tokens)
+        whole = lambda x: isinstance(x, numbers.Integral) and not isinstance(x, bool)  # noqa: E731
+        if not whole(length) or not 1 <= length <= self.config.max_tokens:
+            raise InputError(f"padded_length: length={length!r}; pass a whole number of tokens from 1 to this "
+                             f"model's {self.config.max_tokens} positions (a batch's is batch.input_ids.shape[1]).")
+        if not whole(rows) or rows < 1:
+            raise InputError(f"padded_length: rows={rows!r}; pass a whole number of rows, at least 1 (a batch's is "
+                             f"batch.input_ids.shape[0]).")
+        return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens)
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
         """Which attention kernel model(batch) runs, and why (minibert.attention; docs/accelerators.md): on the

@@ -110,6 +110,10 @@ class Batch:
 
     def __getitem__(self, rows) -> Batch:
         """The Batch of some rows: batch[i] (one row), batch[1:3], batch[[0, 2]]. Padding stays as it was."""
+        if isinstance(rows, str):  # batch["input_ids"], as a dict of arrays is read
+            raise TokenizerError(f"batch[{rows!r}]: a Batch picks rows by number; its fields are attributes — "
+                                 f"batch.{rows} if it has one (input_ids, token_type_ids, attention_mask, tokens), "
+                                 f"or batch.to_dict()[{rows!r}].")
         try:
             picked = np.atleast_1d(np.arange(len(self))[rows])
         except IndexError:

@@ -226,6 +226,19 @@ def test_interactive_buckets_are_few_and_pad_by_at_most_twice():
     assert model.padded_length(1, 1) == 16 and model.padded_length(17, 1) == 24
     tiny = Model(BertConfig(**TINY | {"max_position_embeddings": 40}))  # fewer positions than 64: its last bucket
     assert [tiny.padded_length(T, 1) for T in (1, 33, 40)] == [40, 40, 40]
+    assert model.padded_length(np.int64(17), np.int64(1)) == 24
+
+
+@pytest.mark.parametrize("length, rows, which", [
+    (0, 1, "length"), (-1, 1, "length"), (513, 1, "length"), (10**6, 1, "length"), (10.5, 1, "length"),
+    (float("nan"), 1, "length"), (True, 1, "length"), ("10", 1, "length"), (None, 1, "length"),
+    (5, 0, "rows"), (10, 2.5, "rows"), (10, "4", "rows")])
+def test_padded_length_refuses_what_is_not_a_batch_shape(length, rows, which):
+    """A docs-only tester's (0, 1) and (10.5, 1) came back as 64, (513, 1) as a bare StopIteration, ("10", 1) as
+    a TypeError: each is one InputError naming the argument and the range it takes."""
+    model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
+    with pytest.raises(minibert.InputError, match=f"padded_length: {which}=.*pass a whole number"):
+        model.padded_length(length, rows)
     coarse = length_buckets(512, *COARSE)
     assert coarse[:8] == (16, 24, 32, 48, 64, 96, 128, 192)
     assert len({bucket_length(T, coarse) for T in range(1, 97)}) == 6

@@ -139,6 +139,10 @@ def test_errors(bundled):
         tok("a", "b", max_length=3)
     assert tok(["word " * 600], max_length=512).input_ids.shape == (1, 512)
     assert tok("a", max_length=8, padding="max_length").input_ids.shape == (1, 8)
+    batch = tok(["a b", "c"])  # a Batch picks rows by number; a field read as from a dict points at the attribute
+    with pytest.raises(TokenizerError, match=r"batch\['input_ids'\]: a Batch picks rows by number.*batch.input_ids"):
+        batch["input_ids"]
+    assert batch[1].input_ids.tolist() == batch.input_ids[1:].tolist()
 
 
 def test_missing_vocab_names_the_file(tmp_path):
