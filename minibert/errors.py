@@ -66,3 +66,11 @@ class DistributedError(MinibertError, RuntimeError):
 
 
 ConllError = DataFileError  # the CoNLL-U reader's errors are data-file errors
+
+
+def refuse_unless_flag(name: str, value, error: type[MinibertError] = InputError) -> bool:
+    """`value` as a True/False setting named `name`, refused otherwise: overwrite="no" is truthy, and would
+    replace a user's file."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # NumPy's bool_ too
+        raise error(f"{name}={value!r}: pass True or False.")
+    return bool(value)

@@ -254,6 +254,8 @@ def test_save_and_load_refuse_what_would_lose_or_misread_an_sae(tmp_path):
     other = sae.SAEConfig(d_in=D, d_sae=2 * S, k=5)
     with pytest.raises(DataFileError, match="already holds cfg.json and sae_weights.safetensors"):
         sae.save(tmp_path / "first", other, sae.init_params(other))
+    with pytest.raises(DataFileError, match=r"overwrite='False': pass True or False"):  # a truthy string
+        sae.save(tmp_path / "first", other, sae.init_params(other), overwrite="False")
     assert {name: (tmp_path / "first" / name).read_bytes() for name in before} == before
     sae.save(tmp_path / "first", other, sae.init_params(other), overwrite=True)
     assert sae.load(tmp_path / "first")[0].d_sae == 2 * S

@@ -109,6 +109,8 @@ def test_save_refuses_a_directory_holding_files_it_would_replace(tmp_path):
     (mine / "notes.txt").write_text("kept")
     with pytest.raises(DataFileError, match=r"already holds config.json; pass another directory, or overwrite=True"):
         model.save(mine)
+    with pytest.raises(DataFileError, match=r"overwrite='no': pass True or False"):  # truthy, yet not a yes
+        model.save(mine, overwrite="no")
     assert (mine / "config.json").read_text() == "{mine}" and sorted(p.name for p in mine.iterdir()) == \
         ["config.json", "notes.txt"]
     model.save(tmp_path / "ours")  # a new directory, then an empty one: no question

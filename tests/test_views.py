@@ -356,6 +356,9 @@ def test_saving_a_page_never_replaces_a_users_file_unasked(tmp_path):
     mine.write_text("my notes")
     with pytest.raises(viz.VizError, match="already exists; pass overwrite=True"):
         view.save(mine)
+    for truthy in ("no", 1, [0]):  # a truthy non-flag replaced the file before; now refused, the file kept
+        with pytest.raises(viz.VizError, match=r"overwrite=.*: pass True or False"):
+            view.save(mine, overwrite=truthy)
     assert mine.read_text() == "my notes"
     replaced = view.save(mine, overwrite=True).read_text(encoding="utf-8")
     data = view.html.split('class="mbv-data">')[1].split("</script>")[0]

@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from minibert.checkpoint.reading import key_table, sentence_transformers_layout
 from minibert.config import Config
-from minibert.errors import DataFileError
+from minibert.errors import DataFileError, refuse_unless_flag
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json")
@@ -70,7 +70,7 @@ def save(model, directory: str | Path, *, overwrite: bool = False) -> Path:
     """Write `model` to `directory` (created if needed) as a Hugging Face checkpoint. A directory that already
     holds a file of the names it writes (config.json, model.safetensors, the tokenizer's) is refused unless
     overwrite=True; other files there are left alone."""
-    directory = Path(directory)
+    directory, overwrite = Path(directory), refuse_unless_flag("overwrite", overwrite, DataFileError)
     if directory.exists() and not directory.is_dir():
         raise DataFileError(f"{directory} is a file; pass a directory to save the model in.")
     held = [name for name in ("config.json", "model.safetensors", *TOKENIZER_FILES) if (directory / name).exists()]

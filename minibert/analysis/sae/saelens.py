@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from minibert.analysis.sae.model import SAELENS_ARCHITECTURE, SAEConfig, as_numpy
-from minibert.errors import DataFileError, DataFileMissing
+from minibert.errors import DataFileError, DataFileMissing, refuse_unless_flag
 
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
@@ -50,7 +50,7 @@ def save(path, config: SAEConfig, params, *, overwrite: bool = False) -> Path:
     """Write cfg.json and sae_weights.safetensors into the directory `path` (created if needed). A directory that
     already holds either file (another SAE) is refused unless overwrite=True; parameters whose shapes differ
     from the config's are refused (the cfg would describe other weights)."""
-    path = Path(path)
+    path, overwrite = Path(path), refuse_unless_flag("overwrite", overwrite, DataFileError)
     arrays = _checked_params(config, params, "sae.save")
     if path.exists() and not path.is_dir():
         raise DataFileError(f"{path} is a file; pass a directory to save the SAE into.")
