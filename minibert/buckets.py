@@ -9,10 +9,10 @@ Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its
 
 - INTERACTIVE, Model.run's default (model(batch), run_with_cache, run_with_hooks): 32, 64, 128, 256, 512 — one
   length per doubling from 32 — and a batch of at most FEW_ROWS rows starts at 64: a notebook's single sentences
-  of up to ~50 words share one program, texts of 1 to 128 tokens two. A padded row costs up to twice its tokens
-  (a 64-token row ~5 CPU ms more than a 32-token one on a 2-core CPU), where each program it saves costs 0.3-0.5 s
-  of tracing and compiling (benchmarks/RESULTS.md); a large batch of short texts starts at 32, where padding
-  every row would cost more than a compile.
+  of up to ~50 words share one program, texts of 1 to 128 tokens two. A padded row costs up to twice its tokens:
+  for a few rows, a few milliseconds on a CPU, where each program it saves costs 50 to 100 times that in tracing
+  and compiling (benchmarks/RESULTS.md); a large batch of short texts starts at 32, where padding every row would
+  soon cost more than a compile.
 - COARSE, two lengths per doubling from 16 (16, 24, 32, 48, 64, 96, …): a row pads by under half its tokens, for
   twice the programs.
 - FINE, where many batches share each program and throughput pays for more of them (a survey over a corpus of

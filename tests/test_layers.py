@@ -220,6 +220,24 @@ def boundary_violations(source: str) -> list[str]:
 # public API): jax.distributed's key-value client, for a barrier that times out and names the missing peers; cuDNN's
 # fused attention dropout (attention.cudnn_attention: jax.nn.dot_product_attention has no dropout argument).
 PRIVATE_JAX = {"minibert.analysis.corpus.distributed": "jax._src.distributed", "minibert.attention": "jax._src.cudnn"}
+
+
+def test_the_private_jax_we_use_is_still_there():
+    """Each private access of PRIVATE_JAX, as this JAX has it: a JAX upgrade that moves or renames one fails here,
+    in CI, naming it, rather than at a user's first cuDNN dropout on a GPU or first multi-process survey."""
+    import inspect
+
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    from jax._src.distributed import global_state
+    from jax._src.lib import _jax
+
+    passed = {"q_seqlen", "kv_seqlen", "scale", "mask_type", "dropout_rate", "seed"}  # attention.cudnn_attention's
+    assert passed <= set(inspect.signature(cudnn.dot_product_attention).parameters), "cudnn.dot_product_attention"
+    assert cudnn.MaskType.PADDING.name == "PADDING"
+    assert hasattr(global_state, "client")  # distributed._coordination_client; None until jax.distributed starts
+    assert {"key_value_set", "blocking_key_value_get"} <= set(dir(_jax.DistributedRuntimeClient))
+
+
 # Modules being moved onto the boundary by their owners (remove the entry when the module passes).
 PENDING: dict[str, str] = {}
 

@@ -31,16 +31,15 @@ import numpy as np
 from flax import nnx
 
 from minibert.config import Config
+from minibert.dropout import NO_DROPOUT, Dropout
 from minibert.errors import ConfigError, InputError
 from minibert.families.base import Family
 from minibert.families.keys import LayerKeys, Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
 from minibert.families.shows import HEAD_ROW, POST_LN_STEPS, replacing, steps
 from minibert.model import (
-    NO_DROPOUT,
     NO_HOOKS,
     Attention,
     Block,
-    Dropout,
     Hooks,
     LayerNorm,
     attention_output,

@@ -24,15 +24,14 @@ from flax import nnx
 
 from minibert import config
 from minibert.config import Config
+from minibert.dropout import NO_DROPOUT, Dropout
 from minibert.errors import ConfigError, InputError
 from minibert.families.base import Family
 from minibert.families.keys import HeadKeys, LayerKeys, Rule, identity, to_HKD, transpose
 from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
 from minibert.model import (
     ACTIVATIONS,
-    NO_DROPOUT,
     Classifier,
-    Dropout,
     Hooks,
     LayerNorm,
     Output,
