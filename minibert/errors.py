@@ -10,6 +10,8 @@ for bad values, `FileNotFoundError` for a missing file), so `except ValueError` 
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class MinibertError(Exception):
     """Base class: the input (or the environment) is wrong, and the message says how to fix it."""
@@ -71,6 +73,6 @@ ConllError = DataFileError  # the CoNLL-U reader's errors are data-file errors
 def refuse_unless_flag(name: str, value, error: type[MinibertError] = InputError) -> bool:
     """`value` as a True/False setting named `name`, refused otherwise: overwrite="no" is truthy, and would
     replace a user's file."""
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # NumPy's bool_ too
+    if not isinstance(value, (bool, np.bool_)):
         raise error(f"{name}={value!r}: pass True or False.")
     return bool(value)

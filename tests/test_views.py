@@ -360,6 +360,7 @@ def test_saving_a_page_never_replaces_a_users_file_unasked(tmp_path):
         with pytest.raises(viz.VizError, match=r"overwrite=.*: pass True or False"):
             view.save(mine, overwrite=truthy)
     assert mine.read_text() == "my notes"
+    assert view.save(tmp_path / "other.html", overwrite=np.False_).exists()  # NumPy's booleans are flags too
     replaced = view.save(mine, overwrite=True).read_text(encoding="utf-8")
     data = view.html.split('class="mbv-data">')[1].split("</script>")[0]
     assert replaced.startswith("<!DOCTYPE html>") and data in replaced
