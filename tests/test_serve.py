@@ -78,6 +78,20 @@ def test_the_token_is_required(client):
     assert post(client, "info", {}).status_code == 200
 
 
+def test_a_refused_page_says_why_as_a_page(client):
+    """A browser opening the workbench without its token (or from a foreign page) got raw JSON; it now gets a page
+    naming the reason, with user text escaped and nothing that runs. The API still answers JSON."""
+    refused = client.get("/")
+    assert refused.status_code == 403 and refused.headers["content-type"].startswith("text/html")
+    assert "the access token is missing or wrong" in refused.text and "<script" not in refused.text
+    assert refused.headers["content-security-policy"] == "default-src 'none'"
+    origin = 'http://evil.example/"><script>alert(1)</script>'
+    foreign = client.get(f"/?token={TOKEN}", headers={"origin": origin})
+    assert foreign.status_code == 403 and "<script>" not in foreign.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in foreign.text
+    assert client.post("/api/info", json={}).json()["error"].startswith("the access token is missing or wrong")
+
+
 @pytest.mark.parametrize("headers", [{"host": "evil.example"}, {"host": "evil.example:8765"},
                                      {"origin": "http://evil.example"}, {"origin": f"http://127.0.0.1:{PORT + 1}"}])
 def test_foreign_host_or_origin_is_refused(client, headers):

@@ -87,28 +87,29 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
     origins = {f"http://{name}:{port}" for name in hosts} | {f"http://[{name}]:{port}" for name in hosts}
     limiter = limiter or RateLimiter()
 
-    def refused(request) -> JSONResponse | None:
-        """403 or 429 for a request that must not be answered, with the reason; None when it may be."""
+    def refused(request) -> tuple[str, int, dict] | None:
+        """(reason, 403 or 429, headers) for a request that must not be answered; None when it may be."""
         if _hostname(request.headers.get("host", "")) not in hosts:
-            return JSONResponse({"error": "this server answers only requests addressed to it by a local name "
-                                          "(127.0.0.1 or localhost); the Host header names another."}, 403)
+            return ("this server answers only requests addressed to it by a local name (127.0.0.1 or localhost); "
+                    "the Host header names another.", 403, {})
         origin = request.headers.get("origin")
         if origin is not None and origin not in origins:
-            return JSONResponse({"error": f"requests from pages of {origin} are refused; open the workbench's own "
-                                          f"URL."}, 403)
+            return f"requests from pages of {origin} are refused; open the workbench's own URL.", 403, {}
         given = request.headers.get(TOKEN_HEADER) or request.query_params.get("token") or ""
         if not secrets.compare_digest(given.encode(), token.encode()):
-            return JSONResponse({"error": "the access token is missing or wrong; open the URL minibert serve "
-                                          "printed (it ends with ?token=…)."}, 403)
+            return ("the access token is missing or wrong; open the URL minibert serve printed (it ends with "
+                    "?token=…).", 403, {})
         if not limiter.allow(request.client.host if request.client else "?"):
-            return JSONResponse({"error": f"too many requests: at most {limiter.rate:g} a second (bursts of "
-                                          f"{limiter.burst}); wait a moment."}, 429, headers={"Retry-After": "1"})
+            return (f"too many requests: at most {limiter.rate:g} a second (bursts of {limiter.burst}); wait a "
+                    f"moment.", 429, {"Retry-After": "1"})
         return None
 
     def page(request):
         refusal = refused(request)
-        if refusal is not None:
-            return refusal
+        if refusal is not None:  # a person at a browser: the reason as a page, not as JSON
+            reason, status, headers = refusal
+            return HTMLResponse(_refusal_page(reason), status, headers={
+                "Content-Security-Policy": "default-src 'none'", **_PRIVATE, **headers})
         nonce = secrets.token_urlsafe(16)
         return HTMLResponse(workbench_page(nonce, [wb.info() for wb in workbenches], tour), headers={
             "Content-Security-Policy": _policy(nonce), **_PRIVATE})
@@ -116,7 +117,8 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
     async def api(request):
         refusal = refused(request)
         if refusal is not None:
-            return refusal
+            reason, status, headers = refusal
+            return JSONResponse({"error": reason}, status, headers={**_PRIVATE, **headers})
         body = await _body_within(request, MAX_BODY_BYTES)
         if body is None:
             return JSONResponse({"error": f"the request has more than {MAX_BODY_BYTES} bytes; at most "
@@ -134,6 +136,12 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
 
 _PRIVATE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff",
             "X-Frame-Options": "DENY"}
+
+
+def _refusal_page(reason: str) -> str:
+    """The page a refused browser request gets: the reason, escaped, and nothing that runs."""
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>minibert serve: refused</title>"
+            f"</head><body><h1>minibert serve</h1><p>{html.escape(reason)}</p></body></html>\n")
 
 
 def _policy(nonce: str) -> str:
