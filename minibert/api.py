@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from flax import nnx, struct
 from minibert import attention, buckets, checkpoint, pooling, programs, sources
 from minibert.config import Config
 from minibert.contract import StaticFn, metric_function, metric_values, traced_call
-from minibert.errors import InputError
+from minibert.errors import InputError, is_whole
 from minibert.families.reading import read_config
 from minibert.hooks import (
     Cache,
@@ -325,7 +324,7 @@ class Model(Weights):
 
     @max_programs.setter
     def max_programs(self, limit: int) -> None:
-        if not isinstance(limit, numbers.Integral) or isinstance(limit, bool) or limit < 1:
+        if not is_whole(limit) or limit < 1:
             raise InputError(f"max_programs={limit!r}: pass a whole number of programs, at least 1.")
         self._resident.resize(int(limit))
 
@@ -503,11 +502,10 @@ class Model(Weights):
     def padded_length(self, length: int, rows: int = 1) -> int:
         """The row length run pads a batch of `rows` rows of `length` tokens to (buckets.run_length): its length
         bucket, and under buckets.INTERACTIVE at least 64 tokens for a batch of at most 4 rows."""
-        whole = lambda x: isinstance(x, numbers.Integral) and not isinstance(x, bool)  # noqa: E731
-        if not whole(length) or not 1 <= length <= self.config.max_tokens:
+        if not is_whole(length) or not 1 <= length <= self.config.max_tokens:
             raise InputError(f"padded_length: length={length!r}; pass a whole number of tokens from 1 to this "
                              f"model's {self.config.max_tokens} positions (a batch's is batch.input_ids.shape[1]).")
-        if not whole(rows) or rows < 1:
+        if not is_whole(rows) or rows < 1:
             raise InputError(f"padded_length: rows={rows!r}; pass a whole number of rows, at least 1 (a batch's is "
                              f"batch.input_ids.shape[0]).")
         return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens)

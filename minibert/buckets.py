@@ -25,13 +25,11 @@ values at two lengths (PROBE_LENGTHS) and keeps the padding only where the first
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.errors import InputError
+from minibert.errors import InputError, is_whole
 from minibert.programs import host_view, on_device
 from minibert.sites import site_axes
 
@@ -45,8 +43,7 @@ MOST_PER_OCTAVE = 16  # FINE's: more lengths per doubling save under 1/16 of a r
 def checked_rule(rule) -> tuple[int, int]:
     """A (smallest, per_octave) bucket rule as length_buckets needs it: whole numbers, smallest ≥ 1 (a rule of 0 or
     less would never reach max_length), 1 ≤ per_octave ≤ MOST_PER_OCTAVE."""
-    whole = lambda x: isinstance(x, numbers.Integral) and not isinstance(x, bool)  # noqa: E731
-    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not all(map(whole, rule)) or rule[0] < 1
+    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not all(map(is_whole, rule)) or rule[0] < 1
             or not 1 <= rule[1] <= MOST_PER_OCTAVE):
         raise InputError(f"bucket_rule={rule!r}: pass (smallest, per_octave), two whole numbers with smallest ≥ 1 "
                          f"and 1 ≤ per_octave ≤ {MOST_PER_OCTAVE} — e.g. minibert.buckets.INTERACTIVE {INTERACTIVE}, "

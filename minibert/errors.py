@@ -10,6 +10,8 @@ for bad values, `FileNotFoundError` for a missing file), so `except ValueError` 
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 
@@ -68,6 +70,11 @@ class DistributedError(MinibertError, RuntimeError):
 
 
 ConllError = DataFileError  # the CoNLL-U reader's errors are data-file errors
+
+
+def is_whole(value) -> bool:
+    """Whether `value` is a whole number (int or NumPy integer), not a bool: the check behind every count argument."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def refuse_unless_flag(name: str, value, error: type[MinibertError] = InputError) -> bool:

@@ -24,7 +24,6 @@ import csv
 import dataclasses
 import io
 import json
-import numbers
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from minibert.buckets import bucket_length
-from minibert.errors import DataFileError, DataFileMissing, InputError
+from minibert.errors import DataFileError, DataFileMissing, InputError, is_whole
 
 TASKS = ("sequence-classification", "token-classification", "masked-lm")
 IGNORE = -100  # the label of positions no loss reads (transformers' ignore_index)
@@ -108,7 +107,7 @@ def _label(value):
     if isinstance(value, str):
         value = value.strip()
         return int(value) if INTEGER.fullmatch(value) else value or None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if is_whole(value):
         return int(value)
     return value
 

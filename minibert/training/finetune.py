@@ -30,7 +30,7 @@ import optax
 from minibert import checkpoint
 from minibert.api import Inputs, Model, parameter_shapes
 from minibert.config import Config
-from minibert.errors import InputError
+from minibert.errors import InputError, is_whole
 from minibert.hooks import writers_for
 from minibert.model import GATHERED
 from minibert.training import data as data_
@@ -112,7 +112,7 @@ def with_head(model: Model, task: str = "sequence-classification", labels: tuple
 
 
 def _task_model(model: Model, task: str, labels: tuple[str, ...], seed: int) -> tuple[Model, list[str]]:
-    if not _whole(seed) or not 0 <= seed < 2**32:  # what both numpy's and jax's generators take
+    if not is_whole(seed) or not 0 <= seed < 2**32:  # what both numpy's and jax's generators take
         raise InputError(f"seed={seed!r}: pass a whole number from 0 to 2**32 - 1.")
     cfg = task_config(model.config, task, labels)
     flat, new = initial_parameters(model, parameter_shapes(cfg), seed, source_settings(model)["initializer_range"])
@@ -332,7 +332,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     if compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
         warnings.warn(CPU_BF16, stacklevel=2)
     accumulate = optim.checked_accumulate(accumulate)
-    if not _whole(checkpoint_every) or checkpoint_every < 1:
+    if not is_whole(checkpoint_every) or checkpoint_every < 1:
         raise InputError(f"checkpoint_every={checkpoint_every!r}: pass a whole number of updates, at least 1.")
     names = data_.label_names(rows, task, num_labels)
     start, new = _task_model(model, task, names, seed)
@@ -451,7 +451,7 @@ CPU_BF16 = ("compute_dtype=bfloat16 on a CPU is slower than float32, not faster:
 def _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_norm, compute_dtype) -> jnp.dtype:
     """Refuse settings that cannot train (a typo would otherwise run, silently doing nothing or diverging);
     returns compute_dtype as a dtype."""
-    if not (_whole(epochs) and _whole(batch_size)) or epochs < 1 or batch_size < 1:
+    if not (is_whole(epochs) and is_whole(batch_size)) or epochs < 1 or batch_size < 1:
         raise InputError(f"epochs={epochs!r}, batch_size={batch_size!r}: both must be whole numbers, at least 1.")
     if not (isinstance(learning_rate, numbers.Real) and 0 < learning_rate < math.inf):
         raise InputError(f"learning_rate={learning_rate!r}: pass a positive, finite peak rate (e.g. 2e-5).")
@@ -467,10 +467,6 @@ def _checked_settings(epochs, batch_size, learning_rate, weight_decay, max_grad_
         raise InputError(f"compute_dtype={compute_dtype!r}: pass one of {', '.join(COMPUTE_DTYPES)} (bfloat16: "
                          f"bf16 compute with float32 master weights).")
     return dtype
-
-
-def _whole(n) -> bool:
-    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
 
 
 def _mask_id(model: Model, task: str) -> int | None:
