@@ -17,7 +17,6 @@ from tolerances import assert_close_to_scale, forward_rtol
 import minibert
 from minibert import viz
 from minibert.app import serve
-from minibert.buckets import bucket_length
 from minibert.families.deberta_v2 import position_terms
 from minibert.viz import _html, views
 from minibert.viz.views import TERMS
@@ -61,7 +60,9 @@ def answered(widget, message: dict) -> dict:
 def test_the_kernel_says_what_compiles_while_it_runs(tiny_mlm):
     """A kernel reads its messages one at a time: the widget's handler returns at once and works a run out on a
     thread, so the page's "status" message is answered meanwhile, naming the program that compiles (the page then
-    says "compiling for N-token texts…"); the run's answer follows. (The run is held on an event: a long compile.)"""
+    says "compiling for N-token texts…"): Model.run's for one row of 5 tokens, 64 tokens long (its smallest for a
+    few rows, buckets.FEW_ROWS_SMALLEST), not the workbench's 16-token bucket, which Model.run pads further. The
+    run's answer follows. (The run is held on an event: a long compile.)"""
     widget = viz.explore(tiny_mlm[0])
     workbench, sent, handled = widget.workbench, [], threading.Event()
     widget.send = sent.append
@@ -73,7 +74,7 @@ def test_the_kernel_says_what_compiles_while_it_runs(tiny_mlm):
         assert handled.wait(10), "the handler waited for the run: the kernel could read no other message"
         widget._handle_custom_msg({"id": 2, "action": "status", "body": {}}, [])
         assert [reply["id"] for reply in sent] == [2]
-        assert sent[0]["answer"]["compiling"] == [{"what": "run", "tokens": bucket_length(5, workbench.buckets)}]
+        assert sent[0]["answer"]["compiling"] == [{"what": "run", "tokens": 64}]
     widget.answering.shutdown(wait=True)
     assert [reply["id"] for reply in sent] == [2, 1]
     assert sent[1]["answer"]["tokens"] == ["[CLS]", "a", "b", "c", "[SEP]"]

@@ -118,6 +118,31 @@ def test_limits_have_clear_messages(mlm):
     assert "'model' must be 0" in post(client, "run", {"text": "a b", "model": 1}).json()["error"]
 
 
+LETTERS = " ".join("abcdefghijklmnopqrst")  # 20 word pieces: each letter is a word of the tests' vocabulary
+
+
+@pytest.mark.parametrize("max_tokens, body, said", [
+    (16, {"text": "a b", "pair": LETTERS},  # 3 special tokens ([CLS] a b [SEP] … [SEP]): 13 pieces fit in 16
+     "the text and sentence B together are 22 word pieces long (2 and 20); shorten them to about 13 word pieces "
+     "together"),
+    # At the model's 64 positions, texts past the tokenizer's own limit (512) got its advice for Python callers
+    # ("pass max_length=512"): 999 one-letter words, 1,998 characters, within the 2,000 allowed.
+    (64, {"text": "a " * 999}, "the text is 999 word pieces long; shorten it to about 62 word pieces"),
+    (64, {"text": "a b", "pair": "a " * 900},
+     "the text and sentence B together are 902 word pieces long (2 and 900); shorten them to about 61 word pieces "
+     "together"),
+], ids=["pair", "past-the-tokenizers-limit", "pair-past-the-tokenizers-limit"])
+@pytest.mark.parametrize("action", ["run", "tokenize"])
+def test_too_many_tokens_get_the_workbenchs_message(mlm, max_tokens, body, said, action):
+    """Under any --max-tokens, up to the model's positions, a text (or a pair) with too many tokens gets the
+    workbench's message, which counts what the page's boxes hold."""
+    assert mlm.config.max_tokens == 64
+    answer = post(client_for(mlm, max_tokens=max_tokens), action, body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == (f"{said} (this workbench takes {max_tokens} tokens with [CLS] and [SEP]; "
+                                      f"whoever started it can change that: minibert serve --max-tokens).")
+
+
 def test_max_tokens_is_checked(mlm):
     with pytest.raises(minibert.MinibertError, match="at least 3"):
         Workbench(mlm, max_tokens=0)
@@ -262,20 +287,25 @@ def test_one_program_per_length_bucket(mlm, client):
 
 
 def test_warm_up_compiles_every_program_a_request_runs(tmp_path):
-    """After serve.warm_up (every bucket), runs and steps of new texts with heads ablated either way compile nothing:
-    a fresh model, so no other test compiled them first. The mixing maps compile when first asked, once."""
-    make_hf_model(tmp_path, "BertForMaskedLM")
+    """serve.warm_up compiles each program once and names it: the rows Model.run really runs, 64 tokens (its
+    smallest for a few rows, buckets.FEW_ROWS_SMALLEST), 128 and 256 (one per doubling, buckets.INTERACTIVE) for
+    the workbench's 9 buckets up to 256 — not a line and a count per bucket. Afterwards runs and steps of new texts
+    with heads ablated either way compile nothing: a fresh model, so no other test compiled them first. The mixing
+    maps compile when first asked, once."""
+    make_hf_model(tmp_path, "BertForMaskedLM", max_position_embeddings=256)
     model = minibert.load(tmp_path)
-    workbench, said = Workbench(model, max_tokens=16), []
+    workbench, said = Workbench(model, max_tokens=256), []
+    assert workbench.buckets == (16, 24, 32, 48, 64, 96, 128, 192, 256)
     serve.warm_up([workbench], step=said.append)
-    n = len(workbench.buckets)
-    assert said[-1] == "ready" and said[-2] == f"model 0: compiled for {workbench.buckets[-1]} tokens ({n}/{n})"
-    traces = model.traces
+    assert said == [f"model 0: compiling for {rows}-token rows (texts of up to {rows} tokens)… ({n}/3)"
+                    for n, rows in enumerate((64, 128, 256), 1)] + ["ready"]
+    assert model.traces == 3
     for mode in ("zero", "mean"):
-        body = {"text": f"a b {mode} d", "pair": "e", "ablate": [[1, 2]], "mode": mode}
-        workbench.answer("run", body)
-        workbench.answer("step", {**body, "layer": 1, "head": 0, "query": 2})
-    assert model.traces == traces
+        for text in (f"a b {mode} d", "a " * 100):  # 102 tokens: the 128-token program
+            body = {"text": text, "pair": "e", "ablate": [[1, 2]], "mode": mode}
+            workbench.answer("run", body)
+            workbench.answer("step", {**body, "layer": 1, "head": 0, "query": 2})
+    assert model.traces == 3
     for method in ("value_zeroing", "alti"):
         workbench.answer("mixing", {"text": "a b c d", "method": method})
     traces = model.traces

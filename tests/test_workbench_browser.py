@@ -69,15 +69,17 @@ def test_views_and_step_through_share_one_selection(open_page, tiny_mlm):
 
 
 def test_the_page_says_what_it_waits_for(browser, tiny_mlm):
-    """While a program compiles, the page says "compiling for N-token texts…" and its empty sections say
-    "computing…"; when the answers come, both go. (The first run is held on an event: a compile that takes long.)"""
+    """While a program compiles, the page says "compiling for N-token texts…" — N the rows Model.run compiles for,
+    64 tokens for every text of this 64-position model — and its empty sections say "computing…"; when the answers
+    come, both go. (The first run is held on an event: a compile that takes long.)"""
     with Server([tiny_mlm[0]]) as running, held_runs(running.workbenches[0].model) as (entered, release):
         page = Workbench_page(browser, running)
         page.page.wait_for_selector("#wb-busy.wb-busy-on")
         entered.wait(timeout=120)
-        busy = page.page.wait_for_function(
+        page.page.wait_for_function(
             "() => /compiling for \\d+-token texts/.test(document.getElementById('wb-busy').textContent)")
-        assert busy
+        assert page.page.text_content("#wb-busy") == ("compiling for 64-token texts… (once for every text up to that "
+                                                      "length; later edits are fast)")
         assert page.page.text_content("#wb-outputs-0 .wb-pending") == "computing…"
         release.set()
         page.settle()

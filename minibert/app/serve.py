@@ -236,14 +236,17 @@ def workbench_page(nonce: str, infos: list[dict], tour: bool = False) -> str:
 
 
 def warm_up(workbenches: Sequence[Workbench], step: Callable[[str], None]) -> None:
-    """Compile every length bucket's program before a request needs it, saying how far it got: the interactive
-    path (tokens, patterns, the step-through, an ablation) of the main model first, shortest texts first. It holds
-    no lock a request needs (Workbench.warm_up), so the page answers meanwhile; the mixing maps (ALTI, value
-    zeroing: seconds each) compile when a view first asks for them, and the page says so while they do."""
+    """Compile each program a run needs before a request does, saying which one compiles and how far it got: the
+    interactive path (tokens, patterns, the step-through, an ablation) of the main model first, shortest texts
+    first, once per row length Model.run really runs (Workbench.warm_up_lengths). It holds no lock a request needs
+    (Workbench.warm_up), so the page answers meanwhile; the mixing maps (ALTI, value zeroing: seconds each)
+    compile when a view first asks for them, and the page says so while they do."""
     for n, wb in enumerate(workbenches):
-        for length in wb.buckets:
+        lengths = wb.warm_up_lengths()
+        for done, length in enumerate(lengths, 1):
+            step(f"model {n}: compiling for {wb.program_length(length)}-token rows (texts of up to {length} tokens)… "
+                 f"({done}/{len(lengths)})")
             wb.warm_up(length)
-            step(f"model {n}: compiled for {length} tokens ({wb.buckets.index(length) + 1}/{len(wb.buckets)})")
     step("ready")
 
 
@@ -265,7 +268,7 @@ def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: in
 
     from minibert import RecompileWarning
 
-    # One program per length bucket (and one more per bucket for a sentence-transformers pair) is the plan, not
+    # One program per row length (and one more per length for a sentence-transformers pair) is the plan, not
     # a hook that recompiles by mistake: the warning would only alarm whoever started the server.
     warnings.filterwarnings("ignore", category=RecompileWarning)
 

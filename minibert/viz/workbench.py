@@ -8,9 +8,10 @@ Every request is a JSON object and every answer a JSON-ready dict (docs/serve.md
 HTTP server (minibert.app.serve) and the widget answer with the same function, `Workbench.answer`.
 
 How it stays fast: the text is tokenized, padded to a length bucket (buckets.length_buckets) and run by one
-program per bucket, which captures every value the views and the step-through show and ablates heads
-through a traced HookFn mask (interventions.ablate_heads): an ablation, a new head or a new sentence of
-the same bucket reuse the compiled program. Runs are kept in a small LRU cache, so the step-through of
+program per row length Model.run pads the bucket to (Workbench.program_length: the buckets up to 64 share one),
+which captures every value the views and the step-through show and ablates heads through a traced HookFn mask
+(interventions.ablate_heads): an ablation, a new head or a new sentence of the same length reuse the compiled
+program. Runs are kept in a small LRU cache, so the step-through of
 another head or query reads the run it belongs to instead of running again. Layers, heads and token
 positions are 0-indexed in requests and answers; the page labels heads "L-H", 1-indexed.
 """
@@ -138,8 +139,8 @@ class Workbench:
             return ACTIONS[action](self, body)
 
     def status(self, body: Mapping | None = None) -> dict:
-        """What is compiling now (the page says "compiling for 34-token texts…" while it waits): [{what, tokens}],
-        `what` one of PROGRAMS' keys, `tokens` the bucket length."""
+        """What is compiling now (the page says "compiling for 64-token texts…" while it waits): [{what, tokens}],
+        `what` one of PROGRAMS' keys, `tokens` the row length the program runs at (`program_length`)."""
         return {"compiling": self._programs.compiling()}
 
     def info(self, body: Mapping | None = None) -> dict:
@@ -205,16 +206,27 @@ class Workbench:
         return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start, level=0).data,
                                             "model": views.model_view(tokens, maps, b_start, level=0).data}}
 
+    def program_length(self, length: int, rows: int = 1) -> int:
+        """The row length `rows` rows of `length` tokens run at: padded to their bucket here, then further by
+        Model.run (model.padded_length: from 64 tokens for a few rows), so that several buckets share one program."""
+        return self.model.padded_length(bucket_length(length, self.buckets), rows)
+
+    def warm_up_lengths(self) -> tuple[int, ...]:
+        """One text length per program a run or similarity compiles (the longest bucket it serves), shortest first:
+        what `warm_up` needs to be given for every program to compile once."""
+        longest = {(self.program_length(bucket), self.program_length(bucket, 2)): bucket for bucket in self.buckets}
+        return tuple(longest.values())
+
     def warm_up(self, length: int) -> None:
-        """Compile the programs a text of `length` tokens (a bucket) runs, before a request waits for them. It holds
-        no lock a request needs: a request for another bucket runs meanwhile, and one for this bucket waits for this
+        """Compile the programs a text of `length` tokens runs, before a request waits for them. It holds no lock a
+        request needs: a request for another program runs meanwhile, and one for this program waits for this
         compile only (which it would need anyway). Mixing maps compile when first asked (`mixing`)."""
         ids = np.full((1, length), self.model.tokenizer.cls_token_id)
         hooks = self._hooks((), self._replacement(Request("", None, (), "zero")))
-        with self._programs.first("run", length):
+        with self._programs.first("run", self.program_length(length)):
             self.model.run(self._padded(ids, np.zeros_like(ids)), names=self._capture, hooks=hooks)
         if self.model.pooling is not None:
-            with self._programs.first("similarity", length):
+            with self._programs.first("similarity", self.program_length(length, 2)):
                 pair = np.full((2, length), self.model.tokenizer.cls_token_id)
                 self.model.run(self._padded(pair, np.zeros_like(pair)), hooks=hooks)
 
@@ -234,17 +246,31 @@ class Workbench:
         return Request(_text(body, "text", True), _text(body, "pair", False), heads, mode)
 
     def _batch(self, request: Request):
-        batch = self.model.tokenize([request.text], None if request.pair is None else [request.pair])
-        length = batch.input_ids.shape[1]
-        if length > self.max_tokens:  # said so that a student can act on it: the limit is the lecturer's to change
-            special = sum(sequence is None for sequence in batch.sequence_ids[0])  # [CLS] and each [SEP]
-            raise InputError(f"the text is {length - special} word pieces long; shorten it to about "
-                             f"{self.max_tokens - special} word pieces (this workbench takes {self.max_tokens} tokens "
-                             f"with [CLS] and [SEP]; whoever started it can change that: minibert serve --max-tokens).")
+        # Cut one token past the model's positions, where the tokenizer would refuse with advice for Python callers
+        # (pass max_length): a text over max_tokens still is after the cut, and _too_long counts it whole.
+        batch = self.model.tokenize([request.text], None if request.pair is None else [request.pair],
+                                    max_length=self.model.config.max_tokens + 1)
+        if batch.input_ids.shape[1] > self.max_tokens:
+            raise InputError(self._too_long(request, batch))
         return batch
 
+    def _too_long(self, request: Request, batch) -> str:
+        """Said so that a student can act on it: how many word pieces the text (and sentence B) has, how many fit;
+        the limit is the lecturer's to change."""
+        tokenizer = self.model.tokenizer
+        room = self.max_tokens - sum(sequence is None for sequence in batch.sequence_ids[0])  # [CLS] and each [SEP]
+        limit = (f"(this workbench takes {self.max_tokens} tokens with {tokenizer.cls_token} and "
+                 f"{tokenizer.sep_token}; whoever started it can change that: minibert serve --max-tokens).")
+        a = len(tokenizer.tokenize(request.text))
+        if request.pair is None:
+            return f"the text is {a} word pieces long; shorten it to about {room} word pieces {limit}"
+        b = len(tokenizer.tokenize(request.pair))
+        return (f"the text and sentence B together are {a + b} word pieces long ({a} and {b}); shorten them to about "
+                f"{room} word pieces together {limit}")
+
     def _padded(self, ids, types, mask=None) -> dict:
-        """[B, T] ids and token types padded with masked padding to the bucket length: one program per bucket.
+        """[B, T] ids and token types padded with masked padding to the bucket length (Model.run may pad further:
+        program_length).
         mask: [B, T], where rows of several lengths were padded already (sentences A and B); else all real."""
         n_rows, length = ids.shape
         extra = ((0, 0), (0, bucket_length(length, self.buckets) - length))
@@ -274,7 +300,7 @@ class Workbench:
         batch = self._batch(request)
         length = batch.input_ids.shape[1]
         hooks = self._hooks(request.ablate, replacement)
-        with self._programs.first("run", bucket_length(length, self.buckets)), self._lock:
+        with self._programs.first("run", self.program_length(length)), self._lock:
             out, cache = self.model.run(self._padded(batch.input_ids, batch.token_type_ids), names=self._capture,
                                         hooks=hooks)
             captures = {name: np.asarray(cut_to_length(name, value, length))[0] for name, value in cache.items()}
@@ -303,7 +329,7 @@ class Workbench:
         if pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None:
             return None
         batch = self.model.tokenize([request.text, request.pair])
-        with self._programs.first("similarity", bucket_length(batch.input_ids.shape[1], self.buckets)):
+        with self._programs.first("similarity", self.program_length(batch.input_ids.shape[1], 2)):
             out = self.model.run(self._padded(batch.input_ids, batch.token_type_ids, batch.attention_mask),
                                  hooks=hooks)[0]
         hidden = np.asarray(out.last_hidden_state)[:, :batch.input_ids.shape[1]]  # pooled as the model's dtype

@@ -280,7 +280,7 @@ function minibertWorkbench(app, config, options) {
         busyLine.textContent = compiling.length ? compiling.map(function (c) {
           return "compiling " + (c.what === "run" ? "" : c.what.replace("_", " ") + " ") + "for " + c.tokens
             + "-token texts";
-        }).join("; ") + "… (once per text length; later edits of that length are fast)" : "working…";
+        }).join("; ") + "… (once for every text up to that length; later edits are fast)" : "working…";
         setTimeout(poll, 500);
       }, function () { if (state.busy) setTimeout(poll, 500); });
     })();
