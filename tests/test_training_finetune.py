@@ -3,6 +3,8 @@ is left intact, a base model gets a head initialised as transformers does."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -205,7 +207,9 @@ def test_finetune_compiles_one_step_per_chosen_length_and_says_so(tmp_path, caps
     """Texts of 3, 20 and 40 words (5, 22 and 42 tokens) in batches of their own: the step compiles once per length
     data.step_lengths chooses (8, 24, 48: each batch's longest row rounded up to a multiple of 8) — JAX's own trace
     events of the step function, counted apart from minibert — result.step_lengths names them, and the progress
-    bar says "compiling the step for N-token rows" for each."""
+    bar says it prepares the step for N-token rows, then whether it compiled it or loaded it from the persistent
+    compilation cache. Docs-only tester (compile 3) item 6: a second run, all three programs in the cache, said
+    "compiling" too: it says "loaded" now, read from JAX's cache events."""
     make_hf_model(tmp_path, "BertModel")
     model = minibert.load(tmp_path)
     rows = [training.Example(" ".join(["a"] * n), None, i % 2) for i, n in enumerate([3] * 4 + [20] * 4 + [40] * 4)]
@@ -215,13 +219,25 @@ def test_finetune_compiles_one_step_per_chosen_length_and_says_so(tmp_path, caps
         if event == "/jax/core/compile/jaxpr_trace_duration":
             traces.append(kwargs.get("fun_name"))
 
+    def run():
+        return training.finetune(model, rows, num_labels=2, epochs=1, batch_size=4, shuffle=False,
+                                 learning_rate=1e-3, dropout=0.0)
+
+    def said(shown: str) -> list[tuple[str, str, str]]:
+        return re.findall(r"fine-tuning \(sequence-classification\): (compiled|loaded) the step for (\d+)-token rows"
+                          r"( from the compilation cache)?\n", shown)
+
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
-        result = training.finetune(model, rows, num_labels=2, epochs=1, batch_size=4, shuffle=False,
-                                   learning_rate=1e-3, dropout=0.0)
+        result = run()
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert result.step_lengths == (8, 24, 48)
     assert traces.count("train") == 3
     shown = capsys.readouterr().err
-    assert all(f"compiling the step for {n}-token rows" in shown for n in (8, 24, 48))
+    assert all(f"preparing the step for {n}-token rows (compiling it, or loading it from the compilation cache)"
+               in shown for n in (8, 24, 48))
+    # compiled, unless an earlier test of this session compiled the same step (the cache is the session's)
+    assert [n for _, n, _ in said(shown)] == ["8", "24", "48"]
+    run()  # the same steps again, in new jit functions: each read from the persistent cache, none compiled
+    assert said(capsys.readouterr().err) == [("loaded", n, " from the compilation cache") for n in ("8", "24", "48")]

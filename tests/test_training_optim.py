@@ -3,6 +3,8 @@ get_linear/constant_schedule_with_warmup and Trainer.get_decay_parameter_names."
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,3 +160,27 @@ def test_progress_shows_loss_and_tokens_per_second(capsys):
         bar.update(0.25, 300)  # 400 tokens in 4 s
     shown = capsys.readouterr().err
     assert "loss=0.2500" in shown and "tokens_per_s=100" in shown
+
+
+def test_progress_says_whether_a_step_was_compiled_or_loaded_from_the_cache(capsys):
+    """Docs-only tester (compile 3) item 6: a warm run said "compiling" while it loaded each step from the persistent
+    cache. A program no process compiled before (a constant of this moment in it) is compiled; the same program in a
+    new jit function, which JAX traces again, is read from the cache; a length seen before says nothing."""
+    moment = float(time.time_ns() % 1_000_003)
+
+    def step():
+        def add(x):
+            return x * 2.0 + moment
+
+        return jax.jit(add)
+
+    for _ in range(2):
+        with optim.Progress(3, "fine-tuning") as bar:
+            for length in (8, 8):
+                with bar.compiling(length):
+                    step()(np.ones(length, np.float32))
+    with optim.Progress(1, "fine-tuning", enabled=False) as bar, bar.compiling(16):
+        step()(np.ones(16, np.float32))
+    said = [line for line in capsys.readouterr().err.splitlines() if "the step for" in line and "preparing" not in line]
+    assert said == ["fine-tuning: compiled the step for 8-token rows",
+                    "fine-tuning: loaded the step for 8-token rows from the compilation cache"]

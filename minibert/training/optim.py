@@ -15,9 +15,11 @@ Trainer's LambdaLR does). Biases and LayerNorm gains and biases do not decay.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fnmatch
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -130,11 +132,14 @@ def frozen_except(optimizer: optax.GradientTransformation, trainable: Mapping[st
     return optax.multi_transform({"train": optimizer, "freeze": optax.set_to_zero()}, labels)
 
 
+CACHE_HIT, CACHE_MISS = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"  # JAX's events
+
+
 class Progress:
     """A tqdm bar over optimisation steps showing the loss and tokens per second (since the bar opened).
 
         with Progress(total_steps, "fine-tuning") as bar:
-            with bar.compiling(length):   # around each step: says so while a new row length compiles
+            with bar.compiling(length):   # around each step: says so while a new row length's step is prepared
                 ...
             bar.update(loss, tokens)   # after each step; loss a scalar, tokens the real tokens it saw
     """
@@ -148,17 +153,32 @@ class Progress:
 
     @contextlib.contextmanager
     def compiling(self, length: int):
-        """Around a step on rows of `length` tokens: the first time that length comes, the step compiles (or loads
-        from the persistent compilation cache) before it runs, and the bar says so meanwhile."""
-        new = length not in self.lengths
-        if new:
-            self.lengths.append(length)
-            self.bar.set_description_str(f"{self.description}: compiling the step for {length}-token rows")
+        """Around a step on rows of `length` tokens: the first time that length comes, the step is compiled, or
+        loaded from the persistent compilation cache, before it runs. The bar says so meanwhile and, once the step
+        ran, a line says which it was: JAX's monitoring events count a program read from the cache as a hit and
+        one compiled and written to it as a miss (with the cache off, neither: compiled)."""
+        if length in self.lengths:
+            yield
+            return
+        self.lengths.append(length)
+        self.bar.set_description_str(f"{self.description}: preparing the step for {length}-token rows (compiling "
+                                     f"it, or loading it from the compilation cache)")
+        events = collections.Counter()
+
+        def count(event: str, **kwargs):
+            events[event] += 1
+
+        jax.monitoring.register_event_listener(count)
         try:
             yield
         finally:
-            if new:
-                self.bar.set_description_str(self.description)
+            jax.monitoring.unregister_event_listener(count)
+            self.bar.set_description_str(self.description)
+        if not self.bar.disable:
+            loaded = events[CACHE_HIT] and not events[CACHE_MISS]
+            done = "loaded" if loaded else "compiled"
+            self.bar.write(f"{self.description}: {done} the step for {length}-token rows"
+                           f"{' from the compilation cache' if loaded else ''}", file=sys.stderr)
 
     def update(self, loss, tokens: int) -> None:
         self.tokens += int(tokens)
