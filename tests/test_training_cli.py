@@ -27,18 +27,23 @@ def _one_line_error(capsys, argv, fragment):
 
 
 @pytest.mark.parametrize(("content", "extra", "fragment"), [
-    ("text\tlabel\na b\t0\nc d\t5\n", ["--num-labels", "2"], "label 5 is out of range for num_labels=2"),
+    ("text\tlabel\na b\t0\nc d\t5\n", ["--num-labels", "2"],
+     "train.tsv: row 2 (line 3)'s label 5 is out of range for num_labels=2"),
+    ("text\tlabel\na b\t0\nc d\t5\ne\t1\n", [],
+     "train.tsv: no row has label 2, 3, 4, but row 2 (line 3)'s label 5 makes 6 classes (0 … 5). Correct that row's "
+     "label, or pass num_labels=6 (--num-labels 6)"),
     ("", [], "is empty"),
-    ("text\tpair\tlabel\na\tb\t0\nc\t\t1\n", [], "row 1 has a pair but row 2 has none"),
+    ("text\tpair\tlabel\na\tb\t0\nc\t\t1\n", [], "row 1 (line 2) has a pair but row 2 (line 3) has none"),
     ("text\tlabel\na\t0\nb\t0\n", [], "at least 2 labels"),
     ("text\tlabel\na b\tX Y\n", ["--task", "token-classification", "--num-labels", "3"],
      "data has 2 label names"),
-    ("text\tlabel\na b c\tX Y\n", ["--task", "token-classification"], "has 3 words but 2 labels"),
+    ("text\tlabel\na b c\tX Y\n", ["--task", "token-classification"], "row 1 (line 2) has 3 words but 2 labels"),
     ("text\tlabel\na b\t0\n", ["--task", "masked-lm"], "has a label, which masked-LM does not use"),
-    (TWO_ROWS, ["--epochs", "0"], "epochs=0"),
+    (TWO_ROWS, ["--epochs", "0"], "--epochs 0: pass a whole number, at least 1."),
+    (TWO_ROWS, ["--batch-size", "0"], "--batch-size 0: pass a whole number, at least 1."),
     (TWO_ROWS, ["--dropout", "1.5"], "dropout=1.5"),
     (TWO_ROWS, ["--warmup", "-1"], "warmup=-1.0"),
-    (TWO_ROWS, ["--accumulate", "0"], "accumulate=0"),
+    (TWO_ROWS, ["--accumulate", "0"], "--accumulate 0: pass a whole number, at least 1."),
     (TWO_ROWS, ["--learning-rate", "0"], "learning_rate=0.0"),
     (TWO_ROWS, ["--max-grad-norm", "-1"], "max_grad_norm=-1.0"),
     (TWO_ROWS, ["--weight-decay", "-0.1"], "weight_decay=-0.1"),
@@ -47,7 +52,9 @@ def _one_line_error(capsys, argv, fragment):
     (TWO_ROWS, ["--seed", "-1"], "seed=-1: pass a whole number"),  # trust findings 1: a numpy traceback, exit 1
     (TWO_ROWS, ["--learning-rate", "inf"], "learning_rate=inf: pass a positive, finite peak rate"),
     ("text\tlabel\na b\t0\nc\td\t1\n", [], "train.tsv, line 3: 3 fields but the header row has 2"),
-    ("text\tlabel\na\t2\nb\tneg\nc\tpos\n", [], "row 1's label 2 is a class number but row 2's 'neg' is a name"),
+    ("text\tlabel\na\t2\nb\tneg\nc\tpos\n", [],
+     "row 1 (line 2)'s label 2 is a class number but row 2 (line 3)'s 'neg' is a name"),
+    ("text\tlabel\n\t0\nb\t1\n", [], "train.tsv: row 1 (line 2) has an empty text."),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, tiny, content, extra, fragment):
     data = tmp_path / "train.tsv"
@@ -118,7 +125,7 @@ def test_latin1_data_and_an_eval_label_the_training_data_lack(tmp_path, capsys, 
     (tmp_path / "eval.tsv").write_text("text\tlabel\na b\tneutral\n")
     _one_line_error(capsys, ["finetune", str(tmp_path / "train.tsv"), "--eval", str(tmp_path / "eval.tsv"), "--out",
                              str(tmp_path / "out"), "--model", str(tiny)],
-                    "the eval data: row 1's label 'neutral' is not one of the training labels ['neg', 'pos']")
+                    "the eval data: row 1 (line 2)'s label 'neutral' is not one of the training labels ['neg', 'pos']")
 
 
 def test_out_is_a_file_or_a_folder_of_the_users_files(tmp_path, capsys, tiny):
@@ -171,3 +178,35 @@ def test_out_under_a_file_and_a_resume_with_nothing_to_resume(tmp_path, capsys, 
     monkeypatch.setattr(training, "finetune", stop)
     assert main(["finetune", str(data), "--out", str(tmp_path / "neverran"), "--resume", "--model", str(tiny)]) == 2
     assert f"no run saved in {tmp_path / 'neverran'}: starting a new one" in capsys.readouterr().err
+
+
+def test_minibert_warnings_print_as_one_line_others_as_python_does(capsys):
+    """Docs-only tester (compile 3) item 8: a warning on the command line printed Python's file, line number and the
+    source line that raised it. minibert's own warnings (raised from a file of the package) are one line; another
+    package's keep Python's format, which its authors chose."""
+    import warnings
+    from pathlib import Path
+
+    from minibert.app.cli import _one_line_warnings
+
+    ours = str(Path(minibert.__file__).parent / "training" / "guards.py")
+    with pytest.warns(DeprecationWarning, match="theirs") as shown_as_usual, _one_line_warnings("finetune"):
+        warnings.warn_explicit("a long\n  message", UserWarning, ours, 3)
+        warnings.warn_explicit("theirs", DeprecationWarning, "/elsewhere/package/module.py", 7)
+    assert capsys.readouterr().err.splitlines() == ["minibert finetune: warning: a long message"]
+    assert [str(w.message) for w in shown_as_usual] == ["theirs"]  # passed on to the display in place before
+
+
+@pytest.mark.slow  # a whole (one-update) run through main
+def test_a_runs_warning_is_one_line(tmp_path, capsys, tiny):
+    """A real run's warning through main: 2 rows in one batch, one epoch, is one update, which the default warm-up
+    (0.1 of the run, rounded up: 1 update) covers whole (guards.check_warmup)."""
+    data = tmp_path / "train.tsv"
+    data.write_text(TWO_ROWS)
+    assert main(["finetune", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny), "--epochs", "1",
+                 "--batch-size", "2"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    warned = [line for line in lines if "warmup" in line]
+    assert warned == ["minibert finetune: warning: warmup=0.1 is 1 update but the run has 1: the learning rate never "
+                      "reaches its peak and the first update's is 0; with one update the model does not change. Pass a "
+                      "smaller warmup (--warmup), or train for more updates."], lines

@@ -129,7 +129,8 @@ def test_mixed_class_numbers_and_names_are_refused_naming_both(tmp_path):
     """Before: `2, neg, pos, 0` sorted to names ['0', '2', 'neg', 'pos'] while the number 2 was taken as the id
     2, so the example labelled 2 trained as 'neg'."""
     path = _file(tmp_path, "train.csv", "text,label\na,2\nb,neg\nc,pos\nd,0\n")
-    with pytest.raises(InputError, match=r"row 1's label 2 is a class number but row 2's 'neg' is a name"):
+    with pytest.raises(InputError, match=r"train\.csv: row 1 \(line 2\)'s label 2 is a class number but row 2 "
+                                         r"\(line 3\)'s 'neg' is a name"):
         data_.examples(path)
     with pytest.raises(InputError, match=r"row 2's label 1 is a class number but row 1's 'x' is a name"):
         data_.examples([("a", "x"), ("b", 1)])
@@ -150,6 +151,44 @@ def test_labels_are_read_without_surrounding_whitespace(tmp_path):
     assert data_.examples([("a", np.int64(1)), ("b", "0")])[0].label == 1  # a NumPy integer is a number too
     path = _file(tmp_path, "tokens.tsv", "text\tlabel\na b\t 0  1\n")
     assert data_.examples(path, task="token-classification")[0].label == [0, 1]
+
+
+def test_a_files_rows_are_named_with_their_lines(tmp_path):
+    """Docs-only tester (compile 3) item 8: "emptytext.tsv: row 1 has an empty text." sent the user to line 1, the
+    header. A row's line is where it begins: after the header, and after a quoted newline of an earlier row."""
+    path = _file(tmp_path, "emptytext.tsv", "text\tlabel\n\t0\nb\t1\n")
+    with pytest.raises(DataFileError, match=re.escape(f"{path}: row 1 (line 2) has an empty text.")):
+        data_.examples(path)
+    path = _file(tmp_path, "quoted.tsv", 'text\tlabel\n"two\nlines"\t0\n \t1\n')
+    with pytest.raises(DataFileError, match=re.escape(f"{path}: row 2 (line 4) has an empty text.")):
+        data_.examples(path)
+    path = _file(tmp_path, "rows.jsonl", '{"text": "a", "label": 0}\n\n{"text": "b", "label": 1.5}\n')
+    with pytest.raises(InputError, match=re.escape(f"{path}: row 2 (line 3)'s label 1.5 is a float")):
+        data_.examples(path)
+    with pytest.raises(DataFileError, match=re.escape("the data: row 2 has an empty text.")):  # tuples: no lines
+        data_.examples([("a", 0), (" ", 1)])
+
+
+def test_a_stray_class_number_is_refused_naming_its_row(tmp_path):
+    """Docs-only tester (compile 3) item 7: with labels 0 and 1 and one row labelled 5, the inferred classes were
+    0 … 5 and a 6-class head trained (2, 3 and 4 had no example) without a word; with num_labels=2 the refusal
+    named no row. Both name the row and the fix; num_labels that covers the gap is the user's word for it."""
+    path = _file(tmp_path, "train.tsv", "text\tlabel\na\t0\nb\t1\nc\t5\nd\t0\n")
+    rows = data_.examples(path)
+    task = "sequence-classification"
+    with pytest.raises(InputError, match=re.escape(
+            "train.tsv: no row has label 2, 3, 4, but row 3 (line 4)'s label 5 makes 6 classes (0 … 5). Correct that "
+            "row's label, or pass num_labels=6 (--num-labels 6) if the classes with no example are meant.")):
+        data_.label_names(rows, task, None, str(path))
+    with pytest.raises(InputError, match=re.escape("the data: row 3 (line 4)'s label 5 is out of range for "
+                                                   "num_labels=2; labels are 0 … 1.")):
+        data_.label_names(rows, task, 2)
+    assert data_.label_names(rows, task, 6) == tuple(f"LABEL_{i}" for i in range(6))
+    tokens = data_.examples([("a b", [0, 0]), ("c d", [3, 0])], task="token-classification")
+    with pytest.raises(InputError, match=re.escape("the data: no row has label 1, 2, but row 2's label 3 makes 4 "
+                                                   "classes")):
+        data_.label_names(tokens, "token-classification", None)
+    assert data_.label_names(data_.examples([("a", 1), ("b", 0)]), task, None) == ("LABEL_0", "LABEL_1")
 
 
 def test_masked_lm_examples_with_a_label_say_so():
@@ -176,7 +215,7 @@ def test_a_token_label_that_is_no_list_is_named():
     """A token-classification example whose label is one number (not a list of word labels) is named by encode,
     not a TypeError in the label check."""
     rows = data_.examples([("a b", 5)], task="token-classification")
-    with pytest.raises(InputError, match="example 1 has 2 words but no list of labels"):
+    with pytest.raises(InputError, match="the data: row 1 has 2 words but no list of labels"):
         data_.encode(minibert.load(), rows, "token-classification", ("LABEL_0", "LABEL_1"))
 
 
@@ -214,6 +253,9 @@ def test_rows_cut_to_the_models_positions_are_counted(tmp_path):
     with pytest.warns(UserWarning, match=re.escape("the data: 2 rows are longer than the model's 64 tokens and were "
                                                    "cut to fit (row 2 the first)")):
         data_.encode(model, rows, "sequence-classification", data_.label_names(rows, "sequence-classification", None))
+    with pytest.warns(UserWarning, match=re.escape("the data: row 2 is longer than the model's 64 tokens and was cut "
+                                                   "to fit; the model sees only its beginning.")):
+        data_.encode(model, rows[:3], "sequence-classification", ("LABEL_0", "LABEL_1"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         # exactly 64 tokens: nothing cut, nothing said

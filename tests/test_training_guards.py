@@ -101,7 +101,7 @@ def test_a_warmup_as_long_as_the_run_warns(base):
     with pytest.warns(UserWarning, match=re.escape("warmup=1000000000 is 1000000000 updates but the run has 8: the "
                                                    "learning rate never reaches its peak")):
         training.finetune(base, ROWS, **(QUICK | {"warmup": 10**9}))
-    with pytest.warns(UserWarning, match=re.escape("warmup=0.1 is 1 updates but the run has 1") + ".*with one update "
+    with pytest.warns(UserWarning, match=re.escape("warmup=0.1 is 1 update but the run has 1") + ".*with one update "
                                                    "the model does not change"):
         training.finetune(base, ROWS[:2], **(QUICK | {"epochs": 1, "warmup": 0.1}))
 

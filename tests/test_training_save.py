@@ -76,8 +76,8 @@ def test_examples_read_tsv_csv_jsonl_and_tuples(tmp_path):
     ("", ".tsv", "sequence-classification", DataFileError, "is empty"),
     ("words\tlabel\nx\t1\n", ".tsv", "sequence-classification", DataFileError, "no 'text' column"),
     ("text\tpair\tlabel\nx\ty\t1\nz\t\t0\n", ".tsv", "sequence-classification", DataFileError,
-     "row 1 has a pair but row 2 has none"),
-    ("text\tlabel\nx\t\n", ".tsv", "sequence-classification", DataFileError, "row 1 has no label"),
+     r"row 1 \(line 2\) has a pair but row 2 \(line 3\) has none"),
+    ("text\tlabel\nx\t\n", ".tsv", "sequence-classification", DataFileError, r"row 1 \(line 2\) has no label"),
     ('{"text": "x"\n', ".jsonl", "masked-lm", DataFileError, "a.jsonl:1: not a JSON object"),
     ("text\n x \n", ".txt", "masked-lm", DataFileError, "neither TSV, CSV nor JSONL"),
 ])

@@ -11,20 +11,23 @@
 Options take layers and heads 0-indexed, as the Python API does; figures, pages and summaries label
 them "L-H", 1-indexed as in Clark et al. (layer 2, head 5 is "3-6"). Mistakes in the input (a missing
 file, an index out of range, an unknown checkpoint, an output that would overwrite the input) print one
-line and exit with status 2, before any long work where they can be found first; Ctrl-C prints one line
-and exits with 130. `--download` fetches a --model from the Hugging Face Hub; `minibert --version`.
+line and exit with status 2, before any long work where they can be found first; minibert's warnings print as
+one line too; Ctrl-C prints one line and exits with 130. `--download` fetches a --model from the Hugging Face
+Hub; `minibert --version`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from minibert import __version__
@@ -242,6 +245,15 @@ def _checked_run_folder(out: Path, resume: bool) -> None:
                             f"files; pass another --out.")
 
 
+def _checked_counts(args) -> None:
+    """--epochs, --batch-size and --accumulate: at least 1, refused by the option's name (finetune's own message
+    names its Python keywords)."""
+    for option in ("--epochs", "--batch-size", "--accumulate"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value < 1:
+            raise InputError(f"{option} {value}: pass a whole number, at least 1.")
+
+
 def _finetune(args) -> int:
     import dataclasses
     import json
@@ -249,15 +261,15 @@ def _finetune(args) -> int:
     from minibert import training
 
     _checked_run_folder(args.out, args.resume)
+    _checked_counts(args)
     model = _load(args.model, args.download)
-    data = training.examples(args.data, task=args.task)
-    eval_data = training.examples(args.eval, task=args.task) if args.eval else None
-    result = training.finetune(model, data, task=args.task, num_labels=args.num_labels, epochs=args.epochs,
+    # the files' paths, not their examples: finetune's messages then name the file a bad row is in
+    result = training.finetune(model, args.data, task=args.task, num_labels=args.num_labels, epochs=args.epochs,
                                batch_size=args.batch_size, learning_rate=args.learning_rate,
                                weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule,
                                max_grad_norm=args.max_grad_norm, dropout=args.dropout, shuffle=not args.no_shuffle,
                                accumulate=args.accumulate, compute_dtype="bfloat16" if args.bf16 else "float32",
-                               seed=args.seed, eval_data=eval_data, resume=args.out / "checkpoints",
+                               seed=args.seed, eval_data=args.eval, resume=args.out / "checkpoints",
                                trainable=args.trainable)
     result.model.save(args.out / "model", overwrite=args.resume)  # --out was checked: a new folder or a run
     (args.out / "history.json").write_text(json.dumps(dataclasses.asdict(result.history), indent=1) + "\n")
@@ -447,6 +459,25 @@ def _interrupted(command: str) -> None:
     os._exit(INTERRUPTED)
 
 
+@contextlib.contextmanager
+def _one_line_warnings(command: str) -> Iterator[None]:
+    """minibert's own warnings as one line on stderr, "minibert COMMAND: warning: …": Python's file, line number
+    and source line of the warning mean nothing to a command-line user. Other packages' warnings print as usual."""
+    package = Path(__file__).resolve().parents[1]  # minibert/: where a warning of ours points
+    with warnings.catch_warnings():  # restores showwarning afterwards
+        python_format = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not Path(filename).resolve().is_relative_to(package):
+                python_format(message, category, filename, lineno, file, line)
+                return
+            print(f"minibert {command}: warning: {' '.join(str(message).split())}", file=file or sys.stderr,
+                  flush=True)
+
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); returns the exit status. As the program (no `argv`),
     Ctrl-C leaves the process at once after its one line (_interrupted): from the signal handler itself, since
@@ -456,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         signal.signal(signal.SIGINT, lambda signum, frame: _interrupted(args.command))
     try:
-        return args.run(args)
+        with _one_line_warnings(args.command):
+            return args.run(args)
     except MinibertError as error:  # bad input, named by the library; anything else is a bug: keep its traceback
         message = " ".join(str(error).split())
         print(f"minibert {args.command}: error: {message}", file=sys.stderr)

@@ -10,7 +10,9 @@ spaces (JSONL: a list).
 Labels are read one way everywhere (files and tuples): whitespace around a label is dropped, and a label that
 spells an integer (`1`, ` 1`, `"-2"`) is a class number. The labels of one data set are all class numbers
 (0 … N − 1, named LABEL_i) or all names (classes in sorted order), never a mix: in `2, neg, pos, 0` the `2`
-could be a class number or a name, so the mix is refused rather than guessed.
+could be a class number or a name, so the mix is refused rather than guessed. Class numbers without num_labels
+leave no class below the largest without an example (label_names). Messages name a row by its number and, from a
+file, its line (row_name).
 
 Batches have a fixed number of rows (the last one padded with rows of weight 0) and one of a few lengths, so the
 step compiles once per length: `step_lengths` chooses at most STEP_PROGRAMS of them from the run's own batches
@@ -46,6 +48,19 @@ class Example:
     text: str
     pair: str | None = None
     label: object = None  # a class (int or name), a list of word labels, or None (masked-LM)
+    line: int | None = dataclasses.field(default=None, compare=False)  # where the row begins in its file, if any
+
+
+def row_name(rows: Sequence[Example], i: int) -> str:
+    """How a message names rows[i]: "row 3" (counted from 1, as the examples are), with its line where it came from
+    a file ("row 3 (line 4)": a header row comes first)."""
+    line = rows[i].line
+    return f"row {i + 1}" if line is None else f"row {i + 1} (line {line})"
+
+
+def source_name(source) -> str:
+    """How a message names the data `examples` read from `source`: the file's path, or "the data"."""
+    return str(source) if isinstance(source, (str, Path)) else "the data"
 
 
 def checked_task(task: str) -> str:
@@ -59,10 +74,11 @@ def examples(source, *, task: str = "sequence-classification") -> list[Example]:
     texts or (text,) / (text, pair) tuples). Every row must have a pair, or none must; labels are read as the
     module docstring says (class numbers or names, not both)."""
     checked_task(task)
+    where = source_name(source)
     if isinstance(source, (str, Path)):
-        rows, where = _read_file(Path(source)), str(source)
+        rows = _read_file(Path(source))
     elif isinstance(source, Iterable):
-        rows, where = [_tuple_row(item, task, i) for i, item in enumerate(source)], "the data"
+        rows = [_tuple_row(item, task, i) for i, item in enumerate(source)]
     else:
         raise InputError(f"the data is {type(source).__name__}; pass a file's path or a list of examples.")
     if not rows:
@@ -71,19 +87,19 @@ def examples(source, *, task: str = "sequence-classification") -> list[Example]:
     for i, row in enumerate(rows):  # _label made class numbers ints: a float, a bool (True is no class) is left
         for label in row.label if isinstance(row.label, list) else [row.label]:
             if task != "masked-lm" and label is not None and (type(label) not in (int, str)):
-                raise InputError(f"{where}: row {i + 1}'s label {label!r} is a {type(label).__name__}; a label is "
-                                 f"a whole number (a class) or a name (a string).")
+                raise InputError(f"{where}: {row_name(rows, i)}'s label {label!r} is a {type(label).__name__}; a "
+                                 f"label is a whole number (a class) or a name (a string).")
     found = [i for i, row in enumerate(rows) if row.pair is not None]
     if found and len(found) != len(rows):
         missing = next(i for i, row in enumerate(rows) if row.pair is None)
-        raise DataFileError(f"{where}: row {found[0] + 1} has a pair but row {missing + 1} has none; give every "
-                            f"row a second text, or none.")
+        raise DataFileError(f"{where}: {row_name(rows, found[0])} has a pair but {row_name(rows, missing)} has none; "
+                            f"give every row a second text, or none.")
     for i, row in enumerate(rows):
         if not row.text.strip():
-            raise DataFileError(f"{where}: row {i + 1} has an empty text.")
+            raise DataFileError(f"{where}: {row_name(rows, i)} has an empty text.")
         if (row.label is None) != (task == "masked-lm"):
             need = "has a label, which masked-LM does not use" if row.label is not None else "has no label"
-            raise DataFileError(f"{where}: row {i + 1} {need} (task {task!r}).")
+            raise DataFileError(f"{where}: {row_name(rows, i)} {need} (task {task!r}).")
     _check_one_kind_of_label(rows, task, where)
     return rows
 
@@ -123,9 +139,9 @@ def _check_one_kind_of_label(rows: Sequence[Example], task: str, where: str) -> 
             first.setdefault(isinstance(label, int), (i, label))
         if len(first) == 2:
             (number_row, number), (name_row, name) = first[True], first[False]
-            raise InputError(f"{where}: row {number_row + 1}'s label {number} is a class number but row "
-                             f"{name_row + 1}'s {name!r} is a name; give every label as a name, or every label "
-                             f"as a class number 0 … N − 1.")
+            raise InputError(f"{where}: {row_name(rows, number_row)}'s label {number} is a class number but "
+                             f"{row_name(rows, name_row)}'s {name!r} is a name; give every label as a name, or "
+                             f"every label as a class number 0 … N − 1.")
 
 
 def _tuple_row(item, task: str, i: int) -> Example:
@@ -212,22 +228,31 @@ def _table_records(path: Path, text: str, delimiter: str) -> list[tuple[int, dic
 def _record(path: Path, line: int, record) -> Example:
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise DataFileError(f"{path}:{line}: each row needs a text (a string under 'text').")
-    return Example(record["text"], record.get("pair") or None, record.get("label"))
+    return Example(record["text"], record.get("pair") or None, record.get("label"), line)
 
 
 # ---- labels -----------------------------------------------------------------------------------------------
 
 
-def label_names(rows: Sequence[Example], task: str, num_labels: int | None) -> tuple[str, ...]:
-    """The classes, in id order: 0 … num_labels − 1 for integer labels (named LABEL_i), else the sorted names."""
+def label_names(rows: Sequence[Example], task: str, num_labels: int | None, where: str = "the data"
+                ) -> tuple[str, ...]:
+    """The classes, in id order: 0 … num_labels − 1 for integer labels (named LABEL_i), else the sorted names.
+    Integer labels without num_labels are counted from the largest, which must leave no class without an example:
+    a stray label (a 5 among 0s and 1s) would otherwise add classes that nothing teaches, without a word."""
     if task == "masked-lm":
         return ()
-    flat = [x for row in rows for x in (row.label if task == "token-classification" else [row.label])]
+    labelled = [(i, x) for i, row in enumerate(rows)
+                for x in (row.label if task == "token-classification" else [row.label])]
+    flat = [x for _, x in labelled]
     if all(isinstance(x, int) for x in flat):
         n = num_labels if num_labels is not None else max(flat) + 1
-        bad = [x for x in flat if not 0 <= x < n]
-        if bad:
-            raise InputError(f"label {bad[0]} is out of range for num_labels={n}; labels are 0 … {n - 1}.")
+        outside = next(((i, x) for i, x in labelled if not 0 <= x < n), None)
+        if outside is not None:
+            raise InputError(f"{where}: {row_name(rows, outside[0])}'s label {outside[1]} is out of range for "
+                             f"num_labels={n}; labels are 0 … {n - 1}. Correct the row, or pass the number of "
+                             f"classes (num_labels, --num-labels).")
+        if num_labels is None:
+            _check_every_class_has_an_example(rows, labelled, n, where)
         names = tuple(f"LABEL_{i}" for i in range(n))
     else:
         names = tuple(sorted({str(x) for x in flat}))
@@ -238,23 +263,35 @@ def label_names(rows: Sequence[Example], task: str, num_labels: int | None) -> t
     return names
 
 
-def label_ids(names: tuple[str, ...], where: str) -> Callable[[object, int], int]:
+def _check_every_class_has_an_example(rows: Sequence[Example], labelled: list[tuple[int, int]], n: int,
+                                      where: str) -> None:
+    """Refuse class numbers 0 … n − 1 (n from the largest label) of which some have no example."""
+    unused = sorted(set(range(n)) - {x for _, x in labelled})
+    if unused:
+        largest = next(i for i, x in labelled if x == n - 1)
+        shown = ", ".join(map(str, unused[:6])) + (" …" if len(unused) > 6 else "")
+        raise InputError(f"{where}: no row has label {shown}, but {row_name(rows, largest)}'s label {n - 1} makes "
+                         f"{n} classes (0 … {n - 1}). Correct that row's label, or pass num_labels={n} (--num-labels "
+                         f"{n}) if the classes with no example are meant.")
+
+
+def label_ids(names: tuple[str, ...], where: str) -> Callable[[object, str], int]:
     """label_id(label, row) → the class id of a label under the training classes `names`; a label that is no
-    class of theirs (eval data's included) is an InputError naming `where`, the row and the classes."""
+    class of theirs (eval data's included) is an InputError naming `where`, the row (row_name) and the classes."""
     ids = {name: i for i, name in enumerate(names)}
     numbered = names == tuple(f"LABEL_{i}" for i in range(len(names)))
 
-    def label_id(label, row: int) -> int:
+    def label_id(label, row: str) -> int:
         if isinstance(label, int):
             if not numbered:
-                raise InputError(f"{where}: row {row + 1}'s label {label} is a class number but the training labels "
-                                 f"are names {list(names)[:6]}; use the names.")
+                raise InputError(f"{where}: {row}'s label {label} is a class number but the training labels are "
+                                 f"names {list(names)[:6]}; use the names.")
             if not 0 <= label < len(names):
-                raise InputError(f"{where}: row {row + 1}'s label {label} is not a class of the model: it has "
+                raise InputError(f"{where}: {row}'s label {label} is not a class of the model: it has "
                                  f"{len(names)} classes, 0 … {len(names) - 1}.")
             return label
         if str(label) not in ids:
-            raise InputError(f"{where}: row {row + 1}'s label {label!r} is not one of the training labels "
+            raise InputError(f"{where}: {row}'s label {label!r} is not one of the training labels "
                              f"{list(names)[:6]}{' …' if len(names) > 6 else ''}.")
         return ids[str(label)]
 
@@ -287,20 +324,24 @@ def encode(model, rows: Sequence[Example], task: str, names: tuple[str, ...], wh
     encoded = Encoded([], [], [])
     cut = []
     for i, row in enumerate(rows):
-        n = int(batch.attention_mask[i].sum())
+        n, name = int(batch.attention_mask[i].sum()), row_name(rows, i)
         if n == model.config.max_tokens and _was_cut(row, batch.offsets[i][:n], batch.sequence_ids[i][:n]):
             cut.append(i)
         encoded.ids.append(np.asarray(batch.input_ids[i, :n], np.int32))
         encoded.types.append(np.asarray(batch.token_type_ids[i, :n], np.int32))
         if task == "sequence-classification":
-            encoded.labels.append(np.array([label_id(row.label, i)], np.int32))
+            encoded.labels.append(np.array([label_id(row.label, name)], np.int32))
         elif task == "token-classification":
-            encoded.labels.append(_word_labels(row, batch.offsets[i][:n], batch.sequence_ids[i][:n], label_id, i))
+            encoded.labels.append(_word_labels(row, batch.offsets[i][:n], batch.sequence_ids[i][:n], label_id, name,
+                                               where))
         else:
             encoded.labels.append(np.array([s is not None for s in batch.sequence_ids[i][:n]], np.int32))
-    if cut:
+    if len(cut) == 1:
+        warnings.warn(f"{where}: {row_name(rows, cut[0])} is longer than the model's {model.config.max_tokens} tokens "
+                      f"and was cut to fit; the model sees only its beginning.", stacklevel=3)
+    elif cut:
         warnings.warn(f"{where}: {len(cut)} rows are longer than the model's {model.config.max_tokens} tokens and "
-                      f"were cut to fit (row {cut[0] + 1} the first); the model sees only their beginnings.",
+                      f"were cut to fit ({row_name(rows, cut[0])} the first); the model sees only their beginnings.",
                       stacklevel=3)
     return encoded
 
@@ -314,12 +355,13 @@ def _was_cut(row: Example, offsets, sequence_ids) -> bool:
     return ends[0] < len(row.text.rstrip()) or (row.pair is not None and ends[1] < len(row.pair.rstrip()))
 
 
-def _word_labels(row: Example, offsets, sequence_ids, label_id, i: int) -> np.ndarray:
-    """Each word's label on its first word piece; words are the text split on spaces (found by offsets)."""
+def _word_labels(row: Example, offsets, sequence_ids, label_id, name: str, where: str) -> np.ndarray:
+    """Each word's label on its first word piece; words are the text split on spaces (found by offsets). `name`
+    and `where`: the row and its data as messages name them (row_name, source_name)."""
     words = row.text.split()
     if not isinstance(row.label, (list, tuple)) or len(row.label) != len(words):
         count = len(row.label) if isinstance(row.label, (list, tuple)) else "no list of"
-        raise InputError(f"example {i + 1} has {len(words)} words but {count} labels; token classification needs "
+        raise InputError(f"{where}: {name} has {len(words)} words but {count} labels; token classification needs "
                          f"one label per space-separated word.")
     starts, position = [], 0
     for word in words:
@@ -331,7 +373,7 @@ def _word_labels(row: Example, offsets, sequence_ids, label_id, i: int) -> np.nd
     for t, (seq, w) in enumerate(zip(sequence_ids, word_at)):
         if seq == 0 and w not in seen:
             seen.add(w)
-            labels[t] = label_id(row.label[w], i)
+            labels[t] = label_id(row.label[w], name)
     return labels
 
 

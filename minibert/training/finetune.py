@@ -9,7 +9,8 @@ What one optimisation step computes is transformers' Trainer's: the task's mean 
 (classes, labelled tokens or masked tokens), its gradient with respect to the trainable parameters, then
 optim.adamw. The step is one compiled program (forward, backward and AdamW), compiled once per row length: at
 most data.STEP_PROGRAMS lengths, chosen from the run's own batches before the first step to pad the fewest tokens
-(data.step_lengths); the progress bar says when one compiles, and result.step_lengths lists them.
+(data.step_lengths); the progress bar says when one is compiled or loaded from the persistent compilation cache, and
+result.step_lengths lists them.
 """
 
 from __future__ import annotations
@@ -334,7 +335,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     accumulate = optim.checked_accumulate(accumulate)
     if not is_whole(checkpoint_every) or checkpoint_every < 1:
         raise InputError(f"checkpoint_every={checkpoint_every!r}: pass a whole number of updates, at least 1.")
-    names = data_.label_names(rows, task, num_labels)
+    names = data_.label_names(rows, task, num_labels, data_.source_name(data))
     start, new = _task_model(model, task, names, seed)
     cfg, settings = start.config, source_settings(model)
     flat = start.named_parameters()
@@ -343,7 +344,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     trainable_params = {n: jnp.array(p, copy=True) for n, p in flat.items() if n in moving}
     frozen = {n: p for n, p in flat.items() if n not in moving}
 
-    encoded = data_.encode(model, rows, task, names)
+    encoded = data_.encode(model, rows, task, names, data_.source_name(data))
     per_epoch = data_.steps_per_epoch(len(encoded), batch_size)
     total_steps = -(-epochs * per_epoch // accumulate)
     lr = optim.learning_rate_schedule(learning_rate, total_steps, warmup=warmup, schedule=schedule)

@@ -52,7 +52,8 @@ def check_warmup(warmup, warmup_updates: int, total: int) -> None:
     """Warn when the warm-up lasts the whole run: the rate never reaches its peak, and the first update's is 0."""
     if warmup_updates >= total:
         one = "; with one update the model does not change" if total == 1 else ""
-        warnings.warn(f"warmup={warmup!r} is {warmup_updates} updates but the run has {total}: the learning rate never "
+        updates = "1 update" if warmup_updates == 1 else f"{warmup_updates} updates"
+        warnings.warn(f"warmup={warmup!r} is {updates} but the run has {total}: the learning rate never "
                       f"reaches its peak and the first update's is 0{one}. Pass a smaller warmup (--warmup), or "
                       f"train for more updates.", stacklevel=3)
 
