@@ -461,21 +461,22 @@ def _interrupted(command: str) -> None:
 
 @contextlib.contextmanager
 def _one_line_warnings(command: str) -> Iterator[None]:
-    """minibert's own warnings as one line on stderr, "minibert COMMAND: warning: …": Python's file, line number
-    and source line of the warning mean nothing to a command-line user. Other packages' warnings print as usual."""
+    """minibert's own warnings printed as one line, "minibert COMMAND: warning: …": Python's file, line number and
+    source line of the warning mean nothing to a command-line user. Only the text changes (warnings.formatwarning):
+    filters and whoever records warnings see them as before; other packages' warnings print as usual."""
     package = Path(__file__).resolve().parents[1]  # minibert/: where a warning of ours points
-    with warnings.catch_warnings():  # restores showwarning afterwards
-        python_format = warnings.showwarning
+    python_format = warnings.formatwarning
 
-        def show(message, category, filename, lineno, file=None, line=None):
-            if not Path(filename).resolve().is_relative_to(package):
-                python_format(message, category, filename, lineno, file, line)
-                return
-            print(f"minibert {command}: warning: {' '.join(str(message).split())}", file=file or sys.stderr,
-                  flush=True)
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        if not Path(filename).resolve().is_relative_to(package):
+            return python_format(message, category, filename, lineno, line)
+        return f"minibert {command}: warning: {' '.join(str(message).split())}\n"
 
-        warnings.showwarning = show
+    warnings.formatwarning = one_line
+    try:
         yield
+    finally:
+        warnings.formatwarning = python_format
 
 
 def main(argv: list[str] | None = None) -> int:
