@@ -125,7 +125,8 @@ def test_latin1_data_and_an_eval_label_the_training_data_lack(tmp_path, capsys, 
     (tmp_path / "eval.tsv").write_text("text\tlabel\na b\tneutral\n")
     _one_line_error(capsys, ["finetune", str(tmp_path / "train.tsv"), "--eval", str(tmp_path / "eval.tsv"), "--out",
                              str(tmp_path / "out"), "--model", str(tiny)],
-                    "the eval data: row 1 (line 2)'s label 'neutral' is not one of the training labels ['neg', 'pos']")
+                    f"{tmp_path / 'eval.tsv'}: row 1 (line 2)'s label 'neutral' is not one of the training labels "
+                    f"['neg', 'pos']")
 
 
 def test_out_is_a_file_or_a_folder_of_the_users_files(tmp_path, capsys, tiny):

@@ -58,9 +58,9 @@ def row_name(rows: Sequence[Example], i: int) -> str:
     return f"row {i + 1}" if line is None else f"row {i + 1} (line {line})"
 
 
-def source_name(source) -> str:
-    """How a message names the data `examples` read from `source`: the file's path, or "the data"."""
-    return str(source) if isinstance(source, (str, Path)) else "the data"
+def source_name(source, unnamed: str = "the data") -> str:
+    """How a message names the data `examples` read from `source`: the file's path, or `unnamed`."""
+    return str(source) if isinstance(source, (str, Path)) else unnamed
 
 
 def checked_task(task: str) -> str:

@@ -370,7 +370,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     # The eval batches pad to the step's lengths where they fit (the longer ones to the model's buckets past them).
     eval_buckets = lengths + tuple(b for b in model.length_buckets if b > lengths[-1])
     eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names,
-                                 "the eval data") if evaluator else None
+                                 data_.source_name(eval_data, "the eval data")) if evaluator else None
 
     history, micro = History(), 0
     checkpoints = Checkpoints(resume) if resume is not None else None
