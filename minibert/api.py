@@ -152,6 +152,7 @@ class Model(Weights):
         self._pads_safely: dict = {}  # (hook name, hook fn, its arrays' shapes, B) → whether it may run padded
         self._forward_jit = self.jit(Model._forward, static_argnames=("capture", "writer_def"))
         self._stage_jit = self.jit(Model._stage, static_argnames=("stage", "capture", "writer_def"))
+        self._grad_jit = self.jit(Model._grad, static_argnames=("writer_def", "names", "loss_fn"))
         self._hook_sites: dict | None = None
 
     def __repr__(self):
@@ -545,25 +546,28 @@ class Model(Weights):
 
         loss_fn follows the one contract of metric_values: one value per batch row [B], or one for the whole
         batch (). A [B] loss is differentiated as its sum — rows do not interact, so each row's values get that
-        row's own gradient — and returned as [B]."""
-        loss_fn = metric_function(loss_fn)
+        row's own gradient — and returned as [B]. One compiled program per batch shape, loss_fn and hooks (at the
+        exact length: a loss may read any position)."""
         inputs = self.inputs(batch)
-        chosen = self._names(names)
-        user_writers = writers_for(hooks, self.hook_names, self.config.architecture)
-        leaves, writer_def = jax.tree_util.tree_flatten(user_writers)
-        # The shapes of the chosen values, without running the model (the jit's trace serves both).
-        _, shapes = self._forward_jit.eval_shape(self.state, inputs, leaves, capture=frozenset(chosen),
-                                                 writer_def=writer_def)
+        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
+        return self._grad_jit(self.state, inputs, leaves, writer_def=writer_def, names=tuple(self._names(names)),
+                              loss_fn=StaticFn(metric_function(loss_fn)))
+
+    def _grad(self, state, inputs: Inputs, writer_leaves, writer_def, names: tuple[str, ...], loss_fn: StaticFn):
+        """Model.grad's program: the loss with a zero shift added at each named value (hooks.add_delta), and its
+        gradient with respect to the shifts, which is the gradient with respect to the values."""
+        user_writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
+        _, shapes = jax.eval_shape(lambda: self._forward(state, inputs, writer_leaves, frozenset(names), writer_def))
         shapes = unstacked(shapes)
-        deltas = {name: programs.on_device(np.zeros(shapes[name].shape, shapes[name].dtype)) for name in chosen}
+        deltas = {name: jnp.zeros(shapes[name].shape, shapes[name].dtype) for name in names}
 
         def objective(deltas):
             writers = dict(user_writers)
             for name, delta in deltas.items():
                 writers[name] = writers.get(name, ()) + (HookFn(add_delta, delta=delta),)
             leaves, writer_def = jax.tree_util.tree_flatten(writers)
-            out, _ = self._forward_jit(self.state, inputs, leaves, capture=frozenset(), writer_def=writer_def)
-            loss = metric_values(traced_call(loss_fn, out, "loss_fn"), inputs.shape[0], "loss_fn")
+            out, _ = self._forward(state, inputs, leaves, frozenset(), writer_def)
+            loss = metric_values(traced_call(loss_fn.fn, out, "loss_fn"), inputs.shape[0], "loss_fn")
             return loss.sum(), loss
 
         (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(deltas)

@@ -261,6 +261,17 @@ def test_no_length_does_a_tenth_more_work_than_its_exact_program(width, ffn):
     assert work(257, bucket_length(257, length_buckets(512, *COARSE))) > 1.5
 
 
+def test_grad_is_one_program_per_length_and_loss(model):
+    """Model.grad (loss, shifts and their gradient) is one compiled program per exact length, loss function and
+    hooks: a length again reuses it, a new loss or length adds one."""
+    loss = lambda out: out.last_hidden_state.sum()  # noqa: E731
+    before = (model.traces, model.compiled_programs)
+    for n in (5, 6, 6, 7):
+        model.grad(batch(n), loss, Z)
+    model.grad(batch(7), lambda out: out.pooler_output.sum(), Z)
+    assert (model.traces - before[0], model.compiled_programs - before[1]) == (3 + 1, 3 + 1)
+
+
 def test_minibert_own_hooks_never_warn(model, monkeypatch):
     """Model.grad's shifts (hooks.add_delta, a HookFn already) compile once per length: that is no user's
     hook to rewrite, so no RecompileWarning however many lengths it serves."""
