@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import tempfile
 import warnings
 from collections import OrderedDict
@@ -111,7 +112,23 @@ def refused(message: str) -> None:
     jax.config.update("jax_enable_compilation_cache", False)
     warnings.warn(f"{message}; the persistent compilation cache is off in this process (programs compile as "
                   f"usual). Fix: set {CACHE_DIR_ENV} to a folder you can write, or {CACHE_SWITCH_ENV}=0.",
-                  CacheWarning, stacklevel=3)
+                  CacheWarning, stacklevel=outside_minibert())
+
+
+def outside_minibert() -> int:
+    """The stacklevel, for its caller's warnings.warn, of the first frame outside minibert: a warning raised
+    while minibert is imported points at your `import minibert` (or the `minibert` command's own line), not at a
+    line of ours. importlib's frames are passed over without a count, as warnings.warn counts them."""
+    package, frame, level = str(Path(__file__).parent), sys._getframe(2), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(package) or _importlib_frame(frame)):
+        level += not _importlib_frame(frame)
+        frame = frame.f_back
+    return level
+
+
+def _importlib_frame(frame) -> bool:
+    """A frame of importlib's bootstrap, which warnings.warn leaves out of its stacklevel (as its own check does)."""
+    return "importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename
 
 
 def use_persistent_cache() -> Path | None:
@@ -124,7 +141,7 @@ def use_persistent_cache() -> Path | None:
         warnings.warn(f"{CACHE_SWITCH_ENV}={os.environ[CACHE_SWITCH_ENV]!r} is neither on nor off, so the "
                       f"persistent compilation cache stays on; pass one of {', '.join(map(repr, SWITCH_OFF))} to "
                       f"turn it off, or one of {', '.join(map(repr, SWITCH_ON[1:]))} to keep it on.",
-                      CacheWarning, stacklevel=2)
+                      CacheWarning, stacklevel=outside_minibert())
     if switched_off():
         jax.config.update("jax_enable_compilation_cache", False)
         return None

@@ -476,7 +476,8 @@ value = jax.jit(lambda x: x * 2.0 + 1.0)(np.float32(3.0))
 folder = programs.cache_directory()
 print(json.dumps({"folder": folder and str(folder), "jax": jax.config.jax_compilation_cache_dir,
                   "on": jax.config.jax_enable_compilation_cache, "value": float(value),
-                  "warnings": [str(w.message) for w in caught if w.category is programs.CacheWarning]}))
+                  "warnings": [str(w.message) for w in caught if w.category is programs.CacheWarning],
+                  "where": [f"{w.filename}:{w.lineno}" for w in caught if w.category is programs.CacheWarning]}))
 """
 CACHE_SETTINGS = ("MINIBERT_CACHE_DIR", "MINIBERT_COMPILATION_CACHE", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR")
 
@@ -537,10 +538,11 @@ def test_the_obvious_off_words_turn_the_cache_off(monkeypatch, off):
 
 @pytest.mark.slow  # two Python processes
 def test_a_switch_value_neither_on_nor_off_keeps_the_cache_on_with_one_warning(tmp_path):
-    """'maybe' keeps the cache on and says so once, naming the variable and the accepted words; 'yes' says
-    nothing."""
+    """'maybe' keeps the cache on and says so once, naming the variable and the accepted words, at the line that
+    imported minibert (PROBE's line 6), not a line of minibert's; 'yes' says nothing."""
     maybe = probe_cache(tmp_path, {"MINIBERT_COMPILATION_CACHE": "maybe", "MINIBERT_CACHE_DIR": str(tmp_path / "c")})
     assert maybe["folder"] == str(tmp_path / "c") and maybe["on"] and len(maybe["warnings"]) == 1
+    assert maybe["where"] == ["<string>:6"] and PROBE.splitlines()[5] == "    from minibert import programs"
     assert all(word in maybe["warnings"][0] for word in ("MINIBERT_COMPILATION_CACHE='maybe'", "'off'", "'on'"))
     assert probe_cache(tmp_path, {"MINIBERT_COMPILATION_CACHE": "yes"})["warnings"] == []
 
