@@ -24,6 +24,7 @@ from minibert.hooks import (
     HookPoints,
     Recorder,
     add_delta,
+    count_compile,
     count_compiles,
     layer_of,
     resolve_names,
@@ -364,22 +365,24 @@ class Model(Weights):
 
     # ---- forward passes -------------------------------------------------------------------------------
 
-    def _hook_points(self, writer_leaves, writer_def, capture: frozenset, stacked: bool = False) -> HookPoints:
-        """The hooks of one traced forward, from its writers flattened to traced leaves (stacked: HookPoints')."""
+    def _hook_points(self, writer_leaves, writer_def, capture: frozenset, shape: tuple[int, ...],
+                     stacked: bool = False) -> HookPoints:
+        """The hooks of one traced forward of a batch of `shape` [B, T], from its writers flattened to traced
+        leaves (stacked: HookPoints')."""
         writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
-        count_compiles(writers, self._hook_compiles)
+        count_compiles(writers, self._hook_compiles, shape)
         return HookPoints(capture, writers, self.config.num_attention_heads, self.config.head_dim, stacked)
 
     def _forward(self, state, inputs: Inputs, writer_leaves, capture: frozenset, writer_def, dropout=NO_DROPOUT,
                  first_token_only: bool = False):
-        hooks = self._hook_points(writer_leaves, writer_def, capture, stacked=True)
+        hooks = self._hook_points(writer_leaves, writer_def, capture, inputs.shape, stacked=True)
         out = self._module(state)(inputs.input_ids, inputs.token_type_ids, inputs.attention_mask, hooks,
                                   inputs.position_ids, dropout, first_token_only)
         return out, hooks.captured
 
     def _stage(self, state, x, inputs: Inputs, writer_leaves, stage, capture: frozenset, writer_def):
         """One stage of the forward (embedding, block `stage`, or the head), for streaming captures to host."""
-        hooks = self._hook_points(writer_leaves, writer_def, capture)
+        hooks = self._hook_points(writer_leaves, writer_def, capture, inputs.shape)
         if stage == "embed":
             out = self.embed(state, inputs, hooks)
         elif stage == "head":
@@ -546,8 +549,13 @@ class Model(Weights):
 
         loss_fn follows the one contract of metric_values: one value per batch row [B], or one for the whole
         batch (). A [B] loss is differentiated as its sum — rows do not interact, so each row's values get that
-        row's own gradient — and returned as [B]. One compiled program per batch shape, loss_fn and hooks (at the
-        exact length: a loss may read any position)."""
+        row's own gradient — and returned as [B]. `names`: as run_with_cache takes them (a name, a list, a glob or a
+        predicate; None: every hook point). Where `hooks` rewrite a named value, the gradient is with respect to
+        the value they return.
+
+        One compiled program per batch shape, loss_fn and hooks (at the exact length: a loss may read any
+        position). loss_fn keys its program as a hook function does (docs/compiled.md): its code and the values it
+        closes over or reads as globals, not an attribute of an object changed in place."""
         inputs = self.inputs(batch)
         leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
         return self._grad_jit(self.state, inputs, leaves, writer_def=writer_def, names=tuple(self._names(names)),
@@ -557,6 +565,7 @@ class Model(Weights):
         """Model.grad's program: the loss with a zero shift added at each named value (hooks.add_delta), and its
         gradient with respect to the shifts, which is the gradient with respect to the values."""
         user_writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
+        count_compile(loss_fn.fn, "loss_fn", self._hook_compiles, ())  # its versions only: grad runs each length
         _, shapes = jax.eval_shape(lambda: self._forward(state, inputs, writer_leaves, frozenset(names), writer_def))
         shapes = unstacked(shapes)
         deltas = {name: jnp.zeros(shapes[name].shape, shapes[name].dtype) for name in names}

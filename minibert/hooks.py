@@ -43,7 +43,7 @@ import numpy as np
 from minibert.contract import StaticFn
 from minibert.errors import HookError
 from minibert.families.registry import architectures_with
-from minibert.programs import host_view
+from minibert.programs import host_view, outside_minibert
 from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
@@ -112,25 +112,46 @@ class RecompileWarning(UserWarning):
     """One hook function's code keeps compiling new programs (new closed-over values, new row lengths)."""
 
 
-def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict) -> None:
-    """Count one compiled program for each distinct hook code at each site in `writers`; warn once per code and
-    site when its count reaches RECOMPILE_WARNING_AT, saying what to do. One code at several sites (a HookFn moved
-    from layer to layer) compiles a program per site, which is not what the warning is about. `counts` is the
-    model's own tally."""
-    for fn, name in {(hook.fn, name): None for name, fns in writers.items() for hook in fns}:
-        if getattr(fn, "__module__", "").startswith("minibert."):
-            continue  # minibert's own hooks (Model.grad's shifts, the sweeps') are HookFns already
-        code = getattr(fn, "__code__", fn)
-        counts[code, name] = counts.get((code, name), 0) + 1
-        if counts[code, name] == RECOMPILE_WARNING_AT:
-            where = f" ({code.co_filename}:{code.co_firstlineno})" if hasattr(code, "co_filename") else ""
-            warnings.warn(
-                f"hook {getattr(fn, '__name__', fn)!r}{where} has compiled {RECOMPILE_WARNING_AT} programs at "
-                f"{name}: each new value it closes over or reads as a global, and each new row length, compiles "
-                f"again (seconds and memory each). Pass the values that change as arrays, HookFn(fn, "
-                f"head=jnp.int32(h)), which compiles once for all of them; a hook that reads the row length (a mean "
-                f"over positions, value[:, -1], an array shaped by it) runs at each exact length (docs/compiled.md).",
-                RecompileWarning, stacklevel=2)
+def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict, shape: tuple[int, ...]) -> None:
+    """Count, for each hook code at each site in `writers`, the programs it has caused: the distinct versions of
+    it (what it reads: contract.StaticFn) and batch shapes it was traced with, so that a hook which never changes
+    is not blamed for programs that other hooks, names or a loss compile. Warn once per code and site when the
+    count reaches RECOMPILE_WARNING_AT, saying what to do. One code at several sites (a HookFn moved from layer to
+    layer) compiles a program per site, which is not what the warning is about. `counts` is the model's own
+    tally; `shape` the traced batch's [B, T]."""
+    for name, fns in writers.items():
+        for hook in fns:
+            count_compile(hook.fn, name, counts, shape)
+
+
+def count_compile(fn: Callable, site: str, counts: dict, shape: tuple[int, ...]) -> None:
+    """count_compiles for one function at one site ("loss_fn": Model.grad's loss, counted by version alone with
+    shape ())."""
+    if getattr(fn, "__module__", "").startswith("minibert."):
+        return  # minibert's own hooks (Model.grad's shifts, the sweeps') are HookFns already
+    code = getattr(fn, "__code__", fn)
+    versions = counts.setdefault((code, site), set())
+    if (StaticFn(fn), tuple(shape)) in versions:
+        return
+    versions.add((StaticFn(fn), tuple(shape)))
+    if len(versions) == RECOMPILE_WARNING_AT:
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if hasattr(code, "co_filename") else ""
+        what, how = _LOSS_WARNING if site == "loss_fn" else _HOOK_WARNING
+        warnings.warn(f"{what.format(site=site)} {getattr(fn, '__name__', fn)!r}{where} has compiled "
+                      f"{RECOMPILE_WARNING_AT} programs: {how} (docs/compiled.md).",
+                      RecompileWarning, stacklevel=outside_minibert())
+
+
+# What a RecompileWarning names, and what it says causes the programs and what to do.
+_HOOK_WARNING = ("the hook at {site}",
+                 "each new value it closes over or reads as a global, and each new row length, compiles again "
+                 "(seconds and memory each). Pass the values that change as arrays, HookFn(fn, head=jnp.int32(h)), "
+                 "which compiles once for all of them; a hook that reads the row length (a mean over positions, "
+                 "value[:, -1], an array shaped by it) runs at each exact length")
+_LOSS_WARNING = ("model.grad's loss",
+                 "each new value it closes over or reads as a global compiles again (seconds and memory each). Keep "
+                 "what a loss reads fixed and put what changes in the batch: a loss of one value per row [B] gives "
+                 "each row its own gradient in one program")
 
 
 def add_delta(value, ctx: HookContext, delta):

@@ -116,14 +116,19 @@ def refused(message: str) -> None:
 
 
 def outside_minibert() -> int:
-    """The stacklevel, for its caller's warnings.warn, of the first frame outside minibert: a warning raised
-    while minibert is imported points at your `import minibert` (or the `minibert` command's own line), not at a
-    line of ours. importlib's frames are passed over without a count, as warnings.warn counts them."""
-    package, frame, level = str(Path(__file__).parent), sys._getframe(2), 2
-    while frame is not None and (frame.f_code.co_filename.startswith(package) or _importlib_frame(frame)):
+    """The stacklevel, for its caller's warnings.warn, of the first frame outside minibert and the JAX and Flax
+    code it calls through: a warning points at your line (`import minibert`, the `minibert` command's own, the
+    call whose trace warns), not at a line of ours or JAX's. importlib's frames are passed over without a count,
+    as warnings.warn counts them."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(_LIBRARIES) or _importlib_frame(frame)):
         level += not _importlib_frame(frame)
         frame = frame.f_back
     return level
+
+
+_LIBRARIES = tuple(str(Path(module.__file__).parent) for module in (sys.modules[__package__], jax)) + (
+    str(Path(jax.__file__).parent.parent / "flax"),)
 
 
 def _importlib_frame(frame) -> bool:

@@ -152,6 +152,21 @@ def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
     recompiles = [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
     assert len(recompiles) == 1
     assert "compiled 3 programs" in str(recompiles[0].message) and "HookFn(fn, head=" in str(recompiles[0].message)
+    assert recompiles[0].filename == __file__  # the line that called run_with_hooks, not one of minibert's or JAX's
+
+
+def test_a_loss_that_keeps_compiling_is_named_and_a_fixed_hook_beside_it_is_not(model, monkeypatch):
+    """Model.grad with a loss closing over a changing number and a hook that never changes: the warning names the
+    loss, at the caller's line, and the hook's count stays at its one version."""
+    monkeypatch.setattr(hooks, "RECOMPILE_WARNING_AT", 3)
+    fixed = lambda z, ctx: z * 1.0  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(4):
+            model.grad(batch(5), lambda out, k=k: out.last_hidden_state.sum() * k, Z, hooks={Z: fixed})
+    recompiles = [w for w in caught if issubclass(w.category, minibert.RecompileWarning)]
+    assert [str(w.message).split(" (")[0] for w in recompiles] == ["model.grad's loss '<lambda>'"]
+    assert "a loss of one value per row" in str(recompiles[0].message) and recompiles[0].filename == __file__
 
 
 def test_a_hook_moved_from_layer_to_layer_does_not_warn(model, monkeypatch):
