@@ -256,11 +256,13 @@ class Workbench:
 
     def _too_long(self, request: Request, batch) -> str:
         """Said so that a student can act on it: how many word pieces the text (and sentence B) has, how many fit;
-        the limit is the lecturer's to change."""
+        the limit is the lecturer's to change, unless it is the model's own."""
         tokenizer = self.model.tokenizer
         room = self.max_tokens - sum(sequence is None for sequence in batch.sequence_ids[0])  # [CLS] and each [SEP]
+        change = ("the model takes no more" if self.max_tokens == self.model.config.max_tokens else
+                  "whoever started it can change that: minibert serve --max-tokens")
         limit = (f"(this workbench takes {self.max_tokens} tokens with {tokenizer.cls_token} and "
-                 f"{tokenizer.sep_token}; whoever started it can change that: minibert serve --max-tokens).")
+                 f"{tokenizer.sep_token}; {change}).")
         a = len(tokenizer.tokenize(request.text))
         if request.pair is None:
             return f"the text is {a} word pieces long; shorten it to about {room} word pieces {limit}"
