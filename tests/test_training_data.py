@@ -191,6 +191,24 @@ def test_a_stray_class_number_is_refused_naming_its_row(tmp_path):
     assert data_.label_names(data_.examples([("a", 1), ("b", 0)]), task, None) == ("LABEL_0", "LABEL_1")
 
 
+@pytest.mark.parametrize("num_labels", [0, 1, -2, 2.5, True])
+def test_a_num_labels_that_is_no_count_of_classes_is_refused_as_the_setting(num_labels):
+    """Docs-only tester (compile 4): num_labels=0 was blamed on row 1 ("labels are 0 … -1. Correct the row")."""
+    rows = data_.examples([("a", 0), ("b", 1)])
+    with pytest.raises(InputError, match=re.escape(f"num_labels={num_labels!r}: pass the number of classes, a whole "
+                                                   f"number of at least 2 (--num-labels)")):
+        data_.label_names(rows, "sequence-classification", num_labels)
+
+
+def test_a_negative_class_number_is_named_as_negative():
+    """A label of -1 was 'out of range for num_labels=2 … or pass num_labels', which no num_labels can fix."""
+    rows = data_.examples([("a", 0), ("b", -1), ("c", 1)])
+    for num_labels in (None, 3):
+        with pytest.raises(InputError, match=re.escape("the data: row 2's label -1 is negative; class numbers start "
+                                                       "at 0. Correct the row.")):
+            data_.label_names(rows, "sequence-classification", num_labels)
+
+
 def test_masked_lm_examples_with_a_label_say_so():
     """Before: the label became the pair ("pairs[0] is a int")."""
     with pytest.raises(InputError, match=r"example 1 is \('the cat', 1\).*masked-LM.*no label"):

@@ -184,3 +184,18 @@ def test_progress_says_whether_a_step_was_compiled_or_loaded_from_the_cache(caps
     said = [line for line in capsys.readouterr().err.splitlines() if "the step for" in line and "preparing" not in line]
     assert said == ["fine-tuning: compiled the step for 8-token rows",
                     "fine-tuning: loaded the step for 8-token rows from the compilation cache"]
+
+
+@pytest.mark.parametrize("cache_on", [True, False], ids=["cache on", "cache off"])
+def test_progress_while_a_step_is_prepared_says_what_can_happen(cache_on):
+    """With the compilation cache off a step can only compile, and the bar says so (docs-only tester, compile 4);
+    with it on, compiled or loaded."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", cache_on and before)
+    try:
+        with optim.Progress(1, "fine-tuning", enabled=False) as bar, bar.compiling(8):
+            shown = bar.bar.desc
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+    either = "preparing the step for 8-token rows (compiling it, or loading it from the compilation cache)"
+    assert shown == "fine-tuning: " + (either if cache_on and before else "compiling the step for 8-token rows")

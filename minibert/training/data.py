@@ -241,12 +241,19 @@ def label_names(rows: Sequence[Example], task: str, num_labels: int | None, wher
     a stray label (a 5 among 0s and 1s) would otherwise add classes that nothing teaches, without a word."""
     if task == "masked-lm":
         return ()
+    if num_labels is not None and (not is_whole(num_labels) or num_labels < 2):
+        raise InputError(f"num_labels={num_labels!r}: pass the number of classes, a whole number of at least 2 "
+                         f"(--num-labels), or leave it out to count them from the data.")
     labelled = [(i, x) for i, row in enumerate(rows)
                 for x in (row.label if task == "token-classification" else [row.label])]
     flat = [x for _, x in labelled]
     if all(isinstance(x, int) for x in flat):
+        negative = next(((i, x) for i, x in labelled if x < 0), None)
+        if negative is not None:
+            raise InputError(f"{where}: {row_name(rows, negative[0])}'s label {negative[1]} is negative; class "
+                             f"numbers start at 0. Correct the row.")
         n = num_labels if num_labels is not None else max(flat) + 1
-        outside = next(((i, x) for i, x in labelled if not 0 <= x < n), None)
+        outside = next(((i, x) for i, x in labelled if x >= n), None)
         if outside is not None:
             raise InputError(f"{where}: {row_name(rows, outside[0])}'s label {outside[1]} is out of range for "
                              f"num_labels={n}; labels are 0 … {n - 1}. Correct the row, or pass the number of "

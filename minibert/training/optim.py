@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
+from minibert import programs
 from minibert.errors import InputError
 from minibert.model import parameter_names  # noqa: F401 (the Model's names are the optimiser's; kept here)
 
@@ -161,8 +162,10 @@ class Progress:
             yield
             return
         self.lengths.append(length)
-        self.bar.set_description_str(f"{self.description}: preparing the step for {length}-token rows (compiling "
-                                     f"it, or loading it from the compilation cache)")
+        cached = jax.config.jax_enable_compilation_cache and programs.cache_directory() is not None
+        self.bar.set_description_str(f"{self.description}: " + (
+            f"preparing the step for {length}-token rows (compiling it, or loading it from the compilation cache)"
+            if cached else f"compiling the step for {length}-token rows"))
         events = collections.Counter()
 
         def count(event: str, **kwargs):
