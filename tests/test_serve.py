@@ -699,3 +699,8 @@ def test_a_port_out_of_range_and_a_host_that_is_no_address_name_their_fix(mlm, m
     assert cli.main(["serve", "--no-browser", "--max-tokens", str(positions + 1)]) == 2
     assert f"--max-tokens {positions + 1}: the model has {positions} positions; pass at most {positions}." in \
         capsys.readouterr().err
+    loaded.clear()
+    assert cli.main(["serve", "--no-browser", "--max-tokens", "0"]) == 2
+    assert capsys.readouterr().err.strip() == ("minibert serve: error: --max-tokens 0: pass at least 3 ([CLS], a word, "
+                                               "[SEP]) and at most the model's positions.")
+    assert not loaded  # refused before the loading too

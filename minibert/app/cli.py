@@ -196,6 +196,9 @@ def _serve(args) -> int:
         print(f"minibert serve: warning: listening on {args.host}: anyone who can reach it and has the URL's token "
               f"can use the workbench.", file=sys.stderr)
     serve.checked_port(args.port)  # before the loading, which takes a while
+    if args.max_tokens is not None and args.max_tokens < 3:
+        raise InputError(f"--max-tokens {args.max_tokens}: pass at least 3 ([CLS], a word, [SEP]) and at most the "
+                         f"model's positions.")
     step = _steps("serve")
     names = [args.model] + ([args.compare] if args.compare else [])
     workbenches = []
