@@ -51,15 +51,16 @@ def test_an_ablated_head_is_marked_in_the_step_through(open_page, tiny_mlm):
 
 
 def test_too_long_text_says_how_short_to_make_it(open_page):
-    """A text over the limit (64 tokens here, [CLS] and [SEP] included) says how many word pieces to keep; the server
-    flag is only named in parentheses, for whoever started the workbench."""
+    """A text over the limit (64 tokens here, [CLS] and [SEP] included) says how many word pieces to keep; the limit
+    is only named in parentheses, after what a student can do (here the model's own 64 positions: no server flag
+    raises it)."""
     page = open_page()
     page.type("a b c")
     page.page.fill("#wb-text", " ".join(["a"] * 70))  # 70 word pieces + [CLS] + [SEP]
     page.page.wait_for_function("() => document.querySelector('.wb-status').textContent.includes('word pieces')")
     said = page.page.text_content(".wb-status")
     assert "the text is 70 word pieces long; shorten it to about 62 word pieces" in said, said
-    assert said.index("--max-tokens") > said.index("(")  # the flag in parentheses, after what a student can do
+    assert said.index("the model takes no more") > said.index("(") and "--max-tokens" not in said
 
 
 def test_the_neuron_view_names_its_head_as_l_h(open_page, tiny_mlm):

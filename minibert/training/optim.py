@@ -28,7 +28,6 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
-from minibert import programs
 from minibert.errors import InputError
 from minibert.model import parameter_names  # noqa: F401 (the Model's names are the optimiser's; kept here)
 
@@ -162,7 +161,7 @@ class Progress:
             yield
             return
         self.lengths.append(length)
-        cached = jax.config.jax_enable_compilation_cache and programs.cache_directory() is not None
+        cached = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir  # JAX's own word
         self.bar.set_description_str(f"{self.description}: " + (
             f"preparing the step for {length}-token rows (compiling it, or loading it from the compilation cache)"
             if cached else f"compiling the step for {length}-token rows"))
