@@ -13,6 +13,7 @@ import importlib
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -58,11 +59,13 @@ def test_benchmark_smoke_run(script, tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     monkeypatch.setenv("MINIBERT_BENCH_CACHE", str(tmp_path / "cache"))  # scale_out writes its corpus file there
     results = (BENCHMARKS / "RESULTS.md").read_text()
+    cache = jax.config.jax_enable_compilation_cache
     module = importlib.import_module(script)
     try:
         assert module.main(["--smoke"]) == 0
     finally:
         sys.modules.pop(script, None)
+    assert jax.config.jax_enable_compilation_cache == cache, "the smoke run left JAX's compilation cache switched"
     report = capsys.readouterr().out
     assert SMOKED[script] in report and "smoke run" in report, report[-2000:]
     assert "| ---" in report  # a Markdown table was printed
