@@ -197,6 +197,9 @@ def test_minibert_warnings_print_as_one_line_others_as_python_does():
     with _one_line_warnings("finetune"):
         assert warnings.formatwarning(*ours) == "minibert finetune: warning: a long message\n"
         assert warnings.formatwarning(*theirs) == "/elsewhere/package/module.py:7: DeprecationWarning: theirs\n"
+        # minibert's own classes point at the caller's line, outside the package: still ours
+        recompile = ("compiled 8\n programs", minibert.RecompileWarning, "/home/me/run.py", 12)
+        assert warnings.formatwarning(*recompile) == "minibert finetune: warning: compiled 8 programs\n"
     assert warnings.formatwarning(*ours) == before and "guards.py:3: UserWarning: a long" in before
 
 

@@ -466,12 +466,15 @@ def _interrupted(command: str) -> None:
 def _one_line_warnings(command: str) -> Iterator[None]:
     """minibert's own warnings printed as one line, "minibert COMMAND: warning: …": Python's file, line number and
     source line of the warning mean nothing to a command-line user. Only the text changes (warnings.formatwarning):
-    filters and whoever records warnings see them as before; other packages' warnings print as usual."""
+    filters and whoever records warnings see them as before; other packages' warnings print as usual. Ours are
+    those raised at a line of minibert's, and those of minibert's own classes (RecompileWarning, CacheWarning),
+    which point past minibert at the caller's line (programs.outside_minibert)."""
     package = Path(__file__).resolve().parents[1]  # minibert/: where a warning of ours points
     python_format = warnings.formatwarning
 
     def one_line(message, category, filename, lineno, line=None) -> str:
-        if not Path(filename).resolve().is_relative_to(package):
+        ours = category.__module__.startswith("minibert.") or Path(filename).resolve().is_relative_to(package)
+        if not ours:
             return python_format(message, category, filename, lineno, line)
         return f"minibert {command}: warning: {' '.join(str(message).split())}\n"
 
