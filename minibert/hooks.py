@@ -130,10 +130,10 @@ def count_compile(fn: Callable, site: str, counts: dict, shape: tuple[int, ...])
     if getattr(fn, "__module__", "").startswith("minibert."):
         return  # minibert's own hooks (Model.grad's shifts, the sweeps') are HookFns already
     code = getattr(fn, "__code__", fn)
-    versions = counts.setdefault((code, site), set())
-    if (StaticFn(fn), tuple(shape)) in versions:
+    versions, version = counts.setdefault((code, site), set()), (StaticFn(fn), tuple(shape))
+    if version in versions:
         return
-    versions.add((StaticFn(fn), tuple(shape)))
+    versions.add(version)
     if len(versions) == RECOMPILE_WARNING_AT:
         where = f" ({code.co_filename}:{code.co_firstlineno})" if hasattr(code, "co_filename") else ""
         what, how = _LOSS_WARNING if site == "loss_fn" else _HOOK_WARNING
