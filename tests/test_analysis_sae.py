@@ -378,7 +378,7 @@ def test_activation_stream_reads_corpus_files_and_caches_to_disk(tiny_mlm, tmp_p
     def not_run(*args, **kwargs):
         raise AssertionError("the model ran although the cache holds these activations")
 
-    monkeypatch.setattr(sae.source, "_forward_batches", not_run)
+    monkeypatch.setattr(sae.source, "forward_batches", not_run)
     read = _stream(model, iter(STREAM_TEXTS), cache=tmp_path / "cache")
     for batches in (written, read):
         for got, expected in zip(batches, listed, strict=True):

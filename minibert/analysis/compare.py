@@ -93,6 +93,12 @@ def _check_comparable(model_a, model_b) -> None:
                             f"({model_a.source}) vs {shape_b[0]} layers × {shape_b[1]} heads ({model_b.source}); "
                             f"compare checkpoints of one architecture, e.g. a pretrained model and its fine-tuned "
                             f"version.")
+    check_same_tokenizer(model_a, model_b)
+
+
+def check_same_tokenizer(model_a, model_b) -> None:
+    """The same vocabulary and lower-casing, or an error naming what differs: the same text must become the same
+    tokens in both models."""
     ta, tb = model_a.tokenizer, model_b.tokenizer
     # WordPiece has a do_lower_case switch; the other families' tokenizers keep it in their normalizer (None here).
     if ta is None or tb is None or ta.vocab != tb.vocab or \

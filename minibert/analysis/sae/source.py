@@ -115,28 +115,34 @@ def _packed_capture(model, state, arrays, *, hook_name: str):
     return packed_captures(model, state, arrays, [hook_name])[hook_name]
 
 
-def _forward_batches(model, rows, pairs: bool, hook_name: str, max_length: int,
-                     batch_tokens: int) -> Iterator[np.ndarray]:
-    """[n, d] the real, non-special tokens' values of each packed forward batch, in the order the packer fills."""
-    buckets = packing.checked_buckets(None, max_length, model.config.max_tokens)
+def forward_batches(models, rows, pairs: bool, hook_name: str, max_length: int,
+                    batch_tokens: int) -> Iterator[np.ndarray]:
+    """[n, M, d] the real, non-special tokens' values at `hook_name` in each of M models (sharing one tokenizer)
+    of each packed forward batch, in the order the packer fills: the texts are read, tokenized and packed once,
+    and every model runs the same packed rows (one pass of each model per batch)."""
+    first = models[0]
+    buckets = packing.checked_buckets(None, max_length, min(model.config.max_tokens for model in models))
     rows_per_batch = packing.batch_rows(buckets[-1], batch_tokens, 1)
     packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
-    capture = model.jit(_packed_capture, static_argnames=("hook_name",))
+    captures = [model.jit(_packed_capture, static_argnames=("hook_name",)) for model in models]
 
     def run(batches):
         for size, packed in batches:
-            arrays = packing.packed_rows(model, size, packed, rows_per_batch * buckets[-1] // size, "real")
-            values = np.asarray(capture(model.state, arrays, hook_name=hook_name), np.float32)
-            keep = (arrays["attention_mask"] > 0) & (arrays["is_cls"] == 0) & (arrays["is_sep"] == 0)
-            yield values.reshape(*keep.shape, -1)[keep]
+            values = []
+            for model, capture in zip(models, captures, strict=True):  # each its own positions and pad id
+                arrays = packing.packed_rows(model, size, packed, rows_per_batch * buckets[-1] // size, "real")
+                keep = (arrays["attention_mask"] > 0) & (arrays["is_cls"] == 0) & (arrays["is_sep"] == 0)
+                value = np.asarray(capture(model.state, arrays, hook_name=hook_name), np.float32)
+                values.append(value.reshape(*keep.shape, -1)[keep])
+            yield np.stack(values, axis=1)
 
-    for chunk in reading.tokenized_chunks(model, rows, pairs, max_length, first=0):
+    for chunk in reading.tokenized_chunks(first, rows, pairs, max_length, first=0):
         packer.add(chunk)
         yield from run(packer.full_batches())
     yield from run(packer.flush())
 
 
-class _Cache:
+class ActivationCache:
     """A directory of one .npy file per forward batch and a JSON record of what they were computed from; the
     record says complete (with the texts' digest) only once every batch is written."""
 
@@ -240,15 +246,16 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
     source = {"hook_name": hook_name, "weights": weights_digest(model)}
     store = None
     if cache is not None:
-        store = _Cache(cache, {"weights": source["weights"], "hook_name": hook_name, "max_length": max_length})
+        store = ActivationCache(cache, {"weights": source["weights"], "hook_name": hook_name, "max_length": max_length})
         record = store.complete()
         if record is not None:
             for _ in rows:  # the texts' digest, without running the model
                 pass
-            return ActivationStream(_shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens,
+            return ActivationStream(shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens,
                                               seed), source, batch_size)
-    forward = _forward_batches(model, rows, pairs, hook_name, max_length, batch_tokens)
-    return ActivationStream(_shuffled(forward if store is None else store.write(forward, digest), batch_size,
+    forward = (values[:, 0] for values in forward_batches((model,), rows, pairs, hook_name, max_length,
+                                                          batch_tokens))
+    return ActivationStream(shuffled(forward if store is None else store.write(forward, digest), batch_size,
                                       buffer_tokens, seed), source, batch_size)
 
 
@@ -275,7 +282,7 @@ class ActivationStream:
         return batch
 
 
-def _shuffled(chunks: Iterator[np.ndarray], batch_size: int, buffer_tokens: int, seed: int) -> Iterator[np.ndarray]:
+def shuffled(chunks: Iterator[np.ndarray], batch_size: int, buffer_tokens: int, seed: int) -> Iterator[np.ndarray]:
     """Batches of batch_size rows from a bounded buffer of chunks' rows, shuffled each time it is drained."""
     rng = np.random.default_rng(seed)
     buffer: list[np.ndarray] = []

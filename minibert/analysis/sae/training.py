@@ -137,40 +137,55 @@ class Trainer:
     def save(self, path) -> Path:
         """Everything needed to resume (parameters, Adam's moments, step, dead-latent counters, the stream trained
         on) in one .npz file written at exactly `path` (no suffix added; replaced whole, never half-written)."""
-        path = Path(path)
-        leaves = jax.tree_util.tree_leaves((self.params, self.opt_state, self.since_fired))
         settings = dict(config=dataclasses.asdict(self.config), learning_rate=self.learning_rate, warmup=self.warmup,
                         dead_tokens=self.dead_tokens, seed=self.seed, source=self.source, steps=self.steps)
-        temporary = path.with_name(path.name + ".tmp")
-        with temporary.open("wb") as file:  # a file object: np.savez appends no ".npz"
-            np.savez(file, settings=json.dumps(settings),
-                     **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
-        os.replace(temporary, path)
-        return path
+        return write_state(path, settings, (self.params, self.opt_state, self.since_fired))
 
     @classmethod
     def resume(cls, path) -> Trainer:
         """A trainer in the state `save` wrote: the next step is the one the saved run would have taken."""
-        path = Path(path)
-        if not path.is_file():
-            raise DataFileMissing(f"no SAE checkpoint at {path}; pass the file Trainer.save wrote.")
-        try:
-            with np.load(path) as saved:
-                settings = json.loads(str(saved["settings"]))
-                leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
+        def rebuild(settings):
             steps = settings.pop("steps")
-            config = SAEConfig(**settings.pop("config"))
-        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, AnalysisError) as error:
-            # numpy's own words for a pickled file advise loading it unsafely: never for a file of unknown origin
-            detail = "it holds pickled objects, which are never loaded" if "pickle" in str(error) else \
-                f"{type(error).__name__}: {error}"
-            raise DataFileError(f"{path} is not a whole SAE checkpoint ({detail}); pass the file Trainer.save wrote, "
-                                f"uncut.") from None
-        trainer = cls(config, **settings)
-        structure = jax.tree_util.tree_structure((trainer.params, trainer.opt_state, trainer.since_fired))
-        if structure.num_leaves != len(leaves):
-            raise DataFileError(f"{path} holds {len(leaves)} arrays; this SAE's state has {structure.num_leaves}.")
-        trainer.params, trainer.opt_state, trainer.since_fired = jax.tree_util.tree_unflatten(
-            structure, [jnp.asarray(leaf) for leaf in leaves])
-        trainer.steps = steps
+            trainer = cls(SAEConfig(**settings.pop("config")), **settings)
+            trainer.steps = steps
+            return trainer
+
+        trainer, state = read_state(path, "SAE", rebuild,
+                                    lambda trainer: (trainer.params, trainer.opt_state, trainer.since_fired))
+        trainer.params, trainer.opt_state, trainer.since_fired = state
         return trainer
+
+
+def write_state(path, settings: dict, state) -> Path:
+    """A trainer's JSON `settings` and the leaves of its `state` pytree in one .npz file at exactly `path` (no
+    suffix added; written beside it, then moved: replaced whole, never half-written)."""
+    path = Path(path)
+    leaves = jax.tree_util.tree_leaves(state)
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("wb") as file:  # a file object: np.savez appends no ".npz"
+        np.savez(file, settings=json.dumps(settings), **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+    os.replace(temporary, path)
+    return path
+
+
+def read_state(path, what: str, rebuild, state_of):
+    """(trainer, its state) from a file write_state wrote: rebuild(settings) makes a fresh trainer, whose
+    state_of(trainer) pytree gives the structure the saved leaves fill. `what` names the trainer in errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileMissing(f"no {what} checkpoint at {path}; pass the file its Trainer.save wrote.")
+    try:
+        with np.load(path) as saved:
+            settings = json.loads(str(saved["settings"]))
+            leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
+        trainer = rebuild(settings)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, AnalysisError) as error:
+        # numpy's own words for a pickled file advise loading it unsafely: never for a file of unknown origin
+        detail = "it holds pickled objects, which are never loaded" if "pickle" in str(error) else \
+            f"{type(error).__name__}: {error}"
+        raise DataFileError(f"{path} is not a whole {what} checkpoint ({detail}); pass the file Trainer.save wrote, "
+                            f"uncut.") from None
+    structure = jax.tree_util.tree_structure(state_of(trainer))
+    if structure.num_leaves != len(leaves):
+        raise DataFileError(f"{path} holds {len(leaves)} arrays; this {what}'s state has {structure.num_leaves}.")
+    return trainer, jax.tree_util.tree_unflatten(structure, [jnp.asarray(leaf) for leaf in leaves])

@@ -1,0 +1,42 @@
+"""Model diffing (docs/diffing.md): what fine-tuning changed, between two models of one width and tokenizer.
+
+    from minibert.analysis import diffing
+    stream = diffing.paired_activations(base, tuned, texts, "blocks.3.hook_resid_post")   # [N, 2, D] batches
+    trainer = diffing.CrosscoderTrainer(diffing.CrosscoderConfig(d_in=384, d_sae=4096, k=32,
+                                                                 hook_name="blocks.3.hook_resid_post"))
+    trainer.train(stream, steps=2000, progress=True)
+    x, where = diffing.paired_token_activations(base, tuned, held_out, "blocks.3.hook_resid_post")
+    table = diffing.latent_table(trainer.config, trainer.params, x)     # norms, r, cosine, latent scaling, labels
+    diffing.weight_change(base, tuned)                                  # relative Frobenius change per matrix/head
+    diffing.representation_similarity(base, tuned, texts)               # linear CKA per layer
+    diffing.output_change(base, tuned, texts)                           # KL of the heads' distributions per token
+"""
+
+from minibert.analysis.diffing.crosscoder import (
+    ARCHITECTURES,
+    CrosscoderConfig,
+    decode,
+    decoder_norms,
+    encode,
+    init_params,
+)
+from minibert.analysis.diffing.latents import LABELS, LatentTable, latent_table, norm_labels
+from minibert.analysis.diffing.pairs import check_pair, paired_activations, paired_token_activations
+from minibert.analysis.diffing.training import CrosscoderTrainer
+
+__all__ = [
+    "ARCHITECTURES",
+    "LABELS",
+    "CrosscoderConfig",
+    "CrosscoderTrainer",
+    "LatentTable",
+    "check_pair",
+    "decode",
+    "decoder_norms",
+    "encode",
+    "init_params",
+    "latent_table",
+    "norm_labels",
+    "paired_activations",
+    "paired_token_activations",
+]
