@@ -20,12 +20,28 @@ from minibert.analysis.diffing.crosscoder import (
     encode,
     init_params,
 )
+from minibert.analysis.diffing.diffs import (
+    AttentionChange,
+    WeightChange,
+    attention_change,
+    difference_lens,
+    output_change,
+    representation_similarity,
+    weight_change,
+)
 from minibert.analysis.diffing.latents import LABELS, LatentTable, latent_table, norm_labels
 from minibert.analysis.diffing.pairs import check_pair, paired_activations, paired_token_activations
 from minibert.analysis.diffing.training import CrosscoderTrainer
 
 __all__ = [
     "ARCHITECTURES",
+    "AttentionChange",
+    "WeightChange",
+    "attention_change",
+    "difference_lens",
+    "output_change",
+    "representation_similarity",
+    "weight_change",
     "LABELS",
     "CrosscoderConfig",
     "CrosscoderTrainer",

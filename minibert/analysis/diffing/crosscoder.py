@@ -57,7 +57,7 @@ class CrosscoderConfig:
             value = getattr(self, name)
             if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < smallest:
                 raise AnalysisError(f"CrosscoderConfig {name}={value!r} must be a whole number ≥ {smallest}.")
-        if self.k > self.d_sae:
+        if self.architecture == "batchtopk" and self.k > self.d_sae:
             raise AnalysisError(f"k={self.k} latents kept of d_sae={self.d_sae}: k must be at most d_sae.")
         for name in ("aux_coefficient", "l1_coefficient"):
             value = getattr(self, name)
