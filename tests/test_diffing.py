@@ -300,3 +300,40 @@ def test_a_cache_of_another_pair_is_refused_and_a_users_files_are_kept(mlm_pair,
     with pytest.raises(DataFileError, match="holds files but no activation cache"):
         list(_stream(model_a, model_b, cache=mine))
     assert (mine / "000000.npy").read_bytes() == b"user data"
+
+
+# ---- the "what changed" sheet ----------------------------------------------------------------------------------
+
+def test_the_what_changed_sheet_draws_a_report_and_keeps_a_users_file(mlm_pair, tmp_path):
+    from minibert.viz import figures
+
+    model_a, model_b, _, _ = mlm_pair
+    config = diffing.CrosscoderConfig(d_in=32, d_sae=16, k=2, hook_name=SITE)
+    trainer = diffing.CrosscoderTrainer(config, learning_rate=1e-2, dead_tokens=32)
+    trainer.train(_stream(model_a, model_b))
+    found = diffing.what_changed(model_a, model_b, TEXTS, config, trainer.params, top=2, examples=3)
+    assert found.names == (str(model_a.source), str(model_b.source))
+    np.testing.assert_array_equal(found.cka, diffing.representation_similarity(model_a, model_b, TEXTS))
+    x, where = diffing.paired_token_activations(model_a, model_b, TEXTS, SITE)
+    f = np.asarray(diffing.encode(config, trainer.params, x))
+    assert all(found.latents.labels[latent] == "B-only" for latent in found.examples)
+    W_enc = np.asarray(trainer.params["W_enc"])
+    every = diffing.top_examples(config, trainer.params, x, where, range(16), k=3)  # every latent, by brute force
+    assert sum(map(len, every.values())) > 0
+    for latent, examples in every.items():
+        assert [e.activation for e in examples] == pytest.approx(np.sort(f[:, latent])[::-1][:len(examples)])
+        for e in examples:
+            n = next(i for i, w in enumerate(where) if w[:2] == (e.text, e.position))
+            assert e.contributions == pytest.approx((x[n, 0] @ W_enc[0, :, latent], x[n, 1] @ W_enc[1, :, latent]),
+                                                    rel=1e-4, abs=1e-5)
+            assert f"[{where[n][2]}]" in e.context
+    path = tmp_path / "what_changed.png"
+    figures.what_changed(found, path=path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"mine")
+    with pytest.raises(minibert.errors.VizError, match="already exists; pass overwrite=True"):
+        figures.what_changed(found, path=mine)
+    assert mine.read_bytes() == b"mine"
+    figures.what_changed(found, path=mine, overwrite=True)
+    assert mine.read_bytes()[:4] == b"\x89PNG"

@@ -10,6 +10,7 @@
     diffing.weight_change(base, tuned)                                  # relative Frobenius change per matrix/head
     diffing.representation_similarity(base, tuned, texts)               # linear CKA per layer
     diffing.output_change(base, tuned, texts)                           # KL of the heads' distributions per token
+    figures.what_changed(diffing.what_changed(base, tuned, held_out, trainer.config, trainer.params), path="d.png")
 """
 
 from minibert.analysis.diffing.crosscoder import (
@@ -31,28 +32,33 @@ from minibert.analysis.diffing.diffs import (
 )
 from minibert.analysis.diffing.latents import LABELS, LatentTable, latent_table, norm_labels
 from minibert.analysis.diffing.pairs import check_pair, paired_activations, paired_token_activations
+from minibert.analysis.diffing.report import DiffReport, Example, top_examples, what_changed
 from minibert.analysis.diffing.training import CrosscoderTrainer
 
 __all__ = [
     "ARCHITECTURES",
     "AttentionChange",
-    "WeightChange",
-    "attention_change",
-    "difference_lens",
-    "output_change",
-    "representation_similarity",
-    "weight_change",
-    "LABELS",
     "CrosscoderConfig",
     "CrosscoderTrainer",
+    "DiffReport",
+    "Example",
+    "LABELS",
     "LatentTable",
+    "WeightChange",
+    "attention_change",
     "check_pair",
     "decode",
     "decoder_norms",
+    "difference_lens",
     "encode",
     "init_params",
     "latent_table",
     "norm_labels",
+    "output_change",
     "paired_activations",
     "paired_token_activations",
+    "representation_similarity",
+    "top_examples",
+    "weight_change",
+    "what_changed",
 ]

@@ -99,7 +99,8 @@ def paired_activations(model_a, model_b, texts: Iterable[str] | str | Path, hook
 def paired_token_activations(model_a, model_b, texts, hook_name: str, max_length: int = 128, *, pairs=None
                              ) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
     """(x [N, 2, d], where [N]) at every real, non-special token of `texts`, each text padded in one batch (no
-    packing): for latent statistics and the report's examples. where[n] = (text index, token position, token)."""
+    packing): for latent statistics and the report's examples. where[n] = (text index, token position, token,
+    the token in context)."""
     check_pair(model_a, model_b, hook_name)
     batch = text_batch(model_a, texts, pairs, max_length)
     ids = np.asarray(batch.input_ids)
@@ -110,5 +111,16 @@ def paired_token_activations(model_a, model_b, texts, hook_name: str, max_length
         _, cache = model.run_with_cache(batch, names=[hook_name])
         value = np.asarray(cache[hook_name], np.float32)
         values.append(value.reshape(*value.shape[:2], -1)[keep])
-    where = [(int(b), int(t), batch.tokens[b][t]) for b, t in zip(*np.nonzero(keep), strict=True)]
+    lengths = np.asarray(batch.attention_mask).sum(1)
+    where = [(int(b), int(t), batch.tokens[b][t], _context(batch.tokens[b][:lengths[b]], t))
+             for b, t in zip(*np.nonzero(keep), strict=True)]
     return np.stack(values, axis=1), where
+
+
+CONTEXT = 4  # tokens shown either side of an example
+
+
+def _context(tokens: list[str], t: int) -> str:
+    """The token at t in brackets, with CONTEXT real tokens either side: "the food was [cold] but the"."""
+    shown = tokens[max(0, t - CONTEXT):t] + [f"[{tokens[t]}]"] + tokens[t + 1:t + 1 + CONTEXT]
+    return " ".join(shown)

@@ -15,7 +15,7 @@ K head dim, N sentences or points. Arguments are 0-indexed; figures label layers
     save(fig, "head_3-6.pdf")
 
 One module per kind of figure: attention (matrices), neuron (the neuron view), points (per sentence or point),
-heads (per-head values); _base holds what they share.
+heads (per-head values), diffing (the "what changed" sheet of two models); _base holds what they share.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 from minibert.config import head_label  # figures.head_label: the tutorials and docs/findings.py read it here too
 from minibert.viz.figures._base import NEURON_CMAP, SUFFIXES, NotebookFigure, save
 from minibert.viz.figures.attention import attention_heatmap, head_grid
+from minibert.viz.figures.diffing import what_changed
 from minibert.viz.figures.heads import (
     entropy_plot,
     gradient_plot,
@@ -39,4 +40,4 @@ from minibert.viz.figures.points import attention_to_word_plot, pca_scatter
 __all__ = ["NEURON_CMAP", "NEURON_PANELS", "SUFFIXES", "NotebookFigure", "attention_heatmap",
            "attention_to_word_plot", "entropy_plot", "gradient_plot", "head_grid", "head_label",
            "head_statistics_figure", "layer_plot", "mds_scatter", "neuron_figure", "neuron_terms", "pca_scatter",
-           "save", "special_tokens_plot", "statistic_heatmap", "sweep_heatmap"]
+           "save", "special_tokens_plot", "statistic_heatmap", "sweep_heatmap", "what_changed"]
