@@ -20,6 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SMOKED = {  # script → a line its report must hold
     "circuits": "## Circuits",
     "compile_depth": "## Compile time against depth",
+    "diffing": "| crosscoder, batchtopk |",
     "sweeps": "## Sweeps",
     "mixing": "## Context mixing",
     "training": "## Training",
