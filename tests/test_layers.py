@@ -320,8 +320,8 @@ def test_docstring_check_sees_timings_and_test_pointers():
 # ---- the public surface: each package's __all__ is what its __init__ imports, once ------------------------------
 
 # packages whose __init__ only gathers names (families' defines its registry)
-CURATED = ("minibert", "minibert.analysis", "minibert.analysis.corpus", "minibert.analysis.sae", "minibert.training",
-           "minibert.viz", "minibert.viz.figures")
+CURATED = ("minibert", "minibert.analysis", "minibert.analysis.corpus", "minibert.analysis.diffing",
+           "minibert.analysis.sae", "minibert.training", "minibert.viz", "minibert.viz.figures")
 
 
 def _imported_names(module: str) -> list[str]:
