@@ -135,6 +135,70 @@ def test_latent_scaling_against_least_squares_per_latent():
                 np.testing.assert_allclose(table.beta[variant][m, i], beta, rtol=1e-3, atol=1e-4)
 
 
+def _torch_crosscoder_losses(config, params, batches, learning_rate, dead_tokens):
+    """The same algorithm in PyTorch (float64), written from the equations: Adam at a constant rate, decoders not
+    renormalised, BatchTopK over the batch's norm-weighted values (or ReLU + decoder-norm-weighted L1), AuxK on
+    the dead latents fitted to both models' errors."""
+    p = {name: torch.tensor(np.asarray(value), dtype=torch.float64, requires_grad=True)
+         for name, value in params.items() if name != "threshold"}
+    optimizer = torch.optim.Adam(list(p.values()), lr=learning_rate)
+    since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
+    history = []
+    for batch in batches:
+        x = torch.tensor(batch, dtype=torch.float64)
+        pre = torch.einsum("nmd,mds->ns", x, p["W_enc"]) + p["b_enc"]
+        norms = p["W_dec"].norm(dim=-1).sum(0)
+        if config.architecture == "batchtopk":
+            scores = pre.relu() * norms
+            keep = torch.zeros(scores.numel(), dtype=torch.bool)
+            keep[torch.topk(scores.flatten(), config.k * len(x)).indices] = True
+            latents = torch.where(keep.view_as(scores) & (scores > 0), pre.relu(), 0.0)
+        else:
+            latents = pre.relu()
+        error = x - (torch.einsum("ns,msd->nmd", latents, p["W_dec"]) + p["b_dec"])
+        total = (error**2).sum((-2, -1)).mean()
+        if config.architecture == "batchtopk":
+            dead = since_fired >= dead_tokens
+            if dead.any():
+                masked = torch.where(dead, pre, torch.tensor(-torch.inf, dtype=torch.float64))
+                kept, index = torch.topk(masked, config.aux_k, dim=-1)
+                aux = torch.zeros_like(pre).scatter(-1, index, kept).relu()
+                aux_error = error.detach() - torch.einsum("ns,msd->nmd", aux, p["W_dec"])
+                total = total + config.aux_coefficient * (aux_error**2).sum((-2, -1)).mean()
+        else:
+            total = total + config.l1_coefficient * (latents * norms).sum(-1).mean()
+        history.append(total.item())
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+        since_fired = torch.where((latents > 0).any(0), 0, since_fired + len(x))
+    return history
+
+
+@pytest.mark.parametrize("architecture", ["batchtopk", "l1"])
+def test_per_step_losses_match_a_pytorch_crosscoder(architecture):
+    """Same initial parameters and batches. Tolerance as the SAE trainer's test derives it: one step's loss rounds
+    the encoder's dot products (length 2D), the decoder's (length S), the squared error's sum over 2D values and
+    the mean over N tokens; rounding that moved the parameters moves the next loss by as much again, so step t
+    allows (t + 1) times it."""
+    from tolerances import dot_rtol, sum_rtol
+
+    rng = np.random.default_rng(1)
+    config = diffing.CrosscoderConfig(d_in=8, d_sae=24, architecture=architecture, k=3, k_aux=4,
+                                      l1_coefficient=0.1)
+    batches = [rng.normal(size=(32, 2, 8)).astype(np.float32) for _ in range(6)]
+    params = diffing.init_params(config, seed=2)
+    params["b_enc"] = params["b_enc"].at[:6].set(-3.0)  # 6 latents rarely selected: dead after 2 batches
+    trainer = diffing.CrosscoderTrainer(config, learning_rate=1e-2, dead_tokens=64, params=params)
+    reference = _torch_crosscoder_losses(config, trainer.params, batches, 1e-2, 64)
+    steps = [trainer.step(x) for x in batches]
+    if architecture == "batchtopk":
+        assert any(step["aux"] > 0 for step in steps)  # AuxK took part
+    base = dot_rtol(16) + dot_rtol(24) + sum_rtol(16) + sum_rtol(32)
+    for step, (ours, theirs) in enumerate(zip([step["total"] for step in steps], reference, strict=True)):
+        assert abs(ours - theirs) <= (step + 1) * base * abs(theirs), (step, ours, theirs)
+
+
 # ---- two real models -------------------------------------------------------------------------------------------
 
 def test_the_paired_stream_is_each_models_own_stream_side_by_side(mlm_pair):
@@ -326,7 +390,7 @@ def test_the_what_changed_sheet_draws_a_report_and_keeps_a_users_file(mlm_pair, 
             n = next(i for i, w in enumerate(where) if w[:2] == (e.text, e.position))
             assert e.contributions == pytest.approx((x[n, 0] @ W_enc[0, :, latent], x[n, 1] @ W_enc[1, :, latent]),
                                                     rel=1e-4, abs=1e-5)
-            assert f"[{where[n][2]}]" in e.context
+            assert e.token == where[n][2] and f"[{e.token}]" in e.context
     path = tmp_path / "what_changed.png"
     figures.what_changed(found, path=path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

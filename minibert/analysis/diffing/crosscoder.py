@@ -10,7 +10,7 @@ Axes: N tokens, M = 2 models (0 = A, the base; 1 = B, the fine-tune), D the site
 BatchTopK keeps, over a whole training batch, the k·N largest values of ReLU(pre_i)·(‖W_dec[A]_i‖ + ‖W_dec[B]_i‖)
 (so a latent cannot win the selection by a small decoder and a large activation) and zeroes the rest; outside
 training a token keeps the latents whose value exceeds `threshold`, a running mean (decay 0.99) of the smallest
-value kept in each training batch (the inference rule of Bussmann et al. 2024). Losses, averaged over tokens:
+positive value kept in each training batch (the inference rule of Bussmann et al. 2024). Losses, averaged over tokens:
 - reconstruction Σ_M ‖x_M − x̂_M‖²;
 - "batchtopk": + α·AuxK, Gao et al.'s auxiliary loss on the dead latents' top-k_aux pre-activations, fitted to
   both models' errors (stop-gradient), α = 1/32 as the SAE's;
@@ -95,11 +95,13 @@ def pre_activations(params, x):
 
 
 def _batch_top_k(values, scores, kept: int):
-    """values [N, S] where scores is among the `kept` largest of the whole batch, else 0; and the smallest kept."""
+    """values [N, S] where scores is among the `kept` largest of the whole batch, else 0; and the smallest positive
+    score kept (NaN where none is: the threshold then stays)."""
     flat = scores.reshape(-1)
     top, index = jax.lax.top_k(flat, kept)
     mask = jnp.zeros_like(flat, bool).at[index].set(True).reshape(values.shape)
-    return jnp.where(mask & (scores > 0), values, 0.0), top[-1]
+    smallest = jnp.min(jnp.where(top > 0, top, jnp.inf))
+    return jnp.where(mask & (scores > 0), values, 0.0), jnp.where(jnp.isinf(smallest), jnp.nan, smallest)
 
 
 def _scores(params, relu_pre):

@@ -25,11 +25,12 @@ from minibert.errors import AnalysisError
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One token where a latent fires: its text, position and context, the latent's activation, and each model's
-    contribution to its pre-activation (A, B)."""
+    """One token where a latent fires: its text, position, the token and its context, the latent's activation, and
+    each model's contribution to its pre-activation (A, B)."""
 
     text: int
     position: int
+    token: str
     context: str
     activation: float
     contributions: tuple[float, float]
@@ -60,7 +61,7 @@ def top_examples(config: CrosscoderConfig, params, x, where, latents, k: int = 5
     for latent in map(int, latents):
         contributions = np.einsum("NMD,MD->NM", x, np.asarray(params["W_enc"][:, :, latent]))
         order = np.argsort(-activations[:, latent], kind="stable")[:k]
-        found[latent] = [Example(where[n][0], where[n][1], where[n][3], float(activations[n, latent]),
+        found[latent] = [Example(*where[n], float(activations[n, latent]),
                                  (float(contributions[n, 0]), float(contributions[n, 1])))
                          for n in order if activations[n, latent] > 0]
     return found
