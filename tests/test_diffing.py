@@ -5,6 +5,7 @@ distributions, bad input refused."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -119,7 +120,7 @@ def test_latent_scaling_against_least_squares_per_latent():
     x = rng.normal(size=(600, 2, 6)).astype(np.float32)
     table = diffing.latent_table(config, params, x, chunk_tokens=256)  # several chunks summed
     x64 = x.astype(np.float64)
-    f = np.maximum(np.einsum("NMD,MDS->NS", x64, params["W_enc"]) + params["b_enc"], 0)
+    f = np.maximum(np.einsum("NMD,MDS->NS", x64 - params["b_dec"], params["W_enc"]) + params["b_enc"], 0)
     reconstruction = np.einsum("NS,MSD->NMD", f, params["W_dec"]) + params["b_dec"]
     norms = np.linalg.norm(params["W_dec"], axis=-1)
     np.testing.assert_allclose(table.relative_norm, norms[1] / norms.sum(0), rtol=1e-5)
@@ -146,7 +147,7 @@ def _torch_crosscoder_losses(config, params, batches, learning_rate, dead_tokens
     history = []
     for batch in batches:
         x = torch.tensor(batch, dtype=torch.float64)
-        pre = torch.einsum("nmd,mds->ns", x, p["W_enc"]) + p["b_enc"]
+        pre = torch.einsum("nmd,mds->ns", x - p["b_dec"], p["W_enc"]) + p["b_enc"]
         norms = p["W_dec"].norm(dim=-1).sum(0)
         if config.architecture == "batchtopk":
             scores = pre.relu() * norms
@@ -188,6 +189,7 @@ def test_per_step_losses_match_a_pytorch_crosscoder(architecture):
                                       l1_coefficient=0.1)
     batches = [rng.normal(size=(32, 2, 8)).astype(np.float32) for _ in range(6)]
     params = diffing.init_params(config, seed=2)
+    params["b_dec"] = jnp.asarray(rng.normal(size=(2, 8)), jnp.float32)  # the encoder takes it off
     params["b_enc"] = params["b_enc"].at[:6].set(-3.0)  # 6 latents rarely selected: dead after 2 batches
     trainer = diffing.CrosscoderTrainer(config, learning_rate=1e-2, dead_tokens=64, params=params)
     reference = _torch_crosscoder_losses(config, trainer.params, batches, 1e-2, 64)
@@ -212,6 +214,7 @@ def test_the_paired_stream_is_each_models_own_stream_side_by_side(mlm_pair):
             np.testing.assert_array_equal(got[:, m], expected)
 
 
+@pytest.mark.slow
 def test_a_crosscoder_between_a_model_and_itself_finds_no_exclusive_latent(tmp_path):
     """Two loads of one checkpoint: both halves of every pair are equal, every latent starts shared (init_params)
     and both halves of each update are the same arithmetic on the same numbers, so the two decoders stay equal but
@@ -230,6 +233,7 @@ def test_a_crosscoder_between_a_model_and_itself_finds_no_exclusive_latent(tmp_p
     assert not np.isin(table.labels, ["A-only", "B-only"]).any()
 
 
+@pytest.mark.slow
 def test_resumed_training_takes_the_same_steps_and_refuses_another_pair(mlm_pair, tmp_path):
     model_a, model_b, _, _ = mlm_pair
     config = diffing.CrosscoderConfig(d_in=32, d_sae=16, k=2, hook_name=SITE)
@@ -368,6 +372,7 @@ def test_a_cache_of_another_pair_is_refused_and_a_users_files_are_kept(mlm_pair,
 
 # ---- the "what changed" sheet ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_what_changed_sheet_draws_a_report_and_keeps_a_users_file(mlm_pair, tmp_path):
     from minibert.viz import figures
 

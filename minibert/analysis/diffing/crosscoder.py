@@ -3,7 +3,7 @@ read from both models' activations, and one decoder per model.
 
 Axes: N tokens, M = 2 models (0 = A, the base; 1 = B, the fine-tune), D the site's width, S latents.
 
-    pre  = Σ_M x_M W_enc[M] + b_enc                   W_enc [M, D, S], b_enc [S]
+    pre  = Σ_M (x_M − b_dec[M]) W_enc[M] + b_enc      W_enc [M, D, S], b_enc [S]
     f    = BatchTopK(ReLU(pre))   or   ReLU(pre)      "batchtopk" (Minder et al. 2025) | "l1" (Lindsey et al.)
     x̂_M  = f W_dec[M] + b_dec[M]                      W_dec [M, S, D], b_dec [M, D]
 
@@ -15,7 +15,9 @@ positive value kept in each training batch (the inference rule of Bussmann et al
 - "batchtopk": + α·AuxK, Gao et al.'s auxiliary loss on the dead latents' top-k_aux pre-activations, fitted to
   both models' errors (stop-gradient), α = 1/32 as the SAE's;
 - "l1": + λ Σ_i f_i (‖W_dec[A]_i‖ + ‖W_dec[B]_i‖) (Lindsey et al.'s penalty; λ ramped over l1_warmup steps).
-Decoders are never renormalised: their norms in each model are what the analysis reads (latents.py).
+Decoders are never renormalised: their norms in each model are what the analysis reads (latents.py). Taking
+b_dec off before encoding (Lindsey et al. write W_enc x + b_enc) is the same family of functions with b_enc
+shifted; it starts the encoder at the data's centre once `center` has set b_dec, as for the SAE.
 """
 
 from __future__ import annotations
@@ -90,18 +92,19 @@ def decoder_norms(params) -> jax.Array:
 
 
 def pre_activations(params, x):
-    """[N, S] of paired activations x [N, M, D]."""
-    return jnp.einsum("NMD,MDS->NS", x, params["W_enc"]) + params["b_enc"]
+    """[N, S] of paired activations x [N, M, D], each model's decoder bias taken off first (as the SAE does)."""
+    return jnp.einsum("NMD,MDS->NS", x - params["b_dec"], params["W_enc"]) + params["b_enc"]
 
 
 def _batch_top_k(values, scores, kept: int):
-    """values [N, S] where scores is among the `kept` largest of the whole batch, else 0; and the smallest positive
-    score kept (NaN where none is: the threshold then stays)."""
+    """values [N, S] where scores is among the `kept` largest of the whole batch (and positive), else 0; and the
+    smallest score kept (NaN where none is: the threshold then stays). The kept-th largest score is found by a
+    partition, not lax.top_k, whose XLA CPU kernel takes seconds for k in the tens of thousands."""
     flat = scores.reshape(-1)
-    top, index = jax.lax.top_k(flat, kept)
-    mask = jnp.zeros_like(flat, bool).at[index].set(True).reshape(values.shape)
-    smallest = jnp.min(jnp.where(top > 0, top, jnp.inf))
-    return jnp.where(mask & (scores > 0), values, 0.0), jnp.where(jnp.isinf(smallest), jnp.nan, smallest)
+    kth = -jnp.partition(-flat, kept - 1)[kept - 1]
+    mask = (scores >= kth) & (scores > 0)  # ties at the cut (measure zero for real scores) are all kept
+    smallest = jnp.min(jnp.where(mask, scores, jnp.inf))
+    return jnp.where(mask, values, 0.0), jnp.where(jnp.isinf(smallest), jnp.nan, smallest)
 
 
 def _scores(params, relu_pre):
