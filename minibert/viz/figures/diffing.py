@@ -27,9 +27,17 @@ def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
                 for name, value in report.weights.per_head.items()]
     heads = np.mean(per_head, axis=0)
     cka = _check.matrix("cka", report.cka, 1, "[L + 1]")
-    names = report.names
-    fig = NotebookFigure(figsize=(13, 9), layout="constrained")
-    top, bottom = fig.subfigures(2, 1, height_ratios=(1, 1.1))
+    names, table = report.names, report.latents
+    lines = []
+    for latent, examples in report.examples.items():
+        lines.append(f"latent {latent}: r = {table.relative_norm[latent]:.2f}, ν_error = "
+                     f"{table.nu['error'][latent]:.2f}, ν_reconstruction = {table.nu['reconstruction'][latent]:.2f}, "
+                     f"fires on {100 * table.frequency[latent]:.1f}% of tokens")
+        lines += [f"    {e.activation:6.2f}  (A {e.contributions[0]:+.2f} | B {e.contributions[1]:+.2f})  {e.context}"
+                  for e in examples]
+    text_height = 0.6 + 0.16 * max(len(lines), 1)  # inches: one monospace line at 8 pt
+    fig = NotebookFigure(figsize=(13, 4.5 + text_height), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=(4.5, text_height))
     ax_heads, ax_cka, ax_norms = top.subplots(1, 3)
 
     image = ax_heads.imshow(heads, cmap="viridis", aspect="auto",
@@ -45,7 +53,6 @@ def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     ax_cka.set(xlabel="stream (embedding, then block 1-indexed)", ylabel="linear CKA")
     ax_cka.set_title("representation similarity (CKA) by layer", fontsize=9)
 
-    table = report.latents
     bins = np.linspace(0, 1, 26)
     for label, colour in LABEL_COLOURS.items():
         chosen = table.labels == label
@@ -59,13 +66,6 @@ def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     ax_text.axis("off")
     ax_text.set_title(f"top fine-tune-only latents (B = {names[1]}; A = {names[0]}): strongest tokens, and each "
                       f"model's contribution to the pre-activation (A | B)", fontsize=9, loc="left", parse_math=False)
-    lines = []
-    for latent, examples in report.examples.items():
-        lines.append(f"latent {latent}: r = {table.relative_norm[latent]:.2f}, ν_error = "
-                     f"{table.nu['error'][latent]:.2f}, ν_reconstruction = {table.nu['reconstruction'][latent]:.2f}, "
-                     f"fires on {100 * table.frequency[latent]:.1f}% of tokens")
-        lines += [f"    {e.activation:6.2f}  (A {e.contributions[0]:+.2f} | B {e.contributions[1]:+.2f})  {e.context}"
-                  for e in examples]
     ax_text.text(0, 1, "\n".join(lines) or "no latent was labelled fine-tune-only.", va="top", family="monospace",
                  fontsize=8, parse_math=False, transform=ax_text.transAxes)
     if path is not None:
