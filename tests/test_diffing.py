@@ -406,3 +406,38 @@ def test_the_what_changed_sheet_draws_a_report_and_keeps_a_users_file(mlm_pair, 
     assert mine.read_bytes() == b"mine"
     figures.what_changed(found, path=mine, overwrite=True)
     assert mine.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- every family ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["distilbert", "electra", "albert", "modernbert"])
+def test_every_family_diffs_through_the_models_accessors(family, tmp_path):
+    """B = (1 + c)·A, every parameter scaled: every matrix's and every head's relative change is exactly c (float32
+    rounding of ‖cW‖/‖W‖: ~1e-6), read through each family's accessors (fused q, k, v in ModernBERT; ALBERT's one
+    shared block); CKA and the paired stream run at the family's block output."""
+    from test_families import CORPUS, make_family_model
+
+    if family == "modernbert":
+        from test_families_modern import make_modernbert
+
+        make_modernbert(tmp_path)
+    else:
+        make_family_model(tmp_path, family)
+    texts = CORPUS[:6] * 4  # text the families' tokenizers were made from
+    model_a = minibert.load(tmp_path)
+    c = 0.25
+    scaled = {name: (1 + c) * value for name, value in model_a.named_parameters().items()}
+    model_b = type(model_a).from_parameters(model_a.config, scaled, model_a.tokenizer, source="scaled")
+    found = diffing.weight_change(model_a, model_b)
+    assert {"attn.W_Q", "attn.W_O", "mlp.W_out"} <= set(found.per_matrix)
+    for values in [*found.per_matrix.values(), *found.per_head.values()]:
+        np.testing.assert_allclose(values, c, rtol=1e-5)
+    L = model_a.config.num_hidden_layers
+    assert found.per_head["W_Q"].shape == (L, model_a.config.num_attention_heads)
+    cka = diffing.representation_similarity(model_a, model_b, texts)
+    assert cka.shape == (L + 1,) and np.all((cka > 0) & (cka <= 1 + 1e-5))
+    site = f"blocks.{L - 1}.{model_a.config.family.block_output}"
+    x = next(iter(diffing.paired_activations(model_a, model_b, texts, site, batch_size=8, buffer_tokens=16,
+                                             batch_tokens=64)))
+    assert x.shape == (8, 2, model_a.config.hidden_size) and np.all(np.isfinite(x))
