@@ -34,8 +34,6 @@ from harness import (
 
 import minibert
 from minibert.analysis import diffing, sae
-from minibert.analysis.diffing import training as crosscoder_training
-from minibert.analysis.sae import training as sae_training
 
 FULL = dict(texts=256, width=4096, k=32, batch=1024, layer=3)
 SMOKE = dict(texts=48, width=64, k=4, batch=64, layer=1)
@@ -57,9 +55,9 @@ def stream_rate(make_stream) -> tuple[int, float]:
     return tokens, tokens / (time.perf_counter() - start)
 
 
-def step_memory(step, *args, **static) -> int:
+def step_memory(trainer, x) -> int:
     """Bytes XLA's compiled step uses for its arguments and temporaries."""
-    analysis = step.lower(*args, **static).compile().memory_analysis()
+    analysis = trainer.compiled_step(x).memory_analysis()
     return int(analysis.argument_size_in_bytes + analysis.temp_size_in_bytes)
 
 
@@ -92,14 +90,9 @@ def main(argv=None) -> int:
     batch_of = {name: x[:, 0] if isinstance(trainer, sae.Trainer) else x for name, trainer in trainers.items()}
     step_ms = time_round_robin({name: (lambda t=trainer, b=batch_of[name]: t.step(b)) for name, trainer in
                                 trainers.items()}, Settings.make(quick=False, smoke=args.smoke))
-    memory = {}
-    for name, trainer in trainers.items():
-        module = sae_training if isinstance(trainer, sae.Trainer) else crosscoder_training
-        memory[name] = step_memory(module._train_step, trainer.params, trainer.opt_state, trainer.since_fired,
-                                   jnp.asarray(batch_of[name]), jnp.int32(0), jnp.int32(trainer.dead_tokens),
-                                   config=trainer.config, optimizer=trainer.optimizer)
+    memory = {name: step_memory(trainer, batch_of[name]) for name, trainer in trainers.items()}
     facts = machine()
-    print(f"## Model diffing: a crosscoder step next to an SAE step ({'smoke' if args.smoke else 'full'})\n")
+    print(f"## Model diffing: a crosscoder step next to an SAE step ({'smoke run' if args.smoke else 'full run'})\n")
     print(f"{facts['cpu']}, {facts['cores']} cores, load {load_average()}; {facts['versions']}\n")
     print(f"{'tiny random BERT' if args.smoke else 'bundled all-MiniLM-L6-v2'} (A) and a perturbed copy (B: every "
           f"weight + 1% of its standard deviation of noise, not a real fine-tune), block {sizes['layer']}'s output, "

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import compare, heads
-from minibert.analysis.diffing.pairs import check_pair
+from minibert.analysis.diffing.pairs import check_pair, row_length
 from minibert.analysis.gradients import require_mlm_head
 from minibert.analysis.lens import _streams
 from minibert.analysis.sae.source import text_batch
@@ -97,11 +97,11 @@ def _real_streams(model, batch) -> jax.Array:
     return _streams(model, batch)[:, keep[0], keep[1]]
 
 
-def representation_similarity(model_a, model_b, texts, *, pairs=None, max_length: int = 128) -> np.ndarray:
+def representation_similarity(model_a, model_b, texts, *, pairs=None, max_length: int | None = None) -> np.ndarray:
     """[L + 1] linear CKA of the two models' streams (the embedding output, then each block's output) over the
     real tokens of `texts` (as sae.text_rows reads them), padded in one batch."""
     _check_shapes(model_a, model_b)
-    batch = text_batch(model_a, texts, pairs, max_length)
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
     if int(np.sum(batch.attention_mask)) < 2:
         raise AnalysisError("CKA needs at least two tokens to centre; pass more text.")
     return np.asarray(_linear_cka(_real_streams(model_a, batch), _real_streams(model_b, batch)))
@@ -143,7 +143,7 @@ def _kl(logits_a, logits_b):
     return jnp.sum(jnp.exp(log_a) * (log_a - log_b), -1)
 
 
-def output_change(model_a, model_b, texts, *, pairs=None, max_length: int = 128) -> tuple[np.ndarray, list]:
+def output_change(model_a, model_b, texts, *, pairs=None, max_length: int | None = None) -> tuple[np.ndarray, list]:
     """(KL(P_A ‖ P_B) in nats, where): per real token [N] for masked-LM and token-classifier heads (where[n] =
     (text index, position, token)), per text [B] for sequence classifiers (where[b] = b). Texts run as given
     (put [MASK] in them to compare the predictions at a mask)."""
@@ -152,7 +152,7 @@ def output_change(model_a, model_b, texts, *, pairs=None, max_length: int = 128)
     if kinds[0] != kinds[1]:
         raise AnalysisError(f"the models' heads differ ({kinds[0]} and {kinds[1]}); their distributions cannot be "
                             f"compared. Pass two models with the same kind of head.")
-    batch = text_batch(model_a, texts, pairs, max_length)
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
     logits = [jnp.asarray(model(batch).logits, jnp.float32) for model in (model_a, model_b)]
     if logits[0].shape != logits[1].shape:
         raise AnalysisError(f"the heads give {logits[0].shape[-1]} and {logits[1].shape[-1]} outputs; compare models "
@@ -164,13 +164,13 @@ def output_change(model_a, model_b, texts, *, pairs=None, max_length: int = 128)
     return kl[keep], [(int(b), int(t), batch.tokens[b][t]) for b, t in zip(*keep, strict=True)]
 
 
-def difference_lens(model_a, model_b, texts, *, top_k: int = 10, pairs=None, max_length: int = 128):
+def difference_lens(model_a, model_b, texts, *, top_k: int = 10, pairs=None, max_length: int | None = None):
     """(shift [L + 1, V], ids [L + 1, top_k], tokens): each stream's mean difference B − A read through B's
     masked-LM head at A's mean stream (see the module's docstring); ids: the tokens it promotes most, per stream;
     tokens: their strings."""
     _check_shapes(model_a, model_b)
     require_mlm_head(model_b, "the activation-difference lens")
-    batch = text_batch(model_a, texts, pairs, max_length)
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
     mean_a = _real_streams(model_a, batch).mean(1)  # [L + 1, D]
     delta = _real_streams(model_b, batch).mean(1) - mean_a
     read = lambda hidden: jax.nn.log_softmax(model_b.head(model_b.state, hidden[:, None]).logits[:, 0], -1)

@@ -54,6 +54,12 @@ def check_pair(model_a, model_b, hook_name: str | None = None) -> int:
     return widths[0]
 
 
+def row_length(model_a, model_b, max_length: int | None) -> int:
+    """Tokens per row: max_length, or 128 where the two models have as many positions, else the fewer they have."""
+    positions = min(model_a.config.max_tokens, model_b.config.max_tokens)
+    return min(128, positions) if max_length is None else max_length
+
+
 def pair_source(model_a, model_b, hook_name: str) -> dict:
     """What a paired stream reads: the site, both models' names and weight digests (A first)."""
     return {"hook_name": hook_name, "models": [model_name(model_a), model_name(model_b)],
@@ -75,8 +81,7 @@ def paired_activations(model_a, model_b, texts: Iterable[str] | str | Path, hook
         raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
     if batch_tokens is None:
         batch_tokens = packing.default_batch_tokens(jax.devices()[0].platform)
-    positions = min(model_a.config.max_tokens, model_b.config.max_tokens)
-    max_length = min(128, positions) if max_length is None else max_length
+    max_length = row_length(model_a, model_b, max_length)
     rows, pairs = text_rows(texts)
     digest = TextsDigest()
     rows = digest.through(rows)
@@ -96,13 +101,13 @@ def paired_activations(model_a, model_b, texts: Iterable[str] | str | Path, hook
                                      buffer_tokens, seed), source, batch_size)
 
 
-def paired_token_activations(model_a, model_b, texts, hook_name: str, max_length: int = 128, *, pairs=None
-                             ) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
+def paired_token_activations(model_a, model_b, texts, hook_name: str, max_length: int | None = None, *, pairs=None
+                             ) -> tuple[np.ndarray, list[tuple[int, int, str, str]]]:
     """(x [N, 2, d], where [N]) at every real, non-special token of `texts`, each text padded in one batch (no
-    packing): for latent statistics and the report's examples. where[n] = (text index, token position, token,
-    the token in context)."""
+    packing; truncated to max_length, by default row_length's): for latent statistics and the report's examples.
+    where[n] = (text index, token position, token, the token in context)."""
     check_pair(model_a, model_b, hook_name)
-    batch = text_batch(model_a, texts, pairs, max_length)
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
     ids = np.asarray(batch.input_ids)
     keep = (np.asarray(batch.attention_mask) > 0) & ~np.isin(
         ids, [model_a.tokenizer.cls_token_id, model_a.tokenizer.sep_token_id])

@@ -68,7 +68,7 @@ def top_examples(config: CrosscoderConfig, params, x, where, latents, k: int = 5
 
 
 def what_changed(model_a, model_b, texts, config: CrosscoderConfig, params, *, hook_name: str | None = None,
-                 top: int = 4, examples: int = 5, max_length: int = 128) -> DiffReport:
+                 top: int = 4, examples: int = 5, max_length: int | None = None) -> DiffReport:
     """Everything the "what changed" sheet shows, on `texts` (held-out text: the latent table and examples are
     computed on it)."""
     hook_name = hook_name or config.hook_name

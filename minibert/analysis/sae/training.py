@@ -108,6 +108,13 @@ class Trainer:
         self.steps += 1
         return losses
 
+    def compiled_step(self, x):
+        """The compiled training step for batches shaped as x (jax.stages.Compiled): its memory_analysis() and
+        cost_analysis() are XLA's own account of one step (benchmarks/ read them)."""
+        x = np.asarray(x, np.float32)
+        return _train_step.lower(self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps),
+                                 jnp.int32(self.dead_tokens), config=self.config, optimizer=self.optimizer).compile()
+
     def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
         """Train on an iterable of batches (at most `steps` of them); returns each step's losses."""
         self._check_source(getattr(batches, "source", None))
