@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.errors import InputError, is_whole
-from minibert.programs import host_view, on_device
+from minibert.runtime.device import host_view, on_device
 from minibert.sites import site_axes
 
 INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (Model.bucket_rule)
@@ -85,7 +85,7 @@ def cut(name: str, value, length: int):
 
 def cut_axes(value, axes, length: int):
     """`value` (axis letters `axes`) cut to `length` on its T and S axes. A device array on a CPU is cut on the host
-    and put back (programs.on_device): slicing it with jax would compile a small program for every new length."""
+    and put back (runtime.device.on_device): slicing it with jax would compile a small program for every new length."""
     index = tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)
     rows = host_view(value)
     return on_device(rows[index]) if rows is not value else value[index]

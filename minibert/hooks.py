@@ -41,9 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.contract import StaticFn
-from minibert.errors import HookError
+from minibert.errors import HookError, outside_minibert
 from minibert.families.registry import architectures_with
-from minibert.programs import host_view, outside_minibert
+from minibert.runtime.device import host_view
 from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
 
 
@@ -310,7 +310,7 @@ def stacked_name(template: str, layers: Iterable[int]) -> str:
 def unstacked(captured: Mapping[str, object], host: bool = True) -> dict[str, object]:
     """Captures with each stacked buffer (stacked_name) split into its layers' values under their own names, in
     the order given. host: slices of a device array on a CPU are NumPy views of it (slicing it with jax would
-    compile a small program for every new shape; programs.on_device puts them back); False: sliced as they are
+    compile a small program for every new shape; runtime.device.on_device puts them back); False: sliced as they are
     (inside a traced function). Shapes (jax.ShapeDtypeStruct) split into the shape of one layer's value."""
     values = {}
     for name, value in captured.items():

@@ -304,3 +304,36 @@ def test_a_hook_site_is_a_call_plus_its_row_in_the_site_table(monkeypatch):
         assert not np.asarray(written["blocks.1.hook_resid_pre"]).any()
     finally:
         registry.unregister("sitetoy")
+
+
+# ---- importing minibert changes nothing global -------------------------------------------------------------------
+
+GLOBAL_STATE = """
+import json, logging, warnings
+import jax
+def state():
+    return {"jax": {name: repr(value) for name, value in sorted(jax.config.values.items())},
+            "filters": repr(warnings.filters), "root": repr((logging.root.level, logging.root.handlers))}
+before = state()
+import minibert, minibert.analysis, minibert.viz, minibert.training, minibert.app.cli
+after = state()
+print(json.dumps({"jax": [name for name in before["jax"] if before["jax"][name] != after["jax"].get(name)],
+                  "filters": before["filters"] == after["filters"], "root": before["root"] == after["root"]}))
+"""
+
+
+def test_importing_minibert_leaves_jax_warnings_and_logging_as_it_found_them():
+    """In a fresh process (jax imported first), importing minibert and its tool packages changes no jax.config
+    value (every one compared), no warnings filter and the root logger's level and handlers not at all. The
+    persistent cache is set up when the first Model is built instead (tests/test_compiles.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {name: value for name, value in os.environ.items() if not name.startswith("JAX_")}
+    done = subprocess.run([sys.executable, "-c", GLOBAL_STATE], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["jax"] == [] and report["filters"] and report["root"]

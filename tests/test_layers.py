@@ -28,7 +28,7 @@ LAYERS = {  # module (or subpackage) → layer, lowest first
     # registry on every family, checkpoint on the registry.
     **{f"minibert.{name}": 1 for name in ("config", "families", "model", "dropout", "attention", "hooks", "contract",
                                           "sites", "tokenizer", "tokenizers_hf", "checkpoint", "sources", "accounting",
-                                          "buckets", "pooling", "programs")},
+                                          "buckets", "pooling", "runtime")},
     "minibert.api": 2,
     "minibert.weights": 2,  # the Model's weights by name: a part of api.Model (its base class)
     "minibert": 2,  # the package's __init__ re-exports the api and what it stands on

@@ -468,7 +468,7 @@ def _one_line_warnings(command: str) -> Iterator[None]:
     source line of the warning mean nothing to a command-line user. Only the text changes (warnings.formatwarning):
     filters and whoever records warnings see them as before; other packages' warnings print as usual. Ours are
     those raised at a line of minibert's, and those of minibert's own classes (RecompileWarning, CacheWarning),
-    which point past minibert at the caller's line (programs.outside_minibert)."""
+    which point past minibert at the caller's line (errors.outside_minibert)."""
     package = Path(__file__).resolve().parents[1]  # minibert/: where a warning of ours points
     python_format = warnings.formatwarning
 
