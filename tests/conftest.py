@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import minibert
-from minibert import sources
+from minibert.io import sources
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

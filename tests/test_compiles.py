@@ -19,10 +19,11 @@ import pytest
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import BertConfig, Model, hooks
-from minibert.accounting import flops_per_token
-from minibert.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
+from minibert import BertConfig, Model
+from minibert.core import hooks
 from minibert.runtime import cache, device
+from minibert.runtime.accounting import flops_per_token
+from minibert.runtime.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)

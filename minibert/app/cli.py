@@ -166,7 +166,7 @@ def _report_skipped(counts: dict, max_length: int) -> None:
 
 
 def _hooks(args) -> int:
-    from minibert import sites
+    from minibert.core import sites
 
     if args.output:
         _checked_outputs([Path(args.output)])
@@ -216,7 +216,7 @@ def _serve(args) -> int:
 
 
 def _convert(args) -> int:
-    from minibert.checkpoint import convert_bin_to_safetensors
+    from minibert.io.checkpoint import convert_bin_to_safetensors
 
     out = convert_bin_to_safetensors(args.bin, args.output)
     print(f"wrote {out} (read {args.bin} with torch.load(weights_only=True))")

@@ -11,12 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert import attention, buckets, checkpoint, pooling, sources
-from minibert.config import Config
-from minibert.contract import StaticFn, metric_function, metric_values, traced_call
-from minibert.errors import InputError, is_whole
-from minibert.families.reading import read_config
-from minibert.hooks import (
+from minibert.core import attention
+from minibert.core.config import Config
+from minibert.core.contract import StaticFn, metric_function, metric_values, traced_call
+from minibert.core.encoder import NO_DROPOUT, Bert, Dropout, Output, position_rows
+from minibert.core.hooks import (
     Cache,
     HookContext,
     HookError,
@@ -31,15 +30,21 @@ from minibert.hooks import (
     unstacked,
     writers_for,
 )
-from minibert.model import NO_DROPOUT, Bert, Dropout, Output, position_rows
-from minibert.pooling import POOLINGS as POOLINGS  # minibert.api.POOLINGS, pooled_tokens: as the docs name them
-from minibert.pooling import pooled_tokens as pooled_tokens
-from minibert.runtime import cache, programs
+from minibert.errors import InputError, is_whole
+from minibert.io import checkpoint, sources
+from minibert.io.config_json import read_config
+from minibert.io.tokenizer import BaseTokenizer, Batch, is_text
+from minibert.io.tokenizers_hf import tokenizer_for
+from minibert.runtime import buckets, cache, pooling, programs
 from minibert.runtime.device import on_device
-from minibert.tokenizer import BaseTokenizer, Batch, is_text
-from minibert.tokenizers_hf import tokenizer_for
-from minibert.weights import Weights
-from minibert.weights import parameter_shapes as parameter_shapes  # minibert.api.parameter_shapes (docs/training.md)
+from minibert.runtime.pooling import (
+    POOLINGS as POOLINGS,  # minibert.runtime.model.POOLINGS, pooled_tokens: as the docs name them
+)
+from minibert.runtime.pooling import pooled_tokens as pooled_tokens
+from minibert.runtime.weights import Weights
+from minibert.runtime.weights import (
+    parameter_shapes as parameter_shapes,  # minibert.runtime.model.parameter_shapes (docs/training.md)
+)
 
 
 @struct.dataclass
@@ -519,7 +524,7 @@ class Model(Weights):
         return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens)
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
-        """Which attention kernel model(batch) runs, and why (minibert.attention; docs/accelerators.md): on the
+        """Which attention kernel model(batch) runs, and why (minibert.core.attention; docs/accelerators.md): on the
         default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"), for this batch padded to its
         bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
         the answer as attention.choose says."""
