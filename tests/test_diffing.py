@@ -441,3 +441,20 @@ def test_every_family_diffs_through_the_models_accessors(family, tmp_path):
     x = next(iter(diffing.paired_activations(model_a, model_b, texts, site, batch_size=8, buffer_tokens=16,
                                              batch_tokens=64)))
     assert x.shape == (8, 2, model_a.config.hidden_size) and np.all(np.isfinite(x))
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(AnalysisError, match="pick 'batchtopk'"):
+        diffing.CrosscoderConfig(d_in=4, d_sae=8, architecture="topk")
+    with pytest.raises(AnalysisError, match="k=9 latents kept of d_sae=8"):
+        diffing.CrosscoderConfig(d_in=4, d_sae=8, k=9)
+    with pytest.raises(AnalysisError, match="l1_coefficient=nan"):
+        diffing.CrosscoderConfig(d_in=4, d_sae=8, k=2, architecture="l1", l1_coefficient=float("nan"))
+    with pytest.raises(AnalysisError, match="name the two models"):
+        diffing.CrosscoderConfig(d_in=4, d_sae=8, k=2, model_names=("a",))
+    config = diffing.CrosscoderConfig(d_in=4, d_sae=8, k=2)
+    with pytest.raises(AnalysisError, match=r"exclusive_below=1.5 must lie in \(0, 1\)"):
+        diffing.latent_table(config, diffing.init_params(config), np.ones((3, 2, 4)), exclusive_below=1.5)
+    with pytest.raises(AnalysisError, match="learning_rate=-1"):
+        diffing.CrosscoderTrainer(config, learning_rate=-1)
+    np.testing.assert_array_equal(diffing.norm_labels([0.05, 0.5, 0.95]), ["A-only", "shared", "B-only"])
