@@ -338,3 +338,102 @@ def test_importing_minibert_leaves_jax_warnings_and_logging_as_it_found_them():
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["jax"] == [] and report["filters"] and report["root"]
+
+
+# ---- the rings (docs/architecture.md): core imports nothing above it, no cycle, jit in the runtime, small files --
+
+def _graph(typing_only: bool) -> dict[str, set[str]]:
+    from test_layers import SOURCES, imported_modules, module_name
+
+    return {module_name(path): imported_modules(path, typing_only=typing_only) - {module_name(path)}
+            for path in SOURCES}
+
+
+def test_the_core_imports_nothing_above_it_and_never_the_registry():
+    """Every module of minibert/core imports only the core and errors — under `if TYPE_CHECKING:` too — so the
+    forward can be read, and run, without a family module, io, the runtime or a tool being loaded."""
+    graph = _graph(typing_only=True)
+    core = {module for module in graph if module == "minibert.core" or module.startswith("minibert.core.")}
+    assert {"minibert.core.encoder", "minibert.core.hooks", "minibert.core.sites", "minibert.core.config"} <= core
+    above = {module: sorted(name for name in graph[module]
+                            if not (name.startswith("minibert.core.") or name == "minibert.errors"))
+             for module in core}
+    assert not {module: names for module, names in above.items() if names}
+
+
+def test_the_registry_is_imported_only_by_loading_and_the_hooks_page():
+    """families/registry.py (which imports every family's forward code) is read by the config.json loader and by the
+    page writer of docs/hooks.md, nobody else in the package: the site table, the hooks, the sources and the
+    analyses are handed a Family (a Config's) instead."""
+    graph = _graph(typing_only=True)
+    readers = sorted(module for module, names in graph.items() if "minibert.families.registry" in names)
+    assert readers == ["minibert.app.hooks_page", "minibert.io.config_json"]
+
+
+def test_the_import_graph_has_no_cycle_with_type_only_imports_counted():
+    """test_layers checks the imports that run; counted with those under `if TYPE_CHECKING:` the graph has no
+    cycle either (config → family → keys → config was one)."""
+    from test_layers import find_cycle
+
+    cycle = find_cycle(_graph(typing_only=True))
+    assert not cycle, f"minibert's modules import each other in a circle: {' → '.join(cycle)}"
+
+
+# Modules outside runtime/ that call jax.jit, and why: each compiles a function of its own arrays — a probe's, an
+# SAE's or a fine-tuning step's parameters, statistics of captured arrays — never a Model's forward, which only
+# runtime/ compiles (Model.jit, through runtime/programs.py). Moving them into the runtime would make the runtime
+# know every tool's training loop.
+JIT_ELSEWHERE = {
+    "minibert.analysis.clustering": "JS divergence of captured patterns",
+    "minibert.analysis.compare": "similarity of two models' captured patterns",
+    "minibert.analysis.heads": "head statistics of captured patterns",
+    "minibert.analysis.mixing": "a mixing map of captured values, chunked",
+    "minibert.analysis.norms": "norms of captured values",
+    "minibert.analysis.probes.clark": "a probe's training and evaluation steps (its own parameters)",
+    "minibert.analysis.probes.linear": "a linear probe's fit (its own parameters)",
+    "minibert.analysis.probes.structural": "a structural probe's steps (its own parameters)",
+    "minibert.analysis.sae.training": "an SAE's training step (its own parameters)",
+    "minibert.training.finetune": "the fine-tuning step and evaluation (donated optimiser state)",
+    "minibert.training.guards": "the finiteness check of a step's loss and weights",
+    "minibert.viz.features": "top activating windows of an SAE's features",
+}
+
+
+def jit_calls(source: str) -> list[int]:
+    """The lines of a module that call or apply jax.jit (jax.jit(f), @jax.jit, partial(jax.jit, ...))."""
+    import ast
+
+    from test_layers import _dotted
+
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Attribute) and _dotted(node) == "jax.jit"})
+
+
+def test_only_the_runtime_compiles_a_model_and_the_exceptions_are_stated():
+    """jax.jit appears in runtime/ and in the modules of JIT_ELSEWHERE only, and each of those still uses it (the
+    table is no stale list of excuses); the check itself sees the three spellings."""
+    from test_layers import SOURCES, module_name
+
+    calling = {module_name(path) for path in SOURCES if jit_calls(path.read_text(encoding="utf-8"))}
+    outside = {module for module in calling if not module.startswith("minibert.runtime")}
+    assert outside == set(JIT_ELSEWHERE), outside ^ set(JIT_ELSEWHERE)
+    assert "minibert.runtime.programs" in calling
+    assert jit_calls("import jax\n@jax.jit\ndef f(x):\n    return x\ng = jax.jit(f)\n"
+                     "h = functools.partial(jax.jit, static_argnames='k')\n") == [2, 5, 6]
+
+
+# Modules over MAX_LINES, and why they are not split.
+LONG_MODULES = {
+    "minibert.core.encoder": "the forward read top to bottom next to its equations, every hook site inline "
+                             "(one sitting, as nanoGPT's model.py): splitting it would scatter one computation",
+    "minibert.runtime.model": "the Model's forwards, stages and their hooks around one compiled program each; "
+                              "compile management is to leave it for model.programs (issue 42, step 5)",
+}
+MAX_LINES = 600
+
+
+def test_no_module_is_over_600_lines_without_a_stated_reason():
+    from test_layers import SOURCES, module_name
+
+    long = {module_name(path) for path in SOURCES if len(path.read_text(encoding="utf-8").splitlines()) > MAX_LINES}
+    assert long <= set(LONG_MODULES), f"split these, or state why not in LONG_MODULES: {long - set(LONG_MODULES)}"
