@@ -9,6 +9,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -437,3 +438,68 @@ def test_no_module_is_over_600_lines_without_a_stated_reason():
 
     long = {module_name(path) for path in SOURCES if len(path.read_text(encoding="utf-8").splitlines()) > MAX_LINES}
     assert long <= set(LONG_MODULES), f"split these, or state why not in LONG_MODULES: {long - set(LONG_MODULES)}"
+
+
+# ---- an analysis on the public sweep engine: a toy attention knockout ------------------------------------------
+
+def _zero_key(pattern, ctx, layer, key):
+    """pattern [B, H, T, S]: in block `layer`, no query attends to key `key` (its column zeroed, not renormalised)."""
+    hit = (ctx.layer == layer) & (jnp.arange(pattern.shape[-1]) == key)
+    return jnp.where(hit, 0.0, pattern).astype(pattern.dtype)
+
+
+def _zero_column(pattern, ctx, key):
+    """The loop's knockout, one block at a time: key `key`'s column of the pattern zeroed."""
+    return jnp.where(jnp.arange(pattern.shape[-1]) == key, 0.0, pattern).astype(pattern.dtype)
+
+
+def knock_out_key(layer, item, shared):
+    """The toy knockout's patch setter, as analysis.sweep takes one: block `layer`, key position `item`."""
+    return {"blocks.*.attn.hook_pattern": minibert.HookFn(_zero_key, layer=layer, key=item)}
+
+
+def attention_knockout(model, batch, metric):
+    """A toy analysis as docs/architecture.md says to write one on the sweep engine: the metric after knocking out
+    the attention to each key position in each block → [L, T], one compiled suffix for the whole grid."""
+    from minibert import analysis
+
+    return analysis.sweep(model, batch, knock_out_key, model.inputs(batch).shape[1], metric)
+
+
+@pytest.mark.slow  # four programs of a tiny model compiled, and ten forwards: past 10 s on a loaded 2-core machine
+def test_a_user_patch_setter_runs_through_the_public_sweep_engine():
+    """The toy knockout equals a Python loop of run_with_hooks calls, one per block and key position, each zeroing
+    that key's column of that block's pattern with a hook of its own (atol: tolerances.forward_rtol of two fp32
+    programs of the whole forward relative to the metric's scale, a cosine, ≤ 1 — the sweep reruns blocks from a
+    captured residual stream, vmapped, the loop runs the whole forward); the grid compiles two programs (the
+    residual-stream capture and the vmapped suffix) and a second call none; the sweep engine is the one
+    ablation_sweep runs through."""
+    from tolerances import forward_rtol
+
+    from minibert.analysis import interventions, sweeps
+
+    model = minibert.Model(Config(**TINY), seed=5)
+    batch = {"input_ids": np.array([[2, 7, 9, 11, 3], [2, 8, 5, 3, 0]]),
+             "attention_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])}
+    direction = np.linspace(-1.0, 1.0, TINY["hidden_size"]).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+
+    def metric(out):
+        first = out.last_hidden_state[:, 0]
+        return first @ direction / jnp.linalg.norm(first, axis=-1)
+
+    before = model.traces
+    grid = attention_knockout(model, batch, metric)
+    assert model.traces - before == 2
+    assert np.array_equal(attention_knockout(model, batch, metric), grid) and model.traces - before == 2
+    L, T = TINY["num_hidden_layers"], batch["input_ids"].shape[1]
+    expected = np.zeros((L, T))
+    for layer in range(L):
+        for key in range(T):  # the key a traced array: one program per block, not per key
+            hook = minibert.HookFn(_zero_column, key=np.int32(key))
+            out = model.run_with_hooks(batch, {f"blocks.{layer}.attn.hook_pattern": hook})
+            expected[layer, key] = float(np.mean(np.asarray(metric(out))))
+    atol = forward_rtol(model.config, S=T)
+    np.testing.assert_allclose(grid, expected, atol=atol)
+    assert np.ptp(expected) > 10 * atol  # the knockouts matter: the comparison is not of constants
+    assert interventions.sweep_streams is sweeps.sweep_streams
