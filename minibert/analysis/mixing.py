@@ -30,7 +30,7 @@ from minibert.accounting import EXACT, activation_bytes, alti_bytes, items_per_c
 from minibert.contract import StaticFn, metric_values, static_metric, traced_call
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, writers_for
-from minibert.model import Output
+from minibert.model import Output, unrolled_stack
 from minibert.sites import PATTERNS
 
 
@@ -242,7 +242,7 @@ def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_
     block l (layer traced: one program, compiled with model.jit). `chunk` steps run side by side and their
     gradients are added into one running sum, so memory does not grow with m (stacking the m gradients
     [m, B, H, T, S] before their mean asked for terabytes at steps=10**9)."""
-    gradient = jax.grad(partial(_suffix_target, model, state, inputs, resid, layer, target_fn))
+    gradient = jax.grad(unrolled_stack()(partial(_suffix_target, model, state, inputs, resid, layer, target_fn)))
     first = RIEMANN_FIRST_STEP[riemann]
     alphas = jnp.arange(first, first + steps, dtype=pattern.dtype) / steps
     summed = lambda part: jax.vmap(lambda alpha: gradient(alpha * pattern))(part).sum(0)  # noqa: E731

@@ -29,6 +29,7 @@ from minibert.analysis.circuits.frozen import point_names, readout_hooks, scale_
 from minibert.config import head_label
 from minibert.contract import StaticFn, static_metric
 from minibert.hooks import HookFn, add_delta
+from minibert.model import unrolled_stack
 
 
 @dataclasses.dataclass
@@ -84,7 +85,7 @@ def _direct_parts(model, state, inputs, weights, *, metric: StaticFn) -> dict:
         return metric_of(metric, out, B).mean(), captured
 
     zeros = jnp.zeros((B, T, model.config.hidden_size), jnp.float32)
-    (value, captured), g_final = jax.value_and_grad(objective, has_aux=True)(zeros)
+    (value, captured), g_final = jax.value_and_grad(unrolled_stack()(objective), has_aux=True)(zeros)
     skip = skip_path(model, captured, weights)
     embed, attn, mlp = captured["hook_full_embed"], stacked(captured, model, "hook_attn_out"), \
         stacked(captured, model, "hook_mlp_out")

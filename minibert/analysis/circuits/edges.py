@@ -43,6 +43,7 @@ from minibert.config import head_label
 from minibert.contract import StaticFn, static_metric
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn, add_delta
+from minibert.model import unrolled_stack
 
 METHODS = ("eap", "eap-ig")
 MAX_EAP_IG_STEPS = 1000  # gradient runs, each a forward and backward: past this a call runs for hours on a CPU
@@ -189,7 +190,7 @@ def _receiver_gradients(model, state, inputs, embedding, *, metric: StaticFn) ->
         out, captured = model.forward_fn(points["attn_in"], hooks)(state, inputs)
         return metric_of(metric, out, B).mean(), captured
 
-    grads, captured = jax.grad(objective, has_aux=True)(zeros)
+    grads, captured = jax.grad(unrolled_stack()(objective), has_aux=True)(zeros)  # model.unrolled_stack
     per_head = jnp.stack([_head_input_gradients(model, state, layer, captured[points["attn_in"][layer]], inputs,
                                                 jnp.stack([grads[f"blocks.{layer}.attn.hook_{c}"] for c in QKV]))
                           for layer in range(L)])

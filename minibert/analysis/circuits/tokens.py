@@ -32,6 +32,7 @@ from minibert.api import is_text
 from minibert.contract import StaticFn, static_metric
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
+from minibert.model import unrolled_stack
 from minibert.tokenizer import Batch
 
 METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
@@ -104,7 +105,7 @@ def _integrated(model, state, inputs, start, end, baseline, alphas, weights, *, 
     gradient × input from start = 0 with the one point α = 1 (compiled with model.jit)."""
     def weighted_gradient(point):
         alpha, weight = point
-        gradient = jax.grad(lambda x: _metric_at(model, state, inputs, metric, x).sum())
+        gradient = jax.grad(unrolled_stack()(lambda x: _metric_at(model, state, inputs, metric, x).sum()))
         return weight * gradient(start + alpha * (end - start))
 
     mean_gradient = chunked_sum(weighted_gradient, (alphas, weights), chunk)
