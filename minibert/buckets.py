@@ -19,6 +19,12 @@ Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its
   unpacked rows, a long batch job): every length to 31, then 16 per doubling, so no length does more than ~7% more
   work than its exact program (accounting.flops_per_token, over every length to 512).
 
+A batch job pays for padding on every call and a compile once, so under every rule a batch of at least TIGHT_ROWS
+rows whose shape [rows, length] recurs runs, from its RECURS_AT-th call, at its TIGHT bucket (1/8 of an octave:
+never more than 1.125× its tokens) where that is shorter than the rule's: the first call is served at once by the
+rule's program, shared with other lengths; the tight program is compiled when the shape comes back, where it will
+be paid back (run_length).
+
 Hooks run on the padded rows too, unless they read the row length: `pads_safely` tries each hook on random
 values at two lengths (PROBE_LENGTHS) and keeps the padding only where the first positions come out the same.
 """
@@ -38,6 +44,9 @@ FEW_ROWS, FEW_ROWS_SMALLEST = 4, 64  # under INTERACTIVE, a batch of at most 4 r
 COARSE = (16, 2)  # half the padding, twice the programs
 FINE = (1, 16)  # where throughput pays for programs: Model.bucket_rule = FINE
 MOST_PER_OCTAVE = 16  # FINE's: more lengths per doubling save under 1/16 of a row and compile a program each
+TIGHT = (1, 8)  # a recurring batch shape's buckets: at most 1/8 above its length (≤ 1.125× its tokens)
+TIGHT_ROWS = 8  # a batch of at least 8 rows runs at its TIGHT bucket once its shape recurs
+RECURS_AT = 2  # … from the second call of its shape [rows, length] on (the first runs at the rule's bucket)
 
 
 def checked_rule(rule) -> tuple[int, int]:
@@ -63,14 +72,19 @@ def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> 
     return (*[b for b in buckets if b < max_length], max_length)
 
 
-def run_length(length: int, rows: int, rule, max_length: int) -> int:
-    """The row length Model.run pads a batch of `rows` rows of `length` tokens to: its bucket under `rule`
-    (length_buckets up to max_length), and under INTERACTIVE at least FEW_ROWS_SMALLEST tokens for a batch of at
-    most FEW_ROWS rows (a few rows cost little more at 64 than at 32; another program costs a compile)."""
+def run_length(length: int, rows: int, rule, max_length: int, calls: int = 1) -> int:
+    """The row length Model.run pads a batch of `rows` rows of `length` tokens to at the `calls`-th call of that
+    shape: its bucket under `rule` (length_buckets up to max_length), and under INTERACTIVE at least
+    FEW_ROWS_SMALLEST tokens for a batch of at most FEW_ROWS rows (a few rows cost little more at 64 than at 32;
+    another program costs a compile). A batch of at least TIGHT_ROWS rows runs at its TIGHT bucket instead from its
+    RECURS_AT-th call, where that is shorter: its padding is paid on every call, the tight program's compile once."""
     buckets = length_buckets(max_length, *rule)
     if tuple(rule) == INTERACTIVE and rows <= FEW_ROWS:
         buckets = tuple(b for b in buckets if b >= min(FEW_ROWS_SMALLEST, max_length))
-    return bucket_length(length, buckets)
+    bucket = bucket_length(length, buckets)
+    if rows >= TIGHT_ROWS and calls >= RECURS_AT:
+        return min(bucket, bucket_length(length, length_buckets(max_length, *TIGHT)))
+    return bucket
 
 
 def bucket_length(length: int, buckets) -> int:
