@@ -258,9 +258,10 @@ def minibert_cases(work: dict, d) -> tuple[dict, dict, dict]:
 
     import minibert
     from minibert.analysis import interventions
+    from minibert.runtime.buckets import FINE
 
     model, fine = minibert.load(), minibert.load()
-    fine.bucket_rule = minibert.buckets.FINE
+    fine.bucket_rule = FINE
     d = jnp.asarray(d)
 
     def metric(out):

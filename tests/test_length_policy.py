@@ -11,7 +11,7 @@ import pytest
 from tolerances import assert_close_to_scale, forward_rtol
 
 from minibert import BertConfig, Model
-from minibert.buckets import FINE, RECURS_AT, TIGHT, TIGHT_ROWS, length_buckets, run_length
+from minibert.runtime.buckets import FINE, RECURS_AT, TIGHT, TIGHT_ROWS, length_buckets, run_length
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=128)

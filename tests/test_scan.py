@@ -22,10 +22,10 @@ from test_hook_table import tiny_config
 from tolerances import assert_close_to_scale, forward_rtol, head_rtol
 
 from minibert import Model
-from minibert import model as model_module
+from minibert.core import encoder as encoder_module
+from minibert.core.encoder import unrolled_stack
+from minibert.core.hooks import HookFn, add_delta, layer_of
 from minibert.families.registry import ARCHITECTURE_FAMILY, ARCHITECTURES
-from minibert.hooks import HookFn, add_delta, layer_of
-from minibert.model import unrolled_stack
 
 LAYERS = 3
 T = 5
@@ -128,7 +128,7 @@ def test_hooks_see_their_own_layer_and_name():
 
 def scan_backward(model: Model, data: dict, loss, names: list[str]) -> dict:
     """{name: ∂Σ loss/∂value} through the scanned stack's own backward (jax.grad of forward_fn, outside
-    model.unrolled_stack), the way Model.grad differentiated before it unrolled the stack."""
+    core.encoder.unrolled_stack), the way Model.grad differentiated before it unrolled the stack."""
     inputs = model.inputs(data)
     _, values = model.forward_fn(names)(model.state, inputs)
 
@@ -143,7 +143,7 @@ def scan_backward(model: Model, data: dict, loss, names: list[str]) -> dict:
 
 @pytest.mark.parametrize("family", sorted(FAMILY_ARCHITECTURES))
 def test_gradients_wrt_every_site_alike(family):
-    """Model.grad (the stack unrolled, model.unrolled_stack) of the scanned model, the scan's own backward, and
+    """Model.grad (the stack unrolled, core.encoder.unrolled_stack) of the scanned model, the scan's own backward, and
     the unrolled model's Model.grad give the same gradient at every per-layer site."""
     scanned, unrolled = random_models(FAMILY_ARCHITECTURES[family])
     direction = jnp.asarray(np.random.default_rng(2).standard_normal(scanned.config.vocab_size), jnp.float32)
@@ -162,7 +162,7 @@ def test_gradients_wrt_every_site_alike(family):
 
 
 def test_programs_that_differentiate_trace_the_stack_unrolled():
-    """Within model.unrolled_stack (Model.grad, the gradient analyses, fine-tuning's step) a scanned model's
+    """Within core.encoder.unrolled_stack (Model.grad, the gradient analyses, fine-tuning's step) a scanned model's
     forward holds one copy of the block per layer and no scan; outside it, the scan."""
     scanned, unrolled = random_models(FAMILY_ARCHITECTURES["bert"])
     with unrolled_stack():
@@ -170,7 +170,7 @@ def test_programs_that_differentiate_trace_the_stack_unrolled():
     outside = _jaxpr(scanned)
     assert "scan" in outside and "scan" not in inside
     assert inside.count("dot_general") == _jaxpr(unrolled).count("dot_general") > outside.count("dot_general")
-    assert not model_module._DIFFERENTIATED.get()  # the context resets on leaving
+    assert not encoder_module._DIFFERENTIATED.get()  # the context resets on leaving
 
 
 def test_dropout_draws_each_layers_own_masks():

@@ -29,13 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert import accounting
-from minibert.api import Inputs, is_text
-from minibert.contract import metric_values, static_metric, traced_call
+from minibert.core.contract import metric_values, static_metric, traced_call
+from minibert.core.encoder import unrolled_stack
+from minibert.core.hooks import HookError, HookFn, add_delta, any_length, site_axes
 from minibert.errors import AnalysisError
-from minibert.hooks import HookError, HookFn, add_delta, any_length, site_axes
-from minibert.model import unrolled_stack
-from minibert.tokenizer import Batch
+from minibert.io.tokenizer import Batch
+from minibert.runtime import accounting
+from minibert.runtime.model import Inputs, is_text
 
 
 @any_length  # position by position: the mask and replacement are [L, H(, K)], so rows may run padded, unprobed
@@ -300,7 +300,7 @@ def _metric_and_site_gradient(model, state, inputs, zeros, *, site, metric):
         out, captured = model.forward_fn(names, shifts)(state, inputs)
         return _row_mean(traced_call(metric.fn, out), inputs.shape[0]), jnp.stack([captured[n] for n in names])
 
-    grads, values = jax.grad(unrolled_stack()(objective), has_aux=True)(zeros)  # model.unrolled_stack
+    grads, values = jax.grad(unrolled_stack()(objective), has_aux=True)(zeros)  # core.encoder.unrolled_stack
     return values, grads
 
 
@@ -346,7 +346,7 @@ def _gate_gradients(model, state, inputs, *, loss_fn) -> jax.Array:
         return losses.sum(), losses
 
     gates = jnp.ones((n_rows, cfg.num_hidden_layers, cfg.num_attention_heads), jnp.float32)
-    gradients, losses = jax.grad(unrolled_stack()(total_loss), has_aux=True)(gates)  # model.unrolled_stack
+    gradients, losses = jax.grad(unrolled_stack()(total_loss), has_aux=True)(gates)  # core.encoder.unrolled_stack
     # One loss for the whole batch: the batch is one example, its rows share each head's gate.
     return gradients if losses.ndim else gradients.sum(0, keepdims=True)
 

@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minibert import checkpoint
-from minibert.api import Inputs, Model, parameter_shapes
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.encoder import GATHERED, unrolled_stack
+from minibert.core.hooks import writers_for
 from minibert.errors import InputError, is_whole
-from minibert.hooks import writers_for
-from minibert.model import GATHERED, unrolled_stack
+from minibert.io import checkpoint
+from minibert.runtime.model import Inputs, Model, parameter_shapes
 from minibert.training import data as data_
 from minibert.training import guards, optim
 from minibert.training.resume import Checkpoints, run_fingerprints
@@ -192,7 +192,7 @@ def compiled_step(step: Step, optimizer: optax.GradientTransformation) -> Callab
     """(trainable, frozen, opt_state, batch, key, writer_leaves) → (trainable, opt_state, loss), one program."""
 
     def train(trainable, frozen, opt_state, batch, key, writer_leaves):
-        # unrolled: the scanned stack's backward costs ~2x and compiles slower (model.unrolled_stack)
+        # unrolled: the scanned stack's backward costs ~2x and compiles slower (core.encoder.unrolled_stack)
         loss, grads = jax.value_and_grad(unrolled_stack()(step.loss))(trainable, frozen, batch, key, writer_leaves)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
         return optax.apply_updates(trainable, updates), opt_state, loss
