@@ -141,6 +141,7 @@ def scan_backward(model: Model, data: dict, loss, names: list[str]) -> dict:
     return jax.jit(jax.grad(objective))(zeros)
 
 
+@pytest.mark.slow  # three gradient programs of every site per family
 @pytest.mark.parametrize("family", sorted(FAMILY_ARCHITECTURES))
 def test_gradients_wrt_every_site_alike(family):
     """Model.grad (the stack unrolled, core.encoder.unrolled_stack) of the scanned model, the scan's own backward, and
