@@ -11,8 +11,12 @@ features, error nodes and token embeddings feeding each other and a target, prun
 """
 
 from minibert.analysis.graphs.attribution import AttributionGraph, attribute
+from minibert.analysis.graphs.export import graph_json, write_json
+from minibert.analysis.graphs.interventions import InterventionResult, intervene, predicted_change
+from minibert.analysis.graphs.pruning import PrunedGraph, graph_scores, prune
 from minibert.analysis.graphs.replacement import check_transcoders, mlp_input_site
 from minibert.analysis.graphs.targets import Target, class_target, direction_target, mlm_target
 
-__all__ = ["AttributionGraph", "Target", "attribute", "check_transcoders", "class_target", "direction_target",
-           "mlm_target", "mlp_input_site"]
+__all__ = ["AttributionGraph", "InterventionResult", "PrunedGraph", "Target", "attribute", "check_transcoders",
+           "class_target", "direction_target", "graph_json", "graph_scores", "intervene", "mlm_target",
+           "mlp_input_site", "predicted_change", "prune", "write_json"]

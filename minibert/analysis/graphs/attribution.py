@@ -64,6 +64,8 @@ class AttributionGraph:
     tokens: list[str]
     n_layers: int
     d_sae: int
+    targets: tuple = ()
+    vocab_size: int = 0
 
     @property
     def n_features(self) -> int:
@@ -129,9 +131,10 @@ def _run(model, state, inputs, params, targets, *, configs, names):
     return captured, pre, f, y - y_hat, values
 
 
-def _rows(model, state, inputs, frozen, stacked, embed, f, errors, active, targets, *, chunk: int):
-    """Program 2: the adjacency's rows for the N active features (padded entries included) and the targets, their
-    bias terms and the targets' linear parts."""
+def _rows(model, state, inputs, frozen, stacked, embed, f, errors, active, items, targets, *, chunk: int):
+    """Program 2: the adjacency's rows of `items` [R, 4] (the N active features, padded, then the targets, then
+    padding: R a multiple of `chunk`, so one vmapped backward serves all), the features' and targets' bias terms
+    and the targets' linear parts."""
     s = sites(model)
     L, T = f.shape[0], f.shape[1]
 
@@ -150,15 +153,16 @@ def _rows(model, state, inputs, frozen, stacked, embed, f, errors, active, targe
         features = (g_writes.reshape(L * T, -1)[where] * sources).sum(-1)
         return jnp.concatenate([features, (g_writes * errors).sum(-1).ravel(), (g_embed * embed).sum(-1)])
 
-    def feature_row(node):
-        encoder = stacked["W_enc"][node[0], :, node[2]]
-        return row((jnp.zeros_like(x).at[node[0], node[1]].set(encoder), jnp.zeros_like(h)))
+    def node_row(item):
+        """item = (layer, position, latent, target): a feature's row (target −1), or target k's (the rest unused)."""
+        layer_n, pos_n, latent_n, k = item[0], item[1], item[2], item[3]
+        encoder = stacked["W_enc"][layer_n, :, latent_n] * (k < 0)
+        return row((jnp.zeros_like(x).at[layer_n, pos_n].set(encoder), grads[jnp.maximum(k, 0)] * (k >= 0)))
 
-    feature_rows = chunked_map(feature_row, active, chunk)
-    target_rows = chunked_map(lambda g: row((jnp.zeros_like(x), g)), grads, chunk)
+    rows = chunked_map(node_row, items, chunk)
     zero_x, zero_h = replace(jnp.zeros_like(embed), jnp.broadcast_to(stacked["b_dec"][:, None], writes.shape))
     feature_bias = (zero_x[layer, pos] * stacked["W_enc"][layer, :, latent]).sum(-1) + stacked["b_enc"][layer, latent]
-    return {"feature_rows": feature_rows, "target_rows": target_rows, "feature_bias": feature_bias,
+    return {"rows": rows, "feature_bias": feature_bias,
             "target_bias": jnp.einsum("nTD,TD->n", grads, zero_h), "target_linear": jnp.einsum("nTD,TD->n", grads, h),
             "x": x}
 
@@ -197,15 +201,19 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
                                            names=tuple(names))
     _check_finite_run(pre, errors, values)
     active = np.argwhere(np.asarray(f) > 0).astype(np.int32)  # [N, 3] (layer, position, latent), row-major
-    n = len(active)
-    padded = np.zeros((_padded(n), 3), np.int32)
+    n, padded = len(active), np.zeros((_padded(len(active)), 3), np.int32)
     padded[:n] = active
+    items = np.zeros((_padded(len(padded) + len(targets)), 4), np.int32)
+    items[:, 3] = -1
+    items[:n, :3] = active
+    items[len(padded):len(padded) + len(targets), 3] = np.arange(len(targets))
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
     T = inputs.shape[1]
-    chunk = chunk or items_per_chunk(row_bytes(model, len(padded), T), len(padded))
+    chunk = chunk or items_per_chunk(row_bytes(model, len(padded), T), len(items))
+    chunk = 1 << (int(chunk).bit_length() - 1)  # a power of two: it divides the padded rows
     program = model.jit(_rows, static_argnames=("chunk",))
     parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
-                    targets, chunk=int(chunk))
+                    items, targets, chunk=chunk)
     parts = {k: np.asarray(v) for k, v in parts.items()}
     return _assemble(model, inputs, tc, targets, weights, np.asarray(values), np.asarray(pre), np.asarray(f), active,
                      parts)
@@ -236,8 +244,9 @@ def _assemble(model, inputs, tc: Transcoders, targets, weights, values, pre, f, 
     size = n_sources + n_targets
     keep = np.r_[np.arange(n), np.arange(len(parts["feature_bias"]), len(parts["feature_bias"]) + L * T + T)]
     adjacency = np.zeros((size, size), np.float32)
-    adjacency[:n, :n_sources] = parts["feature_rows"][:n][:, keep]
-    adjacency[n_sources:, :n_sources] = parts["target_rows"][:, keep]
+    padded = len(parts["feature_bias"])
+    adjacency[:n, :n_sources] = parts["rows"][:n][:, keep]
+    adjacency[n_sources:, :n_sources] = parts["rows"][padded:padded + n_targets][:, keep]
     layer, pos, latent = active.T
     pre_all = np.zeros(size, np.float32)
     pre_all[:n] = pre[layer, pos, latent]
@@ -249,7 +258,8 @@ def _assemble(model, inputs, tc: Transcoders, targets, weights, values, pre, f, 
     tokens = [str(t) for t in model.tokenizer.convert_ids_to_tokens([int(i) for i in ids])] \
         if hasattr(model.tokenizer, "convert_ids_to_tokens") else [str(int(i)) for i in ids]
     return AttributionGraph(adjacency, active, f[layer, pos, latent], pre_all, bias, [t.label for t in targets],
-                            values, weights, ids, tokens, L, tc.d_sae)
+                            values, weights, ids, tokens, L, tc.d_sae, tuple(targets),
+                            model.config.vocab_size)
 
 
 __all__ = ["AttributionGraph", "Sites", "Target", "attribute"]
