@@ -70,7 +70,7 @@ def modern(tmp_path_factory):
     return model, batch, transcoders, targets, graphs.attribute(model, batch, transcoders, targets)
 
 
-FAMILIES = ["bert", "modern"]
+FAMILIES = ["bert", pytest.param("modern", marks=pytest.mark.slow)]  # modern: a second fixture, ~40 s more
 
 
 def recorded(model, batch):
@@ -133,7 +133,7 @@ def test_every_edge_is_the_replacement_derivative_along_that_source(request, fam
     tangent (forward mode: no vjp, no row program)."""
     model, batch, transcoders, targets, graph = request.getfixturevalue(family)
     R, embed, writes, f, errors, (frozen, s, tc, _, _) = frozen_replacement(model, batch, transcoders)
-    L, D = graph.n_layers, model.config.hidden_size
+    D = model.config.hidden_size
     _, h = R(embed, writes)
     g = [jax.grad(lambda hh, t=t: t(replacement.readout(model, model.state, frozen, s, hh)))(h) for t in targets]
     n_sources = graph.token_slice.stop
@@ -259,7 +259,8 @@ def test_pruning_by_hand():
 
 def test_an_empty_graph_after_pruning_is_refused(bert):
     model, batch, transcoders, _, _ = bert
-    graph = graphs.attribute(model, batch, transcoders, graphs.direction_target(np.zeros(model.config.hidden_size)))
+    nothing = [graphs.mlm_target(model, batch, token=7, minus=9), graphs.direction_target(np.zeros(32))]
+    graph = graphs.attribute(model, batch, transcoders, nothing, target_weights=[0.0, 1.0])  # the fixture's programs
     with pytest.raises(AnalysisError, match="empty"):
         graphs.prune(graph)
 
@@ -332,7 +333,8 @@ def test_bad_transcoders_are_refused(bert):
     model, batch, transcoders, targets, _ = bert
     config, params = transcoders[1]
     cases = {
-        "another model": [transcoders[0], (tcs.TranscoderConfig(d_in=16, d_sae=S, d_out=16, layer=1), params)],
+        "another model": [transcoders[0], (tcs.TranscoderConfig(d_in=16, d_sae=S, d_out=16, layer=1,
+                                                                architecture="relu"), params)],
         "block order": [transcoders[0], transcoders[0]],
         "another site": [transcoders[0], (tcs.TranscoderConfig(d_in=32, d_sae=S, d_out=32, layer=1, architecture="relu",
                                                                hook_in="blocks.1.ln2.hook_out"), params)],
@@ -346,7 +348,7 @@ def test_bad_transcoders_are_refused(bert):
             graphs.attribute(model, batch, given, targets)
 
 
-def test_bad_targets_are_refused(bert, modern):
+def test_bad_targets_are_refused(bert):
     model, batch, transcoders, _, _ = bert
     with pytest.raises(AnalysisError, match="graphs.mlm_target"):
         graphs.attribute(model, batch, transcoders, graphs.class_target(1, minus=0))

@@ -27,5 +27,5 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'minibert.viz' has no attribute {name!r}")
     return importlib.import_module(f"minibert.viz.{name}")  # importing it sets the attribute: asked once
 
-__all__ = ["Document", "View", "VizError", "circuits", "document", "explore", "features", "figures", "graphs", "head_view",
-           "model_view", "neuron_view"]
+__all__ = ["Document", "View", "VizError", "circuits", "document", "explore", "features", "figures", "graphs",
+           "head_view", "model_view", "neuron_view"]

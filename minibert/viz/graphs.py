@@ -54,7 +54,7 @@ def graph_figure(pruned, *, ax=None, path=None, overwrite: bool = False) -> Figu
     segments = [(places[c][:2], places[r][:2]) for r, c in pairs]
     ax.add_collection(LineCollection(segments, linewidths=0.3 + 3 * np.abs(weights) / widest,
                                      colors=[POSITIVE if w > 0 else NEGATIVE for w in weights], alpha=0.6, zorder=1))
-    for index, (x, y, kind) in places.items():
+    for x, y, kind in places.values():
         ax.scatter([x], [y], s=60 if kind in ("feature", "error") else 160, color=KIND_COLOURS[kind],
                    edgecolors="#57606a", marker="s" if kind == "error" else "o", zorder=2)
     ax.set_xticks(np.arange(graph.n_pos), graph.tokens, rotation=60, fontsize=7, parse_math=False)

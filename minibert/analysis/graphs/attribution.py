@@ -39,7 +39,7 @@ from minibert.analysis.graphs.replacement import (
     sites,
     writes_of,
 )
-from minibert.analysis.graphs.targets import Target, check_targets
+from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
 from minibert.analysis.transcoders.model import decode
 from minibert.errors import AnalysisError
 
@@ -197,7 +197,7 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     s = sites(model)
     names = record_names(s)
     run = model.jit(_run, static_argnames=("configs", "names"))
-    captured, pre, f, errors, values = run(model.state, inputs, tc.params, targets, configs=tc.configs,
+    captured, pre, f, errors, values = run(model.state, inputs, tc.params, unlabelled(targets), configs=tc.configs,
                                            names=tuple(names))
     _check_finite_run(pre, errors, values)
     active = np.argwhere(np.asarray(f) > 0).astype(np.int32)  # [N, 3] (layer, position, latent), row-major
@@ -213,7 +213,7 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     chunk = 1 << (int(chunk).bit_length() - 1)  # a power of two: it divides the padded rows
     program = model.jit(_rows, static_argnames=("chunk",))
     parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
-                    items, targets, chunk=chunk)
+                    items, unlabelled(targets), chunk=chunk)
     parts = {k: np.asarray(v) for k, v in parts.items()}
     return _assemble(model, inputs, tc, targets, weights, np.asarray(values), np.asarray(pre), np.asarray(f), active,
                      parts)
@@ -233,8 +233,8 @@ def _check_finite_run(pre, errors, values) -> None:
                                                                      "output)", errors), ("the targets", values)):
         if not np.all(np.isfinite(np.asarray(array))):
             raise AnalysisError(f"{what} are NaN or ±inf on this input: the model's activations or the transcoders' "
-                                f"parameters overflow; check the checkpoint and transcoders (model.run_with_cache shows "
-                                f"where the activations stop being finite).")
+                                f"parameters overflow; check the checkpoint and transcoders (model.run_with_cache "
+                                f"shows where the activations stop being finite).")
 
 
 def _assemble(model, inputs, tc: Transcoders, targets, weights, values, pre, f, active, parts) -> AttributionGraph:

@@ -33,6 +33,7 @@ from minibert.analysis.graphs.replacement import (
     record_names,
     sites,
 )
+from minibert.analysis.graphs.targets import unlabelled
 from minibert.analysis.transcoders.model import decode, encode
 from minibert.errors import AnalysisError
 from minibert.hooks import HookFn
@@ -68,8 +69,8 @@ def _intervened(model, state, inputs, params, targets, frozen, errors, steer, cl
         f = encode(config, p, x)
         f = jnp.where(clamp_mask[layer], clamp_value[layer], f + steer[layer])
         written = decode(config, p, f, x) + errors[layer]
-        resid = model.block(state, layer, resid, inputs,
-                            model.hook_points(hooks=block_held | {s.mlp_out[layer]: HookFn(_replace, new=written[None])}))
+        replacing = block_held | {s.mlp_out[layer]: HookFn(_replace, new=written[None])}
+        resid = model.block(state, layer, resid, inputs, model.hook_points(hooks=replacing))
     out = model.head(state, resid, frozen_hooks(s.head_scales(), held) if freeze else None)
     return jnp.stack([t(out) for t in targets])
 
@@ -115,11 +116,12 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
             mask[key], value[key], by_node_clamp[node] = True, amount, float(amount)
     s = sites(model)
     run = model.jit(_run, static_argnames=("configs", "names"))
-    captured, _, _, errors, clean = run(model.state, inputs, tc.params, graph.targets, configs=tc.configs,
+    targets = unlabelled(graph.targets)
+    captured, _, _, errors, clean = run(model.state, inputs, tc.params, targets, configs=tc.configs,
                                         names=tuple(record_names(s)))
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
     program = model.jit(_intervened, static_argnames=("configs", "freeze"))
-    after = program(model.state, inputs, tc.params, graph.targets, frozen, errors, steer, mask, value,
+    after = program(model.state, inputs, tc.params, targets, frozen, errors, steer, mask, value,
                     configs=tc.configs, freeze=bool(freeze))
     return InterventionResult(list(graph.target_labels), np.asarray(clean), np.asarray(after),
                               predicted_change(graph, by_node_steer, by_node_clamp))

@@ -92,6 +92,10 @@ def prune(graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> P
     A, weights = graph.adjacency, _target_weights(graph)
     n_features, fixed = graph.n_features, graph.n_pos + graph.n_targets
     node_influence = influence(normalized(A), weights)
+    if not node_influence.any():
+        raise AnalysisError("the graph is empty: no node has any influence on the weighted targets (their edges are "
+                            "all 0, or their weights are). Check that the target depends on the input, e.g. a "
+                            "direction that is not 0, and give it a weight > 0.")
     node_mask = node_influence >= _threshold(node_influence, node_threshold)
     node_mask[-fixed:] = True
     kept = np.where(node_mask[:, None] & node_mask[None, :], A, 0.0)

@@ -96,7 +96,8 @@ def check_transcoders(model, transcoders) -> Transcoders:
     if isinstance(transcoders, dict) or not hasattr(transcoders, "__len__") or len(transcoders) != L:
         raise AnalysisError(f"transcoders must be a list of {L} (TranscoderConfig, params) pairs, one per block of "
                             f"this {L}-layer model (the replacement model replaces every MLP); got "
-                            f"{type(transcoders).__name__}{f' of {len(transcoders)}' if hasattr(transcoders, '__len__') else ''}.")
+                            f"{type(transcoders).__name__}"
+                            f"{f' of {len(transcoders)}' if hasattr(transcoders, '__len__') else ''}.")
     site, configs, params = mlp_input_site(model), [], []
     for layer, pair in enumerate(transcoders):
         if not isinstance(pair, tuple | list) or len(pair) != 2 or not isinstance(pair[0], TranscoderConfig):

@@ -84,7 +84,8 @@ def _token_id(model, token) -> int:
                                 f"token from model.to_str_tokens(...).")
         return int(ids[0])
     if isinstance(token, bool) or not isinstance(token, int | np.integer) or not 0 <= token < model.config.vocab_size:
-        raise AnalysisError(f"token {token!r} must be a vocabulary id in [0, {model.config.vocab_size}) or a wordpiece.")
+        raise AnalysisError(f"token {token!r} must be a vocabulary id in [0, {model.config.vocab_size}) or a "
+                            f"wordpiece.")
     return int(token)
 
 
@@ -127,6 +128,11 @@ def direction_target(direction, pooling: str = "mean") -> Target:
     if pooling not in reads:
         raise AnalysisError(f"direction_target: pooling must be 'mean' or 'cls'; got {pooling!r}.")
     return Target(reads[pooling], {"direction": jnp.asarray(direction)}, f"sentence vector ({pooling}) · direction")
+
+
+def unlabelled(targets) -> tuple[Target, ...]:
+    """The targets without their labels, as programs take them: a label is not part of the compiled program."""
+    return tuple(Target(t.read, t.arrays, "") for t in targets)
 
 
 def check_targets(model, targets) -> tuple[Target, ...]:
