@@ -101,12 +101,8 @@ def main(argv=None) -> int:
     check_times(times)
     per_node = times[f"one backward per node, {len(sample)} sampled nodes"] / len(sample)
     ours = times["minibert attribute (every row, one program)"]
-    items = np.zeros((attribution._padded(len(active) + 1), 4), np.int32)
-    items[:, 3] = -1
-    items[:graph.n_features, :3] = graph.active_features
-    items[len(active), 3] = 0
-    chunk = 1 << (items_per_chunk(attribution.row_bytes(model, len(active), tokens), len(items))
-                  .bit_length() - 1)
+    chunk = attribution.power_of_two(items_per_chunk(attribution.row_bytes(model, len(active), tokens), n_rows))
+    items = attribution.row_items(graph.active_features, 1, chunk, len(active))
     rows_fn = functools.partial(attribution._rows, model)
     memory = {"graph": temp_bytes(rows_fn, *arguments, items, unlabelled([target]), chunk=chunk),
               "one row": temp_bytes(rows_fn, *arguments, node_items(0), unlabelled([target]), chunk=1)}

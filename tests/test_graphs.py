@@ -55,7 +55,10 @@ def bert(tmp_path_factory):
     transcoders = random_transcoders(model)
     targets = [graphs.mlm_target(model, batch, token=7, minus=9),
                graphs.direction_target(np.random.default_rng(3).normal(size=model.config.hidden_size))]
-    return model, batch, transcoders, targets, graphs.attribute(model, batch, transcoders, targets)
+    before = model.traces
+    graph = graphs.attribute(model, batch, transcoders, targets)
+    assert model.traces - before == 2  # the run, and every row of the graph: two compiled programs
+    return model, batch, transcoders, targets, graph
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +119,8 @@ def test_the_replacement_reproduces_the_run(request, family):
     assert float(jnp.abs(errors).max()) > 0.1  # random transcoders: the error nodes carry real weight
 
 
-def test_the_replacement_is_affine_and_freezes_attention(bert):
-    """Doubling every source doubles what it adds: R(2e, 2w) − R(0, 0) = 2 (R(e, w) − R(0, 0)); the live model is
-    not (its attention and LayerNorms move)."""
+def test_the_replacement_is_affine(bert):
+    """Doubling every source doubles what it adds: R(2e, 2w) − R(0, 0) = 2 (R(e, w) − R(0, 0))."""
     model, batch, transcoders, _, _ = bert
     R, embed, writes, *_ = frozen_replacement(model, batch, transcoders)
     x1, h1 = R(embed, writes)
@@ -346,6 +348,14 @@ def test_bad_transcoders_are_refused(bert):
     for case, given in cases.items():
         with pytest.raises(AnalysisError, match=messages[case]):
             graphs.attribute(model, batch, given, targets)
+
+
+def test_a_target_reading_a_missing_head_is_refused(tmp_path):
+    make_hf_model(tmp_path, "BertModel", scale=0.2)
+    model = minibert.load(tmp_path)
+    batch = one_row([2, 11, 4, 23, 17, 3])
+    with pytest.raises(AnalysisError, match="no head"):
+        graphs.attribute(model, batch, random_transcoders(model), graphs.mlm_target(model, batch, token=7))
 
 
 def test_bad_targets_are_refused(bert):

@@ -132,9 +132,9 @@ def _run(model, state, inputs, params, targets, *, configs, names):
 
 
 def _rows(model, state, inputs, frozen, stacked, embed, f, errors, active, items, targets, *, chunk: int):
-    """Program 2: the adjacency's rows of `items` [R, 4] (the N active features, padded, then the targets, then
-    padding: R a multiple of `chunk`, so one vmapped backward serves all), the features' and targets' bias terms
-    and the targets' linear parts."""
+    """Program 2: the adjacency's rows of `items` [R, 4] (row_items: the N active features, the targets, padding
+    to a multiple of `chunk`, so one vmapped backward serves all), the features' (`active`, padded) and targets'
+    bias terms and the targets' linear parts."""
     s = sites(model)
     L, T = f.shape[0], f.shape[1]
 
@@ -173,6 +173,25 @@ def _padded(n: int) -> int:
     return max(8, 1 << max(0, n - 1).bit_length())
 
 
+def power_of_two(chunk: int) -> int:
+    """The largest power of two ≤ chunk: with the padded feature count a power of two too, it divides row_items'
+    step, so lax.map runs whole chunks only (a remainder would compile the row a second time)."""
+    return 1 << (int(chunk).bit_length() - 1)
+
+
+def row_items(active: np.ndarray, n_targets: int, chunk: int, padded: int) -> np.ndarray:
+    """[R, 4] (layer, position, latent, target): the N features' rows (target −1), then the targets' (k), then
+    padding up to a multiple of max(chunk, padded / 8) — few distinct row counts per `padded`, at most 1/8 of
+    the rows wasted."""
+    step = max(chunk, padded // 8)
+    n = len(active)
+    items = np.zeros((-(-(n + n_targets) // step) * step, 4), np.int32)
+    items[:, 3] = -1
+    items[:n, :3] = active
+    items[n:n + n_targets, 3] = np.arange(n_targets)
+    return items
+
+
 def row_bytes(model, n_features: int, tokens: int) -> int:
     """Bytes one row's backward pass keeps alive: the replacement's activations (each block run twice) and their
     gradients, and the row's gathered sources (N · D) and writes (L · T · D)."""
@@ -203,14 +222,10 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     active = np.argwhere(np.asarray(f) > 0).astype(np.int32)  # [N, 3] (layer, position, latent), row-major
     n, padded = len(active), np.zeros((_padded(len(active)), 3), np.int32)
     padded[:n] = active
-    items = np.zeros((_padded(len(padded) + len(targets)), 4), np.int32)
-    items[:, 3] = -1
-    items[:n, :3] = active
-    items[len(padded):len(padded) + len(targets), 3] = np.arange(len(targets))
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
     T = inputs.shape[1]
-    chunk = chunk or items_per_chunk(row_bytes(model, len(padded), T), len(items))
-    chunk = 1 << (int(chunk).bit_length() - 1)  # a power of two: it divides the padded rows
+    chunk = power_of_two(chunk or items_per_chunk(row_bytes(model, len(padded), T), n + len(targets)))
+    items = row_items(active, len(targets), chunk, len(padded))
     program = model.jit(_rows, static_argnames=("chunk",))
     parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
                     items, unlabelled(targets), chunk=chunk)
@@ -244,9 +259,8 @@ def _assemble(model, inputs, tc: Transcoders, targets, weights, values, pre, f, 
     size = n_sources + n_targets
     keep = np.r_[np.arange(n), np.arange(len(parts["feature_bias"]), len(parts["feature_bias"]) + L * T + T)]
     adjacency = np.zeros((size, size), np.float32)
-    padded = len(parts["feature_bias"])
     adjacency[:n, :n_sources] = parts["rows"][:n][:, keep]
-    adjacency[n_sources:, :n_sources] = parts["rows"][padded:padded + n_targets][:, keep]
+    adjacency[n_sources:, :n_sources] = parts["rows"][n:n + n_targets][:, keep]
     layer, pos, latent = active.T
     pre_all = np.zeros(size, np.float32)
     pre_all[:n] = pre[layer, pos, latent]
