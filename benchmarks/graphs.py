@@ -27,11 +27,11 @@ from harness import (
 )
 
 import minibert
-from minibert.accounting import items_per_chunk
 from minibert.analysis import graphs
 from minibert.analysis import transcoders as tcs
 from minibert.analysis.graphs import attribution, replacement
 from minibert.analysis.graphs.targets import unlabelled
+from minibert.runtime.accounting import items_per_chunk
 
 TEXT = ("the food at the little place by the river was great , the staff were kind and the prices were fair , so we "
         "will surely come back again next")

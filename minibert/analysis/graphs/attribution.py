@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import activation_bytes, items_per_chunk
 from minibert.analysis.circuits._checks import check_model
 from minibert.analysis.circuits._chunks import chunked_map
 from minibert.analysis.graphs.replacement import (
@@ -42,6 +41,7 @@ from minibert.analysis.graphs.replacement import (
 from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
 from minibert.analysis.transcoders.model import decode
 from minibert.errors import AnalysisError
+from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 
 @dataclasses.dataclass

@@ -35,8 +35,8 @@ from minibert.analysis.graphs.replacement import (
 )
 from minibert.analysis.graphs.targets import unlabelled
 from minibert.analysis.transcoders.model import decode, encode
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
 
 MODES = ("clamp", "steer")
 

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.transcoders.model import TranscoderConfig, activate, pre_activations
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
 
 
 def mlp_input_site(model) -> str:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.contract import StaticFn
+from minibert.core.contract import StaticFn
 from minibert.errors import AnalysisError
 
 
