@@ -369,3 +369,31 @@ def test_bad_targets_are_refused(bert):
     with pytest.raises(AnalysisError, match="one input"):
         graphs.attribute(model, {k: np.repeat(v, 2, 0) for k, v in batch.items()}, transcoders,
                          graphs.direction_target(np.ones(model.config.hidden_size)))
+
+
+@pytest.mark.slow
+def test_a_classifier_target_through_the_pooler(tmp_path):
+    """A class-logit difference read through the pooler's tanh, linearised at the run: its value is the model's, each
+    of its edges the jvp of the frozen replacement read by the readout's gradient, and its pre-activation ⟨g, h⟩ the
+    sum of its edges and bias."""
+    make_hf_model(tmp_path, "BertForSequenceClassification", scale=0.2, num_labels=3)
+    model = minibert.load(tmp_path)
+    batch = one_row([2, 11, 4, 23, 17, 3])
+    transcoders = random_transcoders(model, seed=9)
+    graph = graphs.attribute(model, batch, transcoders, graphs.class_target(2, minus=0))
+    logits = np.asarray(model(batch).logits)[0]
+    assert graph.target_values[0] == pytest.approx(logits[2] - logits[0], abs=head_rtol(model.config, S=T) * 10)
+    row = graph.adjacency[-1]
+    magnitude = np.abs(row).sum() + abs(graph.bias[-1])
+    assert abs(row.sum() + graph.bias[-1] - graph.pre_activations[-1]) <= \
+        (forward_rtol(model.config, S=T) + dot_rtol(row.size)) * magnitude
+    assert abs(graph.remainder[0]) > 1e-4  # the classifier's bias and the tanh's curvature
+    R, embed, writes, f, errors, (frozen, s, tc, _, _) = frozen_replacement(model, batch, transcoders)
+    _, h = R(embed, writes)
+    g = jax.grad(lambda hh: graph.targets[0](replacement.readout(model, model.state, frozen, s, hh)))(h)
+    pos = 3
+    _, (_, dh) = jax.jvp(R, (embed, writes), (jnp.zeros_like(embed).at[pos].set(embed[pos]), jnp.zeros_like(writes)))
+    expected = float((g * dh).sum())
+    ours = row[graph.token_slice.start + pos]
+    assert abs(ours - expected) <= (forward_rtol(model.config, S=T) + dot_rtol(T * model.config.hidden_size)) * \
+        float(jnp.abs(g * dh).sum())
