@@ -397,3 +397,35 @@ def test_a_classifier_target_through_the_pooler(tmp_path):
     ours = row[graph.token_slice.start + pos]
     assert abs(ours - expected) <= (forward_rtol(model.config, S=T) + dot_rtol(T * model.config.hidden_size)) * \
         float(jnp.abs(g * dh).sum())
+
+
+def test_pruning_and_scores_match_circuit_tracer(bert):
+    """circuit-tracer's own prune_graph and compute_graph_scores on our adjacency (its Graph built from ours) keep
+    the same nodes and edges and report the same scores (theirs in float32, ours in float64: rtol from float32's
+    rounding of sums over ≤ n nodes)."""
+    torch = pytest.importorskip("torch")
+    ct_graph = pytest.importorskip("circuit_tracer.graph")
+    from circuit_tracer.attribution.targets import LogitTarget
+    from circuit_tracer.utils.tl_nnsight_mapping import UnifiedConfig
+
+    model, _, _, _, graph = bert
+    c = model.config
+    cfg = UnifiedConfig(n_layers=graph.n_layers, d_model=c.hidden_size, d_head=c.head_dim,
+                        n_heads=c.num_attention_heads, d_mlp=c.intermediate_size, d_vocab=graph.vocab_size,
+                        tokenizer_name="", model_name="", original_architecture="BertForMaskedLM")
+    theirs = ct_graph.Graph(input_string="", input_tokens=torch.tensor(graph.input_ids),
+                            active_features=torch.tensor(graph.active_features),
+                            adjacency_matrix=torch.tensor(graph.adjacency), cfg=cfg, vocab_size=graph.vocab_size,
+                            selected_features=torch.arange(graph.n_features),
+                            activation_values=torch.tensor(graph.activations, dtype=torch.float32),
+                            logit_targets=[LogitTarget("a", 7), LogitTarget("b", graph.vocab_size + 1)],
+                            logit_probabilities=torch.tensor(graph.target_weights), scan="test")
+    for node_threshold, edge_threshold in ((0.8, 0.98), (0.5, 0.9)):
+        node_mask, edge_mask, cumulative = ct_graph.prune_graph(theirs, node_threshold, edge_threshold)
+        ours = graphs.prune(graph, node_threshold, edge_threshold)
+        assert np.array_equal(ours.node_mask, node_mask.numpy())
+        assert np.array_equal(ours.edge_mask, edge_mask.numpy())
+        assert np.allclose(ours.cumulative_scores, cumulative.numpy(), atol=graph.adjacency.shape[0] * U32)
+    replacement_score, completeness = ct_graph.compute_graph_scores(theirs)
+    ours = graphs.graph_scores(graph)
+    assert ours == pytest.approx((replacement_score, completeness), rel=graph.adjacency.shape[0] * U32)
