@@ -295,6 +295,7 @@ def test_an_unchanged_run_and_ablation(bert):
     key = tuple(int(v) for v in graph.active_features[0])
     same = graphs.intervene(model, batch, transcoders, graph, {key: float(graph.activations[0])}, mode="clamp")
     assert np.allclose(same.change, 0, atol=4 * head_rtol(model.config, S=T) * np.abs(same.clean).max())
+    assert np.all(same.predicted == 0)  # c = v − a = 0 and the clamped feature ignores its inputs
     live = graphs.intervene(model, batch, transcoders, graph, {key: 0.0}, mode="clamp", freeze=False)
     assert np.all(np.isfinite(live.change))
 
