@@ -73,13 +73,13 @@ def main(argv=None) -> int:
     tc = replacement.check_transcoders(model, transcoders)
     s = replacement.sites(model)
     inputs = model.inputs(batch)
-    run = model.jit(attribution._run, static_argnames=("configs", "names"))
+    run = model.jit(attribution.record_run, static_argnames=("configs", "names"))
     captured, _, f, errors, _ = run(model.state, inputs, tc.params, unlabelled([target]), configs=tc.configs,
                                     names=tuple(replacement.record_names(s)))
     frozen = {n: v for n, v in captured.items() if n in set(s.patterns) | set(s.scales)}
-    active = np.zeros((attribution._padded(graph.n_features), 3), np.int32)
+    active = np.zeros((attribution.padded_features(graph.n_features), 3), np.int32)
     active[:graph.n_features] = graph.active_features
-    one_row = model.jit(attribution._rows, static_argnames=("chunk",))
+    one_row = model.jit(attribution.graph_rows, static_argnames=("chunk",))
     arguments = (model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, active)
 
     def node_items(node: int) -> np.ndarray:
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     ours = times["minibert attribute (every row, one program)"]
     chunk = attribution.power_of_two(items_per_chunk(attribution.row_bytes(model, len(active), tokens), n_rows))
     items = attribution.row_items(graph.active_features, 1, chunk, len(active))
-    rows_fn = functools.partial(attribution._rows, model)
+    rows_fn = functools.partial(attribution.graph_rows, model)
     memory = {"graph": temp_bytes(rows_fn, *arguments, items, unlabelled([target]), chunk=chunk),
               "one row": temp_bytes(rows_fn, *arguments, node_items(0), unlabelled([target]), chunk=1)}
 

@@ -117,7 +117,7 @@ class AttributionGraph:
 
 # ---- the two programs -------------------------------------------------------------------------------------------
 
-def _run(model, state, inputs, params, targets, *, configs, names):
+def record_run(model, state, inputs, params, targets, *, configs, names):
     """Program 1: the run's recorded values, each feature's pre-activation and activation, the error nodes and the
     targets' values."""
     out, captured = model.forward_fn(names)(state, inputs)
@@ -131,7 +131,7 @@ def _run(model, state, inputs, params, targets, *, configs, names):
     return captured, pre, f, y - y_hat, values
 
 
-def _rows(model, state, inputs, frozen, stacked, embed, f, errors, active, items, targets, *, chunk: int):
+def graph_rows(model, state, inputs, frozen, stacked, embed, f, errors, active, items, targets, *, chunk: int):
     """Program 2: the adjacency's rows of `items` [R, 4] (row_items: the N active features, the targets, padding
     to a multiple of `chunk`, so one vmapped backward serves all), the features' (`active`, padded) and targets'
     bias terms and the targets' linear parts."""
@@ -167,7 +167,7 @@ def _rows(model, state, inputs, frozen, stacked, embed, f, errors, active, items
             "x": x}
 
 
-def _padded(n: int) -> int:
+def padded_features(n: int) -> int:
     """The number of feature rows a program is built for: the next power of two (at least 8), so inputs with
     different numbers of active features share programs."""
     return max(8, 1 << max(0, n - 1).bit_length())
@@ -215,18 +215,18 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     weights = _weights(target_weights, len(targets))
     s = sites(model)
     names = record_names(s)
-    run = model.jit(_run, static_argnames=("configs", "names"))
+    run = model.jit(record_run, static_argnames=("configs", "names"))
     captured, pre, f, errors, values = run(model.state, inputs, tc.params, unlabelled(targets), configs=tc.configs,
                                            names=tuple(names))
     _check_finite_run(pre, errors, values)
     active = np.argwhere(np.asarray(f) > 0).astype(np.int32)  # [N, 3] (layer, position, latent), row-major
-    n, padded = len(active), np.zeros((_padded(len(active)), 3), np.int32)
+    n, padded = len(active), np.zeros((padded_features(len(active)), 3), np.int32)
     padded[:n] = active
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
     T = inputs.shape[1]
     chunk = power_of_two(chunk or items_per_chunk(row_bytes(model, len(padded), T), n + len(targets)))
     items = row_items(active, len(targets), chunk, len(padded))
-    program = model.jit(_rows, static_argnames=("chunk",))
+    program = model.jit(graph_rows, static_argnames=("chunk",))
     parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
                     items, unlabelled(targets), chunk=chunk)
     parts = {k: np.asarray(v) for k, v in parts.items()}

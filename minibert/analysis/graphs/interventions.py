@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.circuits._checks import check_model
-from minibert.analysis.graphs.attribution import _run
+from minibert.analysis.graphs.attribution import record_run
 from minibert.analysis.graphs.replacement import (
-    _replace,
     check_transcoders,
     frozen_hooks,
     record_names,
+    replace_with,
     sites,
 )
 from minibert.analysis.graphs.targets import unlabelled
@@ -69,7 +69,7 @@ def _intervened(model, state, inputs, params, targets, frozen, errors, steer, cl
         f = encode(config, p, x)
         f = jnp.where(clamp_mask[layer], clamp_value[layer], f + steer[layer])
         written = decode(config, p, f, x) + errors[layer]
-        replacing = block_held | {s.mlp_out[layer]: HookFn(_replace, new=written[None])}
+        replacing = block_held | {s.mlp_out[layer]: HookFn(replace_with, new=written[None])}
         resid = model.block(state, layer, resid, inputs, model.hook_points(hooks=replacing))
     out = model.head(state, resid, frozen_hooks(s.head_scales(), held) if freeze else None)
     return jnp.stack([t(out) for t in targets])
@@ -115,7 +115,7 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
         else:
             mask[key], value[key], by_node_clamp[node] = True, amount, float(amount)
     s = sites(model)
-    run = model.jit(_run, static_argnames=("configs", "names"))
+    run = model.jit(record_run, static_argnames=("configs", "names"))
     targets = unlabelled(graph.targets)
     captured, _, _, errors, clean = run(model.state, inputs, tc.params, targets, configs=tc.configs,
                                         names=tuple(record_names(s)))

@@ -138,13 +138,13 @@ def record_names(s: Sites) -> list[str]:
     return ["hook_full_embed", *s.mlp_in, *s.mlp_out, *s.patterns, *s.scales, s.final]
 
 
-def _replace(value, ctx, new):
+def replace_with(value, ctx, new):
     return new.astype(value.dtype)
 
 
 def frozen_hooks(names, frozen: dict) -> dict:
     """Hooks that replace each named value by the recorded one in `frozen`."""
-    return {n: HookFn(_replace, new=frozen[n]) for n in names}
+    return {n: HookFn(replace_with, new=frozen[n]) for n in names}
 
 
 def feature_activations(tc: Transcoders, x) -> tuple[jax.Array, jax.Array]:
@@ -171,7 +171,7 @@ def replacement(model, state, inputs, frozen: dict, stacked: dict, s: Sites, emb
         model.block(state, layer, resid, inputs, reading)
         x = reading.captured[s.mlp_in[layer]]
         written = writes[layer][None] + x @ stacked["W_skip"][layer]
-        replacing = model.hook_points(hooks=held | {s.mlp_out[layer]: HookFn(_replace, new=written)})
+        replacing = model.hook_points(hooks=held | {s.mlp_out[layer]: HookFn(replace_with, new=written)})
         resid = model.block(state, layer, resid, inputs, replacing)
         xs.append(x[0])
     return jnp.stack(xs), resid[0]
