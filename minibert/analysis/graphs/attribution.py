@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.circuits._checks import check_model
-from minibert.analysis.circuits._chunks import chunked_map
 from minibert.analysis.graphs.replacement import (
     Sites,
     Transcoders,
@@ -39,6 +38,7 @@ from minibert.analysis.graphs.replacement import (
     writes_of,
 )
 from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
+from minibert.analysis.sweeps import chunked_map
 from minibert.analysis.transcoders.model import decode
 from minibert.errors import AnalysisError
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
