@@ -460,7 +460,7 @@ class Model(Weights):
         # Rows are padded to a bucket length (docs/compiled.md) where the hooks cannot tell, so that a new sentence
         # length rarely compiles a new program; outputs and captures are cut back to the real length.
         length = inputs.shape[1]
-        if self._pads_safely_under(writers, inputs.shape[0]):
+        if buckets.every_row_real(inputs.attention_mask) and self._pads_safely_under(writers, inputs.shape[0]):
             inputs = inputs.padded_to(self.padded_length(length, inputs.shape[0]), self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
@@ -521,6 +521,8 @@ class Model(Weights):
         the answer as attention.choose says."""
         inputs = self.inputs(batch)
         length = self.padded_length(inputs.shape[1], inputs.shape[0])
+        if not buckets.every_row_real(inputs.attention_mask):  # run keeps such a batch at its own length
+            length = inputs.shape[1]
         mask = inputs.padded_to(length, self.config.pad_token_id).attention_mask
         platform = platform or attention.platform()
         return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tolerances import assert_close_to_scale, forward_rtol
+from tolerances import assert_close_to_scale, forward_rtol, sum_rtol
 
 import minibert
 from minibert import BertConfig, Model, hooks, programs
@@ -574,3 +574,20 @@ def test_a_cache_folder_that_cannot_be_written_turns_the_cache_off_with_one_warn
         assert report["folder"] is None and not report["on"] and len(report["warnings"]) == 1
         assert all(part in report["warnings"][0] for part in (repr(str(folder)), "MINIBERT_CACHE_DIR", "Fix:"))
         assert blocker.read_text() == "mine"
+
+
+def test_a_row_of_padding_only_gives_what_its_exact_length_run_gives(model):
+    """A row whose attention_mask is all 0 (a batch built by hand, a text emptied by a filter) has no real key:
+    at its exact length its pattern rows spread over its T positions, at a bucket length they would spread over
+    the bucket's, summing to T/bucket over the first T. Run pads nothing then: its pattern rows sum to 1 (softmax
+    rows of 4 terms: tolerances.sum_rtol(4)) and its hidden states and pattern are the exact run's (two programs
+    of the whole forward: forward_rtol at 4 positions)."""
+    inputs = {"input_ids": np.array([[2, 5, 6, 3], [2, 7, 8, 3]]), "attention_mask": np.array([[1, 1, 1, 1],
+                                                                                            [0, 0, 0, 0]])}
+    pattern = "blocks.0.attn.hook_pattern"
+    out, cache = model.run_with_cache(inputs, names=[pattern])
+    np.testing.assert_allclose(np.asarray(cache[pattern]).sum(-1), 1.0, rtol=sum_rtol(4))
+    exact_out, exact_cache = jax.jit(model.forward_fn(names=[pattern]))(model.state, model.inputs(inputs))
+    assert_close_to_scale(out.last_hidden_state, exact_out.last_hidden_state, forward_rtol(model.config, S=4),
+                          "hidden states")
+    assert_close_to_scale(cache[pattern], exact_cache[pattern], forward_rtol(model.config, S=4), "pattern")
