@@ -3,8 +3,9 @@
 Every new row length is a new compiled program (seconds of tracing and compiling on a CPU, and memory while it
 lives), so Model.run pads the rows of a batch on the right to a bucket length and cuts what it returns back to
 the real length. Padding is masked: no real token attends to a padding key, and every other step of the forward
-works position by position, so real tokens get the same values up to rounding. A batch with a row of padding only runs at its exact length
-(every_row_real): that row has no real key, and its softmax rows would spread over the bucket's positions.
+works position by position, so real tokens get the same values up to rounding. A batch with a row of padding
+only runs at its exact length (every_row_real): that row has no real key, and its softmax rows would spread over
+the bucket's positions.
 
 Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
 
