@@ -181,9 +181,23 @@ def test_completeness_is_asked_of_integrated_gradients_only(classifier):
 
 
 def test_faithfulness_of_runs_with_the_same_metric_is_refused(classifier, graph):
-    """m(clean) = m(corrupted): the ratio would be rounding over rounding (the tester saw 'faithfulness 5')."""
-    with pytest.raises(AnalysisError, match="give the same metric .* a ratio over that difference, is undefined"):
+    """m(clean) = m(corrupted): the ratio would be rounding over rounding (the tester saw 'faithfulness 5'). The
+    same batch twice is refused before any run; a metric that is 0 in exact arithmetic (the sum of a 2-label
+    classifier's logits less each of them) is rounding at any scale, which the relative test alone missed
+    (issue 40: [-1, -3, 1]); a metric 1e-6 wide but really different still runs."""
+    with pytest.raises(AnalysisError, match="the corrupted batch is the clean batch .* pass corrupted inputs"):
         circuit_faithfulness(classifier, TEXTS, TEXTS, logit_one, graph.sweep([0, 5]))
+
+    def zero_up_to_rounding(out):
+        return out.logits.sum(-1) - out.logits[:, 0] - out.logits[:, 1]
+
+    with pytest.raises(AnalysisError, match="give the same metric .* a ratio over that difference, is undefined"):
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, zero_up_to_rounding, graph.sweep([0, 5]))
+
+    def small(out):  # 1e-6 times a metric whose clean and corrupted values differ by far more than rounding
+        return 1e-6 * out.logits[:, 1]
+
+    assert np.isfinite(circuit_faithfulness(classifier, TEXTS, CORRUPTED, small, graph.sweep([0, 5])).values).all()
 
 
 def test_eap_ig_steps_are_bounded(classifier):

@@ -49,6 +49,10 @@ MAX_EAP_IG_STEPS = 1000  # gradient runs, each a forward and backward: past this
 # |m(clean) − m(corrupted)| below this fraction of their scale is float32 rounding of two runs (tests/tolerances.py's
 # forward bound for a 6-layer, 384-wide model at 128 tokens is ~1e-4): a faithfulness would be noise over noise
 SAME_METRIC_RTOL = 1e-4
+# A difference within 10 gaps between two computations of the clean metric (circuit_faithfulness) is rounding: one
+# gap samples the metric's rounding error once, and a rounding error of mean zero exceeds 10 times a typical sample
+# rarely (a normal error, 10 standard deviations: never in practice).
+ROUNDING_SAMPLES = 10
 QKV = "qkv"
 
 
@@ -344,17 +348,20 @@ def _patched_metric(model, state, clean, corrupt, skip, real, cut, *, metric: St
 def _circuit_metrics(model, state, clean, corrupt, weights, cuts, *, metric: StaticFn, chunk: int):
     """(the patched metric of every cut [N, senders, receivers] → [N], the corrupted run's metric) (model.jit)."""
     names = _sender_names(model) + scale_names(model)
-    _, clean_values = model.forward_fn(names)(state, clean)
+    clean_out, clean_values = model.forward_fn(names)(state, clean)
     corrupt_out, corrupt_values = model.forward_fn(names)(state, corrupt)
     skip = skip_path(model, clean_values, weights)
     real = clean.attention_mask.astype(jnp.float32)[:, :, None]
     corrupt_senders = _senders(model, corrupt_values)
     patched = chunked_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
                                                       metric=metric), cuts, chunk)
-    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean()
+    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean(), \
+        metric_of(metric, clean_out, clean.shape[0]).mean()
 
 
-def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float]:
+def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(the metric of every cut [N], the corrupted run's, the plain clean run's: the full graph's twin, computed
+    by the plain forward rather than the patched one)."""
     layout(model)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     cfg = model.config
@@ -362,11 +369,11 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
         _stream_bytes(model, clean_inputs)
     program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"))
-    patched, corrupt = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
-                               jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
-                               chunk=items_per_chunk(run_bytes, len(cuts)))
-    corrupt = check_finite(np.asarray(corrupt)[None], "the corrupted run's metric")
-    return check_finite(patched, "the patched runs' metric"), float(corrupt[0])
+    patched, corrupt, plain = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
+                                      jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
+                                      chunk=items_per_chunk(run_bytes, len(cuts)))
+    corrupt = check_finite(np.asarray([corrupt, plain]), "the corrupted run's metric")
+    return check_finite(patched, "the patched runs' metric"), float(corrupt[0]), float(corrupt[1])
 
 
 @dataclasses.dataclass
@@ -422,9 +429,16 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
     for c in circuits:
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
-    patched, corrupted = _patched_metrics(model, clean, corrupted, metric, cuts)
+    if _same_inputs(model, clean, corrupted):
+        raise AnalysisError("the corrupted batch is the clean batch (the same tokens, types and mask): m(clean) − "
+                            "m(corrupted) is 0 for any metric and faithfulness, a ratio over it, is undefined; "
+                            "pass corrupted inputs that differ from the clean ones.")
+    patched, corrupted, plain = _patched_metrics(model, clean, corrupted, metric, cuts)
     difference, scale = abs(patched[-2] - corrupted), max(abs(patched[-2]), abs(corrupted))
-    if difference <= SAME_METRIC_RTOL * scale:
+    # The full graph and the plain clean run compute one value by two programs: their gap is this metric's own
+    # rounding, which a metric that is 0 in exact arithmetic has at any scale (the relative test misses it).
+    rounding = ROUNDING_SAMPLES * abs(patched[-2] - plain)
+    if difference <= max(SAME_METRIC_RTOL * scale, rounding):
         raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
                             f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "
                             f"over that difference, is undefined; pick pairs whose metric differs.")
@@ -459,3 +473,10 @@ def path_patching(model, clean, corrupted, metric: Callable, sender: str, receiv
     cut = np.zeros((len(senders), len(readers)), bool)
     cut[u, [readers.index(r) for r in receivers]] = True
     return float(_patched_metrics(model, clean, corrupted, metric, cut[None])[0][0])
+
+
+def _same_inputs(model, clean, corrupted) -> bool:
+    """Whether the two batches, aligned as patching aligns them, hold the same rows."""
+    a, b = _paired_inputs(model, clean, corrupted)
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
+        (a.input_ids, a.token_type_ids, a.attention_mask), (b.input_ids, b.token_type_ids, b.attention_mask)))
