@@ -516,7 +516,8 @@ class Model(Weights):
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
         """Which attention kernel model(batch) runs, and why (minibert.attention; docs/accelerators.md): on the
-        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"), for this batch padded to its
+        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"; any case; JAX's "gpu" is refused
+        as ambiguous, as is any other name), for this batch padded to its
         bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
         the answer as attention.choose says."""
         inputs = self.inputs(batch)
@@ -524,7 +525,7 @@ class Model(Weights):
         if not buckets.every_row_real(inputs.attention_mask):  # run keeps such a batch at its own length
             length = inputs.shape[1]
         mask = inputs.padded_to(length, self.config.pad_token_id).attention_mask
-        platform = platform or attention.platform()
+        platform = attention.platform() if platform is None else attention.checked_platform(platform)
         return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,
                                   cudnn=platform == "cuda")
 
