@@ -94,7 +94,9 @@ def any_length(fn: Callable) -> Callable:
     """Mark a hook function (or HookFn) whose result at each position does not depend on the row length:
     it reads no value.shape along T or S, counts no position from the end (value[:, -1]), takes no mean or
     sum over positions and holds no array shaped by T. Model.run pads rows to a bucket length under any hook
-    that passes buckets.pads_safely's probe; the mark promises it and skips the probe. Returns `fn`, marked."""
+    that passes buckets.pads_safely's probe; the mark promises it and skips the probe, so a wrong mark is not
+    seen: to check a hook, compare run_with_hooks with jax.jit(model.forward_fn(hooks=...)), which never pads
+    (docs/compiled.md). Returns `fn`, marked."""
     target = fn.fn if isinstance(fn, HookFn) else fn
     try:
         target.minibert_any_length = True
