@@ -175,6 +175,23 @@ def test_demo_reports_each_step_with_elapsed_seconds(demo_log):
         assert any(name in step for step in said), (name, said)
 
 
+def test_demo_refuses_a_folder_holding_its_files_unless_asked(tmp_path, bundled_load):
+    """Issue 40: `minibert demo --out DIR` replaced the user's own DIR/index.html and exited 0. It refuses before
+    any work, one line naming the files, and leaves them; a file at --out is refused too."""
+    (tmp_path / "index.html").write_text("mine")
+    (tmp_path / "head_view.html").write_text("mine too")
+    status, stdout, stderr = run("demo", "--out", tmp_path)
+    assert status != 0 and stdout == ""
+    message = [line for line in stderr.splitlines() if "minibert demo: error" in line]
+    assert len(message) == 1 and "already holds head_view.html, index.html, which the demo would replace" in \
+        message[0] and "--overwrite" in message[0], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head_view.html", "index.html"]
+    assert (tmp_path / "index.html").read_text() == "mine"
+    status, _, stderr = run("demo", "--out", tmp_path / "index.html")
+    assert status != 0 and "is a file; pass a folder for the demo" in stderr
+    assert sorted(demo.written_names()) == sorted(DEMO_FILES)  # the check covers every file the demo writes
+
+
 def test_demo_raises_no_warning(demo_log):
     """Legends are placed by minibert (no matplotlib 'loc="best" can be slow' warning), and nothing else warns."""
     _, _, _, caught = demo_log

@@ -44,7 +44,7 @@ def _node_of(receiver: str) -> str:
     return receiver.split(".")[0].removesuffix(" in")
 
 
-def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None) -> Figure:
+def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None, overwrite: bool = False) -> Figure:
     """The circuit's edges (default: graph.circuit(top=top)) between the graph's nodes, each line as wide as its
     |score| and coloured by its sign; an edge into a head's q, k or v ends at that head, its letter beside."""
     circuit = graph.circuit(top=top) if circuit is None else circuit
@@ -74,10 +74,10 @@ def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None) ->
     ax.set_axis_off()
     ax.set_title(f"{graph.method.upper()} circuit: {circuit.size} edges (blue raises the metric, red lowers it)",
                  fontsize=9)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
-def faithfulness_figure(result, *, ax=None, path=None) -> Figure:
+def faithfulness_figure(result, *, ax=None, path=None, overwrite: bool = False) -> Figure:
     """Faithfulness against circuit size (edges kept): 1 is the clean run, 0 the corrupted one; post-LN families
     also mark the empty graph's value (the frozen skip path's approximation of the corrupted run)."""
     if not all(hasattr(result, name) for name in ("sizes", "values", "empty", "clean", "corrupted")):
@@ -93,7 +93,7 @@ def faithfulness_figure(result, *, ax=None, path=None) -> Figure:
     ax.set_xlabel("edges in the circuit")
     ax.set_ylabel("faithfulness")
     _legend(ax, fontsize=8)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def _colour(score: float, norm: Normalize) -> str:
