@@ -62,7 +62,7 @@ def test_not_finite_direct_and_edges_are_one_error(classifier):
 
 def test_too_many_gauss_legendre_points_are_refused_before_any_work(classifier):
     with pytest.raises(AnalysisError, match="riemann_right"):
-        token_attribution(classifier, TEXTS, logit_one, steps=100_000)
+        token_attribution(classifier, TEXTS, logit_one, steps=5_000)
 
 
 def test_an_array_baseline_or_method_is_an_unknown_name(classifier):
@@ -75,8 +75,25 @@ def test_an_array_baseline_or_method_is_an_unknown_name(classifier):
 def test_every_argument_is_checked_whatever_the_method(classifier):
     with pytest.raises(AnalysisError, match="integration must be one of"):
         token_attribution(classifier, TEXTS, logit_one, method="occlusion", integration="trapezoid")
-    with pytest.raises(AnalysisError, match="steps must be a positive int"):
+    with pytest.raises(AnalysisError, match="steps must be a positive whole number"):
         token_attribution(classifier, TEXTS, logit_one, method="gradient_x_input", steps=0)
+
+
+@pytest.mark.parametrize("method", ["integrated_gradients", "gradient_x_input"])
+def test_a_riemann_sum_of_a_trillion_points_is_refused_before_any_work(classifier, method):
+    """Issue 40: steps=10**12 with integration="riemann_right" raised a raw MemoryError (7.28 TiB), and so did
+    gradient × input, which checks steps though it uses none."""
+    with pytest.raises(AnalysisError, match="steps=1000000000000 is more than 10,000 points of the integral"):
+        token_attribution(classifier, TEXTS, logit_one, method=method, steps=10**12, integration="riemann_right")
+
+
+def test_steps_may_be_a_numpy_integer(classifier):
+    """Issue 40: steps=np.int64(8) (a count read from an array) was refused as "not a positive int"."""
+    ours = token_attribution(classifier, TEXTS, logit_one, steps=np.int64(8))
+    plain = token_attribution(classifier, TEXTS, logit_one, steps=8)
+    np.testing.assert_array_equal(ours.scores, plain.scores)  # one program, the same points
+    graph = edge_attribution(classifier, TEXTS, CORRUPTED, logit_one, method="eap-ig", steps=np.int64(2))
+    assert np.isfinite(graph.scores).all()
 
 
 @pytest.mark.parametrize("call", [

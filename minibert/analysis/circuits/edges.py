@@ -41,7 +41,7 @@ from minibert.analysis.circuits.frozen import layout, point_names, scale_names, 
 from minibert.analysis.interventions import _paired_inputs
 from minibert.config import head_label
 from minibert.contract import StaticFn, static_metric
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, is_whole
 from minibert.hooks import HookFn, add_delta
 
 METHODS = ("eap", "eap-ig")
@@ -252,9 +252,10 @@ def _edge_scores(model, state, clean, corrupt, weights, alphas, senders, *, metr
 def _check_method(method: str, steps: int) -> np.ndarray:
     """The α of the gradient runs: [1] for EAP (the clean run), k/steps for EAP-IG."""
     check_choice("method", method, METHODS)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise AnalysisError(f"steps must be a positive int (EAP-IG's interpolation runs; 5 by default); got "
-                            f"{steps!r}.")
+    if not is_whole(steps) or steps < 1:
+        raise AnalysisError(f"steps must be a positive whole number (EAP-IG's interpolation runs; 5 by default); "
+                            f"got {steps!r}.")
+    steps = int(steps)
     if steps > MAX_EAP_IG_STEPS:
         raise AnalysisError(f"steps={steps} is more than {MAX_EAP_IG_STEPS} EAP-IG runs (each a forward and backward "
                             f"of the model; Hanna et al. use 5 to 50); pass fewer.")
