@@ -230,3 +230,18 @@ def test_token_labels_keep_wordpieces_and_word_labels_join_them(classifier):
     assert by_token.labels[0] == tokens
     by_word = token_attribution(classifier, text, logit_one, method="gradient_x_input", words=True)
     assert by_word.labels[0] == ["[CLS]", "unbelievably", "good", "[SEP]"]
+
+
+@pytest.mark.parametrize("metric, message", [
+    (lambda out: out.logits.mean(-1), r"it has no logits, nsp_logits \(None: the checkpoint has no such head\)"),
+    (lambda out: out.hidden_states[-1].sum((1, 2)), r"read out.hidden_states, which an output does not have: its "
+                                                    r"fields are last_hidden_state, pooler_output, logits"),
+], ids=["a field left None", "no such field"])
+def test_a_metric_reading_a_field_the_output_lacks_is_told_which(headless, metric, message):
+    """Issue 40: a metric reading out.logits of a checkpoint with no head (or out.hidden_states, transformers'
+    name) raised a raw AttributeError inside the trace; every metric-taking call names the field."""
+    for call in (lambda: token_attribution(headless, TEXTS, metric, method="gradient_x_input"),
+                 lambda: edge_attribution(headless, TEXTS, CORRUPTED, metric),
+                 lambda: headless.grad(TEXTS, metric, "blocks.0.hook_resid_post")):
+        with pytest.raises(AnalysisError, match=message):
+            call()
