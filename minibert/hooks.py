@@ -66,6 +66,14 @@ class HookFn:
     """
 
     def __init__(self, fn: Callable, **arrays):
+        for name, value in arrays.items():
+            bad = next((leaf for leaf in jax.tree_util.tree_leaves(value) if not _traceable(leaf)), None)
+            if bad is not None:
+                shown = getattr(fn, "__name__", type(fn).__name__)
+                raise HookError(f"HookFn({shown}, {name}={value!r}): HookFn's keyword arguments are arrays "
+                                f"jit traces (a head index, a patch), and a {type(bad).__name__} is not one; pass a "
+                                f"number or an array, or close over the value in the hook's own code "
+                                f"(functools.partial(fn, {name}=...)).")
         self.fn = fn
         self.arrays = arrays
 
@@ -79,7 +87,9 @@ class HookFn:
     @classmethod
     def tree_unflatten(cls, aux, children):
         same, keys = aux
-        return cls(same.fn, **dict(zip(keys, children)))
+        hook = object.__new__(cls)  # not __init__: JAX unflattens with tracers, axis specs or placeholders as leaves
+        hook.fn, hook.arrays = same.fn, dict(zip(keys, children))
+        return hook
 
     @property
     def any_length(self) -> bool:
@@ -88,6 +98,11 @@ class HookFn:
 
     def __repr__(self):
         return f"HookFn({getattr(self.fn, '__name__', self.fn)}, {', '.join(self.arrays)})"
+
+
+def _traceable(leaf) -> bool:
+    """Whether jit can take `leaf` as a traced argument: an array or a number (bool included), not a str or object."""
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number)) or hasattr(leaf, "__jax_array__")
 
 
 def any_length(fn: Callable) -> Callable:
