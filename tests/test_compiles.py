@@ -591,3 +591,17 @@ def test_a_row_of_padding_only_gives_what_its_exact_length_run_gives(model):
     assert_close_to_scale(out.last_hidden_state, exact_out.last_hidden_state, forward_rtol(model.config, S=4),
                           "hidden states")
     assert_close_to_scale(cache[pattern], exact_cache[pattern], forward_rtol(model.config, S=4), "pattern")
+
+
+def test_a_patch_cached_at_the_probes_short_length_runs_exact(model):
+    """Issue 40: replacing blocks.0.hook_resid_post of a 5-token text with its own cached value was refused ("must
+    return the shape … (1, 64, 32)"): 5 is the probe's short length, so the probe's two results matched and the call
+    was padded. The probe asks the hook to keep the long value's shape; the call runs exact and gives the plain run
+    (the patch is the value itself: the same program's arithmetic, compared at forward_rtol for two programs)."""
+    inputs = batch(5, rows=1)
+    site = "blocks.0.hook_resid_post"
+    plain, cache = model.run_with_cache(inputs, names=[site])
+    cached = cache[site]
+    patched = model.run_with_hooks(inputs, {site: lambda value, ctx: cached})
+    assert_close_to_scale(patched.last_hidden_state, plain.last_hidden_state, forward_rtol(model.config, S=64),
+                          "patched with its own value")
