@@ -4,6 +4,8 @@ exactly."""
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -171,10 +173,19 @@ def test_what_circuit_faithfulness_and_the_figures_take_is_named(classifier, gra
     as_lists = dataclasses.replace(circuit, edges=circuit.edges.tolist())
     reordered = dataclasses.replace(circuit, senders=list(reversed(circuit.senders)))
     impossible = dataclasses.replace(circuit, edges=~graph.edges)
-    for wrong, said in [(as_lists, "must be a bool array"), (reordered, "node labels are not this model's"),
+    as_ints = dataclasses.replace(circuit, edges=circuit.edges.astype(int))  # issue 40: "got (7, 15)" alone
+    shape = re.escape(str(graph.edges.shape))
+    for wrong, said in [(as_lists, "must be a bool array .*; got list"),
+                        (reordered, "node labels are not this model's"),
+                        (as_ints, rf"must be a bool array {shape}; got int\d+ values of shape {shape} \(an int mask: "
+                                  r"circuit.edges.astype\(bool\)\)"),
                         (impossible, "edges that cannot exist")]:
         with pytest.raises(AnalysisError, match=said):
             circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, wrong)
+    with pytest.raises(AnalysisError, match=r"got an empty list: pass at least one circuit"):  # was "got list"
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, [])
+    with pytest.raises(AnalysisError, match=r"takes a Circuit .* got list holding a str"):
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, [circuit, "edges"])
     with pytest.raises(AnalysisError, match=r"sizes must be a list of edge counts, e.g. graph.sweep\(\[5, 10, 20\]\)"):
         graph.sweep(5)
     with pytest.raises(VizError, match="draws what circuit_faithfulness returns"):

@@ -403,8 +403,10 @@ def _check_circuit(circuit: Circuit, edges: np.ndarray, senders: list[str], rece
     circuit is applied by position), only edges that exist kept."""
     kept = circuit.edges
     if not isinstance(kept, np.ndarray) or kept.dtype != bool or kept.shape != edges.shape:
-        raise AnalysisError(f"{wanted}: its edges must be a bool array {edges.shape}; got "
-                            f"{getattr(kept, 'shape', type(kept).__name__)}.")
+        given = f"{kept.dtype} values of shape {kept.shape}" if isinstance(kept, np.ndarray) else type(kept).__name__
+        fix = " (an int mask: circuit.edges.astype(bool))" if isinstance(kept, np.ndarray) and \
+            kept.shape == edges.shape else ""
+        raise AnalysisError(f"{wanted}: its edges must be a bool array {edges.shape}; got {given}{fix}.")
     if list(circuit.senders) != senders or list(circuit.receivers) != receivers:
         raise AnalysisError(f"{wanted}: the circuit's node labels are not this model's, in its order (another "
                             f"model's graph, or a circuit edited by hand); build it with this model's "
@@ -425,8 +427,13 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
     wanted = (f"circuit_faithfulness takes a Circuit (graph.circuit(top=n)) or a list of them (graph.sweep(sizes)) "
               f"from a graph of this model ({edges.shape[0]} senders × {edges.shape[1]} receivers)")
     circuits = [circuit] if isinstance(circuit, Circuit) else circuit
-    if not isinstance(circuits, Sequence) or not circuits or not all(isinstance(c, Circuit) for c in circuits):
-        raise AnalysisError(f"{wanted}; got {type(circuit).__name__}.")
+    if isinstance(circuits, Sequence) and not isinstance(circuits, str) and not circuits:
+        raise AnalysisError(f"{wanted}; got an empty list: pass at least one circuit (graph.sweep([5, 10, 20])).")
+    if not isinstance(circuits, Sequence) or not all(isinstance(c, Circuit) for c in circuits):
+        odd = next((c for c in circuits if not isinstance(c, Circuit)), None) if isinstance(circuits, (list, tuple)) \
+            else None
+        inside = f" holding a {type(odd).__name__}" if odd is not None else ""
+        raise AnalysisError(f"{wanted}; got {type(circuit).__name__}{inside}.")
     for c in circuits:
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
