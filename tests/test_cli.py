@@ -588,3 +588,41 @@ def test_ctrl_c_as_the_program_exits_without_interpreter_teardown(tmp_path):
     done = subprocess.run([sys.executable, "-c", INTERRUPTED_RUN, str(tmp_path / "corpus.txt"), str(tmp_path / "s")],
                           capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout, done.stderr.strip()) == (cli.INTERRUPTED, "", "minibert stats: interrupted")
+
+
+IMPORT_INTERRUPTED = """
+import sys, time
+
+class Announce:  # says when JAX's import starts, then leaves the finding to the real finders
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax":
+            print("importing jax", flush=True)
+            time.sleep(0.5)
+        return None
+
+sys.meta_path.insert(0, Announce())
+sys.argv = ["minibert", "hooks"]
+from minibert.app import launch
+sys.exit(launch.main())
+"""
+
+
+def test_ctrl_c_while_minibert_imports_is_one_line_and_status_130():
+    """Issue 40: Ctrl-C in the first second of every command (while JAX imports) ended by SIGSEGV, or with a
+    41-line ImportError traceback, or ran on: the handler was installed after the imports. The command's entry
+    point (pyproject's minibert = minibert.app.launch:main) installs it before any import, and `import minibert`
+    imports nothing heavy, so the interrupt lands in JAX's import here and gives the one line."""
+    import signal
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["minibert"] == "minibert.app.launch:main"
+    light = subprocess.run([sys.executable, "-c", "import sys, minibert; print('jax' in sys.modules)"],
+                           capture_output=True, text=True, timeout=300)
+    assert light.stdout == "False\n", light.stderr
+    run_ = subprocess.Popen([sys.executable, "-c", IMPORT_INTERRUPTED], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert run_.stdout.readline() == "importing jax\n"
+    run_.send_signal(signal.SIGINT)
+    stdout, stderr = run_.communicate(timeout=300)  # a hang guard
+    assert (run_.returncode, stdout, stderr.strip()) == (cli.INTERRUPTED, "", "minibert hooks: interrupted")
