@@ -3,7 +3,9 @@
 Every new row length is a new compiled program (seconds of tracing and compiling on a CPU, and memory while it
 lives), so Model.run pads the rows of a batch on the right to a bucket length and cuts what it returns back to
 the real length. Padding is masked: no real token attends to a padding key, and every other step of the forward
-works position by position, so real tokens get the same values up to rounding.
+works position by position, so real tokens get the same values up to rounding. A batch with a row of padding
+only runs at its exact length (every_row_real): that row has no real key, and its softmax rows would spread over
+the bucket's positions.
 
 Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
 
@@ -131,7 +133,12 @@ def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
     short, long = PROBE_LENGTHS
 
     def gap(values):
-        padded, exact = cut(name, hook(values, ctx), short), hook(cut(name, values, short), ctx)
+        at_long = hook(values, ctx)
+        # A hook returning an array of its own shape (a patch cached at the real length) matches the short
+        # probe when that length is the probe's: it must keep the long value's shape too.
+        if at_long.shape != values.shape:
+            raise ValueError("the hook changed the value's shape")
+        padded, exact = cut(name, at_long, short), hook(cut(name, values, short), ctx)
         if padded.shape != exact.shape:
             raise ValueError("the hook changed the value's shape")
         return jnp.max(jnp.abs(padded - exact) / (1 + jnp.abs(exact)))
@@ -143,6 +150,16 @@ def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
         return float(jax.jit(gap)(on_device(values, dtype))) <= PROBE_RTOL  # on the host: `<=` on the device compiles
     except Exception:  # noqa: BLE001 (a shape error at another length is the answer; the real run raises the rest)
         return False
+
+
+def every_row_real(attention_mask) -> bool:
+    """Whether every row of attention_mask [B, T] holds a real token, so that padding it changes no value. A row of
+    padding only has no real key: its softmax rows spread over every position there is, T at the exact length and
+    the bucket's when padded, so such a batch runs at its exact length. Inside a traced function the values are
+    unknown and padding saves no program (the caller's program holds the forward), so it runs exact there too."""
+    if isinstance(attention_mask, jax.core.Tracer):
+        return False
+    return bool(np.asarray(attention_mask).any(axis=1).all())
 
 
 def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Array | None:

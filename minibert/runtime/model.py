@@ -471,7 +471,7 @@ class Model(Weights):
         # length rarely compiles a new program; outputs and captures are cut back to the real length.
         length = inputs.shape[1]
         self._shape_calls[inputs.shape] += 1  # a recurring batch shape gets its tight bucket (buckets.run_length)
-        if self._pads_safely_under(writers, inputs.shape[0]):
+        if buckets.every_row_real(inputs.attention_mask) and self._pads_safely_under(writers, inputs.shape[0]):
             padded = self.padded_length(length, inputs.shape[0], calls=self._shape_calls[inputs.shape])
             inputs = inputs.padded_to(padded, self.config.pad_token_id)
         if not offload:
@@ -532,13 +532,16 @@ class Model(Weights):
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
         """Which attention kernel model(batch) runs, and why (minibert.core.attention; docs/accelerators.md): on the
-        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"), for this batch padded to its
+        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"; any case; JAX's "gpu" is refused
+        as ambiguous, as is any other name), for this batch padded to its
         bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
         the answer as attention.choose says."""
         inputs = self.inputs(batch)
         length = self.padded_length(inputs.shape[1], inputs.shape[0])
+        if not buckets.every_row_real(inputs.attention_mask):  # run keeps such a batch at its own length
+            length = inputs.shape[1]
         mask = inputs.padded_to(length, self.config.pad_token_id).attention_mask
-        platform = platform or attention.platform()
+        platform = attention.platform() if platform is None else attention.checked_platform(platform)
         return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,
                                   cudnn=platform == "cuda")
 
