@@ -20,8 +20,8 @@ LABEL_COLOURS = {"shared": "0.6", "A-only": "#e66101", "B-only": "#2166ac"}  # d
 def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     """One figure sheet of a DiffReport (analysis.diffing.what_changed); saved to `path` (.png, .svg, .pdf) where
     given — an existing file only with overwrite=True."""
-    overwrite = refuse_unless_flag("overwrite", overwrite, VizError)
-    if path is not None and Path(path).exists() and not overwrite:
+    refuse_unless_flag("overwrite", overwrite, VizError)
+    if path is not None and Path(path).exists() and not overwrite:  # before drawing; save() checks it again
         raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
     per_head = [_check.matrix(f"weights.per_head[{name!r}]", value, 2, "[L, H]")
                 for name, value in report.weights.per_head.items()]
@@ -69,5 +69,5 @@ def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     ax_text.text(0, 1, "\n".join(lines) or "no latent was labelled fine-tune-only.", va="top", family="monospace",
                  fontsize=8, parse_math=False, transform=ax_text.transAxes)
     if path is not None:
-        save(fig, path)
+        save(fig, path, overwrite=overwrite)
     return fig
