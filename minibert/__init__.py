@@ -6,11 +6,11 @@
     out, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
     cache.stack("hook_pattern")                   # [L, B, H, T, S]
 
-Layers: app (cli, demo) → analysis, viz → api → model, hooks → config, errors. Imports point down only.
+Rings (docs/architecture.md): app → analysis, viz, training → runtime → io → families → core. Imports point inward.
 """
 
 import importlib
-from typing import TYPE_CHECKING
+import typing
 
 # Where each public name lives. They are imported when first used (PEP 562), not by `import minibert`: JAX's
 # import takes seconds, and the `minibert` command must be able to handle Ctrl-C before it starts
@@ -25,7 +25,7 @@ _EXPORTS = {
     "Tokenizer": "minibert.io.tokenizer", "Model": "minibert.runtime.model", "load": "minibert.runtime.model",
 }
 
-if TYPE_CHECKING:  # what type checkers and editors read
+if typing.TYPE_CHECKING:  # what type checkers and editors read
     from minibert.core.config import BertConfig, Config
     from minibert.core.encoder import Output
     from minibert.core.hooks import Cache, HookContext, HookFn, RecompileWarning, any_length, get_act_name

@@ -102,7 +102,7 @@ def demo_run(demo_log):
 def test_demo_writes_and_prints_every_file(demo_run):
     out, stdout = demo_run
     written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert written == DEMO_FILES
+    assert written == DEMO_FILES | {demo.MANIFEST}  # the manifest: what this build wrote, so a rerun may replace it
     printed = set(stdout.splitlines())
     for name in DEMO_FILES:
         path = out / name
@@ -190,6 +190,21 @@ def test_demo_refuses_a_folder_holding_its_files_unless_asked(tmp_path, bundled_
     status, _, stderr = run("demo", "--out", tmp_path / "index.html")
     assert status != 0 and "is a file; pass a folder for the demo" in stderr
     assert sorted(demo.written_names()) == sorted(DEMO_FILES)  # the check covers every file the demo writes
+
+
+def test_demo_reruns_over_its_own_output_but_not_over_a_changed_file(demo_run, tmp_path, bundled_load):
+    """`./dev.sh demo` twice replaces what the first run wrote (the README's first command must rerun); a file the
+    user changed since is theirs and is refused, the others are not named."""
+    out, _ = demo_run
+    shutil.copytree(out, tmp_path / "out")
+    copy = tmp_path / "out"
+    assert demo._own_files(copy) == set(demo.written_names())
+    (copy / "index.html").write_text("my notes")
+    assert demo._own_files(copy) == set(demo.written_names()) - {"index.html"}
+    status, stdout, stderr = run("demo", "--out", copy)
+    message = [line for line in stderr.splitlines() if "minibert demo: error" in line]
+    assert status != 0 and len(message) == 1 and "already holds index.html, which the demo" in message[0], stderr
+    assert (copy / "index.html").read_text() == "my notes"
 
 
 def test_demo_raises_no_warning(demo_log):

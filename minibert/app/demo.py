@@ -26,6 +26,7 @@ Layers and heads are 0-indexed in code and files; figures and pages label them "
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -170,11 +171,13 @@ def build(model, out: str | Path, step: Callable[[str], None] = _quiet, *,
     """Write the demo into `out` (created if needed); returns (every path written, the head statistics).
     `step(what)` is called as each step starts, naming what it writes (the command line prints it). A folder
     already holding a file of a name it writes (written_names) is refused before any work unless overwrite=True:
-    an index.html there may be the user's own."""
+    an index.html there may be the user's own. Files an earlier build wrote there and nobody changed since (their
+    digests are in MANIFEST) are the demo's own, and a rerun replaces them."""
     out, overwrite = Path(out), refuse_unless_flag("overwrite", overwrite, DataFileError)
     if out.exists() and not out.is_dir():
         raise DataFileError(f"{out} is a file; pass a folder for the demo (--out DIR).")
-    held = [name for name in written_names() if (out / name).exists()]
+    own = _own_files(out)
+    held = [name for name in written_names() if (out / name).exists() and name not in own]
     if held and not overwrite:
         shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
         raise DataFileError(f"{out} already holds {shown}, which the demo would replace; pass another folder "
@@ -246,4 +249,30 @@ def build(model, out: str | Path, step: Callable[[str], None] = _quiet, *,
     index = out / "index.html"
     summary = report.head_summary(result.mean, result.documents, model.tokenizer)
     index.write_text(report.index_page(out, paths, captions, summary, model.source), encoding="utf-8")
+    _write_manifest(out)
     return [*paths, index], result
+
+
+MANIFEST = ".minibert-demo.json"  # what the last build wrote here, with each file's digest
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _own_files(out: Path) -> set[str]:
+    """The files of `out` that an earlier build wrote and nobody has changed since (a rerun replaces them)."""
+    try:
+        written = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(written, dict):
+        return set()
+    names = set(written_names())
+    return {name for name, digest in written.items()
+            if name in names and (out / name).is_file() and _digest(out / name) == digest}
+
+
+def _write_manifest(out: Path) -> None:
+    written = {name: _digest(out / name) for name in written_names() if (out / name).is_file()}
+    (out / MANIFEST).write_text(json.dumps(written, indent=1), encoding="utf-8")
