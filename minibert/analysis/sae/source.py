@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.corpus import packing, reading
@@ -110,25 +111,29 @@ def token_activations(model, texts, hook_name: str, max_length: int = 128, speci
     return values[keep]
 
 
-def _packed_capture(model, state, arrays, *, hook_name: str):
-    """The hook's value [B, T, ...] on packed rows, every document attending only to itself (the survey's step)."""
-    return packed_captures(model, state, arrays, [hook_name])[hook_name]
+def _packed_capture(model, state, arrays, *, hook_names: tuple[str, ...]):
+    """[B, T, Σd] the hooks' values on packed rows, each flattened per token and laid side by side, every
+    document attending only to itself (the survey's step)."""
+    captured = packed_captures(model, state, arrays, list(hook_names))
+    return jnp.concatenate([captured[name].reshape(*arrays["input_ids"].shape, -1) for name in hook_names], -1)
 
 
-def _forward_batches(model, rows, pairs: bool, hook_name: str, max_length: int,
+def _forward_batches(model, rows, pairs: bool, hook_names: tuple[str, ...], max_length: int,
                      batch_tokens: int) -> Iterator[np.ndarray]:
-    """[n, d] the real, non-special tokens' values of each packed forward batch, in the order the packer fills."""
+    """[n, Σd] the real, non-special tokens' values of each packed forward batch, in the order the packer fills:
+    several hooks' values side by side in one row per token (one forward captures them all), so shuffling keeps
+    a token's values together."""
     buckets = packing.checked_buckets(None, max_length, model.config.max_tokens)
     rows_per_batch = packing.batch_rows(buckets[-1], batch_tokens, 1)
     packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
-    capture = model.jit(_packed_capture, static_argnames=("hook_name",))
+    capture = model.jit(_packed_capture, static_argnames=("hook_names",))
 
     def run(batches):
         for size, packed in batches:
             arrays = packing.packed_rows(model, size, packed, rows_per_batch * buckets[-1] // size, "real")
-            values = np.asarray(capture(model.state, arrays, hook_name=hook_name), np.float32)
+            values = np.asarray(capture(model.state, arrays, hook_names=hook_names), np.float32)
             keep = (arrays["attention_mask"] > 0) & (arrays["is_cls"] == 0) & (arrays["is_sep"] == 0)
-            yield values.reshape(*keep.shape, -1)[keep]
+            yield values[keep]
 
     for chunk in reading.tokenized_chunks(model, rows, pairs, max_length, first=0):
         packer.add(chunk)
@@ -229,6 +234,19 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
     The stream's `.source` names the hook and weights it reads (Trainer.train checks it).
     """
     hook_width(model, hook_name)
+    source = {"hook_name": hook_name, "weights": weights_digest(model)}
+    batches = shuffled_batches(model, texts, (hook_name,), source, batch_size=batch_size,
+                               batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, max_length=max_length,
+                               seed=seed, cache=cache)
+    return ActivationStream(batches, source, batch_size)
+
+
+def shuffled_batches(model, texts, hook_names: tuple[str, ...], cache_key: dict, *, batch_size: int,
+                     batch_tokens: int | None, buffer_tokens: int, max_length: int | None, seed: int,
+                     cache) -> Iterator[np.ndarray]:
+    """activations' batches [batch_size, Σd] of the hooks `hook_names` side by side (one forward per batch
+    captures them all), for sae.activations (one hook) and transcoders.activations (an MLP's input and output).
+    cache_key: the weights digest and what names the hooks, for the cache's record (which adds max_length)."""
     if buffer_tokens < 2 * batch_size:
         raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
     if batch_tokens is None:
@@ -237,19 +255,16 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
     rows, pairs = text_rows(texts)
     digest = TextsDigest()
     rows = digest.through(rows)
-    source = {"hook_name": hook_name, "weights": weights_digest(model)}
     store = None
     if cache is not None:
-        store = _Cache(cache, {"weights": source["weights"], "hook_name": hook_name, "max_length": max_length})
+        store = _Cache(cache, {**cache_key, "max_length": max_length})
         record = store.complete()
         if record is not None:
             for _ in rows:  # the texts' digest, without running the model
                 pass
-            return ActivationStream(_shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens,
-                                              seed), source, batch_size)
-    forward = _forward_batches(model, rows, pairs, hook_name, max_length, batch_tokens)
-    return ActivationStream(_shuffled(forward if store is None else store.write(forward, digest), batch_size,
-                                      buffer_tokens, seed), source, batch_size)
+            return _shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens, seed)
+    forward = _forward_batches(model, rows, pairs, tuple(hook_names), max_length, batch_tokens)
+    return _shuffled(forward if store is None else store.write(forward, digest), batch_size, buffer_tokens, seed)
 
 
 class ActivationStream:

@@ -69,6 +69,9 @@ def _adam(learning_rate: float, warmup: int) -> optax.GradientTransformation:
 class Trainer:
     """Holds an SAE's parameters and optimiser state; `step(x)` trains on one batch x [N, d_in]."""
 
+    config_class = SAEConfig  # what resume builds from a checkpoint's settings (transcoders.Trainer: its own)
+    what = "SAE"  # in the checkpoint's messages
+
     def __init__(self, config: SAEConfig, *, learning_rate: float = 2e-4, warmup: int = 0,
                  dead_tokens: int = 1_000_000, seed: int = 0, params=None, source: dict | None = None):
         _check_settings(learning_rate, warmup, dead_tokens)
@@ -153,23 +156,24 @@ class Trainer:
         """A trainer in the state `save` wrote: the next step is the one the saved run would have taken."""
         path = Path(path)
         if not path.is_file():
-            raise DataFileMissing(f"no SAE checkpoint at {path}; pass the file Trainer.save wrote.")
+            raise DataFileMissing(f"no {cls.what} checkpoint at {path}; pass the file Trainer.save wrote.")
         try:
             with np.load(path) as saved:
                 settings = json.loads(str(saved["settings"]))
                 leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
             steps = settings.pop("steps")
-            config = SAEConfig(**settings.pop("config"))
+            config = cls.config_class(**settings.pop("config"))
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, AnalysisError) as error:
             # numpy's own words for a pickled file advise loading it unsafely: never for a file of unknown origin
             detail = "it holds pickled objects, which are never loaded" if "pickle" in str(error) else \
                 f"{type(error).__name__}: {error}"
-            raise DataFileError(f"{path} is not a whole SAE checkpoint ({detail}); pass the file Trainer.save wrote, "
-                                f"uncut.") from None
+            raise DataFileError(f"{path} is not a whole {cls.what} checkpoint ({detail}); pass the file Trainer.save "
+                                f"wrote, uncut.") from None
         trainer = cls(config, **settings)
         structure = jax.tree_util.tree_structure((trainer.params, trainer.opt_state, trainer.since_fired))
         if structure.num_leaves != len(leaves):
-            raise DataFileError(f"{path} holds {len(leaves)} arrays; this SAE's state has {structure.num_leaves}.")
+            raise DataFileError(f"{path} holds {len(leaves)} arrays; this {cls.what}'s state has "
+                                f"{structure.num_leaves}.")
         trainer.params, trainer.opt_state, trainer.since_fired = jax.tree_util.tree_unflatten(
             structure, [jnp.asarray(leaf) for leaf in leaves])
         trainer.steps = steps
