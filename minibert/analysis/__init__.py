@@ -25,6 +25,7 @@ from minibert.analysis import (
     probes,
     sae,
     syntax,
+    transcoders,
     words,
 )
 from minibert.analysis.circuits import (
@@ -103,6 +104,7 @@ __all__ = [  # by topic, one name per line
     "probes",
     "sae",
     "syntax",
+    "transcoders",
     "words",
     # head statistics (Clark et al. 2019)
     "STATISTICS",
