@@ -446,3 +446,23 @@ def test_a_transcoder_for_another_model_or_site_is_refused(bert, other_bert):
     x[3, 0] = np.inf
     with pytest.raises(AnalysisError, match="x holds 1 non-finite .* row 3"):
         tc.evaluate(config, params, x, y)
+
+
+def test_feature_browser_shows_a_transcoders_latents(bert):
+    """viz.features on a transcoder reads its MLP input: each latent's peak and firing count are those of
+    transcoders.encode over every real token of the texts (special tokens included, as the browser shows them)."""
+    from minibert.viz.features import feature_browser
+
+    config, params = _fitted(bert, 1)
+    browser = feature_browser(bert, config, params, TEXTS, batch_size=2)
+    batch = bert.tokenize(TEXTS)
+    _, cache = bert.run_with_cache(batch, names=[config.hook_in])
+    x = np.asarray(cache[config.hook_in])[np.asarray(batch.attention_mask) > 0]
+    latents = np.asarray(tc.encode(config, {k: jnp.asarray(v) for k, v in params.items()}, x))
+    assert browser.data["hook"] == "blocks.1.ln1.hook_out" and browser.data["tokens_seen"] == len(latents)
+    assert "block 1" in browser.title
+    assert [latent["fires"] for latent in browser.data["latents"]] == list((latents > 0).sum(0))
+    # x from two programs (batches of 2 texts and of 4: head_rtol of the forward, with a stage for the encoder's
+    # dot), the page's maxima rounded to 6 significant digits
+    assert_close_to_scale([latent["max"] for latent in browser.data["latents"]], latents.max(0),
+                          head_rtol(bert.config, S=32) + 1e-6, "latent maxima")
