@@ -314,8 +314,10 @@ def other_bert(tmp_path_factory):
 
 
 def _fitted(model, layer, seed=0):
-    """A ReLU skip transcoder whose skip is the least-squares linear map x → y on TEXTS' tokens (so it is close),
-    latents random: a transcoder with known, non-trivial outputs, without training."""
+    """A ReLU skip transcoder whose skip is the ridge-regression linear map x → y on TEXTS' tokens (so it is
+    close), latents random: a transcoder with known, non-trivial outputs, without training. Ridge, not plain
+    least squares: a LayerNorm without bias (ModernBERT) puts x in a hyperplane, where least squares would
+    blow the rounding of x up along the normal."""
     x, y = tc.token_pairs(model, TEXTS, layer)
     config = tc.TranscoderConfig(d_in=x.shape[1], d_sae=16, d_out=y.shape[1], layer=layer, architecture="relu",
                                  skip=True, hook_in=tc.sites(model, layer)[0], hook_out=tc.sites(model, layer)[1],
@@ -323,7 +325,10 @@ def _fitted(model, layer, seed=0):
     rng = np.random.default_rng(seed)
     params = {name: 0.1 * rng.normal(size=np.shape(value)).astype(np.float32)
               for name, value in tc.init_params(config).items()}
-    params["W_skip"] = np.linalg.lstsq(x, y, rcond=None)[0].astype(np.float32)
+    x64 = x.astype(np.float64)
+    gram = x64.T @ x64
+    ridge = 1e-2 * np.trace(gram) / len(gram)
+    params["W_skip"] = np.linalg.solve(gram + ridge * np.eye(len(gram)), x64.T @ y).astype(np.float32)
     return config, params
 
 
