@@ -18,8 +18,8 @@ from minibert.analysis import transcoders as tc
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.transcoders.training import batch_top_k, heaviside, jumprelu, losses
 from minibert.errors import AnalysisError, DataFileError
-from minibert.families.reading import read_config
-from minibert.tokenizer import Tokenizer
+from minibert.io.config_json import read_config
+from minibert.io.tokenizer import Tokenizer
 
 D_IN, D_OUT, S = 12, 10, 24  # the planted-free tests' widths
 

@@ -20,8 +20,8 @@ from minibert.analysis.sae.model import checked_finite
 from minibert.analysis.sae.source import hook_width
 from minibert.analysis.transcoders.model import TranscoderConfig, encode, forward
 from minibert.analysis.transcoders.source import sites
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
 
 
 def evaluate(config: TranscoderConfig, params, x, y, dense_above: float = 0.1) -> dict[str, float | np.ndarray]:
