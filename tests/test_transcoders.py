@@ -65,16 +65,16 @@ def test_batch_top_k_keeps_the_batchs_largest():
 
 
 def test_batchtopk_threshold_is_the_moving_average_of_the_smallest_kept():
-    """After one step from θ = 0: θ = r · min(the batch top-k activations of the initial parameters)."""
+    """After one step from θ = 0: θ = r · min(the batch top-k activations of the initial parameters), r = 0.01."""
     rng = np.random.default_rng(0)
-    config = _config("batchtopk", threshold_rate=0.25)
-    trainer = tc.Trainer(config, learning_rate=1e-3)
-    x, y = _pairs(rng, 64)
+    config = _config("batchtopk")
+    trainer = tc.Trainer(config, learning_rate=1e-2)
+    x, y = _pairs(rng, 128)
     pre = x.astype(np.float64) @ np.asarray(trainer.params["W_enc"], np.float64)
-    kept = np.sort(np.maximum(pre, 0).ravel())[::-1][:config.k * 64]
+    kept = np.sort(np.maximum(pre, 0).ravel())[::-1][:config.k * 128]
     trainer.step(x, y)
     # θ is r·(one float32 pre-activation), which differs from the float64 one by a dot's rounding
-    assert float(trainer.params["threshold"]) == pytest.approx(0.25 * kept.min(), rel=dot_rtol(D_IN) + U32)
+    assert float(trainer.params["threshold"]) == pytest.approx(0.01 * kept.min(), rel=dot_rtol(D_IN) + U32)
     assert trainer.params["threshold"].shape == ()
 
 
@@ -127,8 +127,9 @@ def test_every_architecture_trains(architecture, skip):
     """60 steps on a fixed map: the reconstruction loss falls by more than half, every decoder row stays unit
     norm, JumpReLU thresholds stay ≥ 0, and the sparsity term of each architecture is reported."""
     rng = np.random.default_rng(2)
-    config = _config(architecture, skip, l1_coefficient=0.01, l0_coefficient=0.01, threshold_init=0.1,
-                     bandwidth=0.1)
+    settings = {"relu": dict(l1_coefficient=0.01),
+                "jumprelu": dict(l0_coefficient=0.01, threshold_init=0.1, bandwidth=0.1)}.get(architecture, {})
+    config = _config(architecture, skip, **settings)  # batchtopk's as the threshold test's: one compiled step
     trainer = tc.Trainer(config, learning_rate=1e-2)
     history = [trainer.step(*_pairs(rng, 128)) for _ in range(60)]
     first, last = np.mean([h["mse"] for h in history[:3]]), np.mean([h["mse"] for h in history[-3:]])
@@ -410,7 +411,7 @@ def test_pair_stream_is_the_models_own_pairs_and_trainers_check_it(bert, other_b
     with pytest.raises(AnalysisError, match=r"layer 1 but the transcoder is for layer 0.*layer=0"):
         wrong_layer.train(tc.activations(model, TEXTS, 1, batch_size=8, buffer_tokens=16))
     trainer = tc.Trainer(tc.TranscoderConfig(d_in=24, d_sae=16, d_out=24, layer=1, k=4))
-    trainer.train(tc.activations(model, TEXTS, 1, batch_size=8, buffer_tokens=16), steps=2)
+    trainer.train(tc.activations(model, TEXTS, 1, batch_size=8, buffer_tokens=16), steps=2, progress=True)
     assert trainer.config.weights == weights_digest(model) and trainer.config.hook_in == "blocks.1.ln1.hook_out"
     resumed = tc.Trainer.resume(trainer.save(tmp_path / "run.npz"))
     other = other_bert
