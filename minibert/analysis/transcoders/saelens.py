@@ -26,11 +26,12 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 from safetensors.numpy import save_file
 
 from minibert.analysis.sae.saelens import CFG, SAELENS_LAYOUT, WEIGHTS, read_cfg, read_weights, writable_directory
-from minibert.analysis.transcoders.model import TranscoderConfig
+from minibert.analysis.transcoders.model import TranscoderConfig, init_params
 from minibert.errors import AnalysisError, DataFileError
 
 SAELENS_NAMES = {("relu", False): "transcoder", ("relu", True): "skip_transcoder",
@@ -43,11 +44,15 @@ OURS = ("architecture", "k", "layer", "weights", "k_aux", "aux_coefficient", "l1
         "sparsity_warmup", "bandwidth", "threshold_init", "threshold_rate")
 
 
+def _our_shapes(config: TranscoderConfig) -> dict[str, tuple[int, ...]]:
+    """The parameters' names and shapes in minibert (init_params', without computing them)."""
+    return {name: tuple(value.shape) for name, value in jax.eval_shape(lambda: init_params(config)).items()}
+
+
 def _shapes(config: TranscoderConfig) -> dict[str, tuple[int, ...]]:
-    """The arrays in SAELens' names and shapes (W_skip in its [d_out, d_in] orientation)."""
-    shapes = {"W_enc": (config.d_in, config.d_sae), "b_enc": (config.d_sae,), "W_dec": (config.d_sae, config.d_out),
-              "b_dec": (config.d_out,)}
-    if config.architecture in ("jumprelu", "batchtopk"):
+    """The arrays in SAELens' names and shapes: a threshold per latent, W_skip in its [d_out, d_in] orientation."""
+    shapes = _our_shapes(config)
+    if "threshold" in shapes:
         shapes["threshold"] = (config.d_sae,)
     if config.skip:
         shapes["W_skip"] = (config.d_out, config.d_in)
@@ -56,14 +61,7 @@ def _shapes(config: TranscoderConfig) -> dict[str, tuple[int, ...]]:
 
 def _saelens_arrays(config: TranscoderConfig, params) -> dict[str, np.ndarray]:
     """Our parameters as SAELens stores them, each checked against the config's shape."""
-    ours = {"W_enc": (config.d_in, config.d_sae), "b_enc": (config.d_sae,), "W_dec": (config.d_sae, config.d_out),
-            "b_dec": (config.d_out,)}
-    if config.architecture == "jumprelu":
-        ours["threshold"] = (config.d_sae,)
-    if config.architecture == "batchtopk":
-        ours["threshold"] = ()
-    if config.skip:
-        ours["W_skip"] = (config.d_in, config.d_out)
+    ours = _our_shapes(config)
     for name, expected in ours.items():
         found = tuple(np.shape(params[name])) if name in params else None
         if found != expected:
