@@ -397,7 +397,7 @@ def test_pair_stream_is_the_models_own_pairs_and_trainers_check_it(bert, other_b
     x_all, y_all = tc.token_pairs(model, TEXTS, 1)
     stream = tc.activations(model, TEXTS, 1, batch_size=8, buffer_tokens=16, max_length=32)
     assert stream.source == {"weights": weights_digest(model), "layer": 1, "hook_in": "blocks.1.ln1.hook_out",
-                             "hook_out": "blocks.1.hook_mlp_out"}
+                             "hook_out": "blocks.1.hook_mlp_out", "model": "<memory>"}
     batches = list(stream)
     assert len(batches) == len(x_all) // 8  # the last partial batch dropped
     rtol = head_rtol(model.config, S=32)
@@ -413,6 +413,7 @@ def test_pair_stream_is_the_models_own_pairs_and_trainers_check_it(bert, other_b
     trainer = tc.Trainer(tc.TranscoderConfig(d_in=24, d_sae=16, d_out=24, layer=1, k=4))
     trainer.train(tc.activations(model, TEXTS, 1, batch_size=8, buffer_tokens=16), steps=2, progress=True)
     assert trainer.config.weights == weights_digest(model) and trainer.config.hook_in == "blocks.1.ln1.hook_out"
+    assert trainer.config.model_name == "<memory>"  # model.source names the model where the config does not
     resumed = tc.Trainer.resume(trainer.save(tmp_path / "run.npz"))
     other = other_bert
     with pytest.raises(AnalysisError, match="weights"):

@@ -42,10 +42,15 @@ def sites(model, layer: int) -> tuple[str, str]:
     return hook_in, hook_out
 
 
+IDENTITY = ("weights", "layer", "hook_in", "hook_out")  # what a trainer compares; "model" only names it
+
+
 def source_of(model, layer: int) -> dict:
-    """What a stream of block `layer`'s MLP pairs reads: {"weights" (digest), "layer", "hook_in", "hook_out"}."""
+    """What a stream of block `layer`'s MLP pairs reads: {"weights" (digest), "layer", "hook_in", "hook_out",
+    "model" (where the model was loaded from: model.source, "<memory>" for one built in memory)}."""
     hook_in, hook_out = sites(model, layer)
-    return {"weights": weights_digest(model), "layer": int(layer), "hook_in": hook_in, "hook_out": hook_out}
+    return {"weights": weights_digest(model), "layer": int(layer), "hook_in": hook_in, "hook_out": hook_out,
+            "model": model.source}
 
 
 def activations(model, texts, layer: int, *, batch_size: int = 1024, batch_tokens: int | None = None,

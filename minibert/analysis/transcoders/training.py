@@ -38,6 +38,7 @@ from minibert.analysis.transcoders.model import (
     init_params,
     pre_activations,
 )
+from minibert.analysis.transcoders.source import IDENTITY
 from minibert.errors import AnalysisError, DivergedError
 from minibert.training.optim import Progress
 
@@ -249,9 +250,9 @@ class Trainer(sae_training.Trainer):
                                     f"(layer {config.layer}); stream transcoders.activations(model, texts, "
                                     f"layer={config.layer}) of the model it was configured for, or start a new "
                                     f"Trainer.")
-        if self.source is not None and source != self.source:
+        if self.source is not None and any(source[key] != self.source[key] for key in IDENTITY):
             raise AnalysisError(f"this transcoder was trained on {self.source} and these pairs come from {source}; "
                                 f"resume on the same layer and model weights, or start a new Trainer.")
         self.source = source
         self.config = dataclasses.replace(config, hook_in=source["hook_in"], hook_out=source["hook_out"],
-                                          weights=source["weights"])
+                                          weights=source["weights"], model_name=config.model_name or source["model"])
