@@ -24,6 +24,7 @@ SMOKED = {  # script → a line its report must hold
     "mixing": "## Context mixing",
     "training": "## Training",
     "dense": "## hook_overhead",
+    "graphs": "## Attribution graphs",
     "memory": "| offload=True |",
     "one_core": "| minibert, patterns |",
     "op_profile": "| dense matmuls (q/k/v/o, FFN, pooler) |",
