@@ -27,6 +27,7 @@ SMOKED = {  # script → a line its report must hold
     "graphs": "## Attribution graphs",
     "memory": "| offload=True |",
     "one_core": "| minibert, patterns |",
+    "peers": "| workload | minibert runs at T |",
     "op_profile": "| dense matmuls (q/k/v/o, FFN, pooler) |",
     "precision": "| bfloat16 |",
     "run": "### Hook machinery with nothing active",

@@ -63,4 +63,4 @@ def graph_figure(pruned, *, ax=None, path=None, overwrite: bool = False) -> Figu
     ax.set_ylim(-0.6, graph.n_layers + 1.6)
     ax.set_title(f"attribution graph: {pruned.n_nodes} nodes, {pruned.n_edges} edges (blue raises, red lowers; "
                  f"squares: error nodes)", fontsize=9)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)

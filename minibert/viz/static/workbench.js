@@ -506,8 +506,14 @@ if (document.getElementById("wb-config")) {
   (function () {
     var query = new URLSearchParams(window.location.search), token = query.get("token") || "";
     var config = JSON.parse(document.getElementById("wb-config").textContent);
-    config.tour = config.tour || Boolean(query.get("tour"));
-    config.projector = Boolean(query.get("projector"));
+    // A switch in the URL: ?projector or ?projector=1 turns it on; 0, false, no and off keep it off (Boolean("0")
+    // is true, so &projector=0 turned projector mode on).
+    function urlSwitch(name) {
+      var value = query.get(name);
+      return value !== null && !/^(0|false|no|off)$/i.test(value.trim());
+    }
+    config.tour = config.tour || urlSwitch("tour");
+    config.projector = urlSwitch("projector");
     function send(action, body) {
       return fetch("/api/" + action, {method: "POST", body: JSON.stringify(body),
                                       headers: {"Content-Type": "application/json", "X-Minibert-Token": token}})
