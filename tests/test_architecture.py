@@ -397,9 +397,10 @@ JIT_ELSEWHERE = {
     "minibert.analysis.probes.linear": "a linear probe's fit (its own parameters)",
     "minibert.analysis.probes.structural": "a structural probe's steps (its own parameters)",
     "minibert.analysis.sae.training": "an SAE's training step (its own parameters)",
+    "minibert.analysis.transcoders.training": "a transcoder's training step (its own parameters)",
     "minibert.training.finetune": "the fine-tuning step and evaluation (donated optimiser state)",
     "minibert.training.guards": "the finiteness check of a step's loss and weights",
-    "minibert.viz.features": "top activating windows of an SAE's features",
+    "minibert.viz.features": "top activating windows of an SAE's or a transcoder's features",
 }
 
 

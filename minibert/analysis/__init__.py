@@ -28,6 +28,7 @@ from minibert.analysis import (
     sae,
     sweeps,
     syntax,
+    transcoders,
     words,
 )
 from minibert.analysis.circuits import (
@@ -110,6 +111,7 @@ __all__ = [  # by topic, one name per line
     "sae",
     "sweeps",
     "syntax",
+    "transcoders",
     "words",
     # head statistics (Clark et al. 2019)
     "STATISTICS",

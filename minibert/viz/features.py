@@ -1,4 +1,4 @@
-"""A feature browser for a sparse autoencoder: one offline HTML page, one latent shown at a time.
+"""A feature browser for a sparse autoencoder or a transcoder: one offline HTML page, one latent shown at a time.
 
 The page opens on the most frequent latent, under an overview table of the most frequent ones. For each
 latent: its top-activating contexts (a window of tokens around the peak, each token shaded by its
@@ -10,6 +10,9 @@ set with textContent, never as markup.
 
     browser = feature_browser(model, config, params, texts)      # texts: a text, a list, pairs or a corpus file
     browser.save("features.html")
+
+A transcoder's latents (analysis.transcoders: config a TranscoderConfig) are found the same way, on its MLP's
+input (the hook it reads); its decoder directions, which write the MLP's output, give the nearest tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis import transcoders
 from minibert.analysis.sae.model import SAEConfig, encode
 from minibert.errors import VizError
 from minibert.viz._html import _safe_json, page, write_page
@@ -36,7 +40,7 @@ def _chunk_summary(params, x, *, config, top, window):
     """Latents of x [N, D] (a chunk's real tokens, text after text): the top values [S, top], their token
     indices [S, top], the latent's activations on the window around each [S, top, 2·window + 1], and the
     histogram counts [S, bins]."""
-    latents = encode(config, params, x)
+    latents = (transcoders.encode if isinstance(config, transcoders.TranscoderConfig) else encode)(config, params, x)
     values, index = jax.lax.top_k(latents.T, top)
     around = jnp.clip(index[..., None] + jnp.arange(-window, window + 1), 0, x.shape[0] - 1)
     windows = latents[around, jnp.arange(config.d_sae)[:, None, None]]
@@ -84,15 +88,21 @@ class FeatureBrowser:
 
 
 
-def feature_browser(model, config: SAEConfig, params, texts, *, pairs=None, hook_name: str | None = None,
-                    top: int = 5, window: int = 4, nearest: int = 5, max_length: int = 128, batch_size: int = 32,
-                    title: str = "SAE features") -> FeatureBrowser:
-    """Browse every latent of an SAE over `texts` (see the module docstring); window: tokens each side of a peak.
-    texts, pairs: as sae.text_rows reads them — one text (a str), a list, pairs, (text, pair) tuples or a corpus
-    file — so the browser can show the very rows the SAE was trained on."""
+def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig, params, texts, *, pairs=None,
+                    hook_name: str | None = None, top: int = 5, window: int = 4, nearest: int = 5,
+                    max_length: int = 128, batch_size: int = 32, title: str | None = None) -> FeatureBrowser:
+    """Browse every latent of an SAE or a transcoder over `texts` (see the module docstring); window: tokens each
+    side of a peak. texts, pairs: as sae.text_rows reads them — one text (a str), a list, pairs, (text, pair)
+    tuples or a corpus file — so the browser can show the very rows the SAE was trained on. A transcoder reads
+    its MLP's input at its layer (transcoders.checked_site: one for another model or site is refused)."""
     from minibert.analysis.sae.source import hook_width, text_rows
 
-    hook_name = hook_name or config.hook_name
+    if isinstance(config, transcoders.TranscoderConfig):
+        hook_name = hook_name or transcoders.checked_site(model, config)[0]
+        title = title or f"transcoder features (block {config.layer}'s MLP)"
+    else:
+        hook_name = hook_name or config.hook_name
+    title = title or "SAE features"
     if hook_name is None or hook_width(model, hook_name) != config.d_in:
         raise VizError(f"hook {hook_name!r} does not give {config.d_in}-wide vectors; pass the hook_name the SAE "
                        f"was trained on.")

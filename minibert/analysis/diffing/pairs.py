@@ -96,7 +96,7 @@ def paired_activations(model_a, model_b, texts: Iterable[str] | str | Path, hook
                 pass
             return ActivationStream(shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens, seed),
                                     source, batch_size)
-    forward = forward_batches((model_a, model_b), rows, pairs, hook_name, max_length, batch_tokens)
+    forward = forward_batches((model_a, model_b), rows, pairs, (hook_name,), max_length, batch_tokens)
     return ActivationStream(shuffled(forward if store is None else store.write(forward, digest), batch_size,
                                      buffer_tokens, seed), source, batch_size)
 

@@ -132,29 +132,37 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
     pooled as the checkpoint's sentence-transformers Pooling says (the mean where it says nothing).
     The clean run writes the hook's own value back, so it is the same program as the spliced one but for the SAE.
     """
-    from minibert.analysis.sae.source import text_batch
-
     hook_name = hook_name or config.hook_name
     if hook_name is None:
         raise AnalysisError("the SAE's config names no hook_name; pass hook_name=.")
-    if ablation not in ABLATIONS:
-        raise AnalysisError(f"ablation={ablation!r}: pick 'zero' or 'mean'.")
     _checked_width(model, config, hook_name)
     hooks = splice_hook(config, params, hook_name)
-    unchanged = {name: _unchanged for name in hooks}
+    return fidelity(model, hook_name, lambda batch: hooks, texts, seed, pairs=pairs, labels=labels, ablation=ablation)
+
+
+def fidelity(model, hook_name: str, spliced, texts, seed: int = 0, *, pairs=None, labels=None,
+             ablation: str = "zero") -> dict[str, float]:
+    """spliced_fidelity's scores for any replacement at `hook_name`: spliced(batch) gives the {hook: writer} of
+    the spliced run on that batch (the masked one for a masked-LM head); the clean run writes the hook's own
+    value back, the ablated one 0 or the batch's mean (ablation)."""
+    from minibert.analysis.sae.source import text_batch
+
+    if ablation not in ABLATIONS:
+        raise AnalysisError(f"ablation={ablation!r}: pick 'zero' or 'mean'.")
+    unchanged = {hook_name: _unchanged}
     batch = text_batch(model, texts, pairs)
     heads = model.config.heads
     if heads.mlm:
         masked, targets = mask_tokens(model, batch, seed=seed)
         where = np.nonzero(targets != IGNORE)
         runs = {name: model.run_with_hooks(masked, hooks=run_hooks).logits[where] for name, run_hooks in
-                (("clean", unchanged), ("spliced", hooks),
+                (("clean", unchanged), ("spliced", spliced(masked)),
                  ("ablated", _ablation_hooks(model, masked, hook_name, ablation)))}
         return _head_scores(runs, targets[where])
     if heads.classifier is not None:
         given = None if labels is None else _class_ids(labels, len(batch), heads.classifier, model.config.id2label)
         logits = {name: model.run_with_hooks(batch, hooks=run_hooks).logits for name, run_hooks in
-                  (("clean", unchanged), ("spliced", hooks),
+                  (("clean", unchanged), ("spliced", spliced(batch)),
                    ("ablated", _ablation_hooks(model, batch, hook_name, ablation)))}
         if heads.classifier == "token":
             where = np.nonzero(np.asarray(batch.attention_mask) > 0)
@@ -163,7 +171,7 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
         return _head_scores(logits, targets)
     mask = batch.attention_mask
     a = sentence_vectors(model, model.run_with_hooks(batch, hooks=unchanged), mask)
-    b = sentence_vectors(model, model.run_with_hooks(batch, hooks=hooks), mask)
+    b = sentence_vectors(model, model.run_with_hooks(batch, hooks=spliced(batch)), mask)
     cosine = jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
     return {"cosine": float(jax.device_get(cosine.mean()))}
 

@@ -50,15 +50,8 @@ def save(path, config: SAEConfig, params, *, overwrite: bool = False) -> Path:
     """Write cfg.json and sae_weights.safetensors into the directory `path` (created if needed). A directory that
     already holds either file (another SAE) is refused unless overwrite=True; parameters whose shapes differ
     from the config's are refused (the cfg would describe other weights)."""
-    path, overwrite = Path(path), refuse_unless_flag("overwrite", overwrite, DataFileError)
     arrays = _checked_params(config, params, "sae.save")
-    if path.exists() and not path.is_dir():
-        raise DataFileError(f"{path} is a file; pass a directory to save the SAE into.")
-    held = [name for name in (CFG, WEIGHTS) if (path / name).exists()]
-    if held and not overwrite:
-        raise DataFileError(f"{path} already holds {' and '.join(held)} (another SAE); pass another directory, or "
-                            f"overwrite=True to replace it.")
-    path.mkdir(parents=True, exist_ok=True)
+    path = writable_directory(path, overwrite, "SAE")
     cfg = {"architecture": SAELENS_ARCHITECTURE[config.architecture], "d_in": config.d_in, "d_sae": config.d_sae,
            "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
            "reshape_activations": "hook_z" if (config.hook_name or "").endswith("hook_z") else "none",
@@ -74,18 +67,47 @@ def save(path, config: SAEConfig, params, *, overwrite: bool = False) -> Path:
     return path
 
 
-def load(path) -> tuple[SAEConfig, dict[str, np.ndarray]]:
-    """(config, params) from a directory in SAELens' layout (written by save, or by SAELens' save_model)."""
-    path = Path(path)
+def writable_directory(path, overwrite: bool, what: str) -> Path:
+    """`path` made a directory to write cfg.json and the weights into; one already holding either is refused
+    unless overwrite=True (nothing of the user's is replaced unasked)."""
+    path, overwrite = Path(path), refuse_unless_flag("overwrite", overwrite, DataFileError)
+    if path.exists() and not path.is_dir():
+        raise DataFileError(f"{path} is a file; pass a directory to save the {what} into.")
+    held = [name for name in (CFG, WEIGHTS) if (path / name).exists()]
+    if held and not overwrite:
+        raise DataFileError(f"{path} already holds {' and '.join(held)} (another {what}); pass another directory, or "
+                            f"overwrite=True to replace it.")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def read_cfg(path: Path, sizes: tuple[str, ...], writer: str) -> dict:
+    """A SAELens directory's cfg.json, with whole-number `sizes`; writer names what writes such a directory."""
     if not (path / CFG).is_file() or not (path / WEIGHTS).is_file():
-        raise DataFileMissing(f"{path} needs {CFG} and {WEIGHTS} (SAELens' layout); pass the directory save wrote.")
+        raise DataFileMissing(f"{path} needs {CFG} and {WEIGHTS} (SAELens' layout); pass the directory {writer} "
+                              f"wrote.")
     try:
         cfg = json.loads((path / CFG).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        message = f"{path / CFG} is not JSON ({error}); pass a directory sae.save or SAELens wrote."
+        message = f"{path / CFG} is not JSON ({error}); pass a directory {writer} or SAELens wrote."
         raise DataFileError(message) from None
-    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(key), int) for key in ("d_in", "d_sae")):
-        raise DataFileError(f"{path / CFG} needs whole-number d_in and d_sae (SAELens' cfg.json).")
+    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(key), int) for key in sizes):
+        raise DataFileError(f"{path / CFG} needs whole-number {', '.join(sizes)} (SAELens' cfg.json).")
+    return cfg
+
+
+def read_weights(path: Path, what: str) -> dict[str, np.ndarray]:
+    try:
+        return load_file(str(path / WEIGHTS))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise DataFileError(f"{path / WEIGHTS} cannot be read ({error}); it may be cut short. Save the {what} "
+                            f"again.") from None
+
+
+def load(path) -> tuple[SAEConfig, dict[str, np.ndarray]]:
+    """(config, params) from a directory in SAELens' layout (written by save, or by SAELens' save_model)."""
+    path = Path(path)
+    cfg = read_cfg(path, ("d_in", "d_sae"), "sae.save")
     ours = {saelens: mine for mine, saelens in SAELENS_ARCHITECTURE.items()}
     if cfg.get("architecture") not in ours:
         raise DataFileError(f"{path / CFG}: architecture {cfg.get('architecture')!r}; minibert reads "
@@ -97,9 +119,4 @@ def load(path) -> tuple[SAEConfig, dict[str, np.ndarray]]:
     config = SAEConfig(d_in=cfg["d_in"], d_sae=cfg["d_sae"], architecture=ours[cfg["architecture"]],
                        k=cfg.get("k", 32), hook_name=metadata.get("hook_name"),
                        model_name=metadata.get("model_name"), **cfg.get("minibert", {}))
-    try:
-        params = load_file(str(path / WEIGHTS))
-    except (SafetensorError, OSError, ValueError) as error:
-        raise DataFileError(f"{path / WEIGHTS} cannot be read ({error}); it may be cut short. Save the SAE "
-                            f"again.") from None
-    return config, _checked_params(config, params, str(path / WEIGHTS))
+    return config, _checked_params(config, read_weights(path, "SAE"), str(path / WEIGHTS))

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.corpus import packing, reading
@@ -110,21 +111,24 @@ def token_activations(model, texts, hook_name: str, max_length: int = 128, speci
     return values[keep]
 
 
-def _packed_capture(model, state, arrays, *, hook_name: str):
-    """The hook's value [B, T, ...] on packed rows, every document attending only to itself (the survey's step)."""
-    return packed_captures(model, state, arrays, [hook_name])[hook_name]
+def _packed_capture(model, state, arrays, *, hook_names: tuple[str, ...]):
+    """[B, T, Σd] the hooks' values on packed rows, each flattened per token and laid side by side, every
+    document attending only to itself (the survey's step)."""
+    captured = packed_captures(model, state, arrays, list(hook_names))
+    return jnp.concatenate([captured[name].reshape(*arrays["input_ids"].shape, -1) for name in hook_names], -1)
 
 
-def forward_batches(models, rows, pairs: bool, hook_name: str, max_length: int,
+def forward_batches(models, rows, pairs: bool, hook_names: tuple[str, ...], max_length: int,
                     batch_tokens: int) -> Iterator[np.ndarray]:
-    """[n, M, d] the real, non-special tokens' values at `hook_name` in each of M models (sharing one tokenizer)
-    of each packed forward batch, in the order the packer fills: the texts are read, tokenized and packed once,
-    and every model runs the same packed rows (one pass of each model per batch)."""
+    """[n, M, Σd] the real, non-special tokens' values at `hook_names` (side by side, one forward captures them
+    all, so shuffling keeps a token's values together) in each of M models (sharing one tokenizer) of each packed
+    forward batch, in the order the packer fills: the texts are read, tokenized and packed once, and every model
+    runs the same packed rows (one pass of each model per batch)."""
     first = models[0]
     buckets = packing.checked_buckets(None, max_length, min(model.config.max_tokens for model in models))
     rows_per_batch = packing.batch_rows(buckets[-1], batch_tokens, 1)
     packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
-    captures = [model.jit(_packed_capture, static_argnames=("hook_name",)) for model in models]
+    captures = [model.jit(_packed_capture, static_argnames=("hook_names",)) for model in models]
 
     def run(batches):
         for size, packed in batches:
@@ -132,8 +136,8 @@ def forward_batches(models, rows, pairs: bool, hook_name: str, max_length: int,
             for model, capture in zip(models, captures, strict=True):  # each its own positions and pad id
                 arrays = packing.packed_rows(model, size, packed, rows_per_batch * buckets[-1] // size, "real")
                 keep = (arrays["attention_mask"] > 0) & (arrays["is_cls"] == 0) & (arrays["is_sep"] == 0)
-                value = np.asarray(capture(model.state, arrays, hook_name=hook_name), np.float32)
-                values.append(value.reshape(*keep.shape, -1)[keep])
+                value = np.asarray(capture(model.state, arrays, hook_names=hook_names), np.float32)
+                values.append(value[keep])
             yield np.stack(values, axis=1)
 
     for chunk in reading.tokenized_chunks(first, rows, pairs, max_length, first=0):
@@ -235,6 +239,19 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
     The stream's `.source` names the hook and weights it reads (Trainer.train checks it).
     """
     hook_width(model, hook_name)
+    source = {"hook_name": hook_name, "weights": weights_digest(model)}
+    batches = shuffled_batches(model, texts, (hook_name,), source, batch_size=batch_size,
+                               batch_tokens=batch_tokens, buffer_tokens=buffer_tokens, max_length=max_length,
+                               seed=seed, cache=cache)
+    return ActivationStream(batches, source, batch_size)
+
+
+def shuffled_batches(model, texts, hook_names: tuple[str, ...], cache_key: dict, *, batch_size: int,
+                     batch_tokens: int | None, buffer_tokens: int, max_length: int | None, seed: int,
+                     cache) -> Iterator[np.ndarray]:
+    """activations' batches [batch_size, Σd] of the hooks `hook_names` side by side (one forward per batch
+    captures them all), for sae.activations (one hook) and transcoders.activations (an MLP's input and output).
+    cache_key: the weights digest and what names the hooks, for the cache's record (which adds max_length)."""
     if buffer_tokens < 2 * batch_size:
         raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
     if batch_tokens is None:
@@ -243,20 +260,17 @@ def activations(model, texts: Iterable[str] | str | Path, hook_name: str, *, bat
     rows, pairs = text_rows(texts)
     digest = TextsDigest()
     rows = digest.through(rows)
-    source = {"hook_name": hook_name, "weights": weights_digest(model)}
     store = None
     if cache is not None:
-        store = ActivationCache(cache, {"weights": source["weights"], "hook_name": hook_name, "max_length": max_length})
+        store = ActivationCache(cache, {**cache_key, "max_length": max_length})
         record = store.complete()
         if record is not None:
             for _ in rows:  # the texts' digest, without running the model
                 pass
-            return ActivationStream(shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens,
-                                              seed), source, batch_size)
-    forward = (values[:, 0] for values in forward_batches((model,), rows, pairs, hook_name, max_length,
+            return shuffled(store.read(record, digest.hexdigest()), batch_size, buffer_tokens, seed)
+    forward = (values[:, 0] for values in forward_batches((model,), rows, pairs, tuple(hook_names), max_length,
                                                           batch_tokens))
-    return ActivationStream(shuffled(forward if store is None else store.write(forward, digest), batch_size,
-                                      buffer_tokens, seed), source, batch_size)
+    return shuffled(forward if store is None else store.write(forward, digest), batch_size, buffer_tokens, seed)
 
 
 class ActivationStream:

@@ -69,6 +69,9 @@ def _adam(learning_rate: float, warmup: int) -> optax.GradientTransformation:
 class Trainer:
     """Holds an SAE's parameters and optimiser state; `step(x)` trains on one batch x [N, d_in]."""
 
+    config_class = SAEConfig  # what resume builds from a checkpoint's settings (transcoders.Trainer: its own)
+    what = "SAE"  # in the checkpoint's messages
+
     def __init__(self, config: SAEConfig, *, learning_rate: float = 2e-4, warmup: int = 0,
                  dead_tokens: int = 1_000_000, seed: int = 0, params=None, source: dict | None = None):
         _check_settings(learning_rate, warmup, dead_tokens)
@@ -153,11 +156,11 @@ class Trainer:
         """A trainer in the state `save` wrote: the next step is the one the saved run would have taken."""
         def rebuild(settings):
             steps = settings.pop("steps")
-            trainer = cls(SAEConfig(**settings.pop("config")), **settings)
+            trainer = cls(cls.config_class(**settings.pop("config")), **settings)
             trainer.steps = steps
             return trainer
 
-        trainer, state = read_state(path, "SAE", rebuild,
+        trainer, state = read_state(path, cls.what, rebuild,
                                     lambda trainer: (trainer.params, trainer.opt_state, trainer.since_fired))
         trainer.params, trainer.opt_state, trainer.since_fired = state
         return trainer

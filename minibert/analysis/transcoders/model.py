@@ -43,6 +43,17 @@ class TranscoderConfig:
     hook_in: str | None = None  # e.g. "blocks.3.ln1.hook_out"
     hook_out: str | None = None  # e.g. "blocks.3.hook_mlp_out"
     model_name: str | None = None
+    weights: str | None = None  # the digest of the model weights trained on (Trainer.train records it)
+    # training only (docs/transcoders.md): AuxK (topk, batchtopk), L1 (relu), L0 and its pseudo-derivative
+    # (jumprelu), the batch-top-k threshold's moving average (batchtopk)
+    k_aux: int | None = None  # dead latents AuxK uses (None: d_out // 2, Gao et al.'s heuristic)
+    aux_coefficient: float = 1 / 32
+    l1_coefficient: float = 5.0
+    l0_coefficient: float = 1.0
+    sparsity_warmup: int = 0  # steps over which the L1 / L0 coefficient ramps up from 0
+    bandwidth: float = 0.001  # jumprelu: ε of the rectangle kernel in the threshold's pseudo-derivative
+    threshold_init: float = 0.001  # jumprelu: θ_i at the start of training
+    threshold_rate: float = 0.01  # batchtopk: the moving average's rate, as SAELens' topk_threshold_lr
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -56,6 +67,30 @@ class TranscoderConfig:
             raise AnalysisError(f"TranscoderConfig layer={layer!r} must be a block index ≥ 0.")
         if self.architecture in ("topk", "batchtopk") and self.k > self.d_sae:
             raise AnalysisError(f"k={self.k} latents kept of d_sae={self.d_sae}: k must be at most d_sae.")
+        if self.k_aux is not None and (isinstance(self.k_aux, bool) or not isinstance(self.k_aux, int | np.integer)
+                                       or self.k_aux < 1):
+            raise AnalysisError(f"TranscoderConfig k_aux={self.k_aux!r} must be a whole number ≥ 1 (or None).")
+        if isinstance(self.sparsity_warmup, bool) or not isinstance(self.sparsity_warmup, int | np.integer) \
+                or self.sparsity_warmup < 0:
+            raise AnalysisError(f"TranscoderConfig sparsity_warmup={self.sparsity_warmup!r} must be a whole number "
+                                f"≥ 0.")
+        for name in ("aux_coefficient", "l1_coefficient", "l0_coefficient", "threshold_init"):
+            _check_number(name, getattr(self, name), positive=False)
+        for name in ("bandwidth", "threshold_rate"):
+            _check_number(name, getattr(self, name), positive=True)
+        if self.threshold_rate > 1:
+            raise AnalysisError(f"TranscoderConfig threshold_rate={self.threshold_rate!r} is a moving average's rate: "
+                                f"pass a number in (0, 1].")
+
+    @property
+    def aux_k(self) -> int:
+        return min(self.d_sae, self.k_aux if self.k_aux is not None else max(1, self.d_out // 2))
+
+
+def _check_number(name: str, value, positive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating) or not np.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise AnalysisError(f"TranscoderConfig {name}={value!r} must be a finite number {'>' if positive else '≥'} 0.")
 
 
 def pre_activations(params, x):
