@@ -61,20 +61,16 @@ def code_cells_of(source: str) -> list[str]:
     return ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
 
 
+# Each run combines edits that touch different cells, so that every edit of the list is run and the runs stay few.
 ONE = 'sentences = ["The cat sat on the mat.", "The quick brown fox jumps over the lazy dog."]'
 T1 = {
-    "one sentence": [(ONE, 'sentences = ["The quick brown fox jumps over the lazy dog."]')],
-    "three sentences": [(ONE, 'sentences = ["Birds sing.", "The cat sat on the mat.", "A long sentence about '
-                              'the old house at the end of the road."]')],
-    "padding in the second": [(ONE, 'sentences = ["The quick brown fox jumps over the lazy dog.", '
-                                    '"The cat sat on the mat."]')],
+    "one sentence, another layer and head": [(ONE, 'sentences = ["The quick brown fox jumps over the lazy dog."]'),
+                                             ("LAYER, HEAD = 0, 2", "LAYER, HEAD = 4, 11")],
+    "three sentences, the padded one in the middle, words not in the text": [
+        (ONE, 'sentences = ["Dogs bark at night.", "Birds sing.", "A long sentence about the old house."]')],
     "same lengths": [(ONE, 'sentences = ["The cat sat on the mat.", "The dog sat on the rug."]')],
-    "another layer and head": [("LAYER, HEAD = 0, 2", "LAYER, HEAD = 4, 11")],
-    "words not in the text": [(ONE, 'sentences = ["Dogs bark.", "Birds sing in the morning."]')],
-    "punctuation only": [(ONE, 'sentences = ["?!", "..."]')],
-    "non-English": [(ONE, 'sentences = ["猫がマットの上に座った。", "Der schnelle braune Fuchs springt."]')],
+    "punctuation only, non-English": [(ONE, 'sentences = ["?!", "Der braune Fuchs: 猫がマットの上に座った。"]')],
 }
-
 
 @pytest.mark.slow  # the tutorial's cells on the bundled checkpoint: ~10 s on a loaded 2-core machine
 @pytest.mark.parametrize("edit", T1, ids=list(T1))
@@ -107,14 +103,13 @@ def test_tutorial_two_describes_broad_as_the_library_does():
 PAIR = '["The company said profits rose sharply.", "Profits climbed steeply, the firm said."]'
 CLEAN, CORRUPT = '"The film was wonderful."', '"The film was terrible."'
 T4 = {
-    "clean and corrupted of different lengths": [(CORRUPT, '"The film was not wonderful at all."')],
-    "corrupted shorter": [(CLEAN, '"The long film was truly wonderful."')],
-    "one sentence": [(PAIR, '["The company said profits rose sharply."]')],
-    "three sentences": [(PAIR, '["Profits rose.", "The firm said profits climbed.", "It rained."]')],
-    "another layer and head": [("LAYER, HEAD = 3, 7", "LAYER, HEAD = 0, 0")],
-    "punctuation only": [(CLEAN, '"?"'), (CORRUPT, '"!"')],
-    "non-English": [(PAIR, '["Der Gewinn stieg stark.", "会社は利益が急増したと述べた。"]'),
-                    (CLEAN, '"Der Film war wunderbar."'), (CORRUPT, '"Der Film war schrecklich."')],
+    "one sentence, clean and corrupted of different lengths": [
+        (PAIR, '["The company said profits rose sharply."]'), (CORRUPT, '"The film was not wonderful at all."')],
+    "three sentences, corrupted shorter, another layer and head": [
+        (PAIR, '["Profits rose.", "The firm said profits climbed.", "It rained."]'),
+        (CLEAN, '"The long film was truly wonderful."'), ("LAYER, HEAD = 3, 7", "LAYER, HEAD = 0, 0")],
+    "punctuation only, non-English": [(PAIR, '["?", "会社は利益が急増したと述べた。"]'),
+                                      (CLEAN, '"Der Film war wunderbar."'), (CORRUPT, '"!"')],
 }
 
 
