@@ -1,0 +1,85 @@
+"""The workbench's tour in the room, round 2 (issue 41), in headless chromium: the words of a stop follow its own
+numbers (stop 7 said "copies" beside a cosine of −0.283), and the last stop keeps its buttons and the controls it
+names in sight in projector mode at 1366×768 and at 150 % scaling (910×512 CSS px). Each test failed on the page
+before its fix."""
+
+from __future__ import annotations
+
+import pytest
+import test_serve_browser
+from test_serve_browser import Server
+from test_serve_classroom import overlap, saved_sentence_model
+
+server, open_page = test_serve_browser.server, test_serve_browser.open_page  # its fixtures: a tiny MLM's workbench
+
+COPIES = 0.9  # tour.js: stop 7 says the head copies the key's value only where z's cosine with it is at least this
+
+
+def advance(page, stops: int):
+    for _ in range(stops):
+        page.page.click("#wb-tour-next")
+    page.settle()
+
+
+def test_the_z_stop_says_copies_only_where_z_points_along_that_value(open_page, tiny_mlm):
+    """Stop 7 (z = Σ α v) said "the head copies what X offers" whatever z's cosine with X's value. Over every query
+    of a sentence it now says "copies" exactly where the cosine it prints is at least 0.9, and otherwise says that z
+    is not that value's copy (the random tiny model gives both kinds; the set of cosines is deterministic)."""
+    with Server([tiny_mlm[0]], tour=True) as running:
+        page = open_page(running)
+        page.type("a b c d e f g")
+        advance(page, 6)
+        seen = []
+        for query in range(1, 8):
+            page.page.click(f"#wb-tokens-0 .wb-token[data-index='{query}']")
+            page.settle()
+            said = page.page.text_content(".wb-tour p")
+            assert said.startswith("7/10"), said
+            cosine = float(page.page.get_attribute(".wb-tour [data-fact=cosine]", "data-value"))
+            seen.append(cosine)
+            assert ("copies" in said) == (cosine >= COPIES), (cosine, said)
+            if cosine < COPIES:
+                assert "not a copy" in said, said
+        assert min(seen) < COPIES, seen  # the words that changed were exercised
+        assert page.problems == []
+
+
+@pytest.fixture(scope="module")
+def bundled_shape(tmp_path_factory):
+    """A sentence model with the bundled model's 6 layers of 12 heads: the head grid as tall as the bundled one's."""
+    return saved_sentence_model(tmp_path_factory.mktemp("bundled-shape"), hidden_size=48, num_attention_heads=12,
+                                num_hidden_layers=6)
+
+
+@pytest.mark.parametrize("size, projector", [((1366, 768), True), ((1366, 768), False), ((910, 512), True)],
+                         ids=["projector", "standard", "150-percent-projector"])
+def test_the_last_stop_shows_its_buttons_and_what_it_names(open_page, bundled_shape, size, projector, tmp_path):
+    """The last stop cut off its own Back/Done/Close in projector mode (349 px of content in a 323 px box), covered
+    the token row, and asked for sentence B with that field scrolled away; in standard mode it covered "Clear
+    ablations" and "[MASK]". Now its buttons are inside the box and the window, and the box covers none of the
+    outlined head, sentence B, Clear ablations and [MASK], all in the window."""
+    width, height = size
+    with Server([bundled_shape], tour=True) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": width, "height": height})
+        page.type("a b c d e f g h i j")
+        if projector:
+            page.page.click("#wb-projector")
+            page.settle()
+        advance(page, 9)
+        assert page.page.text_content(".wb-tour p").startswith("10/10")
+        page.page.screenshot(path=str(tmp_path / "last-stop.png"))
+        box = page.page.locator("#wb-tour").bounding_box()
+        for button in ("#wb-tour-back", "#wb-tour-next", "#wb-tour-close"):
+            b = page.page.locator(button).bounding_box()
+            assert box["y"] <= b["y"] and b["y"] + b["height"] <= box["y"] + box["height"], button
+            assert 0 <= b["y"] and b["y"] + b["height"] <= height, button
+        for part in ("#wb-tour", ".wb-tour p"):  # nothing to scroll to: the whole stop is in sight
+            clipped = page.page.eval_on_selector(part, "n => n.scrollHeight - n.clientHeight")
+            assert clipped <= 0, (part, clipped)
+        for named in (".wb-spotlight", "#wb-pair", "#wb-clear", "#wb-mask"):
+            b = page.page.locator(named).bounding_box()
+            assert not overlap(box, b), named
+            assert 0 <= b["y"] and b["y"] + b["height"] <= height, named
+        assert page.page.evaluate("document.documentElement.scrollWidth") <= width
+        assert page.problems == []
