@@ -118,3 +118,20 @@ T4 = {
 def test_tutorial_four_survives_a_students_edit(edit, monkeypatch):
     printed = run_edited("04", T4[edit], monkeypatch)
     assert "similarity to the probe" in printed and "∂similarity/∂pattern" in printed, printed
+
+
+def test_teaching_installs_clean_notebooks_and_states_measured_times():
+    """docs/teaching.md's install gave notebooks a red TqdmWarning (no ipywidgets without the notebook extra), said
+    30 s where an empty pip cache took minutes, and fitted neither Windows nor a machine without `python3.11`."""
+    import tomllib
+
+    text = (ROOT / "docs" / "teaching.md").read_text(encoding="utf-8")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(requirement.startswith("ipywidgets") for requirement in extras["notebook"])
+    installs = re.findall(r"""pip install ['"]\.\[([a-z,]+)\]['"]""", text)
+    assert len(installs) >= 2 and all("notebook" in extra.split(",") and "serve" in extra.split(",")
+                                      for extra in installs), installs
+    assert "python3.11 -m venv .venv && " not in text  # a name many machines lack: python3, with the version said
+    assert "Scripts\\Activate.ps1" in text and "py -3.11 -m venv" in text  # Windows
+    assert "--host" in text and "shared server" in text.lower()
+    assert "empty pip cache" in text and "| 30 s |" not in text
