@@ -5,6 +5,7 @@ before its fix."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import test_serve_browser
 from test_serve_browser import Server
@@ -83,3 +84,38 @@ def test_the_last_stop_shows_its_buttons_and_what_it_names(open_page, bundled_sh
             assert 0 <= b["y"] and b["y"] + b["height"] <= height, named
         assert page.page.evaluate("document.documentElement.scrollWidth") <= width
         assert page.problems == []
+
+
+def test_mean_ablation_averages_z_over_the_texts_the_similarity_encodes(bundled_shape):
+    """Mean ablation gave 0.9018 on the page and 0.9021 in tutorial 4 for the same pair and head: the page averaged
+    z over `[CLS] A [SEP] B [SEP]`, the tutorial over A and B encoded apart. One definition now: with a similarity
+    to compute, a head's mean z over the real tokens of A and B each encoded on its own — analysis.mean_z of the
+    two texts, tutorial 4's — and the similarity under it is the model's, each text run alone."""
+    from test_serve import client_for, post
+    from tolerances import forward_rtol
+
+    from minibert.analysis import interventions
+
+    model, texts = bundled_shape, ["a b c d e", "b c d f"]
+    answer = post(client_for(model), "run", {"text": texts[0], "pair": texts[1], "ablate": [[0, 2]],
+                                             "mode": "mean"}).json()
+    cfg = model.config
+    mask = interventions.head_mask(0, 2, cfg.num_hidden_layers, cfg.num_attention_heads)
+    hooks = interventions.ablate_heads(mask, mean=interventions.mean_z(model, model.tokenize(texts)))
+    hidden = [np.asarray(model.run_with_hooks(model.tokenize([text]), hooks=hooks).last_hidden_state,
+                         np.float64)[0] for text in texts]  # one row each, no padding
+    a, b = (h.mean(0) for h in hidden)  # mean pooling over every token
+    cosine = a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+    # as test_serve_classroom's zero-ablation check: each hidden entry within rtol · max|h| (the forward bound, for
+    # the page's padded program against this unpadded one), each mean within √D · rtol · max|h|, and a cosine moves
+    # by at most 2‖Δ‖/‖·‖ for each of its two vectors; the replacement itself, a mean of float32 z over ≤ 12
+    # tokens summed in either order, is inside the same forward bound
+    rtol = max(forward_rtol(cfg, len(model.tokenize([text]).tokens[0])) for text in texts)
+    bound = 2 * np.sqrt(cfg.hidden_size) * rtol * sum(np.abs(h).max() / np.linalg.norm(h.mean(0)) for h in hidden)
+    assert abs(answer["outputs"]["after"]["similarity"] - cosine) <= bound
+    # and not the old definition's number: the mean over the pair encoded together moves it by more than the bound
+    pair = model.tokenize([texts[0]], [texts[1]])
+    old = interventions.ablate_heads(mask, mean=interventions.mean_z(model, pair))
+    a_old, b_old = (np.asarray(model.run_with_hooks(model.tokenize([text]), hooks=old).last_hidden_state,
+                               np.float64)[0].mean(0) for text in texts)
+    assert abs(a_old @ b_old / np.linalg.norm(a_old) / np.linalg.norm(b_old) - cosine) > bound

@@ -318,17 +318,39 @@ class Workbench:
         return run
 
     def _replacement(self, request: Request) -> np.ndarray:
-        """What an ablated head outputs, [L, H, K]: zeros, or its mean z over this text's tokens (mean mode)."""
+        """What an ablated head outputs, [L, H, K]: zeros, or (mean mode) its mean z over the real tokens of the
+        texts the output is computed from — with a similarity, A and B each encoded on its own (analysis.mean_z of
+        the two texts, as tutorial 4 takes it); else the run's own tokens."""
         cfg = self.model.config
         if request.ablate and request.mode == "mean":
+            if self._similar(request):
+                return self._mean_z_apart(request)
             return self._run(dataclasses.replace(request, ablate=())).stack("attn.hook_z").mean(axis=1)
         return np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim), np.float32)
+
+    def _mean_z_apart(self, request: Request) -> np.ndarray:
+        """[L, H, K]: each head's mean z over the real tokens of A and B, each encoded on its own, unablated."""
+        cfg = self.model.config
+        batch = self.model.tokenize([request.text, request.pair])
+        padded = self._padded(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+        nothing = self._hooks((), np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim),
+                                           np.float32))
+        with self._programs.first("similarity", self.program_length(batch.input_ids.shape[1], 2)), self._lock:
+            _, cache = self.model.run(padded, names="blocks.*.attn.hook_z", hooks=nothing)
+        z = np.asarray(cache.stack("attn.hook_z"), np.float64)  # [L, 2, T', H, K], T' ≥ the padded length
+        real = np.zeros(z.shape[1:3])
+        real[:, :padded["attention_mask"].shape[1]] = padded["attention_mask"]
+        return ((z * real[None, :, :, None, None]).sum((1, 2)) / real.sum()).astype(np.float32)
+
+    def _similar(self, request: Request) -> bool:
+        """Whether the request has an A–B similarity: a sentence B and a sentence pooling to compute it with."""
+        pooling = self.model.pooling  # no similarity where sentence_embeddings would refuse (no Pooling, Dense, …)
+        return not (pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None)
 
     def _similarity(self, request: Request, hooks: dict) -> float | None:
         """Cosine similarity of sentence A's and B's embeddings (sentence-transformers checkpoints with a pair),
         each encoded on its own, with the model's pooling, under the same hooks."""
-        pooling = self.model.pooling  # no similarity where sentence_embeddings would refuse (no Pooling, Dense, …)
-        if pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None:
+        if not self._similar(request):
             return None
         batch = self.model.tokenize([request.text, request.pair])
         with self._programs.first("similarity", self.program_length(batch.input_ids.shape[1], 2)):
