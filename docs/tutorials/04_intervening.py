@@ -93,7 +93,9 @@ print(f"cosine similarity of the pair: {baseline:.4f}")
 # the residual stream. *Mean ablation* replaces it instead by its average over the real tokens
 # of the batch (`mean_z`) — it removes what the head says about each token while keeping its
 # typical contribution, which is often a fairer test (zero may be far from anything the
-# next layers have seen).
+# next layers have seen). Here the batch is the two sentences, each encoded on its own, as their
+# similarity is; the workbench's mean mode takes the same mean, so its number for a pair and a
+# head is this tutorial's.
 #
 # First, a check that the ready-made intervention is what we think it is: zeroing one head by
 # hand gives the same output. The head is chosen once, 0-indexed as arrays and arguments count
