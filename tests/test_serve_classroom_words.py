@@ -119,3 +119,39 @@ def test_mean_ablation_averages_z_over_the_texts_the_similarity_encodes(bundled_
     a_old, b_old = (np.asarray(model.run_with_hooks(model.tokenize([text]), hooks=old).last_hidden_state,
                                np.float64)[0].mean(0) for text in texts)
     assert abs(a_old @ b_old / np.linalg.norm(a_old) / np.linalg.norm(b_old) - cosine) > bound
+
+
+NUMBER = r"^-?\d+\.\d{3}$|^−∞$"  # the page's one format for a number it shows: three decimals (−∞ a masked key)
+
+
+def test_bar_rows_fit_the_window_and_numbers_have_one_format(open_page, bundled_shape):
+    """Projector mode with a sentence pair at 1366×768: the q·k, scaled and softmax bar rows scrolled sideways (the
+    last keys off-screen), the softmax labels in scientific notation ran together ("3.17e-113.95e-13"), and the
+    neuron view showed the same value as 0.000. Now every bar row fits its width, its labels are apart, and the
+    step-through's softmax labels read as the neuron view's numbers for the same keys."""
+    import re
+
+    with Server([bundled_shape], tour=False) as running:
+        page = open_page(running)
+        page.page.set_viewport_size({"width": 1366, "height": 768})
+        page.type("a b c d e f g h i j", "b c d e f g h i j a")
+        page.page.click("#wb-projector")
+        page.settle()
+        for step in ("qk", "scaled", "pattern"):
+            row = f"#wb-step-0-{step} .wb-bars"
+            sideways = page.page.eval_on_selector(row, "n => n.scrollWidth - n.clientWidth")
+            assert sideways <= 0, (step, sideways)
+            labels = page.page.eval_on_selector_all(f"{row} .wb-num", "ns => ns.map(n => [n.textContent, "
+                                                    "n.getBoundingClientRect().left, n.getBoundingClientRect().right, "
+                                                    "n.getBoundingClientRect().top])")
+            assert len(labels) == 23, (step, len(labels))  # [CLS], 10 tokens, [SEP], 10 tokens, [SEP]
+            assert all(re.match(NUMBER, text) for text, *_ in labels), (step, [text for text, *_ in labels])
+            for (_, _, right, top), (_, left, _, top_next) in zip(labels, labels[1:]):
+                assert top_next != top or left - right >= 4, step  # on one line, 4 px apart at least
+        stepped = page.page.eval_on_selector_all("#wb-step-0-pattern .wb-bars .wb-num", "ns => ns.map(n => "
+                                                 "n.textContent)")
+        neuron = "#wb-views-0 .mbv[data-mbv-kind=neuron]"
+        shown = page.page.eval_on_selector_all(f"{neuron} .mbv-num[data-col=softmax]", "ns => ns.map(n => "
+                                               "n.textContent)")
+        assert shown == stepped
+        assert page.problems == []

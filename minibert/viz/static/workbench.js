@@ -28,11 +28,11 @@ function minibertWorkbench(app, config, options) {
 
   var el = options.el;  // common.js's: the one el() of the views and the page
 
+  /** The page's one format for a number it shows (the neuron view's too): three decimals, so a probability of
+      3e-11 reads 0.000 in every panel (the exact value is in data-value and on hover). */
   function number(value) {
     if (value === null) return "−∞";  // a masked score (JSON has no number for it)
-    var text = Math.abs(value) >= 1e4 || (value !== 0 && Math.abs(value) < 1e-3) ? value.toExponential(2)
-      : value.toFixed(3);
-    return text;
+    return Math.abs(value) < 5e-4 ? "0.000" : value.toFixed(3);  // never "-0.000"
   }
 
   // ---- the controls ---------------------------------------------------------------------------------
