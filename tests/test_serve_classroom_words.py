@@ -155,3 +155,23 @@ def test_bar_rows_fit_the_window_and_numbers_have_one_format(open_page, bundled_
                                                "n.textContent)")
         assert shown == stepped
         assert page.problems == []
+
+
+def test_unknown_word_pieces_and_the_heads_slice_are_explained(open_page, tiny_mlm):
+    """Non-English text became [UNK] with no word on the page saying why; the concatenation row started at this
+    head's slice (index 64 on the bundled model) with nothing saying so. Now a note under the tokens says what
+    [UNK] is (only when there is one), and the concatenation's numbers start with the index they start from."""
+    page = open_page()
+    page.type("a b 猫 c")
+    note = page.page.text_content("#wb-unk-note-0")
+    assert "[UNK]" in note and "vocabulary" in note, note
+    page.type("a b c")
+    assert page.page.locator("#wb-unk-note-0").count() == 0
+    head = 2
+    page.page.select_option("#wb-step-head-0", index=head)
+    page.settle()
+    start = head * tiny_mlm[0].config.head_dim
+    row = page.page.text_content("#wb-step-0-concat .wb-number-row")
+    first = page.page.text_content("#wb-step-0-concat .wb-number-row .wb-num")
+    assert f"this head's slice starts at index {start}" in row.split(first)[0], row
+    assert page.problems == []

@@ -149,7 +149,7 @@ class Workbench:
         return {"model": self.model.source, "family": cfg.family.name, "architecture": cfg.architecture,
                 "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads, "d_model": cfg.hidden_size,
                 "d_head": cfg.head_dim, "d_ffn": cfg.intermediate_size, "outputs": self._output_kinds(),
-                "mask_token": tokenizer.mask_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
+                "mask_token": tokenizer.mask_token, "unk_token": tokenizer.unk_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
                 "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES),
                 "head_labels": [[head_label(layer, head) for head in range(cfg.num_attention_heads)]
                                 for layer in range(cfg.num_hidden_layers)]}

@@ -83,6 +83,9 @@ function minibertStepThrough(page) {
         }
         var drawn = strip(step, r * width, width, scale);
         line.appendChild(drawn.node);
+        if (step.start) {  // the numbers shown start at this head's slice, not at index 0
+          line.appendChild(el("span", {"class": "wb-more"}, "this head's slice starts at index " + step.start + ":"));
+        }
         for (var i = step.start; i < width && i < step.start + shown; i++) {
           line.appendChild(cell(r * width + i, number(step.values[r * width + i])));
         }

@@ -313,6 +313,13 @@ function minibertWorkbench(app, config, options) {
       row.appendChild(button);
     });
     part.appendChild(row);
+    var unk = panel.info.unk_token;
+    if (unk && answer.tokens.indexOf(unk) >= 0) {  // non-English text, on an English vocabulary: say why
+      part.appendChild(el("p", {"class": "wb-hint", id: prefix + "unk-note-" + panel.n},
+        unk + " marks a piece of your text that this model's vocabulary has no word piece for (the bundled model's "
+        + "vocabulary is English: words in other scripts become " + unk + " or single letters). The model sees only "
+        + "that one token for it."));
+    }
     panel.offsets = answer.offsets;
     panel.sentenceB = answer.sentence_b_start;
   }
