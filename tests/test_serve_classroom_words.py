@@ -175,3 +175,42 @@ def test_unknown_word_pieces_and_the_heads_slice_are_explained(open_page, tiny_m
     first = page.page.text_content("#wb-step-0-concat .wb-number-row .wb-num")
     assert f"this head's slice starts at index {start}" in row.split(first)[0], row
     assert page.problems == []
+
+
+def test_an_ablation_says_where_the_attention_first_changes(open_page, bundled_shape):
+    """Before and after an ablation of 1-3 were identical at the default layer (rightly: it acts after the head's
+    softmax) with nothing saying where the change starts. The run's answer now gives each layer's largest
+    |after − before| attention — the hooked patterns with and without ablate_heads, within the forward bound — and
+    the first layer where it is not 0; the page says so and a button shows that layer."""
+    from test_serve import client_for, post
+    from tolerances import forward_rtol
+
+    from minibert.analysis import interventions
+
+    model, text = bundled_shape, "a b c d e f"
+    answer = post(client_for(model), "run", {"text": text, "ablate": [[1, 2]]}).json()
+    cfg = model.config
+    mask = interventions.head_mask(1, 2, cfg.num_hidden_layers, cfg.num_attention_heads)
+    batch = model.tokenize([text])
+    names = "blocks.*.attn.hook_pattern"
+    plain = np.asarray(model.run_with_cache(batch, names=names)[1].stack("attn.hook_pattern"), np.float64)
+    _, cache = model.run(batch, names=names, hooks=interventions.ablate_heads(mask))
+    ablated = np.asarray(cache.stack("attn.hook_pattern"), np.float64)
+    expected = np.abs(ablated - plain).reshape(cfg.num_hidden_layers, -1).max(1)
+    # probabilities ≤ 1 from two runs: each within the forward bound's rtol of 1, so a difference within 2 rtol
+    rtol = forward_rtol(cfg, len(batch.tokens[0]))
+    assert answer["change"]["per_layer"][:2] == [0.0, 0.0]  # the layers up to the ablated head's own: bit for bit
+    np.testing.assert_allclose(answer["change"]["per_layer"], expected, rtol=0, atol=2 * rtol)
+    assert answer["change"]["first_layer"] == 2 and expected[2] > 2 * rtol
+    with Server([model]) as running:
+        page = open_page(running)
+        page.type(text)
+        page.page.click("#wb-head-0-1-2")
+        page.page.wait_for_selector("#wb-change-0")
+        page.settle()
+        said = page.page.text_content("#wb-change-0")
+        assert "first changes at layer 3 (1-indexed; 0-indexed: 2)" in said and "layers 1–2 are identical" in said
+        page.page.click("#wb-change-show-0")
+        page.settle()
+        assert page.page.eval_on_selector("#wb-step-layer-0", "n => n.value") == "2"
+        assert page.problems == []

@@ -77,6 +77,17 @@ class Run:
         return np.stack([self.captures[f"blocks.{layer}.{site}"] for layer in range(n_layers)])
 
 
+def _attention_change(before: Run, after: Run) -> dict:
+    """Where an ablation shows in the attention: {per_layer: max |after − before| of each layer's patterns over its
+    heads, queries and keys, first_layer: the first layer (0-indexed) where that is not 0, or None}. The two runs
+    are one compiled program on one input up to the ablated head's output, so the layers before it (and its own
+    pattern, which the ablation follows) are equal bit for bit: any nonzero difference is the ablation's."""
+    gaps = np.abs(after.stack("attn.hook_pattern").astype(np.float64) - before.stack("attn.hook_pattern")).reshape(
+        len(after.stack("attn.hook_pattern")), -1).max(axis=1)
+    changed = np.flatnonzero(gaps > 0)
+    return {"per_layer": [float(gap) for gap in gaps], "first_layer": int(changed[0]) if changed.size else None}
+
+
 TEXT_FIELDS = {"text": "the text", "pair": "sentence B"}  # a request's text fields, as the page labels them
 
 
@@ -149,7 +160,8 @@ class Workbench:
         return {"model": self.model.source, "family": cfg.family.name, "architecture": cfg.architecture,
                 "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads, "d_model": cfg.hidden_size,
                 "d_head": cfg.head_dim, "d_ffn": cfg.intermediate_size, "outputs": self._output_kinds(),
-                "mask_token": tokenizer.mask_token, "unk_token": tokenizer.unk_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
+                "mask_token": tokenizer.mask_token, "unk_token": tokenizer.unk_token, "max_chars": MAX_CHARS,
+                "max_tokens": self.max_tokens,
                 "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES),
                 "head_labels": [[head_label(layer, head) for head in range(cfg.num_attention_heads)]
                                 for layer in range(cfg.num_hidden_layers)]}
@@ -172,6 +184,7 @@ class Workbench:
                   "outputs": {"before": self._outputs(before)}}
         if request.ablate:
             answer["outputs"]["after"] = self._outputs(after)
+            answer["change"] = _attention_change(before, after)
         return answer
 
     def step(self, body: Mapping) -> dict:

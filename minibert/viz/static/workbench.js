@@ -176,6 +176,7 @@ function minibertWorkbench(app, config, options) {
           if (ticket !== state.runs) return;
           showOutputs(panel, compared.outputs, compared.titles);
           showViews(panel, compared.sides, answer.ablated);
+          if (answer.change) showChange(panel, answer.change);
         });
         return Promise.all([shown, stepThrough(panel, ticket), why.show(panel, ticket)]);
       });
@@ -422,6 +423,26 @@ function minibertWorkbench(app, config, options) {
           selection: selection(), onSelect: choose, ablated: side.side === "after" ? ablated : []}));
       });
     });
+  }
+
+  /** After an ablation: the first layer whose attention changes (after − before), with a button to show it. The
+      views open at the selected layer, where before and after may be equal (rightly): this says where to look. */
+  function showChange(panel, change) {
+    var first = change.first_layer, line = el("p", {"class": "wb-hint wb-change", id: prefix + "change-" + panel.n});
+    if (first === null) {
+      line.appendChild(document.createTextNode("after − before: no layer's attention changes (the ablated heads are "
+        + "in the last layer, or write nothing later layers read)."));
+    } else {
+      var peak = change.per_layer[first];
+      line.appendChild(document.createTextNode("after − before: the attention first changes at layer " + (first + 1)
+        + " (1-indexed; 0-indexed: " + first + "), by up to " + number(peak) + " (largest |Δα|)"
+        + (first > 0 ? "; layers 1–" + first + " are identical before and after" : "") + ". Largest |Δα| per layer: "
+        + change.per_layer.map(number).join(", ") + ". "));
+      var go = el("button", {type: "button", id: prefix + "change-show-" + panel.n}, "Show layer " + (first + 1));
+      go.addEventListener("click", function () { choose({layer: first}); });
+      line.appendChild(go);
+    }
+    panel.views.insertBefore(line, panel.views.childNodes[1] || null);  // after the heading (renew keeps it)
   }
 
   // ---- the one selection: layer, head, query --------------------------------------------------------
