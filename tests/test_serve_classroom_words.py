@@ -214,3 +214,21 @@ def test_an_ablation_says_where_the_attention_first_changes(open_page, bundled_s
         page.settle()
         assert page.page.eval_on_selector("#wb-step-layer-0", "n => n.value") == "2"
         assert page.problems == []
+
+
+def test_context_mixing_maps_are_named_by_their_method_not_head_1(open_page):
+    """The rollout / value-zeroing / ALTI maps, one per layer, were labelled "Head 1" (the views draw a map as a
+    single head): their column and swatch now name the method."""
+    page = open_page()
+    page.type("a b c d")
+    page.page.select_option("#wb-mixing", "rollout")
+    page.page.wait_for_function("() => [...document.querySelectorAll('#wb-views-0 .mbv[data-mbv-kind=model] "
+                                ".mbv-axis')].some(n => n.textContent === 'rollout')")
+    page.settle()
+    axes = page.page.eval_on_selector_all("#wb-views-0 .mbv[data-mbv-kind=model] .mbv-axis", "ns => ns.map(n => "
+                                          "n.textContent)")
+    assert "rollout" in axes and not any(a in ("Head 1", "H1") for a in axes), axes
+    swatches = page.page.eval_on_selector_all("#wb-views-0 .mbv[data-mbv-kind=head] .mbv-swatch", "ns => ns.map(n => "
+                                              "n.textContent)")
+    assert swatches == ["rollout"], swatches
+    assert page.problems == []

@@ -46,6 +46,7 @@ MAX_TOKENS = 128  # per request (text and pair together): the views stay readabl
 TOP_K = 5  # masked-LM predictions shown per [MASK]
 CACHED_RUNS = 4  # runs kept for the step-through and the "before" of an ablation (~55 MB each at 128 tokens)
 MIXING_METHODS = ("attention", "rollout", "value_zeroing", "alti")
+MAP_NAMES = {"rollout": "rollout", "value_zeroing": "value zeroing", "alti": "ALTI"}  # as the views label a map
 ABLATION_MODES = ("zero", "mean")
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +217,11 @@ class Workbench:
             return {"method": method, "views": self._views(run)}
         maps = self._mixing_maps(run, request, method)[:, None]  # [L, 1, T, T]
         tokens, b_start = run.tokens, run.sentence_b_start
-        return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start, level=0).data,
-                                            "model": views.model_view(tokens, maps, b_start, level=0).data}}
+        shown = {"head": views.head_view(tokens, maps, b_start, level=0).data,
+                 "model": views.model_view(tokens, maps, b_start, level=0).data}
+        for data in shown.values():  # the views name the one map per layer by its method, not "Head 1"
+            data["meta"]["map_name"] = MAP_NAMES[method]
+        return {"method": method, "views": shown}
 
     def program_length(self, length: int, rows: int = 1) -> int:
         """The row length `rows` rows of `length` tokens run at: padded to their bucket here, then further by
