@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import minibert  # noqa: E402
-from minibert.accounting import flops_per_token  # noqa: E402
-from minibert.buckets import bucket_length, length_buckets  # noqa: E402
+from minibert.runtime.accounting import flops_per_token  # noqa: E402
+from minibert.runtime.buckets import bucket_length, length_buckets  # noqa: E402
 
 RULES = {  # name → (smallest, per_octave) of buckets.length_buckets
     "buckets.COARSE (Model.length_buckets): 16, then 2 per octave": (16, 2),

@@ -34,9 +34,9 @@ from harness import (
 )
 
 import minibert
-from minibert import accounting
-from minibert.api import Inputs
-from minibert.model import NO_HOOKS
+from minibert.core.encoder import NO_HOOKS
+from minibert.runtime import accounting
+from minibert.runtime.model import Inputs
 
 PATTERNS = "blocks.*.attn.hook_pattern"
 PEAK_SIZE = 2048

@@ -15,7 +15,7 @@ The full run:
 
 For bert-base (random weights, bert-base-uncased shape) and the bundled checkpoint, in float32 and
 bfloat16, at B ∈ {64, 256} × T ∈ {128, 512}: tokens/s, MFU against the card's dense bf16 peak
-(minibert.accounting.GPU_PEAK_FLOPS), peak device memory, compile time, for minibert with nothing
+(minibert.runtime.accounting.GPU_PEAK_FLOPS), peak device memory, compile time, for minibert with nothing
 captured / every pattern captured / everything captured and offloaded to host, and transformers' sdpa
 and eager attention. Also: whether the fused attention lowered to cuDNN (the compiled HLO names a
 cudnn call), the corpus survey, analysis.ablation_sweep when it exists, one training step of a classifier on
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import harness  # noqa: E402
 
 import minibert  # noqa: E402
-from minibert import accounting  # noqa: E402
+from minibert.runtime import accounting  # noqa: E402
 
 FULL = dict(batches=(64, 256), lengths=(128, 512), repeats=5, survey=1000, training=((16, 128), (32, 512)))
 SMOKE = dict(batches=(2,), lengths=(16,), repeats=1, survey=4, training=((2, 16),))
@@ -456,7 +456,7 @@ def report(args) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundled", default=None,
-                        help="the bundled checkpoint directory (default: minibert.sources.resolve())")
+                        help="the bundled checkpoint directory (default: minibert.io.sources.resolve())")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any machine: checks the script runs")
     parser.add_argument("--quick", action="store_true", help="the ≤ 4-minute run on one H100 (module docstring)")
     parser.add_argument("--batches", type=int, nargs="+", help="batch sizes of the main table (default 64 256)")

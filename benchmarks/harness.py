@@ -133,7 +133,7 @@ def machine() -> dict[str, str]:
 # ---- checkpoints ------------------------------------------------------------------------------------------
 
 def bundled_dir() -> Path:
-    from minibert import sources
+    from minibert.io import sources
 
     return sources.resolve()
 

@@ -31,7 +31,7 @@ from harness import (
 from training import LEARNING_RATE, classifier_dir, inputs, minibert_step
 
 import minibert
-from minibert.hooks import writers_for
+from minibert.core.hooks import writers_for
 from minibert.training import optim
 from minibert.training.finetune import Step, compiled_step
 

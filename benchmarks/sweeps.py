@@ -34,8 +34,9 @@ import numpy as np
 from harness import Settings, bundled_dir, fmt, hf_model, load_average, machine, markdown_table, time_round_robin
 
 import minibert
-from minibert import HookFn, accounting
+from minibert import HookFn
 from minibert.analysis import interventions
+from minibert.runtime import accounting
 
 SENTENCE = "the committee approved the new budget after a long debate about schools and roads ."
 PAIR = ("after hours of heated discussion , the board finally accepted the spending plan for education and "

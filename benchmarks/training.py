@@ -6,7 +6,7 @@ with torch.optim.AdamW, on the same cores, at B × T = 16 × 128, for the bundle
 Peak memory: each implementation runs its steps again in a child process; the table gives the growth of the
 child's peak resident memory over what it held once the model was loaded, next to an estimate: gradients and
 AdamW's two moments (3 × parameters × 4 bytes) plus the activations a backward keeps
-(minibert.accounting.activation_bytes with backward=True).
+(minibert.runtime.accounting.activation_bytes with backward=True).
 
     taskset -c 0 python benchmarks/training.py [--quick]   # one core, one torch thread
     python benchmarks/training.py --all-cores              # every core the process may use, both sides
@@ -49,8 +49,9 @@ from harness import (
 )
 
 import minibert
-from minibert import accounting, training
-from minibert.hooks import writers_for
+from minibert import training
+from minibert.core.hooks import writers_for
+from minibert.runtime import accounting
 from minibert.training import optim
 from minibert.training.finetune import Step, compiled_step
 

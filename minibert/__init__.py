@@ -9,9 +9,9 @@
 Layers: app (cli, demo) → analysis, viz → api → model, hooks → config, errors. Imports point down only.
 """
 
-from minibert.api import Model, load
-from minibert.checkpoint import convert_bin_to_safetensors
-from minibert.config import BertConfig, Config
+from minibert.core.config import BertConfig, Config
+from minibert.core.encoder import Output
+from minibert.core.hooks import Cache, HookContext, HookFn, RecompileWarning, any_length, get_act_name
 from minibert.errors import (
     CheckpointError,
     ConfigError,
@@ -21,9 +21,9 @@ from minibert.errors import (
     SourceError,
     TokenizerError,
 )
-from minibert.hooks import Cache, HookContext, HookFn, RecompileWarning, any_length, get_act_name
-from minibert.model import Output
-from minibert.tokenizer import Batch, Tokenizer
+from minibert.io.checkpoint import convert_bin_to_safetensors
+from minibert.io.tokenizer import Batch, Tokenizer
+from minibert.runtime.model import Model, load
 
 __all__ = [
     "Batch",

@@ -11,6 +11,8 @@ for bad values, `FileNotFoundError` for a missing file), so `except ValueError` 
 from __future__ import annotations
 
 import numbers
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -83,3 +85,27 @@ def refuse_unless_flag(name: str, value, error: type[MinibertError] = InputError
     if not isinstance(value, (bool, np.bool_)):
         raise error(f"{name}={value!r}: pass True or False.")
     return bool(value)
+
+
+def outside_minibert() -> int:
+    """The stacklevel, for its caller's warnings.warn, of the first frame outside minibert and the JAX and Flax
+    code it calls through: a warning points at your line (`minibert.load(...)`, the `minibert` command's own, the
+    call whose trace warns), not at a line of ours or JAX's. importlib's frames are passed over without a count,
+    as warnings.warn counts them."""
+    frame, level = sys._getframe(2), 2
+    libraries = _libraries()
+    while frame is not None and (frame.f_code.co_filename.startswith(libraries) or _importlib_frame(frame)):
+        level += not _importlib_frame(frame)
+        frame = frame.f_back
+    return level
+
+
+def _libraries() -> tuple[str, ...]:
+    """The folders of minibert, JAX and Flax (those of them imported: minibert warns only once JAX runs)."""
+    here = str(Path(__file__).parent)
+    return (here, *(str(Path(sys.modules[name].__file__).parent) for name in ("jax", "flax") if name in sys.modules))
+
+
+def _importlib_frame(frame) -> bool:
+    """A frame of importlib's bootstrap, which warnings.warn leaves out of its stacklevel (as its own check does)."""
+    return "importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename

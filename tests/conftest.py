@@ -9,7 +9,7 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The persistent compilation cache (minibert.programs) goes to a folder of this run, never the user's cache folder;
+# The persistent compilation cache (minibert.runtime.cache) goes to a folder of this run, never the user's cache folder;
 # subprocesses the tests start inherit it, and it goes when the run ends.
 if "MINIBERT_CACHE_DIR" not in os.environ:
     os.environ["MINIBERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="minibert-test-jax-cache-")
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import minibert
-from minibert import sources
+from minibert.io import sources
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -12,10 +12,10 @@ from conftest import make_hf_model
 from flax import nnx
 
 import minibert
-from minibert import accounting
-from minibert.api import Model
-from minibert.config import BertConfig
-from minibert.model import Bert
+from minibert.core.config import BertConfig
+from minibert.core.encoder import Bert
+from minibert.runtime import accounting
+from minibert.runtime.model import Model
 
 TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=64)

@@ -12,8 +12,8 @@ from test_analysis_norms import TEXTS
 
 import minibert
 from minibert.analysis import gradients
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
 
 # ---- gradients with respect to attention, on a tiny random BertForMaskedLM ----------------------------
 

@@ -212,7 +212,7 @@ def test_ablating_heads_runs_on_padded_rows_without_the_probe(tiny, monkeypatch)
     rows to the plain call's bucket without calling buckets.pads_safely, and the ablated run at the bucket's length
     equals the one at the exact length (forward_fn, never padded: two fp32 programs, tolerances.forward_rtol at
     the bucket's length)."""
-    monkeypatch.setattr(minibert.buckets, "pads_safely", lambda *args: pytest.fail("the probe ran"))
+    monkeypatch.setattr(minibert.runtime.buckets, "pads_safely", lambda *args: pytest.fail("the probe ran"))
     inputs = tiny.inputs({"input_ids": np.random.default_rng(3).integers(5, 99, size=(1, 6))})
     hooks = interventions.ablate_heads(interventions.head_mask(1, 2, 3, 4))
     before, verdicts, programs = tiny.traces, dict(tiny._pads_safely), set(tiny._resident._programs)

@@ -9,10 +9,11 @@ import pytest
 from conftest import make_hf_model, random_batch
 
 import minibert
-from minibert import HookFn, accounting
+from minibert import HookFn
 from minibert.analysis import mixing
-from minibert.contract import static_metric
+from minibert.core.contract import static_metric
 from minibert.errors import AnalysisError
+from minibert.runtime import accounting
 
 EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
 

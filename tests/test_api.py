@@ -1,4 +1,4 @@
-"""minibert/api.py: what `Model` takes as a batch, its defaults, sentence embeddings against NumPy
+"""minibert/runtime/model.py: what `Model` takes as a batch, its defaults, sentence embeddings against NumPy
 pooling of the model's own last hidden state, and the boundary analyses stand on (prepared Inputs,
 explicit positions, the stages, Model.jit's trace count). Hooks, caches and gradients: test_hooks.py; bad
 input: test_errors.py; parity with transformers: test_parity.py."""
@@ -14,8 +14,8 @@ import pytest
 from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings, forward_rtol
 
 from minibert import Batch, Config, InputError, Model
-from minibert.api import POOLINGS, Inputs, is_text, parameter_shapes
 from minibert.families.registry import config_for
+from minibert.runtime.model import POOLINGS, Inputs, is_text, parameter_shapes
 
 
 @pytest.fixture(scope="module")

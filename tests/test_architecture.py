@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import minibert
-from minibert.config import Config
+from minibert.core.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
@@ -50,8 +50,9 @@ def test_the_cli_prints_the_version(capsys):
 # ---- the 0.2 names are gone (CHANGELOG.md, 0.4.0) ---------------------------------------------------------------
 
 REMOVED_ATTRIBUTES = [  # (module, old name as CHANGELOG.md writes it)
-    ("minibert.config", "FAMILY_VALUES"), ("minibert.config", "FIELDS_WITHOUT"),
-    ("minibert.checkpoint", "LAYER_KEYS"), ("minibert.checkpoint", "HEAD_KEYS"), ("minibert.sources", "HUB_FILES"),
+    ("minibert.core.config", "FAMILY_VALUES"), ("minibert.core.config", "FIELDS_WITHOUT"),
+    ("minibert.io.checkpoint", "LAYER_KEYS"), ("minibert.io.checkpoint", "HEAD_KEYS"),
+    ("minibert.io.sources", "HUB_FILES"),
     ("minibert.analysis.embeddings", "attention_to_word"), ("minibert.analysis.embeddings", "word_positions"),
     ("minibert.analysis.interventions", "SWEEP_BUDGET_BYTES"), ("minibert.analysis.interventions", "item_bytes"),
     ("minibert.analysis.mixing", "MEMORY_BUDGET"), ("minibert.analysis.mixing", "chunk_size"),
@@ -73,8 +74,8 @@ def test_a_removed_name_is_gone_and_listed(module, name):
 
 
 def test_the_old_hook_names_are_unknown_and_listed():
-    from minibert.hooks import HookError, resolve_names
-    from minibert.sites import all_hook_names
+    from minibert.core.hooks import HookError, resolve_names
+    from minibert.core.sites import all_hook_names
 
     model = minibert.Model(Config(**TINY, architecture="BertForPreTraining"))
     for old in OLD_HOOKS:
@@ -150,7 +151,7 @@ def test_a_family_is_its_module_plus_its_registry_line():
     import dataclasses
 
     from minibert.families import registry
-    from minibert.families.reading import read_config
+    from minibert.io.config_json import read_config
 
     toy = dataclasses.replace(registry.FAMILIES["bert"], model_type="archtoy", name="ArchToy", prefix="ArchToy",
                               pretraining=None)
@@ -277,8 +278,8 @@ def test_a_hook_site_is_a_call_plus_its_row_in_the_site_table(monkeypatch):
     output, and writing it (zeros in block 0) reaches block 1 as its input."""
     import dataclasses
 
-    from minibert import model as model_lib
-    from minibert import sites
+    from minibert.core import encoder as model_lib
+    from minibert.core import sites
     from minibert.families import registry
 
     class ToyBlock(model_lib.Block):
@@ -304,3 +305,36 @@ def test_a_hook_site_is_a_call_plus_its_row_in_the_site_table(monkeypatch):
         assert not np.asarray(written["blocks.1.hook_resid_pre"]).any()
     finally:
         registry.unregister("sitetoy")
+
+
+# ---- importing minibert changes nothing global -------------------------------------------------------------------
+
+GLOBAL_STATE = """
+import json, logging, warnings
+import jax
+def state():
+    return {"jax": {name: repr(value) for name, value in sorted(jax.config.values.items())},
+            "filters": repr(warnings.filters), "root": repr((logging.root.level, logging.root.handlers))}
+before = state()
+import minibert, minibert.analysis, minibert.viz, minibert.training, minibert.app.cli
+after = state()
+print(json.dumps({"jax": [name for name in before["jax"] if before["jax"][name] != after["jax"].get(name)],
+                  "filters": before["filters"] == after["filters"], "root": before["root"] == after["root"]}))
+"""
+
+
+def test_importing_minibert_leaves_jax_warnings_and_logging_as_it_found_them():
+    """In a fresh process (jax imported first), importing minibert and its tool packages changes no jax.config
+    value (every one compared), no warnings filter and the root logger's level and handlers not at all. The
+    persistent cache is set up when the first Model is built instead (tests/test_compiles.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {name: value for name, value in os.environ.items() if not name.startswith("JAX_")}
+    done = subprocess.run([sys.executable, "-c", GLOBAL_STATE], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["jax"] == [] and report["filters"] and report["root"]

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from tolerances import U32, U_BF16, assert_close_to_scale, dot_rtol, sum_rtol
 
-from minibert import attention
-from minibert.hooks import HookFn, HookPoints
-from minibert.model import (
+from minibert.core import attention
+from minibert.core.encoder import (
     NO_HOOKS,
     Dropout,
     attend,
@@ -24,6 +23,7 @@ from minibert.model import (
     fused_attention,
     unwatched_attention,
 )
+from minibert.core.hooks import HookFn, HookPoints
 
 B, T, H, K = 3, 9, 4, 16
 
@@ -141,7 +141,7 @@ def test_gradients_through_masked_scores_are_finite():
     assert_close_to_scale(got, jax.grad(loss(unwatched_attention))(q), 2 * z_rtol(q, k), "∂/∂q")
 
 
-# ---- which kernel runs where (minibert.attention) -------------------------------------------------------------
+# ---- which kernel runs where (minibert.core.attention) -------------------------------------------------------------
 
 CHOICES = [  # (platform, dtype, K, T, mask form, watched, dropout, cuDNN present) → backend, by attention.py's rules
     ("cpu", "float32", 64, 128, "keys", False, False, False, "unwatched"),

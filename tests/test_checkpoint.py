@@ -14,7 +14,7 @@ from conftest import make_hf_model, random_batch
 from test_parity import TINY, assert_parity
 
 import minibert
-from minibert import checkpoint
+from minibert.io import checkpoint
 
 
 def test_sequence_classifier_labels(tmp_path):

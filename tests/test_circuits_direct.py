@@ -14,7 +14,7 @@ from tolerances import dot_rtol, forward_rtol
 import minibert
 from minibert.analysis.circuits import direct_attribution
 from minibert.analysis.circuits.frozen import point_names, readout_hooks, scale_names, skip_path, skip_weights
-from minibert.hooks import HookFn
+from minibert.core.hooks import HookFn
 
 B, T = 3, 9
 

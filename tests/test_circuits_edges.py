@@ -17,7 +17,7 @@ from tolerances import dot_rtol, forward_rtol
 import minibert
 from minibert.analysis.circuits import circuit_faithfulness, edge_attribution, path_patching
 from minibert.analysis.circuits.edges import receiver_labels, sender_labels
-from minibert.hooks import HookFn
+from minibert.core.hooks import HookFn
 
 CLEAN = ["abc de f", "hello world"]
 CORRUPTED = ["abc xy f", "hello there world"]  # longer: the clean rows are padded to align
@@ -126,7 +126,7 @@ def edge_rtol(model, rows_tokens: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::minibert.hooks.RecompileWarning")  # the reference traces one jvp per edge
+@pytest.mark.filterwarnings("ignore::minibert.core.hooks.RecompileWarning")  # the reference traces one jvp per edge
 def test_each_edge_score_is_the_first_order_change_of_its_patch(classifier):
     model = classifier
     graph = edge_attribution(model, CLEAN, CORRUPTED, logit_difference)

@@ -11,8 +11,8 @@ from tolerances import dot_rtol, forward_rtol, sum_rtol
 
 import minibert
 from minibert.analysis.circuits import integration_points, token_attribution
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
 
 TEXTS = ["abc de f", "hello world"]
 

@@ -13,7 +13,7 @@ from tolerances import assert_close_to_scale, dot_rtol, forward_rtol, head_rtol,
 
 import minibert
 from minibert.analysis import direct_attribution, token_attribution
-from minibert.hooks import HookFn
+from minibert.core.hooks import HookFn
 from minibert.viz import why
 
 

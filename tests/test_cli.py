@@ -26,7 +26,7 @@ import minibert
 from minibert.analysis import corpus
 from minibert.analysis.heads import attention_statistics, behaviour_labels
 from minibert.app import cli, demo
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz import figures, report
 
 COMMANDS = ("demo", "view", "stats", "hooks", "convert")

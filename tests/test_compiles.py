@@ -19,9 +19,11 @@ import pytest
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert import BertConfig, Model, hooks, programs
-from minibert.accounting import flops_per_token
-from minibert.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
+from minibert import BertConfig, Model
+from minibert.core import hooks
+from minibert.runtime import cache, device
+from minibert.runtime.accounting import flops_per_token
+from minibert.runtime.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -349,7 +351,7 @@ def test_unstacked_splits_each_buffer_into_its_layers_values():
     """hooks.unstacked by hand: the buffer of layers 0, 2 and 5 gives its three slots under their own names, other
     captures pass as they are, and a buffer's shape gives one layer's shape."""
     buffer = np.arange(24.0, dtype=np.float32).reshape(3, 2, 4)
-    got = hooks.unstacked({"blocks.0,2,5.hook_resid_post": programs.on_device(buffer), "embed.hook_embed": "as is"})
+    got = hooks.unstacked({"blocks.0,2,5.hook_resid_post": device.on_device(buffer), "embed.hook_embed": "as is"})
     assert list(got) == ["blocks.0.hook_resid_post", "blocks.2.hook_resid_post", "blocks.5.hook_resid_post",
                          "embed.hook_embed"]
     for slot, layer in enumerate((0, 2, 5)):
@@ -413,7 +415,7 @@ def test_a_bucket_rule_that_cannot_be_is_refused_when_set(model, rule):
     assert model.length_buckets == length_buckets(TINY["max_position_embeddings"], *COARSE)
 
 
-# ---- the persistent compilation cache (minibert.programs) ---------------------------------------------------------
+# ---- the persistent compilation cache (minibert.runtime.cache) ------------------------------------------------------
 
 SESSION = """
 import collections, json, sys
@@ -468,33 +470,38 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     for name in ("MINIBERT_CACHE_DIR", "XDG_CACHE_HOME", "MINIBERT_COMPILATION_CACHE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert programs.cache_directory() == tmp_path / ".cache" / "minibert" / "jax"
+    assert cache.cache_directory() == tmp_path / ".cache" / "minibert" / "jax"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert programs.cache_directory() == tmp_path / "xdg" / "minibert" / "jax"
+    assert cache.cache_directory() == tmp_path / "xdg" / "minibert" / "jax"
     monkeypatch.setenv("MINIBERT_CACHE_DIR", str(tmp_path / "mine"))
-    assert programs.cache_directory() == tmp_path / "mine"
+    assert cache.cache_directory() == tmp_path / "mine"
     for off in ("0", "off", "false"):
         monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
-        assert programs.cache_directory() is None
+        assert cache.cache_directory() is None
 
 
-# ---- where the persistent cache lives, set in the environment at import (minibert.programs) -----------------------
+# ---- where the persistent cache lives, set in the environment when the first Model is built (runtime.cache) --
 
 PROBE = """
 import json, os, sys, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    import jax, numpy as np
-    from minibert import programs
+    import jax, minibert, numpy as np
+    from minibert.runtime import cache
+    THRESHOLDS = ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+    before = [getattr(jax.config, name) for name in THRESHOLDS]
+    minibert.Model(minibert.BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1))
 os.chdir(sys.argv[1])
 value = jax.jit(lambda x: x * 2.0 + 1.0)(np.float32(3.0))
-folder = programs.cache_directory()
+folder = cache.cache_directory()
 print(json.dumps({"folder": folder and str(folder), "jax": jax.config.jax_compilation_cache_dir,
                   "on": jax.config.jax_enable_compilation_cache, "value": float(value),
-                  "warnings": [str(w.message) for w in caught if w.category is programs.CacheWarning],
-                  "where": [f"{w.filename}:{w.lineno}" for w in caught if w.category is programs.CacheWarning]}))
+                  "thresholds_kept": before == [getattr(jax.config, name) for name in THRESHOLDS],
+                  "warnings": [str(w.message) for w in caught if w.category is cache.CacheWarning],
+                  "where": [f"{w.filename}:{w.lineno}" for w in caught if w.category is cache.CacheWarning]}))
 """
-CACHE_SETTINGS = ("MINIBERT_CACHE_DIR", "MINIBERT_COMPILATION_CACHE", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR")
+CACHE_SETTINGS = ("MINIBERT_CACHE_DIR", "MINIBERT_COMPILATION_CACHE", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR",
+                  "JAX_ENABLE_COMPILATION_CACHE")
 
 
 def probe_cache(tmp_path: Path, env: dict, cwd: Path | None = None, later: Path | None = None) -> dict:
@@ -511,26 +518,33 @@ def probe_cache(tmp_path: Path, env: dict, cwd: Path | None = None, later: Path 
     return report
 
 
-@pytest.mark.slow  # three Python processes
-def test_minibert_cache_settings_win_over_a_jax_folder_and_a_jax_folder_alone_gets_every_program(tmp_path):
-    """A JAX folder of your own (JAX_COMPILATION_CACHE_DIR) is used, and minibert's zero thresholds make JAX write
-    even a program that compiles in milliseconds there; MINIBERT_CACHE_DIR wins over it; switched off, the cache
-    is off in the process, that folder included. cache_directory() names the folder JAX writes to."""
+@pytest.mark.slow  # four Python processes
+def test_a_jax_cache_of_your_own_is_left_as_you_set_it(tmp_path):
+    """A cache folder set in JAX yourself (JAX_COMPILATION_CACHE_DIR) stays yours: the first Model changes none of
+    JAX's settings — MINIBERT_CACHE_DIR does not move it (that folder is not even made), JAX's thresholds stay
+    JAX's, MINIBERT_COMPILATION_CACHE=0 does not switch it off — and cache_directory() names it. JAX's cache
+    switched off by you stays off and minibert names no folder. Without a JAX setting, minibert's folder gets even
+    a program that compiles in milliseconds (its zero thresholds)."""
     own, mine = tmp_path / "own", tmp_path / "mine"
     alone = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(own)})
-    assert alone["folder"] == alone["jax"] == str(own) and alone["on"] and cache_entries(own)
+    assert alone["folder"] == alone["jax"] == str(own) and alone["on"] and alone["thresholds_kept"]
     both = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(own), "MINIBERT_CACHE_DIR": str(mine)})
-    assert both["folder"] == both["jax"] == str(mine) and cache_entries(mine)
-    off = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "own2"),
-                                 "MINIBERT_COMPILATION_CACHE": "0"})
-    assert off["folder"] is None and not off["on"] and not (tmp_path / "own2").exists()
+    assert both["folder"] == both["jax"] == str(own) and both["thresholds_kept"] and not mine.exists()
+    off = probe_cache(tmp_path, {"JAX_COMPILATION_CACHE_DIR": str(own), "MINIBERT_COMPILATION_CACHE": "0"})
+    assert off["folder"] == off["jax"] == str(own) and off["on"] and off["thresholds_kept"]
+    disabled = probe_cache(tmp_path, {"JAX_ENABLE_COMPILATION_CACHE": "false", "MINIBERT_CACHE_DIR": str(mine)})
+    assert disabled["folder"] is None and not disabled["on"] and not mine.exists() and disabled["thresholds_kept"]
+    minibert_own = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": str(mine)})
+    assert minibert_own["folder"] == minibert_own["jax"] == str(mine) and not minibert_own["thresholds_kept"]
+    assert cache_entries(mine)
 
 
 @pytest.mark.slow  # four Python processes
 def test_a_cache_folder_setting_is_made_absolute_once_with_its_variables_expanded(tmp_path):
-    """A relative MINIBERT_CACHE_DIR is resolved against the working directory at import: a program compiled
-    after os.chdir still goes there. $VARIABLES and ~ are expanded; a variable that is not set turns the cache
-    off with one warning (no folder named '$...' is made). A relative XDG_CACHE_HOME is ignored (the XDG spec)."""
+    """A relative MINIBERT_CACHE_DIR is resolved against the working directory when the first Model is built: a
+    program compiled after os.chdir still goes there. $VARIABLES and ~ are expanded; a variable that is not set
+    keeps the cache off with one warning (no folder named '$...' is made). A relative XDG_CACHE_HOME is ignored
+    (the XDG spec)."""
     first, later = tmp_path / "a", tmp_path / "b"
     first.mkdir(), later.mkdir()
     relative = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": "rel"}, cwd=first, later=later)
@@ -539,7 +553,7 @@ def test_a_cache_folder_setting_is_made_absolute_once_with_its_variables_expande
     expanded = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": "$HOME/x"})
     assert expanded["folder"] == str(tmp_path / "home" / "x") and cache_entries(tmp_path / "home" / "x")
     unset = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": "$MINIBERT_TEST_UNSET/x"}, cwd=first)
-    assert unset["folder"] is None and not unset["on"] and len(unset["warnings"]) == 1
+    assert unset["folder"] is None and unset["jax"] is None and len(unset["warnings"]) == 1
     assert "MINIBERT_CACHE_DIR='$MINIBERT_TEST_UNSET/x'" in unset["warnings"][0] and not list(first.glob("$*"))
     xdg = probe_cache(tmp_path, {"XDG_CACHE_HOME": "relxdg"}, cwd=first)
     assert xdg["folder"] == str(tmp_path / "home" / ".cache" / "minibert" / "jax") and not (first / "relxdg").exists()
@@ -548,16 +562,16 @@ def test_a_cache_folder_setting_is_made_absolute_once_with_its_variables_expande
 @pytest.mark.parametrize("off", ["0", "false", "OFF", " no ", "n", "none", "Disabled"])
 def test_the_obvious_off_words_turn_the_cache_off(monkeypatch, off):
     monkeypatch.setenv("MINIBERT_COMPILATION_CACHE", off)
-    assert programs.switched_off() and programs.cache_directory() is None
+    assert cache.switched_off() and cache.cache_directory() is None
 
 
 @pytest.mark.slow  # two Python processes
 def test_a_switch_value_neither_on_nor_off_keeps_the_cache_on_with_one_warning(tmp_path):
     """'maybe' keeps the cache on and says so once, naming the variable and the accepted words, at the line that
-    imported minibert (PROBE's line 6), not a line of minibert's; 'yes' says nothing."""
+    built the first Model (PROBE's line 9), not a line of minibert's; 'yes' says nothing."""
     maybe = probe_cache(tmp_path, {"MINIBERT_COMPILATION_CACHE": "maybe", "MINIBERT_CACHE_DIR": str(tmp_path / "c")})
     assert maybe["folder"] == str(tmp_path / "c") and maybe["on"] and len(maybe["warnings"]) == 1
-    assert maybe["where"] == ["<string>:6"] and PROBE.splitlines()[5] == "    from minibert import programs"
+    assert maybe["where"] == ["<string>:9"] and PROBE.splitlines()[8].lstrip().startswith("minibert.Model(")
     assert all(word in maybe["warnings"][0] for word in ("MINIBERT_COMPILATION_CACHE='maybe'", "'off'", "'on'"))
     assert probe_cache(tmp_path, {"MINIBERT_COMPILATION_CACHE": "yes"})["warnings"] == []
 
@@ -571,6 +585,6 @@ def test_a_cache_folder_that_cannot_be_written_turns_the_cache_off_with_one_warn
     blocker.write_text("mine")
     for folder in (blocker, blocker / "under"):
         report = probe_cache(tmp_path, {"MINIBERT_CACHE_DIR": str(folder)})
-        assert report["folder"] is None and not report["on"] and len(report["warnings"]) == 1
+        assert report["folder"] is None and report["jax"] is None and len(report["warnings"]) == 1
         assert all(part in report["warnings"][0] for part in (repr(str(folder)), "MINIBERT_CACHE_DIR", "Fix:"))
         assert blocker.read_text() == "mine"

@@ -1,4 +1,4 @@
-"""minibert/config.py and families/reading.py: strict config.json keys, field types, a Config's family and
+"""minibert/core/config.py and families/reading.py: strict config.json keys, field types, a Config's family and
 architecture, the ARCHITECTURES table, head labels."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import transformers
 
 from minibert import ConfigError, Model
-from minibert.config import Config, head_label
-from minibert.families.reading import read_config
+from minibert.core.config import Config, head_label
 from minibert.families.registry import ARCHITECTURES, FAMILIES, config_for
+from minibert.io.config_json import read_config
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)

@@ -1,4 +1,4 @@
-"""The static key of a hook or metric function (minibert.contract): what it reads is keyed by value where it can
+"""The static key of a hook or metric function (minibert.core.contract): what it reads is keyed by value where it can
 change in place (NumPy arrays, lists, dicts), so a program never runs an old value; the globals it loads are the
 ones keyed, not every attribute name its code spells (`.at[...].set`)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minibert import BertConfig, Model
-from minibert.contract import StaticFn
+from minibert.core.contract import StaticFn
 
 Z = "blocks.0.attn.hook_z"
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

@@ -13,9 +13,9 @@ from conftest import make_hf_model, malicious_bin
 from safetensors.numpy import load_file, save_file
 
 import minibert
-from minibert import checkpoint, sources
 from minibert.analysis import corpus
 from minibert.errors import DataFileError
+from minibert.io import checkpoint, sources
 
 
 @pytest.fixture

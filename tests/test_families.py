@@ -23,12 +23,13 @@ from test_parity import TINY, assert_close, assert_parity
 from tolerances import forward_rtol
 
 import minibert
-from minibert import model as model_lib
-from minibert.config import Config
-from minibert.families import Family, LayerKeys, registry, shows
-from minibert.families.reading import read_config
+from minibert.core import encoder as model_lib
+from minibert.core import shows
+from minibert.core.config import Config
+from minibert.families import Family, LayerKeys, registry
 from minibert.families.registry import ARCHITECTURES, FAMILIES, config_for
-from minibert.tokenizers_hf import tokenizer_for
+from minibert.io.config_json import read_config
+from minibert.io.tokenizers_hf import tokenizer_for
 
 VOCAB = 99
 HF_CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
@@ -360,7 +361,7 @@ def test_albert_applies_one_block_in_every_layer(tmp_path):
 def test_albert_with_too_many_applications_is_refused_before_building(tmp_path, monkeypatch):
     """One shared block cannot confirm num_hidden_layers: 10⁸ is refused by the config (config.MAX_SHARED_LAYERS)
     before any key table or parameter exists; both are made to fail here if reached."""
-    from minibert import checkpoint
+    from minibert.io import checkpoint
 
     make_family_model(tmp_path, "albert")
     config = json.loads((tmp_path / "config.json").read_text())
@@ -456,7 +457,7 @@ def test_flops_per_token_match_traced_matmuls(architecture):
     import jax.numpy as jnp
     from test_accounting import dot_flops
 
-    from minibert import accounting
+    from minibert.runtime import accounting
 
     projected = architecture.startswith(("Albert", "Electra"))
     cfg = config_for(architecture, vocab_size=99, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
@@ -491,7 +492,7 @@ def test_full_size_parameter_counts_match_transformers(model_type, suffix):
     import transformers
     from flax import nnx
 
-    from minibert.model import Bert
+    from minibert.core.encoder import Bert
 
     prefix = HF_CLASSES[model_type]
     hf_config = getattr(transformers, f"{prefix}Config")(**FULL_SIZE[model_type], architectures=[prefix + suffix])

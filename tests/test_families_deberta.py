@@ -26,13 +26,13 @@ from test_families_modern import PAD, VOCAB, hf_outputs, padded_batch  # ids 5â€
 from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings
 
 import minibert
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.encoder import Bert
 from minibert.errors import ConfigError, InputError, TokenizerError
 from minibert.families import Heads
 from minibert.families.deberta_v2 import enhanced_mask_decoder, log_buckets
-from minibert.families.reading import read_config
-from minibert.model import Bert
-from minibert.tokenizers_hf import tokenizer_for
+from minibert.io.config_json import read_config
+from minibert.io.tokenizers_hf import tokenizer_for
 
 LENGTH = 19  # longer than position_buckets: distances beyond Â±4 go to log buckets, beyond the largest to the clamp
 # DeBERTa-v3's layout (shared keys, no absolute positions, normalised relative table, no segments) at tiny sizes.

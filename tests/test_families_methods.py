@@ -24,10 +24,10 @@ from tolerances import U32, assert_close_to_scale, forward_rtol
 import minibert
 from minibert import HookFn, analysis, training, viz
 from minibert.analysis import corpus, probes
-from minibert.api import Inputs
-from minibert.families.reading import read_config
-from minibert.sites import PATTERNS
-from minibert.tokenizer import Tokenizer
+from minibert.core.sites import PATTERNS
+from minibert.io.config_json import read_config
+from minibert.io.tokenizer import Tokenizer
+from minibert.runtime.model import Inputs
 
 VOCAB = 80
 L = 2

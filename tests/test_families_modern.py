@@ -23,13 +23,13 @@ from test_families import CORPUS, fuzz_texts, hf_rows
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.encoder import Bert
 from minibert.errors import ConfigError, InputError
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
-from minibert.families.reading import read_config
 from minibert.families.registry import config_for
-from minibert.model import Bert
-from minibert.tokenizers_hf import tokenizer_for
+from minibert.io.config_json import read_config
+from minibert.io.tokenizers_hf import tokenizer_for
 
 VOCAB = 99
 PAD = 0

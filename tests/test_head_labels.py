@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from minibert.config import head_label
+from minibert.core.config import head_label
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minibert"
 PYTHON_LABEL = re.compile(r"\{[^{}]*\+ ?1\}-\{[^{}]*\+ ?1\}")  # f"{layer + 1}-{head + 1}" written by hand

@@ -1,4 +1,4 @@
-"""The site table (minibert.sites) says the true axes of every hook and which models have it, and docs/hooks.md
+"""The site table (minibert.core.sites) says the true axes of every hook and which models have it, and docs/hooks.md
 is generated from it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from minibert import Model
 from minibert.app.cli import main
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.sites import SITES, Site, all_hook_names, hook_names, site, site_axes, site_doc
 from minibert.families.registry import ARCHITECTURE_FAMILY, ARCHITECTURES, FAMILIES, config_for
-from minibert.sites import SITES, Site, all_hook_names, hook_names, site, site_axes, site_doc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
 # Distinct sizes so every axis letter maps to one number (hook_sites traces a 2 × 3 batch); E is D's 24
@@ -101,7 +101,7 @@ def test_sites_with_two_forms_pick_by_rank_and_unknown_names_are_named():
     assert site_axes("blocks.4.attn.hook_pattern") == ["B", "H", "T", "S"]
     assert site("blocks.1.ln2.hook_scale").axes == ("B", "T", "1")
     for unknown in ("blocks.0.hook_nothing", "attn.hook_q", "blocks.0.hook_full_embed", "mlm_head.ln.hook_out"):
-        with pytest.raises(KeyError, match="no entry in minibert.sites.SITES"):
+        with pytest.raises(KeyError, match="no entry in minibert.core.sites.SITES"):
             site(unknown)
     with pytest.raises(ValueError, match="needs must be one of"):
         Site("x.hook_y", ("B",), "y", needs="a pooler")

@@ -13,8 +13,8 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.analysis import interventions
-from minibert.api import Model
-from minibert.hooks import site_axes
+from minibert.core.hooks import site_axes
+from minibert.runtime.model import Model
 
 TEXTS = ["I made the mistake.", "Sorry, this will get e-recorded instead."]
 

@@ -1,8 +1,7 @@
-"""The package's layers: every import points down (or sideways within a layer), no module imports one that
+"""The package's rings: every import points inward (or sideways within a ring), no module imports one that
 imports it back (the import graph has no cycle), and `import minibert` stays light (no matplotlib).
 
-    app (cli, demo)  →  analysis, viz, training  →  api, weights  →  config, families, model, hooks, sites,
-                     tokenizer(s), checkpoint, sources, accounting  →  errors, files
+    app  →  analysis, viz, training  →  runtime (Model, load)  →  io  →  families  →  core  →  errors
 
 Imports inside functions count too: a lazy import is still a dependency.
 """
@@ -20,22 +19,17 @@ import pytest
 import minibert
 
 PACKAGE = Path(minibert.__file__).parent
-LAYERS = {  # module (or subpackage) → layer, lowest first
-    "minibert.errors": 0,
-    "minibert.files": 0,
-    # The model and what it is built from and loaded with. Within the layer the direction is the import graph's
-    # (test_the_import_graph_has_no_cycle): config stands on families' records, a family's code on model.py, the
-    # registry on every family, checkpoint on the registry.
-    **{f"minibert.{name}": 1 for name in ("config", "families", "model", "dropout", "attention", "hooks", "contract",
-                                          "sites", "tokenizer", "tokenizers_hf", "checkpoint", "sources", "accounting",
-                                          "buckets", "pooling", "programs")},
-    "minibert.api": 2,
-    "minibert.weights": 2,  # the Model's weights by name: a part of api.Model (its base class)
-    "minibert": 2,  # the package's __init__ re-exports the api and what it stands on
-    "minibert.analysis": 3,
-    "minibert.viz": 3,
-    "minibert.training": 3,  # fine-tuning stands on the api, as the analyses do
-    "minibert.app": 4,
+LAYERS = {  # module (or subpackage) → ring, innermost first (docs/architecture.md)
+    "minibert.errors": 0,  # one error base class, and where a warning points
+    "minibert.core": 1,  # pure JAX/Flax: the forward, its sites and hooks, the Config and Family records
+    "minibert.families": 2,  # one module per family (its record, key table, forward deltas) and the registry
+    "minibert.io": 3,  # config.json, checkpoints, tokenizers, sources: handed a Family
+    "minibert.runtime": 4,  # the Model users hold and what it takes to run one
+    "minibert": 4,  # the package's __init__ re-exports the runtime and what it stands on
+    "minibert.analysis": 5,
+    "minibert.viz": 5,
+    "minibert.training": 5,  # fine-tuning stands on the Model, as the analyses do
+    "minibert.app": 6,
 }
 
 
@@ -138,14 +132,14 @@ def test_cycle_check_sees_a_cycle_and_skips_typing_only_imports(tmp_path):
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
     (tmp_path / "keys.py").write_text("from typing import TYPE_CHECKING\nfrom minibert import errors\n"
-                                      "if TYPE_CHECKING:\n    from minibert.config import Config\n")
+                                      "if TYPE_CHECKING:\n    from minibert.core.config import Config\n")
     assert imported_modules(tmp_path / "keys.py", typing_only=False) == {"minibert.errors"}
-    assert imported_modules(tmp_path / "keys.py") == {"minibert.errors", "minibert.config"}
+    assert imported_modules(tmp_path / "keys.py") == {"minibert.errors", "minibert.core.config"}
 
 
 def test_layer_check_sees_an_upward_import(tmp_path):
     """The check itself can fail: a model.py importing the analyses is caught."""
-    fake = PACKAGE / "model.py"
+    fake = PACKAGE / "core" / "encoder.py"
     source = "from minibert.analysis import heads\nfrom minibert import viz\nimport minibert.app.cli\n"
     (tmp_path / "model.py").write_text(source)
     found = imported_modules(tmp_path / "model.py")
@@ -161,7 +155,8 @@ def test_import_minibert_does_not_load_matplotlib():
 
 # ---- the Model's boundary: only model.py and the Model's own modules see its internals ---------------------------
 
-BOUNDARY = {"minibert.model", "minibert.api", "minibert.weights"}  # may touch the module graph and its state
+# may touch the module graph and its state
+BOUNDARY = {"minibert.core.encoder", "minibert.runtime.model", "minibert.runtime.weights"}
 INTERNAL_ATTRIBUTES = {"graphdef", "_forward_jit", "_stage_jit", "_forward", "_stage", "_hook_points", "_module"}
 
 
@@ -219,7 +214,8 @@ def boundary_violations(source: str) -> list[str]:
 # The private JAX accesses allowed, each isolated in one function that says why (issue 18 allows it where JAX has no
 # public API): jax.distributed's key-value client, for a barrier that times out and names the missing peers; cuDNN's
 # fused attention dropout (attention.cudnn_attention: jax.nn.dot_product_attention has no dropout argument).
-PRIVATE_JAX = {"minibert.analysis.corpus.distributed": "jax._src.distributed", "minibert.attention": "jax._src.cudnn"}
+PRIVATE_JAX = {"minibert.analysis.corpus.distributed": "jax._src.distributed",
+               "minibert.core.attention": "jax._src.cudnn"}
 
 
 def test_the_private_jax_we_use_is_still_there():

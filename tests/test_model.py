@@ -1,4 +1,4 @@
-"""minibert/model.py, one module at a time, against arrays worked out by hand (gemma's _modules_test style).
+"""minibert/core/encoder.py, one module at a time, against arrays worked out by hand (gemma's _modules_test style).
 
 Tiny sizes (D = 4, H = 2, K = 2, F = 3), weights written out in the test, and expected values either
 written down by hand or computed by the float64 NumPy references below, which are themselves checked
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from minibert.config import BertConfig
-from minibert.model import MLP, Attention, Bert, Block, LayerNorm, gelu
+from minibert.core.config import BertConfig
+from minibert.core.encoder import MLP, Attention, Bert, Block, LayerNorm, gelu
 
 U = 2.0**-24  # float32 unit roundoff
 EPS = 1e-12  # BERT's layer_norm_eps: far below float32's resolution of the variances used here

@@ -48,7 +48,7 @@ def test_tokenizers_library_batch_mixes_single_sentences_and_pairs(tmp_path):
     from test_families import write_tokenizer
 
     from minibert.families.registry import config_for
-    from minibert.tokenizers_hf import SubwordTokenizer, tokenizer_for
+    from minibert.io.tokenizers_hf import SubwordTokenizer, tokenizer_for
 
     write_tokenizer(tmp_path, "roberta")
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)

@@ -22,8 +22,8 @@ from test_hook_table import tiny_config
 from tolerances import assert_close_to_scale, forward_rtol, head_rtol
 
 from minibert import Model
+from minibert.core.hooks import HookFn, layer_of
 from minibert.families.registry import ARCHITECTURE_FAMILY, ARCHITECTURES
-from minibert.hooks import HookFn, layer_of
 
 LAYERS = 3
 T = 5

@@ -27,7 +27,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling
 from test_families import CORPUS, make_family_model
 
 import minibert
-from minibert import checkpoint
+from minibert.io import checkpoint
 from tests.tolerances import forward_rtol, sum_rtol
 
 HIDDEN = 32  # conftest.make_hf_model's hidden size

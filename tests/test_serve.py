@@ -26,7 +26,7 @@ import minibert
 from minibert import HookFn
 from minibert.analysis import flow, interventions, mixing
 from minibert.app import serve
-from minibert.buckets import bucket_length
+from minibert.runtime.buckets import bucket_length
 from minibert.viz._html import UNIT_BYTE_ERROR
 from minibert.viz.workbench import MAX_CHARS, Workbench
 

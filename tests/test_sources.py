@@ -1,4 +1,4 @@
-"""minibert/sources.py: where a checkpoint name resolves, in order — an existing path, the weights/
+"""minibert/io/sources.py: where a checkpoint name resolves, in order — an existing path, the weights/
 store ($MINIBERT_WEIGHTS first), the bundled package, the Hugging Face cache — and what an unknown
 name reports."""
 
@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from minibert import SourceError, sources
+from minibert import SourceError
+from minibert.io import sources
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 import minibert
 from minibert import training
-from minibert.hooks import writers_for
+from minibert.core.hooks import writers_for
 from minibert.training import optim
 from minibert.training.finetune import LateLosses, Step, compiled_step, compute_parameters, task_loss
 from tests.conftest import make_hf_model, random_batch
@@ -113,7 +113,7 @@ def test_first_token_last_block_gives_the_whole_blocks_losses_and_weights(tmp_pa
     @jax.jit
     def reference(params, batch):
         def loss(p):
-            inputs = minibert.api.Inputs(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            inputs = minibert.runtime.model.Inputs(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
             return task_loss(forward(model.state_from(p), inputs)[0].logits, batch, "sequence-classification")
 
         value, grads = jax.value_and_grad(loss)(params)
@@ -127,7 +127,7 @@ def test_first_token_last_block_gives_the_whole_blocks_losses_and_weights(tmp_pa
         batch = batch_of(model, T=T, seed=i)
         ours, state, our_loss = fast(ours, {}, state, batch, jax.random.key(0), leaves)
         theirs, their_loss = reference(theirs, batch)
-        logits = forward(model.state_from(theirs), minibert.api.Inputs(
+        logits = forward(model.state_from(theirs), minibert.runtime.model.Inputs(
             batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]))[0].logits
         assert abs(float(our_loss) - float(their_loss)) <= 2 * rtol * float(jnp.abs(logits).max()) * (i + 1)
     for name, p in start.items():

@@ -110,7 +110,7 @@ def test_weights_under_transformerlens_names_and_orders(tiny_mlm):
     convert_bert_weights builds them from the Hugging Face weights: W_Q = rearrange(query.weight, "(i h) m -> i m h"),
     W_O = rearrange(output.dense.weight, "m (i h) -> i h m"), b_Q = rearrange(query.bias, "(i h) -> i h"). A
     reshape and transpose of the same float32 values: equal exactly."""
-    from minibert.config import head_label
+    from minibert.core.config import head_label
     from minibert.errors import ConfigError
 
     model, hf = tiny_mlm

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import transformers
 
-from minibert.tokenizer import Tokenizer, TokenizerError
+from minibert.io.tokenizer import Tokenizer, TokenizerError
 
 SCRIPTS = [
     "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789",
@@ -222,8 +222,8 @@ def _wordpiece_dir(directory, settings=None):
     (b'{"strip_accents": 0}', "strip_accents must be true or false or null (JSON booleans), got 0"),
 ])
 def test_tokenizer_config_errors_name_file_and_value(tmp_path, settings, message):
-    from minibert.config import Config
-    from minibert.tokenizers_hf import tokenizer_for
+    from minibert.core.config import Config
+    from minibert.io.tokenizers_hf import tokenizer_for
 
     directory = _wordpiece_dir(tmp_path, settings)
     with pytest.raises(TokenizerError, match=re.escape(str(directory / "tokenizer_config.json")) + ".*"
@@ -232,8 +232,8 @@ def test_tokenizer_config_errors_name_file_and_value(tmp_path, settings, message
 
 
 def test_special_tokens_map_without_content_names_the_file(tmp_path):
-    from minibert.config import Config
-    from minibert.tokenizers_hf import tokenizer_for
+    from minibert.core.config import Config
+    from minibert.io.tokenizers_hf import tokenizer_for
 
     directory = _wordpiece_dir(tmp_path)
     (directory / "special_tokens_map.json").write_text('{"sep_token": {"single_word": false}}')
@@ -262,7 +262,7 @@ ROBERTA_VOCAB = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": 4, "a": 
 ])
 def test_vocab_json_and_merges_that_do_not_fit_are_named(tmp_path, vocab, merges, message):
     from minibert.families.registry import config_for
-    from minibert.tokenizers_hf import tokenizer_for
+    from minibert.io.tokenizers_hf import tokenizer_for
 
     (tmp_path / "vocab.json").write_text(vocab)
     (tmp_path / "merges.txt").write_text(merges)

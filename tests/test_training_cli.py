@@ -77,7 +77,7 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys, tiny, name, content
 def test_a_task_the_family_cannot_do(tmp_path, capsys, tiny, monkeypatch):
     """Every registered family has the three task heads, so the refusal is reached by removing one from what
     the trainer consults, the family's architectures (as a family added without a token head would be)."""
-    from minibert.families.base import Family
+    from minibert.core.family import Family
 
     every = Family.architectures
     monkeypatch.setattr(Family, "architectures",

@@ -309,7 +309,7 @@ def test_a_realistic_dataset_compiles_at_most_three_step_programs():
     before) touch 5 or more, padding fewer tokens than any 3 of those buckets would."""
     import itertools
 
-    from minibert.buckets import COARSE, bucket_length, length_buckets
+    from minibert.runtime.buckets import COARSE, bucket_length, length_buckets
 
     lengths = np.maximum(np.round(np.random.default_rng(0).lognormal(np.log(25), 0.6, 2000)), 3).astype(int)
     encoded = data_.Encoded([np.full(n, 5) for n in lengths], [np.zeros(n, int) for n in lengths],

@@ -1,4 +1,5 @@
-"""Dropout (minibert.dropout.Dropout): kept fraction and scaling, placement, and rate 0 = the inference computation."""
+"""Dropout (minibert.core.dropout.Dropout): kept fraction and scaling, placement, and rate 0 = the inference
+computation."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 import minibert
-from minibert.hooks import HookPoints
-from minibert.model import Dropout, explicit_attention
+from minibert.core.encoder import Dropout, explicit_attention
+from minibert.core.hooks import HookPoints
 from tests.conftest import make_hf_model, random_batch
 from tests.tolerances import U32
 

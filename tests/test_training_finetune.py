@@ -11,7 +11,7 @@ import pytest
 
 import minibert
 from minibert import training
-from minibert.hooks import HookFn
+from minibert.core.hooks import HookFn
 from minibert.training import optim
 from tests.conftest import make_hf_model
 

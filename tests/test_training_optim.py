@@ -13,9 +13,9 @@ import pytest
 import torch
 import transformers
 
-from minibert import checkpoint
 from minibert.errors import InputError
-from minibert.families.reading import read_config
+from minibert.io import checkpoint
+from minibert.io.config_json import read_config
 from minibert.training import optim
 from tests.tolerances import U32, sum_rtol
 

@@ -15,7 +15,7 @@ import transformers
 
 import minibert
 from minibert import training
-from minibert.checkpoint import hf_tensors
+from minibert.io.checkpoint import hf_tensors
 from minibert.training import data as data_
 from minibert.training import optim
 from tests.conftest import make_hf_model

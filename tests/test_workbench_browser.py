@@ -15,7 +15,7 @@ from test_serve_browser import Server, Workbench_page, held_runs
 from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
-from minibert.config import head_label
+from minibert.core.config import head_label
 
 server, open_page = test_serve_browser.server, test_serve_browser.open_page  # its fixtures: a tiny MLM's workbench
 

@@ -46,7 +46,7 @@ import numpy as np
 
 import minibert
 from minibert.app.tutorials import expect, position  # expect: prints each claim and what it means when it fails
-from minibert.config import head_label
+from minibert.core.config import head_label
 
 model = minibert.load()
 cfg = model.config

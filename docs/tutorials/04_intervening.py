@@ -38,7 +38,7 @@ import minibert
 from minibert import HookFn
 from minibert.analysis import ablate_heads, ablation_sweep, attribution_patching, head_mask, mean_z, patch_activations
 from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
-from minibert.config import head_label
+from minibert.core.config import head_label
 
 model = minibert.load()
 L, H = model.config.num_hidden_layers, model.config.num_attention_heads

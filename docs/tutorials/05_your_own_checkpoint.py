@@ -34,8 +34,8 @@ import torch
 import transformers
 
 import minibert
-from minibert import sources
 from minibert.app.tutorials import expect  # prints each claim and what it means when it fails
+from minibert.io import sources
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()

@@ -39,7 +39,7 @@ import numpy as np
 import minibert
 from minibert import analysis
 from minibert.app.tutorials import expect, position  # expect: prints each claim and what it means when it fails
-from minibert.config import head_label
+from minibert.core.config import head_label
 
 model = minibert.load()
 L, H = model.config.num_hidden_layers, model.config.num_attention_heads

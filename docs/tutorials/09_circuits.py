@@ -37,7 +37,7 @@ import minibert
 from minibert import training
 from minibert.analysis import circuits, interventions
 from minibert.app.tutorials import expect
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz import circuits as circuit_views
 
 model = minibert.load()  # all-MiniLM-L6-v2: 6 layers × 12 heads

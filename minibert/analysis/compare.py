@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import EXACT
 from minibert.analysis import heads, words
-from minibert.config import head_label
+from minibert.core.config import head_label
+from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
-from minibert.sites import PATTERNS
+from minibert.runtime.accounting import EXACT
 
 
 def _positive_batch_size(batch_size) -> int:

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import heads
+from minibert.core.encoder import Output
+from minibert.core.hooks import Cache
+from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError, InputError
 from minibert.families.registry import architectures_with
-from minibert.hooks import Cache
-from minibert.model import Output
-from minibert.sites import PATTERNS
 
 IGNORE = -100  # label of positions that are not predicted (Hugging Face's convention)
 

@@ -33,11 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
-from minibert.accounting import EXACT  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
-from minibert.api import is_text
-from minibert.config import head_label
+from minibert.core.config import head_label
+from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
-from minibert.sites import PATTERNS
+from minibert.runtime.accounting import EXACT  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
+from minibert.runtime.model import is_text
 
 STATISTICS: tuple[str, ...] = (
     "self", "next", "prev", "to_cls", "to_sep", "to_punct", "sep_to_sep", "rest_to_sep",

@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert import accounting
-from minibert.api import Inputs, is_text
-from minibert.contract import metric_values, static_metric, traced_call
+from minibert.core.contract import metric_values, static_metric, traced_call
+from minibert.core.hooks import HookError, HookFn, add_delta, any_length, site_axes
 from minibert.errors import AnalysisError
-from minibert.hooks import HookError, HookFn, add_delta, any_length, site_axes
-from minibert.tokenizer import Batch
+from minibert.io.tokenizer import Batch
+from minibert.runtime import accounting
+from minibert.runtime.model import Inputs, is_text
 
 
 @any_length  # position by position: the mask and replacement are [L, H(, K)], so rows may run padded, unprobed

@@ -26,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
-from minibert.contract import StaticFn, metric_values, static_metric, traced_call
+from minibert.core.contract import StaticFn, metric_values, static_metric, traced_call
+from minibert.core.encoder import Output
+from minibert.core.hooks import HookFn, writers_for
+from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn, writers_for
-from minibert.model import Output
-from minibert.sites import PATTERNS
+from minibert.runtime.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
 
 
 def _real_pairs(attention_mask) -> jax.Array:

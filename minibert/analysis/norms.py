@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import EXACT  # no TF32 on GPUs: the Gram trick below subtracts large terms
-from minibert.sites import PATTERNS
+from minibert.core.sites import PATTERNS
+from minibert.runtime.accounting import EXACT  # no TF32 on GPUs: the Gram trick below subtracts large terms
 
 
 @jax.jit

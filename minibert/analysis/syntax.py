@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from minibert.analysis.words import word_attention
-from minibert.config import head_label
+from minibert.core.config import head_label
+from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError, ConllError, DataFileMissing
-from minibert.sites import PATTERNS
 
 DEPENDENT_TO_HEAD = "dependent→head"
 HEAD_TO_DEPENDENT = "head→dependent"

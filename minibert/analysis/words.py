@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import EXACT
+from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
-from minibert.sites import PATTERNS
+from minibert.runtime.accounting import EXACT
 
 MODES = ("mean", "first")
 

@@ -166,7 +166,7 @@ def _report_skipped(counts: dict, max_length: int) -> None:
 
 
 def _hooks(args) -> int:
-    from minibert import sites
+    from minibert.core import sites
 
     if args.output:
         _checked_outputs([Path(args.output)])
@@ -216,7 +216,7 @@ def _serve(args) -> int:
 
 
 def _convert(args) -> int:
-    from minibert.checkpoint import convert_bin_to_safetensors
+    from minibert.io.checkpoint import convert_bin_to_safetensors
 
     out = convert_bin_to_safetensors(args.bin, args.output)
     print(f"wrote {out} (read {args.bin} with torch.load(weights_only=True))")
@@ -468,7 +468,7 @@ def _one_line_warnings(command: str) -> Iterator[None]:
     source line of the warning mean nothing to a command-line user. Only the text changes (warnings.formatwarning):
     filters and whoever records warnings see them as before; other packages' warnings print as usual. Ours are
     those raised at a line of minibert's, and those of minibert's own classes (RecompileWarning, CacheWarning),
-    which point past minibert at the caller's line (programs.outside_minibert)."""
+    which point past minibert at the caller's line (errors.outside_minibert)."""
     package = Path(__file__).resolve().parents[1]  # minibert/: where a warning of ours points
     python_format = warnings.formatwarning
 

@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 
 from minibert import viz
 from minibert.analysis import clustering, corpus, embeddings, heads, words
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.errors import InputError
 from minibert.viz import figures, report
 

@@ -30,13 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from minibert.config import Config
-from minibert.dropout import NO_DROPOUT, Dropout
-from minibert.errors import ConfigError, InputError
-from minibert.families.base import Family
-from minibert.families.keys import LayerKeys, Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
-from minibert.families.shows import HEAD_ROW, POST_LN_STEPS, replacing, steps
-from minibert.model import (
+from minibert.core.config import Config
+from minibert.core.dropout import NO_DROPOUT, Dropout
+from minibert.core.encoder import (
     NO_HOOKS,
     Attention,
     Block,
@@ -45,8 +41,12 @@ from minibert.model import (
     attention_output,
     attention_softmax,
 )
-from minibert.model import _weight as weight
-from minibert.model import _zeros as zeros
+from minibert.core.encoder import _weight as weight
+from minibert.core.encoder import _zeros as zeros
+from minibert.core.family import Family
+from minibert.core.keys import LayerKeys, Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
+from minibert.core.shows import HEAD_ROW, POST_LN_STEPS, replacing, steps
+from minibert.errors import ConfigError, InputError
 
 TERMS = ("c2p", "p2c")  # the position terms pos_att_type may list
 
@@ -338,7 +338,7 @@ def enhanced_mask_decoder(model, batch, position_table=None):
         shape = None if table is None else tuple(table.shape)
         raise InputError(f"the enhanced mask decoder adds absolute positions: pass position_table, the checkpoint's "
                          f"[max_position_embeddings, {cfg.hidden_size}] embeddings.position_embeddings.weight with at "
-                         f"least {T} rows (got {shape}), e.g. minibert.checkpoint.read_safetensors(path)"
+                         f"least {T} rows (got {shape}), e.g. minibert.io.checkpoint.read_safetensors(path)"
                          f"[\"deberta.embeddings.position_embeddings.weight\"].")
     name = f"blocks.{last}"
     _, cache = model.run_with_cache(inputs, names=[f"{name}.hook_resid_pre"])

@@ -1,7 +1,7 @@
 """ELECTRA (Clark et al., 2020): BERT's blocks; embeddings projected up when narrower; a discriminator head."""
 
-from minibert.families.base import Family, Heads
-from minibert.families.keys import HeadKeys
+from minibert.core.family import Family, Heads
+from minibert.core.keys import HeadKeys
 
 FAMILIES = (Family(
     "electra", "ELECTRA", "Electra", "electra",

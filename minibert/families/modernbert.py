@@ -22,14 +22,10 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
-from minibert import config
-from minibert.config import Config
-from minibert.dropout import NO_DROPOUT, Dropout
-from minibert.errors import ConfigError, InputError
-from minibert.families.base import Family
-from minibert.families.keys import HeadKeys, LayerKeys, Rule, identity, to_HKD, transpose
-from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
-from minibert.model import (
+from minibert.core import config
+from minibert.core.config import Config
+from minibert.core.dropout import NO_DROPOUT, Dropout
+from minibert.core.encoder import (
     ACTIVATIONS,
     Classifier,
     Hooks,
@@ -38,8 +34,12 @@ from minibert.model import (
     attend,
     attention_output,
 )
-from minibert.model import _weight as weight
-from minibert.model import _zeros as zeros
+from minibert.core.encoder import _weight as weight
+from minibert.core.encoder import _zeros as zeros
+from minibert.core.family import Family
+from minibert.core.keys import HeadKeys, LayerKeys, Rule, identity, to_HKD, transpose
+from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
+from minibert.errors import ConfigError, InputError
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
 

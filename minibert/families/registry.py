@@ -8,10 +8,10 @@ MODULES is the one table: a new family is its module plus its name there (docs/f
 
 from __future__ import annotations
 
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.family import Family, Heads
 from minibert.errors import ConfigError
 from minibert.families import albert, bert, deberta_v2, distilbert, electra, modernbert, roberta
-from minibert.families.base import Family, Heads
 
 # Each module's FAMILIES are registered in this order (the order error messages list them in).
 MODULES = (bert, roberta, distilbert, electra, albert, modernbert, deberta_v2)

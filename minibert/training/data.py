@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert.buckets import bucket_length
 from minibert.errors import DataFileError, DataFileMissing, InputError, is_whole
+from minibert.runtime.buckets import bucket_length
 
 TASKS = ("sequence-classification", "token-classification", "masked-lm")
 IGNORE = -100  # the label of positions no loss reads (transformers' ignore_index)

@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minibert import checkpoint
-from minibert.api import Inputs, Model, parameter_shapes
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.encoder import GATHERED
+from minibert.core.hooks import writers_for
 from minibert.errors import InputError, is_whole
-from minibert.hooks import writers_for
-from minibert.model import GATHERED
+from minibert.io import checkpoint
+from minibert.runtime.model import Inputs, Model, parameter_shapes
 from minibert.training import data as data_
 from minibert.training import guards, optim
 from minibert.training.resume import Checkpoints, run_fingerprints

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
+from minibert.core.encoder import parameter_names  # noqa: F401 (the Model's names are the optimiser's; kept here)
 from minibert.errors import InputError
-from minibert.model import parameter_names  # noqa: F401 (the Model's names are the optimiser's; kept here)
 
 SCHEDULES = ("linear", "constant")
 # Leaf names of the parameters that do not decay: biases (b, b_Q, …, the decoder's bias, the discriminator's c)

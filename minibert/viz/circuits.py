@@ -20,7 +20,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz._check import VizError
 from minibert.viz._html import page, write_page
 from minibert.viz.figures._base import _axes, _finish, _legend

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz._html import page
 
 TOP_HEADS = 3

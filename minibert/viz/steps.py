@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from minibert.families.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD
+from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD
 from minibert.viz import views
 
 SIGNIFICANT = 8  # digits of each number a step sends: float32 holds ~7.2, so rounding to 8 moves a hook's value by

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz import _check
 from minibert.viz._html import ZLIB_LEVEL, View
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.circuits import direct_attribution, token_attribution
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz._request import index
 
 STEPS = 16  # integration points: the completeness gap the answer reports says how good that is for this text

@@ -30,13 +30,13 @@ import numpy as np
 
 from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
-from minibert.buckets import bucket_length, length_buckets
-from minibert.buckets import cut as cut_to_length
-from minibert.config import head_label
+from minibert.core.config import head_label
+from minibert.core.hooks import HookFn
+from minibert.core.sites import PATTERNS
 from minibert.errors import InputError
-from minibert.hooks import HookFn
-from minibert.pooling import pooled_tokens
-from minibert.sites import PATTERNS
+from minibert.runtime.buckets import bucket_length, length_buckets
+from minibert.runtime.buckets import cut as cut_to_length
+from minibert.runtime.pooling import pooled_tokens
 from minibert.viz import views, why
 from minibert.viz._request import index as _index
 from minibert.viz.steps import SHOWN, hook_name, steps

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from minibert.analysis._finite import NonFinite, refuse_nonfinite
-from minibert.contract import StaticFn, metric_values, traced_call
+from minibert.core.contract import StaticFn, metric_values, traced_call
 from minibert.errors import AnalysisError
 
 

@@ -26,9 +26,9 @@ import numpy as np
 
 from minibert.analysis.circuits._checks import check_count, check_finite, check_model, metric_of
 from minibert.analysis.circuits.frozen import point_names, readout_hooks, scale_names, skip_path, skip_weights
-from minibert.config import head_label
-from minibert.contract import StaticFn, static_metric
-from minibert.hooks import HookFn, add_delta
+from minibert.core.config import head_label
+from minibert.core.contract import StaticFn, static_metric
+from minibert.core.hooks import HookFn, add_delta
 
 
 @dataclasses.dataclass

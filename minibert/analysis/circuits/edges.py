@@ -33,16 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import activation_bytes, items_per_chunk
 from minibert.analysis.circuits._checks import check_choice, check_count, check_finite, check_model, metric_of
 from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
 from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
 from minibert.analysis.interventions import _paired_inputs
-from minibert.config import head_label
-from minibert.contract import StaticFn, static_metric
+from minibert.core.config import head_label
+from minibert.core.contract import StaticFn, static_metric
+from minibert.core.hooks import HookFn, add_delta
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn, add_delta
+from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 METHODS = ("eap", "eap-ig")
 MAX_EAP_IG_STEPS = 1000  # gradient runs, each a forward and backward: past this a call runs for hours on a CPU

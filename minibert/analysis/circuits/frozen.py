@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
 
 
 @dataclasses.dataclass(frozen=True)

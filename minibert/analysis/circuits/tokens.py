@@ -23,16 +23,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.accounting import activation_bytes, items_per_chunk
 from minibert.analysis.circuits._checks import check_choice, check_finite, check_model, metric_of
 from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
 from minibert.analysis.gradients import _special_ids
 from minibert.analysis.words import word_groups, word_labels
-from minibert.api import is_text
-from minibert.contract import StaticFn, static_metric
+from minibert.core.contract import StaticFn, static_metric
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
-from minibert.tokenizer import Batch
+from minibert.io.tokenizer import Batch
+from minibert.runtime.accounting import activation_bytes, items_per_chunk
+from minibert.runtime.model import is_text
 
 METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
 MAX_GAUSS_LEGENDRE = 1000  # numpy's leggauss solves a dense steps × steps eigenproblem: 8 MB and ~1 s at 1,000

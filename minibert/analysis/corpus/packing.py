@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.buckets import length_buckets
 from minibert.errors import AnalysisError
+from minibert.runtime.buckets import length_buckets
 
 
 def default_buckets(max_length: int) -> tuple[int, ...]:

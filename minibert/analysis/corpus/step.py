@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.api import Inputs
-from minibert.hooks import HookFn
+from minibert.core.hooks import HookFn
+from minibert.runtime.model import Inputs
 
 
 def zeros(model, js: bool) -> dict[str, np.ndarray]:

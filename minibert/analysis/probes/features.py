@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from minibert.analysis.syntax import encode_words
+from minibert.core.hooks import site_axes
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing
-from minibert.hooks import site_axes
 from minibert.training.data import read_text
 
 WORD_POOLS = ("first", "mean")

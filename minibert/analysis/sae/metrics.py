@@ -21,9 +21,9 @@ import numpy as np
 
 from minibert.analysis.gradients import IGNORE, mask_tokens
 from minibert.analysis.sae.model import SAEConfig, checked_finite, encode, reconstruct
+from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
-from minibert.hooks import HookFn
-from minibert.pooling import pooled_tokens
+from minibert.runtime.pooling import pooled_tokens
 
 
 def evaluate(config: SAEConfig, params, x, dense_above: float = 0.1) -> dict[str, float | np.ndarray]:

@@ -24,8 +24,8 @@ from minibert.analysis.corpus import packing, reading
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.corpus.step import packed_captures
+from minibert.core.hooks import site_axes
 from minibert.errors import AnalysisError, DataFileError, MinibertError
-from minibert.hooks import site_axes
 
 CACHE_INFO = "activations.json"
 

@@ -20,7 +20,7 @@ heads (per-head values); _base holds what they share.
 
 from __future__ import annotations
 
-from minibert.config import head_label  # figures.head_label: the tutorials and docs/findings.py read it here too
+from minibert.core.config import head_label  # figures.head_label: the tutorials and docs/findings.py read it here too
 from minibert.viz.figures._base import NEURON_CMAP, SUFFIXES, NotebookFigure, save
 from minibert.viz.figures.attention import attention_heatmap, head_grid
 from minibert.viz.figures.heads import (

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from minibert.config import head_label
+from minibert.core.config import head_label
 from minibert.viz import _check
 from minibert.viz._check import VizError
 from minibert.viz.figures._base import NotebookFigure, _axes, _finish, _heatmap_size, _strings, _tick_labels

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from minibert.checkpoint.reading import key_table, sentence_transformers_layout
-from minibert.config import Config
+from minibert.core.config import Config
 from minibert.errors import DataFileError, refuse_unless_flag
+from minibert.io.checkpoint.reading import key_table, sentence_transformers_layout
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from minibert.config import Config
+    from minibert.core.config import Config
 
 Rule = tuple[str, tuple[int, ...], Callable]  # minibert param path, HF shape, converter
 

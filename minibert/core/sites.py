@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
-from minibert.config import Config
+from minibert.core.config import Config
 from minibert.families.registry import ARCHITECTURES, FAMILIES, architectures_with
 
 # What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
@@ -181,7 +181,7 @@ def site(name: str) -> Site:
     inner = _inside_block(name)
     entry = _BY_NAME.get(name if inner is None else inner)
     if entry is None or entry.per_block != (inner is not None):
-        raise KeyError(f"hook {name!r} has no entry in minibert.sites.SITES; add one there.")
+        raise KeyError(f"hook {name!r} has no entry in minibert.core.sites.SITES; add one there.")
     return entry
 
 
@@ -281,7 +281,7 @@ def hooks_page() -> str:
     projecting = ", ".join(f.name + (" (when embedding_size ≠ hidden_size)" if f.projection == "when_sizes_differ"
                                      else "") for f in FAMILIES.values() if f.projection)
     paragraphs = [
-        f"Generated from the code (`minibert.sites.SITES`) by `minibert hooks --output docs/hooks.md`: every hook "
+        f"Generated from the code (`minibert.core.sites.SITES`) by `minibert hooks --output docs/hooks.md`: every hook "
         f"point of every architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}; "
         f"{len(ARCHITECTURES)} architectures). `model.hook_names` lists one model's.",
         f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "

@@ -2,7 +2,7 @@
 names renamed to Hugging Face's BERT names, every key checked (one that changes the computation and that minibert
 does not implement is refused, naming it), the family's own settings read into Config.settings.
 
-    from minibert.families.reading import read_config
+    from minibert.io.config_json import read_config
     cfg = read_config("path/to/checkpoint")          # a directory, its config.json, or a parsed dict
 """
 
@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.family import Family
 from minibert.errors import ConfigError
-from minibert.families.base import Family
 from minibert.families.registry import ARCHITECTURE_FAMILY, FAMILIES
-from minibert.files import read_json_object
+from minibert.io.files import read_json_object
 
 # Keys of Hugging Face config.json files that do not change what the encoder computes (training,
 # generation and bookkeeping settings). Any other key that Config does not model is refused.

@@ -4,7 +4,7 @@ same table backwards to save a Model as a directory transformers reads. The mode
 package; it stands on config, the families and the files it reads.
 """
 
-from minibert.checkpoint.reading import (
+from minibert.io.checkpoint.reading import (
     IGNORED,
     POOLING_MODES,
     SENTENCE_MODULES,
@@ -17,7 +17,7 @@ from minibert.checkpoint.reading import (
     read_safetensors,
     sentence_transformers_layout,
 )
-from minibert.checkpoint.writing import hf_config, hf_tensors, save
+from minibert.io.checkpoint.writing import hf_config, hf_tensors, save
 
 __all__ = ["IGNORED", "POOLING_MODES", "SENTENCE_MODULES", "TRANSFORMER_SETTINGS", "check_config", "convert",
            "convert_bin_to_safetensors", "hf_config", "hf_tensors", "key_table", "read_pytorch_bin",

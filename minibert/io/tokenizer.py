@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from minibert.errors import TokenizerError
-from minibert.files import read_json_object
+from minibert.io.files import read_json_object
 
 SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 MAX_CHARS_PER_WORD = 100

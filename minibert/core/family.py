@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from minibert.core.keys import HeadKeys, LayerKeys, bert_layout
+from minibert.core.shows import POST_LN_ORDER, POST_LN_STEPS, Step, one_term
 from minibert.errors import ConfigError
-from minibert.families.keys import HeadKeys, LayerKeys, bert_layout
-from minibert.families.shows import POST_LN_ORDER, POST_LN_STEPS, Step, one_term
 
 # The files each kind of tokenizer reads (sources.py fetches them from the Hub; tokenizers_hf.py reads them).
 TOKENIZER_FILES = {
@@ -97,7 +97,7 @@ class Family:
     # The variations of VARIATIONS this family computes. Any but BERT's needs the family's own code:
     norm: str = "post"
     # Pre-LN: whether block 0 normalises its attention input (ln1). ModernBERT's embeddings end with a LayerNorm,
-    # so its block 0 has none; model code, key table and hook table (minibert.sites) read this.
+    # so its block 0 has none; model code, key table and hook table (minibert.core.sites) read this.
     first_ln1: bool = True
     positions: str = "table"
     mlp: str = "dense"

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.family import Family
 from minibert.errors import TokenizerError
-from minibert.families.base import Family
-from minibert.tokenizer import BaseTokenizer, Tokenizer, _read_json, configured_max_length, configured_special_tokens
+from minibert.io.tokenizer import BaseTokenizer, Tokenizer, _read_json, configured_max_length, configured_special_tokens
 
 SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")  # spm.model: DeBERTa-v3
 

@@ -6,7 +6,7 @@ Axis letters, used in every einsum and docstring of minibert:
     V vocabulary C classes           E embedding width (= D unless ELECTRA/ALBERT narrow it)
 
 Each intermediate passes through `hooks(name, value)` where it is computed. With no
-hooks the call is the identity and costs nothing; `minibert.hooks.HookPoints` reads,
+hooks the call is the identity and costs nothing; `minibert.core.hooks.HookPoints` reads,
 replaces or differentiates the value (see hooks.py). Weights are stored in the shape
 the maths uses (W_Q as D×H×K, W_O as H×K×D); checkpoint.py does the reshaping.
 
@@ -20,7 +20,8 @@ One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer comput
 The encoder applies L such blocks, one after the other (Bert.stack): block i on block i − 1's output. The block is
 written once; the stack runs it as a jax.lax.scan over the layers, each step reading its layer's weights, so a program
 holds one traced copy of it whatever the depth, and every hook keeps its per-layer name (blocks.3.attn.hook_pattern).
-In training, values pass through dropout (minibert/dropout.py) where Hugging Face's BERT drops them, after their hooks.
+In training, values pass through dropout (minibert/core/dropout.py) where Hugging Face's BERT drops them, after
+their hooks.
 
 The other families (minibert.families) are this encoder with small, explicit variations: RoBERTa
 numbers positions from pad_token_id + 1; DistilBERT has no segment embeddings; ELECTRA and ALBERT
@@ -40,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert import attention
-from minibert.config import Config
-from minibert.dropout import NO_DROPOUT, Dropout, LayerDropout
-from minibert.families.base import Heads
+from minibert.core import attention
+from minibert.core.config import Config
+from minibert.core.dropout import NO_DROPOUT, Dropout, LayerDropout
+from minibert.core.family import Heads
 
 
 class Hooks(Protocol):

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from minibert import checkpoint
 from minibert.errors import ConfigError, InputError
-from minibert.tokenizer import is_text
+from minibert.io import checkpoint
+from minibert.io.tokenizer import is_text
 
 # sentence_embeddings' modes: sentence-transformers' (checkpoint.POOLING_MODES maps its old names to them)
 POOLINGS = tuple(checkpoint.POOLING_MODES.values())

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.encoder import Bert, parameter_names
 from minibert.errors import InputError
-from minibert.model import Bert, parameter_names
 
 
 def _stacked_view(name: str, doc: str) -> property:

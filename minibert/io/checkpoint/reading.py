@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import Config
+from minibert.core.config import Config
+from minibert.core.keys import Rule
 from minibert.errors import CheckpointError
-from minibert.families.keys import Rule
-from minibert.files import read_json_object
+from minibert.io.files import read_json_object
 
 # Keys Hugging Face saves that carry no weights (buffers).
 IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids")

@@ -33,7 +33,7 @@ def hub_files() -> list[str]:
 def weights_dirs() -> list[Path]:
     dirs = [Path(os.environ["MINIBERT_WEIGHTS"])] if os.environ.get("MINIBERT_WEIGHTS") else []
     dirs.append(Path.cwd() / "weights")
-    dirs.append(Path(__file__).resolve().parent.parent / "weights")
+    dirs.append(Path(__file__).resolve().parents[2] / "weights")  # the repository's weights/, beside minibert/
     return list(dict.fromkeys(dirs))
 
 

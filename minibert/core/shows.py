@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 # The order in which a block runs its sites, as groups: a per-block site is in the group of its first name part
-# ("attn.hook_q" → "attn", "ln1.hook_scale" → "ln1") or else of its name; within a group, minibert.sites.SITES'
+# ("attn.hook_q" → "attn", "ln1.hook_scale" → "ln1") or else of its name; within a group, minibert.core.sites.SITES'
 # order. A per-block site whose group a family's order leaves out does not exist in that family's blocks.
 # Post-LN (BERT): ln1 after attention, ln2 on the block's output.
 POST_LN_ORDER = ("hook_resid_pre", "attn", "hook_attn_out", "hook_resid_mid", "ln1", "mlp", "hook_mlp_out",

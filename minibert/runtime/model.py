@@ -11,12 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert import attention, buckets, checkpoint, pooling, programs, sources
-from minibert.config import Config
-from minibert.contract import StaticFn, metric_function, metric_values, traced_call
-from minibert.errors import InputError, is_whole
-from minibert.families.reading import read_config
-from minibert.hooks import (
+from minibert.core import attention
+from minibert.core.config import Config
+from minibert.core.contract import StaticFn, metric_function, metric_values, traced_call
+from minibert.core.encoder import NO_DROPOUT, Bert, Dropout, Output, position_rows
+from minibert.core.hooks import (
     Cache,
     HookContext,
     HookError,
@@ -31,13 +30,21 @@ from minibert.hooks import (
     unstacked,
     writers_for,
 )
-from minibert.model import NO_DROPOUT, Bert, Dropout, Output, position_rows
-from minibert.pooling import POOLINGS as POOLINGS  # minibert.api.POOLINGS, pooled_tokens: as the docs name them
-from minibert.pooling import pooled_tokens as pooled_tokens
-from minibert.tokenizer import BaseTokenizer, Batch, is_text
-from minibert.tokenizers_hf import tokenizer_for
-from minibert.weights import Weights
-from minibert.weights import parameter_shapes as parameter_shapes  # minibert.api.parameter_shapes (docs/training.md)
+from minibert.errors import InputError, is_whole
+from minibert.io import checkpoint, sources
+from minibert.io.config_json import read_config
+from minibert.io.tokenizer import BaseTokenizer, Batch, is_text
+from minibert.io.tokenizers_hf import tokenizer_for
+from minibert.runtime import buckets, cache, pooling, programs
+from minibert.runtime.device import on_device
+from minibert.runtime.pooling import (
+    POOLINGS as POOLINGS,  # minibert.runtime.model.POOLINGS, pooled_tokens: as the docs name them
+)
+from minibert.runtime.pooling import pooled_tokens as pooled_tokens
+from minibert.runtime.weights import Weights
+from minibert.runtime.weights import (
+    parameter_shapes as parameter_shapes,  # minibert.runtime.model.parameter_shapes (docs/training.md)
+)
 
 
 @struct.dataclass
@@ -136,7 +143,9 @@ class Model(Weights):
                  dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None,
                  scan: bool = True):
         """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed). `scan`: run the
-        blocks as one jax.lax.scan where they are alike (model.Bert.stack; False: unrolled, a copy per layer)."""
+        blocks as one jax.lax.scan where they are alike (model.Bert.stack; False: unrolled, a copy per layer).
+        The process's first Model sets up the persistent compilation cache (runtime.cache; never at import)."""
+        cache.use_persistent_cache()
         self.config, self.tokenizer, self.dtype, self.pooling, self.source = config, tokenizer, dtype, pooling, source
         if params is None:
             module = Bert(config, dtype=dtype, rngs=nnx.Rngs(seed or 0), scan=scan)
@@ -257,7 +266,7 @@ class Model(Weights):
             raise InputError(f"token_type_ids must lie in [0, {segments}); found {types.min()}…{types.max()}.")
         positions = fields.get("position_ids") if position_ids is None else position_ids
         positions = None if positions is None else self._checked_positions(positions, ids.shape)
-        return Inputs(*(programs.on_device(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
+        return Inputs(*(on_device(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
 
     def _checked_positions(self, position_ids, shape: tuple[int, int]) -> jax.Array:
         positions = np.asarray(position_ids)
@@ -269,7 +278,7 @@ class Model(Weights):
         if positions.min() < 0 or positions.max() >= rows:
             raise InputError(f"position_ids must lie in [0, {rows}) (the rows of the position table); found "
                              f"{positions.min()}…{positions.max()}.")
-        return programs.on_device(positions, np.int32)
+        return on_device(positions, np.int32)
 
     # ---- hook points ----------------------------------------------------------------------------------
 
@@ -475,7 +484,7 @@ class Model(Weights):
             out = _cut_output(out, length, self.config.heads)
             captured = {n: buckets.cut(n, v, length) for n, v in captured.items()}
         if not offload:
-            captured = {n: programs.on_device(v) if isinstance(v, np.ndarray) else v for n, v in captured.items()}
+            captured = {n: on_device(v) if isinstance(v, np.ndarray) else v for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
 
     def _pads_safely_under(self, writers: Mapping[str, tuple[HookFn, ...]], rows: int) -> bool:
@@ -515,7 +524,7 @@ class Model(Weights):
         return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens)
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
-        """Which attention kernel model(batch) runs, and why (minibert.attention; docs/accelerators.md): on the
+        """Which attention kernel model(batch) runs, and why (minibert.core.attention; docs/accelerators.md): on the
         default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"), for this batch padded to its
         bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
         the answer as attention.choose says."""

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.config import Config
+from minibert.core.config import Config
 
 # Device memory the activations of one chunk of an analysis sweep may take; chunk sizes derive from it.
 MEMORY_BUDGET = 1 << 30

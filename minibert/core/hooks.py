@@ -13,12 +13,12 @@ which head, a patch value, a position mask — go in a `HookFn(fn, head=3)`, who
 keyword arrays are traced arguments: a sweep over heads or positions compiles once.
 
 A plain function may also read globals or closed-over values: the compiled program is keyed on the
-function's code and what it reads (minibert.contract.StaticFn), so `HEAD = 5` after a run with `HEAD = 4`
+function's code and what it reads (minibert.core.contract.StaticFn), so `HEAD = 5` after a run with `HEAD = 4`
 recompiles rather than silently reusing the old value, and a function written again with the same code,
 reading the same values (a loop's lambda, a notebook cell run again), reuses the program. For values that
 change, and for sweeps (which should not recompile at all), use HookFn's arrays; when one hook's code has
 compiled RECOMPILE_WARNING_AT programs anyway, a RecompileWarning says so once and names HookFn as the fix.
-Model.run pads rows to a bucket length under hooks that cannot tell (minibert.buckets.pads_safely).
+Model.run pads rows to a bucket length under hooks that cannot tell (minibert.runtime.buckets.pads_safely).
 
 TransformerLens habits work too: `get_act_name("pattern", 3)`, `cache["pattern", -1]`, `cache.stack("pattern")`,
 `stack_activation`, `hook.layer()`, hooks as a list of (name, fn) pairs (`fwd_hooks=`), `names_filter=` for
@@ -40,11 +40,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.contract import StaticFn
-from minibert.errors import HookError
+from minibert.core.contract import StaticFn
+from minibert.core.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
+from minibert.errors import HookError, outside_minibert
 from minibert.families.registry import architectures_with
-from minibert.programs import host_view, outside_minibert
-from minibert.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
+from minibert.runtime.device import host_view
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,7 +310,7 @@ def stacked_name(template: str, layers: Iterable[int]) -> str:
 def unstacked(captured: Mapping[str, object], host: bool = True) -> dict[str, object]:
     """Captures with each stacked buffer (stacked_name) split into its layers' values under their own names, in
     the order given. host: slices of a device array on a CPU are NumPy views of it (slicing it with jax would
-    compile a small program for every new shape; programs.on_device puts them back); False: sliced as they are
+    compile a small program for every new shape; runtime.device.on_device puts them back); False: sliced as they are
     (inside a traced function). Shapes (jax.ShapeDtypeStruct) split into the shape of one layer's value."""
     values = {}
     for name, value in captured.items():

@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.core.sites import site_axes
 from minibert.errors import InputError, is_whole
-from minibert.programs import host_view, on_device
-from minibert.sites import site_axes
+from minibert.runtime.device import host_view, on_device
 
 INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (Model.bucket_rule)
 FEW_ROWS, FEW_ROWS_SMALLEST = 4, 64  # under INTERACTIVE, a batch of at most 4 rows pads to at least 64 tokens
@@ -46,7 +46,8 @@ def checked_rule(rule) -> tuple[int, int]:
     if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not all(map(is_whole, rule)) or rule[0] < 1
             or not 1 <= rule[1] <= MOST_PER_OCTAVE):
         raise InputError(f"bucket_rule={rule!r}: pass (smallest, per_octave), two whole numbers with smallest ≥ 1 "
-                         f"and 1 ≤ per_octave ≤ {MOST_PER_OCTAVE} — e.g. minibert.buckets.INTERACTIVE {INTERACTIVE}, "
+                         f"and 1 ≤ per_octave ≤ {MOST_PER_OCTAVE} — e.g. "
+                         f"minibert.runtime.buckets.INTERACTIVE {INTERACTIVE}, "
                          f"COARSE {COARSE} or FINE {FINE}.")
     return int(rule[0]), int(rule[1])
 
@@ -79,13 +80,14 @@ def bucket_length(length: int, buckets) -> int:
 
 
 def cut(name: str, value, length: int):
-    """A captured value of a padded run cut back to the real length on each of its T and S axes (minibert.sites)."""
+    """A captured value of a padded run cut back to the real length on each of its T and S axes
+    (minibert.core.sites)."""
     return cut_axes(value, site_axes(name, value.ndim), length)
 
 
 def cut_axes(value, axes, length: int):
     """`value` (axis letters `axes`) cut to `length` on its T and S axes. A device array on a CPU is cut on the host
-    and put back (programs.on_device): slicing it with jax would compile a small program for every new length."""
+    and put back (runtime.device.on_device): slicing it with jax would compile a small program for every new length."""
     index = tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)
     rows = host_view(value)
     return on_device(rows[index]) if rows is not value else value[index]

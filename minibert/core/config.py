@@ -2,7 +2,7 @@
 
 A plain frozen record: its family (a minibert.families Family, BERT's by default) and its architecture (a class
 name of that family, "<prefix>Model" by default) are fields like the sizes. A checkpoint's config.json is read
-into one by minibert.families.reading.read_config, which sets the family from model_type; `Config.from_params`
+into one by minibert.io.config_json.read_config, which sets the family from model_type; `Config.from_params`
 infers a BERT config from the weights' shapes when a checkpoint has none. `BertConfig` is the same class under its
 first name.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from minibert.core.family import Family, Heads
 from minibert.errors import ConfigError
-from minibert.families.base import Family, Heads
 from minibert.families.bert import BERT
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
