@@ -232,3 +232,35 @@ def test_context_mixing_maps_are_named_by_their_method_not_head_1(open_page):
                                               "n.textContent)")
     assert swatches == ["rollout"], swatches
     assert page.problems == []
+
+
+def test_the_url_carries_the_pages_state_to_another_laptop(open_page, browser, server):
+    """A lecturer pushes one configuration to every laptop: the URL's text, pair, head ("L-H"), query (a token
+    position) and ablate ("1-3,2-4") open the page on them, and the URL follows the page's edits, so that a link
+    copied from one page opens another on the same state."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from test_serve_browser import Workbench_page
+
+    page = open_page(url=f"{server.url}&text=a b c d&pair=e f&head=2-3&query=3&ablate=1-2")
+    page.settle()
+    assert page.page.input_value("#wb-text") == "a b c d" and page.page.input_value("#wb-pair") == "e f"
+    assert page.page.get_attribute("#wb-head-0-0-1", "aria-pressed") == "true"  # 1-2 ablated
+    assert page.page.get_attribute("#wb-token-0-3", "aria-pressed") == "true"
+    assert "Head 2-3" in page.page.text_content("#wb-step-title-0")
+    page.page.click("#wb-head-0-1-3")  # ablate 2-4 too; the step-through moves to it
+    page.settle()
+    state = parse_qs(urlsplit(page.page.url).query)
+    assert state["ablate"] == ["1-2,2-4"] and state["head"] == ["2-4"] and state["text"] == ["a b c d"], state
+    assert state["token"] and state["pair"] == ["e f"] and state["query"] == ["3"], state
+    other = Workbench_page(browser, server, page.page.url)  # the link, opened elsewhere
+    try:
+        other.settle()
+        for pressed in ("#wb-head-0-0-1", "#wb-head-0-1-3"):
+            assert other.page.get_attribute(pressed, "aria-pressed") == "true", pressed
+        assert other.page.input_value("#wb-pair") == "e f" and "Head 2-4" in other.page.text_content(
+            "#wb-step-title-0")
+        assert other.problems == []
+    finally:
+        other.page.close()
+    assert page.problems == []

@@ -152,6 +152,29 @@ function minibertWorkbench(app, config, options) {
 
   // ---- requests -------------------------------------------------------------------------------------
 
+  /** The page's state as the URL carries it (served page: options.remember): text, sentence B, the step-through's
+      head (layer and head) and query, the ablated heads of the first model and the ablation mode. */
+  function remember() {
+    if (options.remember) {
+      options.remember({text: text.value, pair: pair.value, layer: state.layer, head: state.head, query: state.query,
+                        ablate: state.ablate[0], mode: mode.node.value});
+    }
+  }
+
+  /** Start from `config.initial` (the URL's state: the same fields as remember's), within the model's sizes. */
+  function restore(initial) {
+    var info = config.models[0], inside = function (v, n) { return v != null && v >= 0 && v < n; };
+    if (typeof initial.text === "string") text.value = initial.text;
+    if (typeof initial.pair === "string") pair.value = initial.pair;
+    if (inside(initial.layer, info.layers)) state.layer = initial.layer;
+    if (inside(initial.head, info.heads)) state.head = initial.head;
+    if (initial.query != null && initial.query >= 0) state.query = initial.query;
+    (initial.ablate || []).forEach(function (p) {
+      if (inside(p[0], info.layers) && inside(p[1], info.heads)) state.ablate[0].push([p[0], p[1]]);
+    });
+    if (info.ablation_modes.indexOf(initial.mode) >= 0) mode.node.value = initial.mode;
+  }
+
   function body(n, extra) {
     var request = {model: n, text: text.value, ablate: state.ablate[n], mode: mode.node.value};
     if (pair.value.trim()) request.pair = pair.value;
@@ -162,6 +185,7 @@ function minibertWorkbench(app, config, options) {
   function refresh() {
     clearTimeout(state.timer);
     state.timer = null;
+    remember();
     var ticket = ++state.runs;
     var focused = app.contains(document.activeElement) && document.activeElement.id;  // redrawn ones get it back
     working(true);
@@ -456,6 +480,7 @@ function minibertWorkbench(app, config, options) {
       if (change[key] != null && change[key] !== state[key]) { state[key] = change[key]; changed = true; }
     });
     if (!changed) return;
+    remember();
     panels.forEach(function (panel) {
       app.querySelectorAll("#" + prefix + "tokens-" + panel.n + " .wb-token").forEach(function (button, i) {
         button.classList.toggle("wb-chosen", i === state.query);
@@ -523,6 +548,7 @@ function minibertWorkbench(app, config, options) {
   var guide = minibertTour({app: app, config: config, prefix: prefix, state: state, panels: panels, controls: controls,
                             el: el, number: number, norm: steps.norm, choose: choose, label: label,
                             labelBoth: labelBoth});
+  if (config.initial) restore(config.initial);
   if (config.projector) project(true);
   if (config.tour) guide.open();
   refresh();
@@ -536,6 +562,32 @@ if (document.getElementById("wb-config")) {
     var config = JSON.parse(document.getElementById("wb-config").textContent);
     config.tour = config.tour || Boolean(query.get("tour"));
     config.projector = Boolean(query.get("projector"));
+    // URL state: text, pair, head ("L-H" as the page names heads, 1-indexed), query (a token position, 0-indexed),
+    // ablate ("1-3,2-5"), mode. A lecturer's link opens every laptop on one configuration; the URL follows edits.
+    var labelled = function (word) {  // "2-5" → [1, 4] (0-indexed), or null
+      var m = /^(\d+)-(\d+)$/.exec(word.trim());
+      return m && Number(m[1]) >= 1 && Number(m[2]) >= 1 ? [Number(m[1]) - 1, Number(m[2]) - 1] : null;
+    };
+    var initial = {text: query.get("text"), pair: query.get("pair"), mode: query.get("mode"),
+                   query: /^\d+$/.test(query.get("query") || "") ? Number(query.get("query")) : null,
+                   ablate: (query.get("ablate") || "").split(",").map(labelled).filter(Boolean)};
+    var chosen = labelled(query.get("head") || "");
+    if (chosen) { initial.layer = chosen[0]; initial.head = chosen[1]; }
+    config.initial = initial;
+    function remember(now) {
+      var next = new URLSearchParams(window.location.search);
+      next.set("text", now.text);
+      if (now.pair.trim()) next.set("pair", now.pair); else next.delete("pair");
+      next.set("head", (now.layer + 1) + "-" + (now.head + 1));
+      next.set("query", String(now.query));
+      if (now.ablate.length) {
+        next.set("ablate", now.ablate.map(function (p) { return (p[0] + 1) + "-" + (p[1] + 1); }).join(","));
+      } else {
+        next.delete("ablate");
+      }
+      if (now.ablate.length && now.mode !== "zero") next.set("mode", now.mode); else next.delete("mode");
+      window.history.replaceState(null, "", window.location.pathname + "?" + next.toString());
+    }
     function send(action, body) {
       return fetch("/api/" + action, {method: "POST", body: JSON.stringify(body),
                                       headers: {"Content-Type": "application/json", "X-Minibert-Token": token}})
@@ -547,6 +599,7 @@ if (document.getElementById("wb-config")) {
         });
     }
     minibertWorkbench(document.getElementById("workbench"), config,
-                      {send: send, render: window.minibertViews.render, el: window.minibertViews.el, prefix: "wb-"});
+                      {send: send, render: window.minibertViews.render, el: window.minibertViews.el, prefix: "wb-",
+                       remember: remember});
   })();
 }
