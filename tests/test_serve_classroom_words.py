@@ -264,3 +264,24 @@ def test_the_url_carries_the_pages_state_to_another_laptop(open_page, browser, s
     finally:
         other.page.close()
     assert page.problems == []
+
+
+def test_the_sqrt_k_switch_shows_the_softmax_without_the_division(open_page):
+    """"Why divide by √K?" could not be shown: the step-through's ÷√K switch, off, adds softmax(q·k) without the
+    division under the model's softmax — the softmax of the q·k row's own numbers — and it is at least as peaked
+    (a softmax's largest weight never falls as its scores are multiplied by √K > 1)."""
+    page = open_page()
+    page.type("a b c d e f")
+    assert page.page.locator("#wb-step-0-unscaled").count() == 0
+    page.page.uncheck("#wb-step-sqrtk-0")
+    page.page.wait_for_selector("#wb-step-0-unscaled")
+    scores = np.asarray(page.values("#wb-step-0-qk .wb-bars .wb-num"), np.float64)
+    pattern = np.asarray(page.values("#wb-step-0-pattern > .wb-bars .wb-num"), np.float64)
+    shown = np.asarray(page.values("#wb-step-0-unscaled .wb-num"), np.float64)
+    expected = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+    # the page computes the same float64 expression from the same decimal strings: ≤ ~10 roundings of 1.1e-16 each
+    np.testing.assert_allclose(shown, expected, rtol=0, atol=1e-14)
+    assert len(shown) == len(pattern) and shown.max() >= pattern.max() - 1e-7  # pattern: float32, ~6e-8 rounding
+    page.page.check("#wb-step-sqrtk-0")
+    assert page.page.locator("#wb-step-0-unscaled").count() == 0
+    assert page.problems == []
