@@ -285,3 +285,31 @@ def test_the_sqrt_k_switch_shows_the_softmax_without_the_division(open_page):
     page.page.check("#wb-step-sqrtk-0")
     assert page.page.locator("#wb-step-0-unscaled").count() == 0
     assert page.problems == []
+
+
+def test_the_handout_answers_the_room_questions_with_the_pages_own_numbers(open_page, bundled_shape):
+    """A printable handout generated from the page's state: the lab's steps, the three room questions answered with
+    the student's numbers (the step-through's softmax, its scores, the similarity before and after the ablation
+    shown in Outputs) and a quiz with its answer key — each number equal to the one the page shows."""
+    with Server([bundled_shape]) as running:
+        page = open_page(running)
+        page.type("a b c d", "b c d e")
+        page.page.click("#wb-head-0-0-2")
+        page.page.wait_for_selector("#wb-outputs-0 .wb-output[data-side=after] .wb-value[data-kind=similarity]")
+        page.settle()
+        page.page.click("#wb-handout-make")
+        said = page.page.text_content("#wb-handout")
+        weights = page.values("#wb-step-0-pattern > .wb-bars .wb-num")
+        before, after = (page.values(f"#wb-outputs-0 .wb-output[data-side={side}] .wb-value[data-kind=similarity]")[0]
+                         for side in ("before", "after"))
+        tokens = page.page.eval_on_selector_all("#wb-tokens-0 .wb-token", "ns => ns.map(n => n.textContent)")
+        K = bundled_shape.config.head_dim
+        assert f"puts {max(weights):.3f} of its attention" in said, said
+        assert f"from {before:.3f} to {after:.3f}" in said and "with 1-3 ablated" in said, said
+        assert f"{len(tokens)} tokens: {' '.join(tokens)}" in said, said
+        assert f"√{K} = {np.sqrt(K):.3f}" in said and f"1 (here {sum(weights):.3f})" in said, said
+        for heading in ("The lab", "Questions, with your answers", "Quiz", "Answer key"):
+            assert heading in said, heading
+        page.page.emulate_media(media="print")  # printing shows the handout alone
+        assert page.page.is_visible("#wb-handout") and not page.page.is_visible("#wb-text")
+        assert page.problems == []

@@ -229,5 +229,59 @@ function minibertTour(page) {
     show();
   }
 
-  return {open: tour, update: function () { if (tourView) tourView.update(); }};
+  /** A printable handout from the page's state now: the lab's steps, the three room questions answered with the
+      numbers of the student's own sentence (the step-through's head and query, the outputs shown), and a short
+      quiz with its answer key — every number read from the answers the page shows, none written by hand. */
+  function handout(outputs) {
+    var answer = panels[0].lastStep;
+    var box = el("section", {"class": "wb-handout", id: prefix + "handout", "aria-label": "handout"});
+    if (!answer) {
+      box.appendChild(el("p", {}, "The page has not computed a step yet: type a sentence, then make the handout."));
+      return box;
+    }
+    var f = tourFacts(answer), by = {};
+    answer.steps.forEach(function (step) { by[step.id] = step; });
+    var sum = by.pattern.values.reduce(function (a, b) { return a + b; }, 0);
+    var raw = by.qk.values.filter(function (v, s) { return by.scaled.values[s] !== null; });
+    var top = Math.max.apply(null, raw), weights = raw.map(function (v) { return Math.exp(v - top); });
+    var unscaledMax = 1 / weights.reduce(function (a, b) { return a + b; }, 0);  // the top key's weight: e^0 / Σ
+    var before = outputs && outputs.before && outputs.before.similarity, after = outputs && outputs.after &&
+      outputs.after.similarity;
+    var ablated = state.ablate[0].map(function (p) { return label(0, p[0], p[1]); }).join(", ");
+    function section(title, items, ordered) {
+      box.appendChild(el("h2", {}, title));
+      var list = el(ordered ? "ol" : "ul", {});
+      items.forEach(function (item) { list.appendChild(el("li", {}, item)); });
+      box.appendChild(list);
+    }
+    box.appendChild(el("h1", {}, "Self-attention lab: your numbers"));
+    box.appendChild(el("p", {}, "Text: “" + document.getElementById(prefix + "text").value + "”" +
+      (document.getElementById(prefix + "pair").value.trim() ? "; sentence B: “" +
+        document.getElementById(prefix + "pair").value + "”" : "") + ". Head " + f.both + ", query “" + f.query +
+      "” (position " + f.t + ", 0-indexed)."));
+    section("The lab", ["Type a sentence; follow the tour (Next) through q, q·k, ÷√K, the softmax, z and W_O.",
+      "Type a sentence B, click head 1-3 to ablate it, read the similarity before and after.",
+      "Tutorial 1 (one head by hand), tutorial 2 (patterns), tutorial 4 (intervening): Run All, then change the " +
+      "sentences and run again."], true);
+    section("Questions, with your answers", [
+      "Which key does your query attend to most, and is it the previous token? — “" + f.query + "” puts " +
+        number(f.weight) + " of its attention on “" + f.key + "” (position " + f.best + "): " +
+        (f.best === f.t - 1 ? "the token just before it." : "not the token before it (position " + (f.t - 1) + ")."),
+      "Why divide by √K? — q·k for “" + f.key + "” is " + number(f.score) + "; ÷√" + f.K + " = " +
+        number(Math.sqrt(f.K)) + " gives " + number(f.scaled) + ". Without the division the largest weight would be " +
+        number(unscaledMax) + " instead of " + number(Math.max.apply(null, by.pattern.values)) +
+        ": larger scores make the softmax more peaked.",
+      "Which head, ablated, changes the similarity most? — " + (before != null && after != null && ablated
+        ? "with " + ablated + " ablated the similarity went from " + number(before) + " to " + number(after) +
+          " (" + (after - before >= 0 ? "+" : "") + number(after - before) + "); tutorial 4 sweeps every head."
+        : "type a sentence B and ablate a head, then make the handout again; tutorial 4 sweeps every head.")], true);
+    section("Quiz", ["How many tokens does your text have, [CLS] and [SEP] included?",
+      "What do the softmax row's weights add up to?", "What is √K for this model's heads?"], true);
+    section("Answer key", [String(f.tokens.length) + " tokens: " + f.tokens.join(" "),
+      "1 (here " + number(sum) + "): the softmax makes a probability distribution over the keys.",
+      "√" + f.K + " = " + number(Math.sqrt(f.K)) + " (K = " + f.K + " dimensions per head)."], true);
+    return box;
+  }
+
+  return {open: tour, update: function () { if (tourView) tourView.update(); }, handout: handout};
 }

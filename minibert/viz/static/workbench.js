@@ -59,8 +59,11 @@ function minibertWorkbench(app, config, options) {
   var replaceLabel = el("label", {"for": prefix + "replace"}, "Replace the chosen token with");
   var replace = el("input", {id: prefix + "replace", type: "text", size: 10});
   var replaceButton = el("button", {id: prefix + "replace-go", type: "button"}, "Replace");
+  var handoutButton = el("button", {id: prefix + "handout-make", type: "button",
+                                    title: "a printable page of the lab with your numbers; then print (Ctrl+P)"},
+                         "Handout");
   [textLabel, text, pairLabel, pair, mode.wrap, mixing.wrap, clearButton, maskButton, replaceLabel, replace,
-   replaceButton, projector].forEach(function (node) { controls.appendChild(node); });
+   replaceButton, projector, handoutButton].forEach(function (node) { controls.appendChild(node); });
   // Always in the layout (invisible while idle), so that showing it moves nothing on the page.
   var busyLine = el("div", {"class": "wb-busy", id: prefix + "busy", role: "status", "aria-live": "polite"});
   app.appendChild(el("h1", {}, "minibert workbench"));
@@ -360,6 +363,7 @@ function minibertWorkbench(app, config, options) {
   /** outputs: {before} alone, or {before, after} with their titles. Where no side has an output (no [MASK], no
       sentence B), the line saying what gives one stands in place of the columns; a side with none says so. */
   function showOutputs(panel, outputs, titles) {
+    panel.lastOutputs = outputs;  // what the handout reads
     var part = panel.outputs;
     renew(part);
     var sides = Object.keys(outputs);
@@ -548,6 +552,13 @@ function minibertWorkbench(app, config, options) {
   var guide = minibertTour({app: app, config: config, prefix: prefix, state: state, panels: panels, controls: controls,
                             el: el, number: number, norm: steps.norm, choose: choose, label: label,
                             labelBoth: labelBoth});
+  handoutButton.addEventListener("click", function () {
+    var old = app.querySelector("#" + prefix + "handout");
+    if (old) old.remove();
+    app.appendChild(guide.handout(panels[0].lastOutputs));
+    app.classList.add("wb-has-handout");  // printing the page prints the handout alone (workbench.css)
+    app.querySelector("#" + prefix + "handout").scrollIntoView();
+  });
   if (config.initial) restore(config.initial);
   if (config.projector) project(true);
   if (config.tour) guide.open();
