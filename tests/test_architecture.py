@@ -9,6 +9,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -338,3 +339,167 @@ def test_importing_minibert_leaves_jax_warnings_and_logging_as_it_found_them():
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["jax"] == [] and report["filters"] and report["root"]
+
+
+# ---- the rings (docs/architecture.md): core imports nothing above it, no cycle, jit in the runtime, small files --
+
+def _graph(typing_only: bool) -> dict[str, set[str]]:
+    from test_layers import SOURCES, imported_modules, module_name
+
+    return {module_name(path): imported_modules(path, typing_only=typing_only) - {module_name(path)}
+            for path in SOURCES}
+
+
+def test_the_core_imports_nothing_above_it_and_never_the_registry():
+    """Every module of minibert/core imports only the core and errors — under `if TYPE_CHECKING:` too — so the
+    forward can be read, and run, without a family module, io, the runtime or a tool being loaded."""
+    graph = _graph(typing_only=True)
+    core = {module for module in graph if module == "minibert.core" or module.startswith("minibert.core.")}
+    assert {"minibert.core.encoder", "minibert.core.hooks", "minibert.core.sites", "minibert.core.config"} <= core
+    above = {module: sorted(name for name in graph[module]
+                            if not (name.startswith("minibert.core.") or name == "minibert.errors"))
+             for module in core}
+    assert not {module: names for module, names in above.items() if names}
+
+
+def test_the_registry_is_imported_only_by_loading_and_the_hooks_page():
+    """families/registry.py (which imports every family's forward code) is read by the config.json loader and by the
+    page writer of docs/hooks.md, nobody else in the package: the site table, the hooks, the sources and the
+    analyses are handed a Family (a Config's) instead."""
+    graph = _graph(typing_only=True)
+    readers = sorted(module for module, names in graph.items() if "minibert.families.registry" in names)
+    assert readers == ["minibert.app.hooks_page", "minibert.io.config_json"]
+
+
+def test_the_import_graph_has_no_cycle_with_type_only_imports_counted():
+    """test_layers checks the imports that run; counted with those under `if TYPE_CHECKING:` the graph has no
+    cycle either (config → family → keys → config was one)."""
+    from test_layers import find_cycle
+
+    cycle = find_cycle(_graph(typing_only=True))
+    assert not cycle, f"minibert's modules import each other in a circle: {' → '.join(cycle)}"
+
+
+# Modules outside runtime/ that call jax.jit, and why: each compiles a function of its own arrays — a probe's, an
+# SAE's or a fine-tuning step's parameters, statistics of captured arrays — never a Model's forward, which only
+# runtime/ compiles (Model.jit, through runtime/programs.py). Moving them into the runtime would make the runtime
+# know every tool's training loop.
+JIT_ELSEWHERE = {
+    "minibert.analysis.clustering": "JS divergence of captured patterns",
+    "minibert.analysis.compare": "similarity of two models' captured patterns",
+    "minibert.analysis.heads": "head statistics of captured patterns",
+    "minibert.analysis.mixing": "a mixing map of captured values, chunked",
+    "minibert.analysis.norms": "norms of captured values",
+    "minibert.analysis.probes.clark": "a probe's training and evaluation steps (its own parameters)",
+    "minibert.analysis.probes.linear": "a linear probe's fit (its own parameters)",
+    "minibert.analysis.probes.structural": "a structural probe's steps (its own parameters)",
+    "minibert.analysis.sae.training": "an SAE's training step (its own parameters)",
+    "minibert.training.finetune": "the fine-tuning step and evaluation (donated optimiser state)",
+    "minibert.training.guards": "the finiteness check of a step's loss and weights",
+    "minibert.viz.features": "top activating windows of an SAE's features",
+}
+
+
+def jit_calls(source: str) -> list[int]:
+    """The lines of a module that call or apply jax.jit (jax.jit(f), @jax.jit, partial(jax.jit, ...))."""
+    import ast
+
+    from test_layers import _dotted
+
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Attribute) and _dotted(node) == "jax.jit"})
+
+
+def test_only_the_runtime_compiles_a_model_and_the_exceptions_are_stated():
+    """jax.jit appears in runtime/ and in the modules of JIT_ELSEWHERE only, and each of those still uses it (the
+    table is no stale list of excuses); the check itself sees the three spellings."""
+    from test_layers import SOURCES, module_name
+
+    calling = {module_name(path) for path in SOURCES if jit_calls(path.read_text(encoding="utf-8"))}
+    outside = {module for module in calling if not module.startswith("minibert.runtime")}
+    assert outside == set(JIT_ELSEWHERE), outside ^ set(JIT_ELSEWHERE)
+    assert "minibert.runtime.programs" in calling
+    assert jit_calls("import jax\n@jax.jit\ndef f(x):\n    return x\ng = jax.jit(f)\n"
+                     "h = functools.partial(jax.jit, static_argnames='k')\n") == [2, 5, 6]
+
+
+# Modules over MAX_LINES, and why they are not split.
+LONG_MODULES = {
+    "minibert.core.encoder": "the forward read top to bottom next to its equations, every hook site inline "
+                             "(one sitting, as nanoGPT's model.py): splitting it would scatter one computation",
+    "minibert.runtime.model": "the Model's forwards, stages and their hooks around one compiled program each; "
+                              "compile management is to leave it for model.programs (issue 42, step 5)",
+}
+MAX_LINES = 600
+
+
+def test_no_module_is_over_600_lines_without_a_stated_reason():
+    from test_layers import SOURCES, module_name
+
+    long = {module_name(path) for path in SOURCES if len(path.read_text(encoding="utf-8").splitlines()) > MAX_LINES}
+    assert long <= set(LONG_MODULES), f"split these, or state why not in LONG_MODULES: {long - set(LONG_MODULES)}"
+
+
+# ---- an analysis on the public sweep engine: a toy attention knockout ------------------------------------------
+
+def _zero_key(pattern, ctx, layer, key):
+    """pattern [B, H, T, S]: in block `layer`, no query attends to key `key` (its column zeroed, not renormalised)."""
+    hit = (ctx.layer == layer) & (jnp.arange(pattern.shape[-1]) == key)
+    return jnp.where(hit, 0.0, pattern).astype(pattern.dtype)
+
+
+def _zero_column(pattern, ctx, key):
+    """The loop's knockout, one block at a time: key `key`'s column of the pattern zeroed."""
+    return jnp.where(jnp.arange(pattern.shape[-1]) == key, 0.0, pattern).astype(pattern.dtype)
+
+
+def knock_out_key(layer, item, shared):
+    """The toy knockout's patch setter, as analysis.sweep takes one: block `layer`, key position `item`."""
+    return {"blocks.*.attn.hook_pattern": minibert.HookFn(_zero_key, layer=layer, key=item)}
+
+
+def attention_knockout(model, batch, metric):
+    """A toy analysis as docs/architecture.md says to write one on the sweep engine: the metric after knocking out
+    the attention to each key position in each block → [L, T], one compiled suffix for the whole grid."""
+    from minibert import analysis
+
+    return analysis.sweep(model, batch, knock_out_key, model.inputs(batch).shape[1], metric)
+
+
+@pytest.mark.slow  # four programs of a tiny model compiled, and ten forwards: past 10 s on a loaded 2-core machine
+def test_a_user_patch_setter_runs_through_the_public_sweep_engine():
+    """The toy knockout equals a Python loop of run_with_hooks calls, one per block and key position, each zeroing
+    that key's column of that block's pattern with a hook of its own (atol: tolerances.forward_rtol of two fp32
+    programs of the whole forward relative to the metric's scale, a cosine, ≤ 1 — the sweep reruns blocks from a
+    captured residual stream, vmapped, the loop runs the whole forward); the grid compiles two programs (the
+    residual-stream capture and the vmapped suffix) and a second call none; the sweep engine is the one
+    ablation_sweep runs through."""
+    from tolerances import forward_rtol
+
+    from minibert.analysis import interventions, sweeps
+
+    model = minibert.Model(Config(**TINY), seed=5)
+    batch = {"input_ids": np.array([[2, 7, 9, 11, 3], [2, 8, 5, 3, 0]]),
+             "attention_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])}
+    direction = np.linspace(-1.0, 1.0, TINY["hidden_size"]).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+
+    def metric(out):
+        first = out.last_hidden_state[:, 0]
+        return first @ direction / jnp.linalg.norm(first, axis=-1)
+
+    before = model.traces
+    grid = attention_knockout(model, batch, metric)
+    assert model.traces - before == 2
+    assert np.array_equal(attention_knockout(model, batch, metric), grid) and model.traces - before == 2
+    L, T = TINY["num_hidden_layers"], batch["input_ids"].shape[1]
+    expected = np.zeros((L, T))
+    for layer in range(L):
+        for key in range(T):  # the key a traced array: one program per block, not per key
+            hook = minibert.HookFn(_zero_column, key=np.int32(key))
+            out = model.run_with_hooks(batch, {f"blocks.{layer}.attn.hook_pattern": hook})
+            expected[layer, key] = float(np.mean(np.asarray(metric(out))))
+    atol = forward_rtol(model.config, S=T)
+    np.testing.assert_allclose(grid, expected, atol=atol)
+    assert np.ptp(expected) > 10 * atol  # the knockouts matter: the comparison is not of constants
+    assert interventions.sweep_streams is sweeps.sweep_streams

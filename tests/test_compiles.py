@@ -348,16 +348,16 @@ def test_a_scanned_run_returns_each_captured_site_as_one_stacked_buffer(model):
 
 
 def test_unstacked_splits_each_buffer_into_its_layers_values():
-    """hooks.unstacked by hand: the buffer of layers 0, 2 and 5 gives its three slots under their own names, other
+    """device.unstacked by hand: the buffer of layers 0, 2 and 5 gives its three slots under their own names, other
     captures pass as they are, and a buffer's shape gives one layer's shape."""
     buffer = np.arange(24.0, dtype=np.float32).reshape(3, 2, 4)
-    got = hooks.unstacked({"blocks.0,2,5.hook_resid_post": device.on_device(buffer), "embed.hook_embed": "as is"})
+    got = device.unstacked({"blocks.0,2,5.hook_resid_post": device.on_device(buffer), "embed.hook_embed": "as is"})
     assert list(got) == ["blocks.0.hook_resid_post", "blocks.2.hook_resid_post", "blocks.5.hook_resid_post",
                          "embed.hook_embed"]
     for slot, layer in enumerate((0, 2, 5)):
         np.testing.assert_array_equal(got[f"blocks.{layer}.hook_resid_post"], buffer[slot])
     assert got["embed.hook_embed"] == "as is"
-    shape = hooks.unstacked({"blocks.3,4.hook_resid_post": jax.ShapeDtypeStruct((2, 5, 8), jnp.float32)})
+    shape = device.unstacked({"blocks.3,4.hook_resid_post": jax.ShapeDtypeStruct((2, 5, 8), jnp.float32)})
     assert shape["blocks.4.hook_resid_post"].shape == (5, 8)
     assert hooks.stacked_name("blocks.*.attn.hook_z", (0, 2, 5)) == "blocks.0,2,5.attn.hook_z"
 

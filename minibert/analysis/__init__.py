@@ -24,6 +24,7 @@ from minibert.analysis import (
     norms,
     probes,
     sae,
+    sweeps,
     syntax,
     words,
 )
@@ -76,6 +77,7 @@ from minibert.analysis.interventions import (
 from minibert.analysis.lens import logit_contributions, logit_lens
 from minibert.analysis.mixing import alti, attention_attribution, value_zeroing
 from minibert.analysis.norms import attention_norms
+from minibert.analysis.sweeps import residual_streams, sweep
 from minibert.analysis.syntax import (
     ConllError,
     DependencyResult,
@@ -102,6 +104,7 @@ __all__ = [  # by topic, one name per line
     "norms",
     "probes",
     "sae",
+    "sweeps",
     "syntax",
     "words",
     # head statistics (Clark et al. 2019)
@@ -176,6 +179,9 @@ __all__ = [  # by topic, one name per line
     "patch_activations",
     "attribution_patching",
     "head_importance",
+    # the sweep engine: an intervention of your own, as ablation and patching run
+    "sweep",
+    "residual_streams",
     # logit lens
     "logit_lens",
     "logit_contributions",

@@ -22,7 +22,6 @@ from minibert.core.encoder import Output
 from minibert.core.hooks import Cache
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError, InputError
-from minibert.families.registry import architectures_with
 
 IGNORE = -100  # label of positions that are not predicted (Hugging Face's convention)
 
@@ -41,7 +40,8 @@ def attention_gradients(model, batch, loss_fn: Callable[[Output], jax.Array]) ->
 def require_mlm_head(model, needs: str) -> None:
     """An AnalysisError unless `model` has a masked-LM head; `needs` says what needs it ("the logit lens")."""
     if not model.config.heads.mlm:
-        raise AnalysisError(f"{needs} needs a model with a masked-LM head ({' or '.join(architectures_with('mlm'))}); "
+        with_mlm = " or ".join(model.config.family.architectures_with("mlm"))  # every family has …ForMaskedLM
+        raise AnalysisError(f"{needs} needs a model with a masked-LM head ({with_mlm}); "
                             f"this model is a {model.config.architecture}. Load a checkpoint that has one, e.g. "
                             f"minibert.load('bert-base-uncased').")
 
@@ -102,7 +102,7 @@ def mlm_loss_fn(labels) -> Callable[[Output], jax.Array]:
         if out.logits is None or out.logits.ndim != 3 or out.logits.shape[:2] != labels.shape:
             raise InputError(f"mlm_loss_fn needs masked-LM logits [B, T, V] matching labels {tuple(labels.shape)}; "
                              f"the model gave {None if out.logits is None else tuple(out.logits.shape)}. "
-                             f"Use a model with a masked-LM head ({' or '.join(architectures_with('mlm'))}).")
+                             "Use a model with a masked-LM head (a …ForMaskedLM architecture).")
         log_probs = jax.nn.log_softmax(out.logits.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
         scored = labels != IGNORE

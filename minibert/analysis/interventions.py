@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis.sweeps import residual_streams, row_mean, sweep_streams
 from minibert.core.contract import metric_values, static_metric, traced_call
 from minibert.core.hooks import HookError, HookFn, add_delta, any_length, site_axes
 from minibert.errors import AnalysisError
 from minibert.io.tokenizer import Batch
-from minibert.runtime import accounting
 from minibert.runtime.model import Inputs, is_text
 
 
@@ -90,56 +90,6 @@ def _patch_head(value, ctx, layer, head, clean):
 SWEPT_AXIS = {"position": 2, "head": 3}
 
 
-# ---- the sweep engine: prefix once, suffix vmapped over the items ---------------------------------------------
-
-def _row_mean(values, n_rows: int, what: str = "metric") -> jax.Array:
-    """A metric's value per batch row [B] → its mean over rows; one value for the batch () → itself."""
-    return metric_values(values, n_rows, what).mean()
-
-
-def _suffix_metrics(model, state, inputs, start, resid, items, shared, *, intervention, metric) -> jax.Array:
-    """The mean metric after each intervention `intervention(start, item, shared)` (a hooks dict) → [N]
-    (compiled with model.jit).
-
-    resid [B, T, D]: the residual stream entering block `start` (traced, so every layer shares this program);
-    items [N]: what is swept (a head, a position), vmapped; shared: arrays every item reads (clean values).
-    """
-    def one(item):
-        out = model.suffix(state, start, resid, inputs, intervention(start, item, shared))
-        return _row_mean(traced_call(metric.fn, out), resid.shape[0])
-
-    return jax.vmap(one)(items)
-
-
-def _chunk_size(model, batch_shape, n_items: int, chunk: int | None) -> int:
-    if chunk is None:  # one swept item runs the suffix block by block: one block's activations live at a time
-        rows, tokens = batch_shape
-        item = accounting.activation_bytes(model.config, rows, tokens, itemsize=jnp.dtype(model.dtype).itemsize)
-        return accounting.items_per_chunk(item, n_items)
-    if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1:
-        raise AnalysisError(f"chunk must be a positive number of items per program call; got {chunk!r}.")
-    return min(int(chunk), n_items)
-
-
-def _sweep(model, inputs, resids, n_items: int, intervention, shared, metric, chunk) -> np.ndarray:
-    """intervention at every layer × item → the metric grid [L, n_items], `chunk` items per program call.
-
-    resids [L, B, T, D]: the residual stream entering each block. The last chunk is padded with repeats of
-    item 0 (its results are dropped) so every call has one shape and reuses one compilation.
-    """
-    size = _chunk_size(model, inputs.shape, n_items, chunk)
-    n_chunks = -(-n_items // size)
-    items = np.zeros(n_chunks * size, np.int32)
-    items[:n_items] = np.arange(n_items)
-    program = model.jit(_suffix_metrics, static_argnames=("intervention", "metric"))
-    rows = []
-    for layer in range(resids.shape[0]):
-        rows.append([program(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,
-                             intervention=intervention, metric=static_metric(metric))
-                     for part in jnp.asarray(items.reshape(n_chunks, size))])
-    return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
-
-
 class Baselines(NamedTuple):
     """The metric without any intervention, beside a sweep's grid (baselines=True): clean, and for patching the
     corrupted run — what a centred or normalised heatmap, (grid − corrupted) / (clean − corrupted), needs."""
@@ -156,12 +106,7 @@ def _plain_metric(model, inputs, metric) -> float:
 
 def _metric_of_run(model, state, inputs, *, metric):
     out = model.suffix(state, 0, model.embed(state, inputs), inputs, {})
-    return _row_mean(traced_call(metric.fn, out), inputs.shape[0])
-
-
-def residual_streams(model, batch) -> jax.Array:
-    """The residual stream entering every block, from one forward: [L, B, T, D]."""
-    return model.run_with_cache(batch, names="blocks.*.hook_resid_pre")[1].stack("hook_resid_pre")
+    return row_mean(traced_call(metric.fn, out), inputs.shape[0])
 
 
 # ---- head ablation --------------------------------------------------------------------------------------------
@@ -191,8 +136,8 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
     else:
         raise AnalysisError(f"mode must be 'zero' or 'mean'; got {mode!r}.")
     inputs = model.inputs(batch)
-    grid = _sweep(model, inputs, residual_streams(model, batch), cfg.num_attention_heads, _ablating, replacement,
-                  metric, chunk)
+    grid = sweep_streams(model, inputs, residual_streams(model, batch), cfg.num_attention_heads, _ablating,
+                         replacement, metric, chunk)
     return (grid, Baselines(_plain_metric(model, inputs, metric))) if baselines else grid
 
 
@@ -281,8 +226,8 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     clean_values = _clean_where_real(model, clean_inputs, corrupt_inputs, _site_values(model, clean_inputs, site),
                                      site)  # [L, B, T, ...]
-    grid = _sweep(model, corrupt_inputs, residual_streams(model, corrupt_inputs), clean_values.shape[SWEPT_AXIS[per]],
-                  _patching(site, per), clean_values, metric, chunk)
+    grid = sweep_streams(model, corrupt_inputs, residual_streams(model, corrupt_inputs),
+                         clean_values.shape[SWEPT_AXIS[per]], _patching(site, per), clean_values, metric, chunk)
     if not baselines:
         return grid
     return grid, Baselines(_plain_metric(model, clean_inputs, metric), _plain_metric(model, corrupt_inputs, metric))
@@ -297,7 +242,7 @@ def _metric_and_site_gradient(model, state, inputs, zeros, *, site, metric):
         names = [f"blocks.{i}.{site}" for i in range(len(zeros))]
         shifts = {name: HookFn(add_delta, delta=delta[i]) for i, name in enumerate(names)}  # zero shifts
         out, captured = model.forward_fn(names, shifts)(state, inputs)
-        return _row_mean(traced_call(metric.fn, out), inputs.shape[0]), jnp.stack([captured[n] for n in names])
+        return row_mean(traced_call(metric.fn, out), inputs.shape[0]), jnp.stack([captured[n] for n in names])
 
     grads, values = jax.grad(objective, has_aux=True)(zeros)
     return values, grads

@@ -24,7 +24,7 @@ from minibert.errors import AnalysisError
 
 def _streams(model, batch) -> jax.Array:
     """[L + 1, B, T, D]: the embedding output, then every block's output (the streams the lens reads; not
-    interventions.residual_streams, which holds each block's input, [L, B, T, D])."""
+    sweeps.residual_streams, which holds each block's input, [L, B, T, D])."""
     output = model.config.family.block_output
     _, cache = model.run_with_cache(batch, names=["hook_full_embed", f"blocks.*.{output}"])
     return jnp.concatenate([cache["hook_full_embed"][None], cache.stack(output)])

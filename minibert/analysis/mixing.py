@@ -112,7 +112,7 @@ def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = Fals
     items = T * (model.config.num_attention_heads if per_head else 1)
     chunk = items_per_chunk(activation_bytes(model.config, B, T), items)  # one zeroed value runs one block
     program = model.jit(_value_zeroing_distances, static_argnames=("chunk", "per_head"))
-    writers = writers_for(hooks, model.hook_names, model.config.architecture)
+    writers = writers_for(hooks, model.hook_names, model.config)
     distances = program(model.state, resid_pre, inputs, writers, chunk=chunk, per_head=bool(per_head))
     distances = distances * _real_pairs(inputs.attention_mask)
     return np.asarray(normalize_rows(distances) if normalize else distances)

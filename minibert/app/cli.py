@@ -166,15 +166,16 @@ def _report_skipped(counts: dict, max_length: int) -> None:
 
 
 def _hooks(args) -> int:
+    from minibert.app import hooks_page
     from minibert.core import sites
 
     if args.output:
         _checked_outputs([Path(args.output)])
     if args.model is None:  # every architecture's sites; --output writes docs/hooks.md's whole page
-        text = sites.hooks_page() if args.output else sites.hook_table(sites.all_hook_names(), "L")
+        text = hooks_page.hooks_page() if args.output else hooks_page.hook_table(sites.all_hook_names(), "L")
     else:
         model = _load(args.model, args.download)
-        text = sites.hook_table(model.hook_names, model.config.num_hidden_layers)
+        text = hooks_page.hook_table(model.hook_names, model.config.num_hidden_layers)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")

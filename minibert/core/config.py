@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from minibert.core.family import Family, Heads
+from minibert.core.family import BERT, Family, Heads
 from minibert.errors import ConfigError
-from minibert.families.bert import BERT
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 # The most applications of a shared block (ALBERT) a config may ask for. The weights hold one block, so they

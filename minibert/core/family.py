@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from minibert.core.keys import HeadKeys, LayerKeys, bert_layout
 from minibert.core.shows import POST_LN_ORDER, POST_LN_STEPS, Step, one_term
 from minibert.errors import ConfigError
 
@@ -32,6 +31,37 @@ VARIATIONS = {
     "mlp": ("dense", "glu"),  # act(x W_in) W_out, or a gated unit (GeGLU)
     "attention": ("full", "local_global", "disentangled"),  # every key, sliding windows, content × position
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKeys:
+    """Where one layer's weights are: the prefix of layer i ("encoder.layer.{i}") and, for each part of
+    minibert's Block, the Hugging Face module under it."""
+
+    prefix: str
+    query: str
+    key: str
+    value: str
+    out: str
+    ln1: str
+    mlp_in: str
+    mlp_out: str
+    ln2: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadKeys:
+    """Where one family keeps its embedding projection and heads (keys without the encoder's prefix)."""
+
+    pooler: str | None = "pooler.dense"  # the bare model's pooler
+    sequence_pooler: str = "pooler.dense"  # the dense layer a sequence classifier puts on the first token
+    classifier: str = "classifier"  # the sequence classifier's output layer
+    projection: str | None = None  # the E → D embedding projection
+    mlm_dense: str = "cls.predictions.transform.dense"
+    mlm_ln: str = "cls.predictions.transform.LayerNorm"
+    mlm_bias: str = "cls.predictions.bias"
+    tied: tuple[tuple[str, str], ...] = (  # key → minibert parameter it repeats (saved or not)
+        ("cls.predictions.decoder.weight", "embed.word"), ("cls.predictions.decoder.bias", "mlm.decoder_bias"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +104,9 @@ class Family:
     # Patterns (re.match, on keys without the encoder prefix) of keys released checkpoints carry beyond what the
     # architecture reads and transformers leaves unused too (DeBERTa-v3's pretraining heads): ignored, not refused.
     unused_keys: tuple[str, ...] = ()
-    # Config → {checkpoint key: (minibert parameter, shape, converter)}: keys.bert_layout reads layer_keys
-    # and head_keys; a family with other parameters gives its own function (keys.py has the pieces).
-    key_table: Callable = bert_layout
+    # Config → {checkpoint key: (minibert parameter, shape, converter)}; None: keys.bert_layout, which reads
+    # layer_keys and head_keys. A family with other parameters gives its own function (core/keys.py has the pieces).
+    key_table: Callable | None = None
 
     # ---- tokenizer ---------------------------------------------------------------------------------
     tokenizer: str = "wordpiece"  # a kind of TOKENIZER_FILES
@@ -166,6 +196,14 @@ class Family:
         }
         return {self.prefix + suffix: heads for suffix, heads in suffixes.items() if heads is not None}
 
+    def architectures_with(self, part: str) -> list[str]:
+        """The family's architectures that have a head part ("pooler", "mlm", "nsp", "classifier" or
+        "discriminator")."""
+        return [name for name, heads in self.architectures().items() if getattr(heads, part)]
+
 
 def _choices(family: Family, selected: dict[str, bool]) -> str:
     return ", ".join(f"{variation} = {getattr(family, variation)!r}" for variation, on in selected.items() if on)
+
+
+BERT = Family("bert", "BERT", "Bert", "bert", pretraining=Heads(pooler=True, mlm=True, nsp=True))  # Config's default

@@ -41,10 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.core.contract import StaticFn
-from minibert.core.sites import HEAD_PARTS, hook_table, is_site_name, site_axes, site_doc  # noqa: F401 (hook_table, site_doc re-exported)
+from minibert.core.sites import HEAD_PARTS, is_site_name, site_axes  # noqa: F401 (site_axes: hooks.site_axes, as before)
 from minibert.errors import HookError, outside_minibert
-from minibert.families.registry import architectures_with
-from minibert.runtime.device import host_view
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,8 +183,8 @@ class HookPoints:
     """The `hooks` object of one traced forward: captures some names, rewrites others.
 
     stacked: the captures of a scanned run of blocks stay one buffer [n, ...] per site, under stacked_name
-    (blocks.0,1,2.attn.hook_pattern), for the caller to split outside the program (unstacked): slicing every
-    layer's value out inside the program makes its compile grow with depth (benchmarks/RESULTS.md)."""
+    (blocks.0,1,2.attn.hook_pattern), for the caller to split outside the program (runtime.device.unstacked):
+    slicing every layer's value out inside the program makes its compile grow with depth (benchmarks/RESULTS.md)."""
 
     def __init__(self, capture: Iterable[str], writers: Mapping[str, tuple[HookFn, ...]], n_heads: int, d_head: int,
                  stacked: bool = False):
@@ -298,33 +296,13 @@ class LayerHooks:
                 self.points.captured[template.replace("*", str(layer), 1)] = buffer[slot]
 
 
-_STACKED = re.compile(r"^blocks\.(\d+(?:,\d+)+)\.(.+)$")
+STACKED_NAME = re.compile(r"^blocks\.(\d+(?:,\d+)+)\.(.+)$")
 
 
 def stacked_name(template: str, layers: Iterable[int]) -> str:
     """The name of a buffer [n, ...] holding the values of a per-layer site at `layers`: "blocks.*.attn.hook_z",
     (0, 1, 2) → "blocks.0,1,2.attn.hook_z"."""
     return template.replace("*", ",".join(map(str, layers)), 1)
-
-
-def unstacked(captured: Mapping[str, object], host: bool = True) -> dict[str, object]:
-    """Captures with each stacked buffer (stacked_name) split into its layers' values under their own names, in
-    the order given. host: slices of a device array on a CPU are NumPy views of it (slicing it with jax would
-    compile a small program for every new shape; runtime.device.on_device puts them back); False: sliced as they are
-    (inside a traced function). Shapes (jax.ShapeDtypeStruct) split into the shape of one layer's value."""
-    values = {}
-    for name, value in captured.items():
-        match = _STACKED.match(name)
-        if match is None:
-            values[name] = value
-            continue
-        rows = host_view(value) if host else value
-        for slot, layer in enumerate(match.group(1).split(",")):
-            values[f"blocks.{layer}.{match.group(2)}"] = (
-                jax.ShapeDtypeStruct(value.shape[1:], value.dtype) if isinstance(value, jax.ShapeDtypeStruct)
-                else rows[slot])
-    return values
-
 
 
 def _checked(new, old, name: str, fn) -> jax.Array:
@@ -386,10 +364,11 @@ HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_h
 
 
 
-def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
+def resolve_names(spec, hook_names: list[str], model) -> list[str]:
     """Names, globs ("blocks.*.attn.hook_pattern") or a predicate → the matching hook names, in forward order.
 
-    None means every hook. Unknown names raise HookError with the closest real names.
+    None means every hook. Unknown names raise HookError with the closest real names. `model`: the model's Config
+    (its family names the architectures that have a missing head part), or its architecture name.
     """
     if spec is None:
         return list(hook_names)
@@ -406,16 +385,28 @@ def resolve_names(spec, hook_names: list[str], architecture: str) -> list[str]:
         matches = fnmatch.filter(hook_names, pattern) if any(c in pattern for c in "*?[") else (
             [pattern] if pattern in hook_names else [])
         if not matches:
-            raise HookError(_unknown_message(pattern, hook_names, architecture))
+            raise HookError(_unknown_message(pattern, hook_names, model))
         chosen.update(matches)
     return [n for n in hook_names if n in chosen]
 
 
-def _unknown_message(pattern: str, hook_names: list[str], architecture: str) -> str:
+def _architecture(model) -> str:
+    return model if isinstance(model, str) else model.architecture
+
+
+def _having(model, part: str) -> str:
+    """The architectures of the model's family that have a head part; for an architecture name alone (no family at
+    hand: the core never reads the registry), where to find them."""
+    if isinstance(model, str):
+        return f"minibert.families.registry.architectures_with({part!r}) lists the architectures that have it"
+    return ", ".join(model.family.architectures_with(part))
+
+
+def _unknown_message(pattern: str, hook_names: list[str], model) -> str:
     for prefix, part in HEAD_PREFIXES.items():  # a head part the model lacks (not a misspelt hook of one it has)
         if pattern.startswith(prefix + ".") and not any(name.startswith(prefix + ".") for name in hook_names):
-            return (f"{pattern!r}: this model is a {architecture}, which has no {prefix} hooks; they need "
-                    f"{HEAD_PARTS[part]} ({', '.join(architectures_with(part))}).")
+            return (f"{pattern!r}: this model is a {_architecture(model)}, which has no {prefix} hooks; they need "
+                    f"{HEAD_PARTS[part]} ({_having(model, part)}).")
     close = difflib.get_close_matches(pattern, hook_names, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     return (f"no hook point matches {pattern!r}.{hint} `model.hook_names` lists them all; `minibert hooks` prints "
@@ -441,9 +432,9 @@ def hook_pairs(hooks) -> list[tuple]:
                     f"{_shown(hooks)}.")
 
 
-def writers_for(hooks, hook_names: list[str], architecture: str) -> dict[str, tuple[HookFn, ...]]:
+def writers_for(hooks, hook_names: list[str], model) -> dict[str, tuple[HookFn, ...]]:
     """{name or glob: fn} or [(name or glob, fn), ...] → {hook name: (HookFn, ...)}, several hooks on one name
-    applied in the order given."""
+    applied in the order given; `model` as resolve_names takes it."""
     writers: dict[str, list[HookFn]] = {}
     for pattern, fns in hook_pairs(hooks):
         if not (isinstance(pattern, str) or callable(pattern)):
@@ -454,7 +445,7 @@ def writers_for(hooks, hook_names: list[str], architecture: str) -> dict[str, tu
             if not callable(fn):
                 raise HookError(f"the hook for {pattern!r} is {type(fn).__name__}, not a function fn(value, ctx).")
             wrapped = fn if isinstance(fn, HookFn) else HookFn(fn)
-            for name in resolve_names(pattern, hook_names, architecture):
+            for name in resolve_names(pattern, hook_names, model):
                 writers.setdefault(name, []).append(wrapped)
     return {name: tuple(fns) for name, fns in writers.items()}
 

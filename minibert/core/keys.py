@@ -11,43 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from minibert.core.config import Config
+from minibert.core.config import Config
+from minibert.core.family import LayerKeys
 
 Rule = tuple[str, tuple[int, ...], Callable]  # minibert param path, HF shape, converter
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerKeys:
-    """Where one layer's weights are: the prefix of layer i ("encoder.layer.{i}") and, for each part of
-    minibert's Block, the Hugging Face module under it."""
-
-    prefix: str
-    query: str
-    key: str
-    value: str
-    out: str
-    ln1: str
-    mlp_in: str
-    mlp_out: str
-    ln2: str
-
-
-@dataclasses.dataclass(frozen=True)
-class HeadKeys:
-    """Where one family keeps its embedding projection and heads (keys without the encoder's prefix)."""
-
-    pooler: str | None = "pooler.dense"  # the bare model's pooler
-    sequence_pooler: str = "pooler.dense"  # the dense layer a sequence classifier puts on the first token
-    classifier: str = "classifier"  # the sequence classifier's output layer
-    projection: str | None = None  # the E → D embedding projection
-    mlm_dense: str = "cls.predictions.transform.dense"
-    mlm_ln: str = "cls.predictions.transform.LayerNorm"
-    mlm_bias: str = "cls.predictions.bias"
-    tied: tuple[tuple[str, str], ...] = (  # key → minibert parameter it repeats (saved or not)
-        ("cls.predictions.decoder.weight", "embed.word"), ("cls.predictions.decoder.bias", "mlm.decoder_bias"))
 
 
 def identity(w, cfg):

@@ -3,7 +3,7 @@ what it holds and which models have it.
 
 Behaviour reads the table (which axes `Model.run` cuts back after padding, which sites activation patching
 accepts, which names TransformerLens' shorthand may build), and docs/hooks.md is generated from it
-(`minibert hooks --output docs/hooks.md`, `hooks_page`); nothing is parsed out of documentation text.
+(`minibert hooks --output docs/hooks.md`, app/hooks_page.py); nothing is parsed out of documentation text.
 Per-block sites are written without their "blocks.{i}." prefix. Axis letters are model.py's: B batch,
 T query positions, S key positions, H heads, K head dim, D model dim, E embedding width, F ffn dim,
 V vocabulary, C classes.
@@ -12,10 +12,8 @@ V vocabulary, C classes.
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 
 from minibert.core.config import Config
-from minibert.families.registry import ARCHITECTURES, FAMILIES, architectures_with
 
 # What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
 # or a forward variation of the family (Family.positions / mlp / norm; its own head stage, Family.head).
@@ -69,7 +67,7 @@ class Site:
     def exists_in(self, config: Config, layer: int | None = None) -> bool:
         """Whether a model with this config has the site (a per-block site: in block `layer`; None: in some). A
         per-block site exists where the family's block runs its group (Family.block_order)."""
-        if self.per_block and _block_group(self.name) not in config.family.block_order:
+        if self.per_block and block_group(self.name) not in config.family.block_order:
             return False
         if self.needs is None:
             return True
@@ -170,7 +168,7 @@ def every_block(name: str) -> str:
 PATTERNS = every_block("attn.hook_pattern")  # every block's attention pattern, the glob most analyses capture
 
 
-def _inside_block(name: str) -> str | None:
+def inside_block(name: str) -> str | None:
     """"blocks.3.attn.hook_q" → "attn.hook_q"; None for a name outside the blocks."""
     parts = name.split(".", 2)
     return parts[2] if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() else None
@@ -178,7 +176,7 @@ def _inside_block(name: str) -> str | None:
 
 def site(name: str) -> Site:
     """The table's entry of a hook name ("blocks.3.attn.hook_q", "pooler.hook_pooler_out"); KeyError if none."""
-    inner = _inside_block(name)
+    inner = inside_block(name)
     entry = _BY_NAME.get(name if inner is None else inner)
     if entry is None or entry.per_block != (inner is not None):
         raise KeyError(f"hook {name!r} has no entry in minibert.core.sites.SITES; add one there.")
@@ -207,7 +205,7 @@ def site_axes(name: str, ndim: int | None = None) -> list[str]:
     return list(next((shape for shape in shapes if len(shape) == ndim), shapes[0]))
 
 
-def _block_group(name: str) -> str:
+def block_group(name: str) -> str:
     """The Family.block_order group of a per-block site: "attn.hook_q" → "attn", "hook_mlp_out" → "hook_mlp_out"."""
     return name.split(".")[0] if "." in name else name
 
@@ -216,7 +214,7 @@ def block_sites(config: Config, layer: int) -> list[Site]:
     """The sites of block `layer` of a model with this config, in the order the block runs them."""
     order = config.family.block_order
     present = [entry for entry in SITES if entry.per_block and entry.exists_in(config, layer)]
-    return sorted(present, key=lambda entry: order.index(_block_group(entry.name)))
+    return sorted(present, key=lambda entry: order.index(block_group(entry.name)))
 
 
 def hook_names(config: Config) -> list[str]:
@@ -232,68 +230,3 @@ def hook_names(config: Config) -> list[str]:
 def all_hook_names() -> list[str]:
     """The hook points of every architecture minibert loads, one block standing for all (blocks.0.*)."""
     return [f"blocks.0.{entry.name}" if entry.per_block else entry.name for entry in SITES]
-
-
-def hook_table(names: list[str], n_layers: int | str) -> str:
-    """The Markdown table of the hook points `names` (block 0 stands for every block)."""
-    rows = ["| hook name | axes | what it holds | exists on |", "| --- | --- | --- | --- |"]
-    for name in names:
-        inner = _inside_block(name)
-        if inner is not None and not name.startswith("blocks.0."):
-            continue
-        entry = site(name)
-        shown = f"blocks.{{i}}.{inner}" if inner is not None else name
-        rows.append(f"| `{shown}` | {entry.axes_text} | {entry.equation} | {_exists_on(entry)} |")
-    return "\n".join(rows) + f"\n\n`{{i}}` runs over the {n_layers} blocks (0-indexed).\n"
-
-
-def _exists_on(entry: Site) -> str:
-    """Which models have the site: its need's description, less the families whose blocks do not run its group."""
-    lacking = [f.name for f in FAMILIES.values() if entry.per_block and _block_group(entry.name) not in f.block_order]
-    if not lacking:
-        return _needs_text(entry.needs)
-    if entry.needs is None:
-        return f"every family but {', '.join(lacking)}"
-    return f"{_needs_text(entry.needs)}, not {', '.join(lacking)}"
-
-
-def _needs_text(needs: str | None) -> str:
-    if needs is None:
-        return "every model"
-    if needs == "token_types":
-        return "families with segments"
-    if needs == "projection":
-        return "ELECTRA, ALBERT (projected embeddings)"
-    if needs in VARIATION_NEEDS:
-        return VARIATION_NEEDS[needs][0]
-    if needs in BLOCK_NEEDS:
-        return BLOCK_NEEDS[needs][0]
-    return HEAD_PARTS[needs]
-
-
-def hooks_page() -> str:
-    """docs/hooks.md: what `minibert hooks --output docs/hooks.md` writes — which models have which sites (read
-    off the family and architecture tables), the axis letters, and the table of every site."""
-    def on(part: str) -> str:
-        return ", ".join(architectures_with(part))
-
-    segments = ", ".join(f.name for f in FAMILIES.values() if f.token_types)
-    projecting = ", ".join(f.name + (" (when embedding_size ≠ hidden_size)" if f.projection == "when_sizes_differ"
-                                     else "") for f in FAMILIES.values() if f.projection)
-    paragraphs = [
-        f"Generated from the code (`minibert.core.sites.SITES`) by `minibert hooks --output docs/hooks.md`: every hook "
-        f"point of every architecture minibert loads (families: {', '.join(f.name for f in FAMILIES.values())}; "
-        f"{len(ARCHITECTURES)} architectures). `model.hook_names` lists one model's.",
-        f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "
-        f"`nsp_head.*` on {on('nsp')}; `discriminator.*` on {on('discriminator')}; `classifier.*` on "
-        f"{on('classifier')}. `embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in "
-        f"{projecting}.",
-        "The table lists a post-LN block (BERT) in its order. A pre-LN block (ModernBERT) runs ln1 before attention "
-        "and ln2 before the MLP, has no hook_normalized_resid_post (its blocks end at hook_resid_post), and "
-        "ln_final follows the last block; `model.hook_names` gives each model's own order.",
-        "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
-        "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
-        "The head hooks carry TransformerLens' names (CHANGELOG.md lists the names they had before 0.3).",
-    ]
-    wrapped = (textwrap.fill(text, 100, break_on_hyphens=False) for text in paragraphs)
-    return "# Hook points\n\n" + "".join(text + "\n\n" for text in wrapped) + hook_table(all_hook_names(), "L")

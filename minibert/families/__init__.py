@@ -13,7 +13,6 @@ This package's own namespace holds only the records a family is written with, so
 a Family) can import them without the registry, whose family modules stand on model.py.
 """
 
-from minibert.core.family import VARIATIONS, Family, Heads
-from minibert.core.keys import HeadKeys, LayerKeys
+from minibert.core.family import VARIATIONS, Family, HeadKeys, Heads, LayerKeys
 
 __all__ = ["VARIATIONS", "Family", "HeadKeys", "Heads", "LayerKeys"]

@@ -1,7 +1,6 @@
 """ALBERT (Lan et al., 2020): one block's weights applied in every layer; narrow embeddings projected up."""
 
-from minibert.core.family import Family
-from minibert.core.keys import HeadKeys, LayerKeys
+from minibert.core.family import Family, HeadKeys, LayerKeys
 
 FAMILIES = (Family(
     "albert", "ALBERT", "Albert", "albert",

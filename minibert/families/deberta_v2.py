@@ -43,8 +43,8 @@ from minibert.core.encoder import (
 )
 from minibert.core.encoder import _weight as weight
 from minibert.core.encoder import _zeros as zeros
-from minibert.core.family import Family
-from minibert.core.keys import LayerKeys, Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
+from minibert.core.family import Family, LayerKeys
+from minibert.core.keys import Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
 from minibert.core.shows import HEAD_ROW, POST_LN_STEPS, replacing, steps
 from minibert.errors import ConfigError, InputError
 

@@ -1,7 +1,6 @@
 """DistilBERT (Sanh et al., 2019): BERT's blocks under other names, no segment table, its own config keys."""
 
-from minibert.core.family import Family
-from minibert.core.keys import HeadKeys, LayerKeys
+from minibert.core.family import Family, HeadKeys, LayerKeys
 
 FAMILIES = (Family(
     "distilbert", "DistilBERT", "DistilBert", "distilbert",

@@ -1,7 +1,6 @@
 """ELECTRA (Clark et al., 2020): BERT's blocks; embeddings projected up when narrower; a discriminator head."""
 
-from minibert.core.family import Family, Heads
-from minibert.core.keys import HeadKeys
+from minibert.core.family import Family, HeadKeys, Heads
 
 FAMILIES = (Family(
     "electra", "ELECTRA", "Electra", "electra",

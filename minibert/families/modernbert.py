@@ -36,8 +36,8 @@ from minibert.core.encoder import (
 )
 from minibert.core.encoder import _weight as weight
 from minibert.core.encoder import _zeros as zeros
-from minibert.core.family import Family
-from minibert.core.keys import HeadKeys, LayerKeys, Rule, identity, to_HKD, transpose
+from minibert.core.family import Family, HeadKeys, LayerKeys
+from minibert.core.keys import Rule, identity, to_HKD, transpose
 from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
 from minibert.errors import ConfigError, InputError
 

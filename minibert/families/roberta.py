@@ -4,8 +4,7 @@ BERT's encoder with fairseq's position numbering (from pad_token_id + 1), a byte
 SentencePiece (XLM-R, CamemBERT) tokenizer with <s> </s> tokens, and its own head key names.
 """
 
-from minibert.core.family import Family
-from minibert.core.keys import HeadKeys
+from minibert.core.family import Family, HeadKeys
 
 HEAD_KEYS = HeadKeys(
     sequence_pooler="classifier.dense", classifier="classifier.out_proj", mlm_dense="lm_head.dense",

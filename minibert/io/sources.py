@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from minibert.core.family import TOKENIZER_FILES
 from minibert.errors import SourceError
-from minibert.families.registry import FAMILIES
 
 DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 BUNDLED = {DEFAULT, "all-MiniLM-L6-v2", "all-minilm-l6-v2"}
@@ -25,8 +25,9 @@ INSTALL_HUB = "pip install 'minibert[hub]'"
 
 
 def hub_files() -> list[str]:
-    """The files fetched from the Hub: the checkpoint's, and the tokenizer files of every registered family."""
-    tokenizer_files = (name for family in FAMILIES.values() for name in family.tokenizer_files)
+    """The files fetched from the Hub: the checkpoint's, and those of every kind of tokenizer a family may read
+    (which family a checkpoint is of is known only once its config.json is read)."""
+    tokenizer_files = (name for files in TOKENIZER_FILES.values() for name in files)
     return list(dict.fromkeys((*CHECKPOINT_FILES, *tokenizer_files)))
 
 

@@ -1,9 +1,14 @@
-"""Host↔device moves: the two ways an array crosses between NumPy and JAX without compiling anything."""
+"""Host↔device moves: the two ways an array crosses between NumPy and JAX without compiling anything, and the
+split of a scanned run's stacked captures into each layer's value on the host."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax
 import numpy as np
+
+from minibert.core.hooks import STACKED_NAME
 
 
 def on_device(array, dtype=None) -> jax.Array:
@@ -20,3 +25,22 @@ def host_view(array):
             {device.platform for device in array.devices()} == {"cpu"}:
         return np.asarray(array)
     return array
+
+
+def unstacked(captured: Mapping[str, object], host: bool = True) -> dict[str, object]:
+    """Captures with each stacked buffer (stacked_name) split into its layers' values under their own names, in
+    the order given. host: slices of a device array on a CPU are NumPy views of it (slicing it with jax would
+    compile a small program for every new shape; on_device puts them back); False: sliced as they are
+    (inside a traced function). Shapes (jax.ShapeDtypeStruct) split into the shape of one layer's value."""
+    values = {}
+    for name, value in captured.items():
+        match = STACKED_NAME.match(name)
+        if match is None:
+            values[name] = value
+            continue
+        rows = host_view(value) if host else value
+        for slot, layer in enumerate(match.group(1).split(",")):
+            values[f"blocks.{layer}.{match.group(2)}"] = (
+                jax.ShapeDtypeStruct(value.shape[1:], value.dtype) if isinstance(value, jax.ShapeDtypeStruct)
+                else rows[slot])
+    return values

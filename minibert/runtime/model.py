@@ -27,7 +27,6 @@ from minibert.core.hooks import (
     count_compiles,
     layer_of,
     resolve_names,
-    unstacked,
     writers_for,
 )
 from minibert.errors import InputError, is_whole
@@ -36,7 +35,7 @@ from minibert.io.config_json import read_config
 from minibert.io.tokenizer import BaseTokenizer, Batch, is_text
 from minibert.io.tokenizers_hf import tokenizer_for
 from minibert.runtime import buckets, cache, pooling, programs
-from minibert.runtime.device import on_device
+from minibert.runtime.device import on_device, unstacked
 from minibert.runtime.pooling import (
     POOLINGS as POOLINGS,  # minibert.runtime.model.POOLINGS, pooled_tokens: as the docs name them
 )
@@ -299,14 +298,14 @@ class Model(Weights):
         return list(self.hook_sites)
 
     def _names(self, spec) -> list[str]:
-        return resolve_names(spec, self.hook_names, self.config.architecture)
+        return resolve_names(spec, self.hook_names, self.config)
 
     def hook_points(self, hooks=None, names=()) -> HookPoints:
         """The hooks object of one traced stage: applies `hooks` ({name or glob: fn} or [(name, fn)], as
         run_with_hooks takes them) and captures `names` into its `.captured` dict."""
         capture = self._names(names) if names != () else ()
         cfg = self.config
-        return HookPoints(capture, writers_for(hooks, self.hook_names, cfg.architecture), cfg.num_attention_heads,
+        return HookPoints(capture, writers_for(hooks, self.hook_names, cfg), cfg.num_attention_heads,
                           cfg.head_dim)
 
     def _stage_hooks(self, hooks) -> HookPoints:
@@ -413,10 +412,10 @@ class Model(Weights):
         reads [CLS] only; training's sequence classifier), so last_hidden_state is [B, 1, D].
         `stacked`: the values of a site captured at several layers of a scanned run come back as one [n, ...] array
         named hooks.stacked_name ("blocks.0,1,2.attn.hook_pattern"), as Model.run's program returns them
-        (hooks.unstacked splits them): a program capturing every layer then compiles in a time that does not grow
-        with depth."""
+        (runtime.device.unstacked splits them): a program capturing every layer then compiles in a time that does not
+        grow with depth."""
         capture = frozenset(self._names(names)) if names != () else frozenset()
-        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
+        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config))
         rates = _dropout_rates(dropout)
 
         def forward(state, inputs, dropout_key=None):
@@ -464,7 +463,7 @@ class Model(Weights):
         """
         inputs = self.inputs(batch)
         capture = frozenset(self._names(names)) if names != () else frozenset()
-        writers = writers_for(hooks, self.hook_names, self.config.architecture)
+        writers = writers_for(hooks, self.hook_names, self.config)
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
         # Rows are padded to a bucket length (docs/compiled.md) where the hooks cannot tell, so that a new sentence
         # length rarely compiles a new program; outputs and captures are cut back to the real length.
@@ -566,7 +565,7 @@ class Model(Weights):
         position). loss_fn keys its program as a hook function does (docs/compiled.md): its code and the values it
         closes over or reads as globals, not an attribute of an object changed in place."""
         inputs = self.inputs(batch)
-        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config.architecture))
+        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config))
         return self._grad_jit(self.state, inputs, leaves, writer_def=writer_def, names=tuple(self._names(names)),
                               loss_fn=StaticFn(metric_function(loss_fn)))
 

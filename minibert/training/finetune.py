@@ -353,7 +353,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                             max_grad_norm=max_grad_norm, accumulate=accumulate)
     opt_state = optimizer.init(trainable_params)
 
-    writers = writers_for(hooks, start.hook_names, cfg.architecture)  # the task model's names: its head's too
+    writers = writers_for(hooks, start.hook_names, cfg)  # the task model's names: its head's too
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers)
     step = Step(start, task, dropout_rates(settings, dropout), writer_def, compute_dtype)
     train = compiled_step(step, optimizer)

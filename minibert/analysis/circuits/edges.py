@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.circuits._checks import check_choice, check_count, check_finite, check_model, metric_of
-from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
 from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
 from minibert.analysis.interventions import _paired_inputs
+from minibert.analysis.sweeps import chunked_map, chunked_sum
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.hooks import HookFn, add_delta

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.circuits._checks import check_choice, check_finite, check_model, metric_of
-from minibert.analysis.circuits._chunks import chunked_map, chunked_sum
 from minibert.analysis.gradients import _special_ids
+from minibert.analysis.sweeps import chunked_map, chunked_sum
 from minibert.analysis.words import word_groups, word_labels
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.hooks import HookFn

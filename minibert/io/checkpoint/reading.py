@@ -5,7 +5,7 @@ parameter it becomes and the reshaping that puts it in the shape the maths uses
 (PyTorch Linear stores W as out×in; minibert stores W_Q as D×H×K and W_O as H×K×D).
 Missing keys, unexpected keys and wrong shapes are errors that name the key. Each
 family's module (minibert/families/) holds its table (Family.key_table, built from its
-LayerKeys and HeadKeys by families/keys.py).
+LayerKeys and HeadKeys by core/keys.py).
 
 Loading reads safetensors only. A PyTorch `pytorch_model.bin` is a pickle, which can
 run code when it is read: it is loaded only when the caller passes `allow_pickle=True`,
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.core.config import Config
-from minibert.core.keys import Rule
+from minibert.core.keys import Rule, bert_layout
 from minibert.errors import CheckpointError
 from minibert.io.files import read_json_object
 
@@ -35,8 +35,8 @@ IGNORED = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 def key_table(cfg: Config) -> dict[str, Rule]:
     """Every Hugging Face key this architecture needs → (minibert param path, HF shape, converter): the
-    family's own table (Family.key_table; families/keys.py builds BERT's layout)."""
-    return cfg.family.key_table(cfg)
+    family's own table (Family.key_table), else BERT's layout of its LayerKeys and HeadKeys (keys.bert_layout)."""
+    return (cfg.family.key_table or bert_layout)(cfg)
 
 
 def _unused_pooler(cfg: Config) -> set[str]:
