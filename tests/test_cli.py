@@ -175,6 +175,23 @@ def test_demo_reports_each_step_with_elapsed_seconds(demo_log):
         assert any(name in step for step in said), (name, said)
 
 
+def test_demo_refuses_a_folder_holding_its_files_unless_asked(tmp_path, bundled_load):
+    """Issue 40: `minibert demo --out DIR` replaced the user's own DIR/index.html and exited 0. It refuses before
+    any work, one line naming the files, and leaves them; a file at --out is refused too."""
+    (tmp_path / "index.html").write_text("mine")
+    (tmp_path / "head_view.html").write_text("mine too")
+    status, stdout, stderr = run("demo", "--out", tmp_path)
+    assert status != 0 and stdout == ""
+    message = [line for line in stderr.splitlines() if "minibert demo: error" in line]
+    assert len(message) == 1 and "already holds head_view.html, index.html, which the demo would replace" in \
+        message[0] and "--overwrite" in message[0], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head_view.html", "index.html"]
+    assert (tmp_path / "index.html").read_text() == "mine"
+    status, _, stderr = run("demo", "--out", tmp_path / "index.html")
+    assert status != 0 and "is a file; pass a folder for the demo" in stderr
+    assert sorted(demo.written_names()) == sorted(DEMO_FILES)  # the check covers every file the demo writes
+
+
 def test_demo_raises_no_warning(demo_log):
     """Legends are placed by minibert (no matplotlib 'loc="best" can be slow' warning), and nothing else warns."""
     _, _, _, caught = demo_log
@@ -571,3 +588,41 @@ def test_ctrl_c_as_the_program_exits_without_interpreter_teardown(tmp_path):
     done = subprocess.run([sys.executable, "-c", INTERRUPTED_RUN, str(tmp_path / "corpus.txt"), str(tmp_path / "s")],
                           capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout, done.stderr.strip()) == (cli.INTERRUPTED, "", "minibert stats: interrupted")
+
+
+IMPORT_INTERRUPTED = """
+import sys, time
+
+class Announce:  # says when JAX's import starts, then leaves the finding to the real finders
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax":
+            print("importing jax", flush=True)
+            time.sleep(0.5)
+        return None
+
+sys.meta_path.insert(0, Announce())
+sys.argv = ["minibert", "hooks"]
+from minibert.app import launch
+sys.exit(launch.main())
+"""
+
+
+def test_ctrl_c_while_minibert_imports_is_one_line_and_status_130():
+    """Issue 40: Ctrl-C in the first second of every command (while JAX imports) ended by SIGSEGV, or with a
+    41-line ImportError traceback, or ran on: the handler was installed after the imports. The command's entry
+    point (pyproject's minibert = minibert.app.launch:main) installs it before any import, and `import minibert`
+    imports nothing heavy, so the interrupt lands in JAX's import here and gives the one line."""
+    import signal
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["minibert"] == "minibert.app.launch:main"
+    light = subprocess.run([sys.executable, "-c", "import sys, minibert; print('jax' in sys.modules)"],
+                           capture_output=True, text=True, timeout=300)
+    assert light.stdout == "False\n", light.stderr
+    run_ = subprocess.Popen([sys.executable, "-c", IMPORT_INTERRUPTED], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert run_.stdout.readline() == "importing jax\n"
+    run_.send_signal(signal.SIGINT)
+    stdout, stderr = run_.communicate(timeout=300)  # a hang guard
+    assert (run_.returncode, stdout, stderr.strip()) == (cli.INTERRUPTED, "", "minibert hooks: interrupted")

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tolerances import assert_close_to_scale, forward_rtol
+from tolerances import assert_close_to_scale, forward_rtol, sum_rtol
 
 import minibert
 from minibert import BertConfig, Model
@@ -588,3 +588,34 @@ def test_a_cache_folder_that_cannot_be_written_turns_the_cache_off_with_one_warn
         assert report["folder"] is None and report["jax"] is None and len(report["warnings"]) == 1
         assert all(part in report["warnings"][0] for part in (repr(str(folder)), "MINIBERT_CACHE_DIR", "Fix:"))
         assert blocker.read_text() == "mine"
+
+
+def test_a_row_of_padding_only_gives_what_its_exact_length_run_gives(model):
+    """A row whose attention_mask is all 0 (a batch built by hand, a text emptied by a filter) has no real key:
+    at its exact length its pattern rows spread over its T positions, at a bucket length they would spread over
+    the bucket's, summing to T/bucket over the first T. Run pads nothing then: its pattern rows sum to 1 (softmax
+    rows of 4 terms: tolerances.sum_rtol(4)) and its hidden states and pattern are the exact run's (two programs
+    of the whole forward: forward_rtol at 4 positions)."""
+    inputs = {"input_ids": np.array([[2, 5, 6, 3], [2, 7, 8, 3]]), "attention_mask": np.array([[1, 1, 1, 1],
+                                                                                            [0, 0, 0, 0]])}
+    pattern = "blocks.0.attn.hook_pattern"
+    out, cache = model.run_with_cache(inputs, names=[pattern])
+    np.testing.assert_allclose(np.asarray(cache[pattern]).sum(-1), 1.0, rtol=sum_rtol(4))
+    exact_out, exact_cache = jax.jit(model.forward_fn(names=[pattern]))(model.state, model.inputs(inputs))
+    assert_close_to_scale(out.last_hidden_state, exact_out.last_hidden_state, forward_rtol(model.config, S=4),
+                          "hidden states")
+    assert_close_to_scale(cache[pattern], exact_cache[pattern], forward_rtol(model.config, S=4), "pattern")
+
+
+def test_a_patch_cached_at_the_probes_short_length_runs_exact(model):
+    """Issue 40: replacing blocks.0.hook_resid_post of a 5-token text with its own cached value was refused ("must
+    return the shape … (1, 64, 32)"): 5 is the probe's short length, so the probe's two results matched and the call
+    was padded. The probe asks the hook to keep the long value's shape; the call runs exact and gives the plain run
+    (the patch is the value itself: the same program's arithmetic, compared at forward_rtol for two programs)."""
+    inputs = batch(5, rows=1)
+    site = "blocks.0.hook_resid_post"
+    plain, cache = model.run_with_cache(inputs, names=[site])
+    cached = cache[site]
+    patched = model.run_with_hooks(inputs, {site: lambda value, ctx: cached})
+    assert_close_to_scale(patched.last_hidden_state, plain.last_hidden_state, forward_rtol(model.config, S=64),
+                          "patched with its own value")

@@ -381,3 +381,18 @@ def test_lengths_share_bucketed_programs_and_values(bundled):
     rtol = forward_rtol(bundled.config, S=bundled.padded_length(T, rows=1))
     assert_close_to_scale(padded.last_hidden_state, plain.last_hidden_state, rtol, "last hidden state")
     assert_close_to_scale(cache.stack("hook_pattern"), plain_cache.stack("hook_pattern"), rtol, "patterns")
+
+
+def test_a_hookfn_argument_that_is_no_array_is_named():
+    """Issue 40: HookFn(fn, mode="zero") raised JAX's "not a valid JAX type" at the call; it is a HookError naming
+    the argument when the HookFn is made. Numbers, NumPy and JAX arrays (and tuples of them) stay traced."""
+    def fn(value, ctx, **_):
+        return value
+
+    with pytest.raises(minibert.HookError, match=r"HookFn\(fn, mode='zero'\): .* a str is not one; pass a number or an "
+                                        r"array, or close over the value"):
+        minibert.HookFn(fn, mode="zero")
+    with pytest.raises(minibert.HookError, match="a object is not one"):
+        minibert.HookFn(fn, patch=(np.zeros(2), object()))
+    for value in (3, 0.5, True, np.int32(1), np.zeros(3), jnp.ones(2), (jnp.zeros(1), 2)):
+        minibert.HookFn(fn, value=value)

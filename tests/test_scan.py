@@ -22,7 +22,9 @@ from test_hook_table import tiny_config
 from tolerances import assert_close_to_scale, forward_rtol, head_rtol
 
 from minibert import Model
-from minibert.core.hooks import HookFn, layer_of
+from minibert.core import encoder as encoder_module
+from minibert.core.encoder import unrolled_stack
+from minibert.core.hooks import HookFn, add_delta, layer_of
 from minibert.families.registry import ARCHITECTURE_FAMILY, ARCHITECTURES
 
 LAYERS = 3
@@ -124,8 +126,26 @@ def test_hooks_see_their_own_layer_and_name():
     assert sorted(set(seen)) == [(f"blocks.{i}.hook_resid_mid", i, i) for i in range(LAYERS)]
 
 
+def scan_backward(model: Model, data: dict, loss, names: list[str]) -> dict:
+    """{name: ∂Σ loss/∂value} through the scanned stack's own backward (jax.grad of forward_fn, outside
+    core.encoder.unrolled_stack), the way Model.grad differentiated before it unrolled the stack."""
+    inputs = model.inputs(data)
+    _, values = model.forward_fn(names)(model.state, inputs)
+
+    def objective(deltas):
+        out, _ = model.forward_fn((), {n: HookFn(add_delta, delta=d) for n, d in deltas.items()})(model.state, inputs)
+        return loss(out).sum()
+
+    zeros = {name: jnp.zeros_like(value) for name, value in values.items()}
+    assert "scan" in str(jax.make_jaxpr(jax.grad(objective))(zeros))  # the scan's backward, not the unrolled one
+    return jax.jit(jax.grad(objective))(zeros)
+
+
+@pytest.mark.slow  # three gradient programs of every site per family
 @pytest.mark.parametrize("family", sorted(FAMILY_ARCHITECTURES))
 def test_gradients_wrt_every_site_alike(family):
+    """Model.grad (the stack unrolled, core.encoder.unrolled_stack) of the scanned model, the scan's own backward, and
+    the unrolled model's Model.grad give the same gradient at every per-layer site."""
     scanned, unrolled = random_models(FAMILY_ARCHITECTURES[family])
     direction = jnp.asarray(np.random.default_rng(2).standard_normal(scanned.config.vocab_size), jnp.float32)
 
@@ -137,8 +157,21 @@ def test_gradients_wrt_every_site_alike(family):
     want_loss, want = unrolled.grad(batch(unrolled), loss, names)
     assert_close_to_scale(got_loss, want_loss, rtol(scanned, "logits"), "loss")
     assert_same_values(got, want, scanned, programs=4)
+    assert_same_values(scan_backward(scanned, batch(scanned), loss, names), want, scanned, programs=4)
     for layer in range(LAYERS):  # every layer's stream matters to the loss: the comparison is not of zeros
         assert np.abs(np.asarray(want[f"blocks.{layer}.hook_resid_pre"])).max() > 0.01
+
+
+def test_programs_that_differentiate_trace_the_stack_unrolled():
+    """Within core.encoder.unrolled_stack (Model.grad, the gradient analyses, fine-tuning's step) a scanned model's
+    forward holds one copy of the block per layer and no scan; outside it, the scan."""
+    scanned, unrolled = random_models(FAMILY_ARCHITECTURES["bert"])
+    with unrolled_stack():
+        inside = _jaxpr(scanned)
+    outside = _jaxpr(scanned)
+    assert "scan" in outside and "scan" not in inside
+    assert inside.count("dot_general") == _jaxpr(unrolled).count("dot_general") > outside.count("dot_general")
+    assert not encoder_module._DIFFERENTIATED.get()  # the context resets on leaving
 
 
 def test_dropout_draws_each_layers_own_masks():

@@ -9,6 +9,7 @@ length), one stage more for the model's head.
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import subprocess
@@ -704,3 +705,14 @@ def test_a_port_out_of_range_and_a_host_that_is_no_address_name_their_fix(mlm, m
     assert capsys.readouterr().err.strip() == ("minibert serve: error: --max-tokens 0: pass at least 3 ([CLS], a word, "
                                                "[SEP]) and at most the model's positions.")
     assert not loaded  # refused before the loading too
+
+
+@pytest.mark.parametrize("action", ["tokenize", "run", "why"])
+def test_a_lone_surrogate_is_answered_not_a_500(client, action):
+    """Issue 40: a text over 2,000 characters holding a lone surrogate ("\\ud800", which JSON can carry and UTF-8
+    cannot) got 500: the error message quoted it and could not be encoded. Answers escape what UTF-8 cannot hold."""
+    body = json.dumps({"text": "a" * (MAX_CHARS - 5) + "\ud800" * 10})  # ASCII: the surrogate as \ud800
+    too_long = client.post(f"/api/{action}", content=body.encode("ascii"),
+                           headers={serve.TOKEN_HEADER: TOKEN, "Content-Type": "application/json"})
+    assert too_long.status_code == 400 and f"at most {MAX_CHARS:,}" in too_long.json()["error"]
+    assert "\ud800" in too_long.json()["error"]  # quoted as it was sent, escaped in the JSON

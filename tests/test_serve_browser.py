@@ -297,6 +297,16 @@ def test_the_page_needs_the_token(open_page, server):
     assert "token" in page.page.content()
 
 
+@pytest.mark.parametrize("switch, on", [("&projector=0", False), ("&projector=off", False), ("&projector=1", True),
+                                        ("&projector", True), ("", False)])
+def test_a_url_switch_of_0_keeps_projector_mode_off(open_page, server, switch, on):
+    """Issue 40: &projector=0 turned projector mode on (Boolean("0") is true in JavaScript)."""
+    page = open_page(url=server.url + switch)
+    page.settle()
+    assert page.page.get_attribute("#wb-projector", "aria-pressed") == str(on).lower()
+    assert page.problems == []
+
+
 def test_keyboard_reaches_every_control(open_page):
     page = open_page()
     page.type("a b", "c")

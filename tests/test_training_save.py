@@ -121,3 +121,31 @@ def test_save_refuses_a_directory_holding_files_it_would_replace(tmp_path):
     model.save(mine, overwrite=True)
     assert json.loads((mine / "config.json").read_text())["architectures"] == ["BertModel"]
     assert (mine / "notes.txt").read_text() == "kept"
+
+
+def test_save_over_a_sharded_checkpoint_leaves_only_the_new_weights(tmp_path):
+    """Issue 40: overwrite=True into a folder holding a sharded checkpoint left its index and shards, which both
+    loaders read before model.safetensors: minibert.load returned the old weights. The save removes the index,
+    the shards it names and any pytorch_model.bin (weights the new model.safetensors replaces); without
+    overwrite they count as held files. Its files take the same permissions (the umask's), model.safetensors
+    included."""
+    make_hf_model(tmp_path / "old", "BertModel", seed=0)
+    old = transformers.BertModel.from_pretrained(tmp_path / "old")
+    sharded = tmp_path / "sharded"
+    old.save_pretrained(sharded, max_shard_size="20KB")
+    shards = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"].values()
+    assert len(set(shards)) > 1
+    torch.save(old.state_dict(), sharded / "pytorch_model.bin")
+    (sharded / "notes.txt").write_text("kept")
+    make_hf_model(tmp_path / "new", "BertModel", seed=1)
+    new = minibert.load(tmp_path / "new")
+    with pytest.raises(DataFileError, match="model.safetensors.index.json"):
+        new.save(sharded)
+    new.save(sharded, overwrite=True)
+    assert sorted(p.name for p in sharded.iterdir()) == ["config.json", "model.safetensors", "notes.txt",
+                                                         "tokenizer_config.json", "vocab.txt"]
+    got = minibert.load(sharded).named_parameters()
+    for name, value in new.named_parameters().items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)  # the bytes written, read back
+    modes = {p.name: p.stat().st_mode & 0o777 for p in sharded.iterdir() if p.name != "notes.txt"}
+    assert set(modes.values()) == {(sharded / "notes.txt").stat().st_mode & 0o777}, modes

@@ -156,3 +156,11 @@ def test_browser_page_draws_a_latent(browsed, tmp_path, browser):
     assert page.locator("#fb-view h2").inner_text() == f"latent {quietest}"
     assert console == []
     page.close()
+
+
+def test_an_sae_holding_nan_is_refused_not_drawn_as_invalid_json(browsed):
+    """Issue 40: an SAE whose W_enc holds NaN gave a page whose data was invalid JSON (NaN) and drew nothing."""
+    model, config, params, _ = browsed
+    broken = dict(params, W_enc=np.where(np.eye(*params["W_enc"].shape, dtype=bool), np.nan, params["W_enc"]))
+    with pytest.raises(VizError, match="W_enc"):
+        feature_browser(model, config, broken, TEXTS, top=2)

@@ -114,6 +114,26 @@ def test_path_argument_saves_and_other_suffixes_are_refused(tmp_path):
         figures.save(fig, tmp_path / "head")
 
 
+def test_figures_refuse_an_existing_file_unless_asked(tmp_path):
+    """Issue 40: the figure savers replaced a user's file where pages refuse: one rule for every writer. The
+    refusal leaves the file's bytes; overwrite=True (figures.save and every figure function's path=) replaces it."""
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"my own picture")
+    fig = figures.attention_heatmap(_attention()[0, 0], TOKENS)
+    with pytest.raises(VizError, match=r"mine\.png already exists; pass overwrite=True to replace it"):
+        figures.save(fig, mine)
+    with pytest.raises(VizError, match="already exists"):
+        figures.attention_heatmap(_attention()[0, 0], TOKENS, path=mine)
+    with pytest.raises(VizError, match=r"overwrite='yes': pass True or False"):
+        figures.save(fig, mine, overwrite="yes")
+    (tmp_path / "folder.png").mkdir()
+    with pytest.raises(VizError, match="is a folder"):
+        figures.save(fig, tmp_path / "folder.png")
+    assert mine.read_bytes() == b"my own picture"
+    figures.attention_heatmap(_attention()[0, 0], TOKENS, path=mine, overwrite=True)
+    _assert_valid(mine)
+
+
 # ---- attention matrices ----------------------------------------------------------------------------
 
 def test_attention_heatmap_draws_the_matrix_with_tokens_on_both_axes():

@@ -31,6 +31,7 @@ import numpy as np
 
 from minibert.analysis.sweeps import residual_streams, row_mean, sweep_streams
 from minibert.core.contract import metric_values, static_metric, traced_call
+from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookError, HookFn, add_delta, any_length, site_axes
 from minibert.errors import AnalysisError
 from minibert.io.tokenizer import Batch
@@ -244,7 +245,7 @@ def _metric_and_site_gradient(model, state, inputs, zeros, *, site, metric):
         out, captured = model.forward_fn(names, shifts)(state, inputs)
         return row_mean(traced_call(metric.fn, out), inputs.shape[0]), jnp.stack([captured[n] for n in names])
 
-    grads, values = jax.grad(objective, has_aux=True)(zeros)
+    grads, values = jax.grad(unrolled_stack()(objective), has_aux=True)(zeros)  # core.encoder.unrolled_stack
     return values, grads
 
 
@@ -290,7 +291,7 @@ def _gate_gradients(model, state, inputs, *, loss_fn) -> jax.Array:
         return losses.sum(), losses
 
     gates = jnp.ones((n_rows, cfg.num_hidden_layers, cfg.num_attention_heads), jnp.float32)
-    gradients, losses = jax.grad(total_loss, has_aux=True)(gates)
+    gradients, losses = jax.grad(unrolled_stack()(total_loss), has_aux=True)(gates)  # core.encoder.unrolled_stack
     # One loss for the whole batch: the batch is one example, its rows share each head's gate.
     return gradients if losses.ndim else gradients.sum(0, keepdims=True)
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.core.contract import StaticFn, metric_values, static_metric, traced_call
-from minibert.core.encoder import Output
+from minibert.core.encoder import Output, unrolled_stack
 from minibert.core.hooks import HookFn, writers_for
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
@@ -242,7 +242,7 @@ def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_
     block l (layer traced: one program, compiled with model.jit). `chunk` steps run side by side and their
     gradients are added into one running sum, so memory does not grow with m (stacking the m gradients
     [m, B, H, T, S] before their mean asked for terabytes at steps=10**9)."""
-    gradient = jax.grad(partial(_suffix_target, model, state, inputs, resid, layer, target_fn))
+    gradient = jax.grad(unrolled_stack()(partial(_suffix_target, model, state, inputs, resid, layer, target_fn)))
     first = RIEMANN_FIRST_STEP[riemann]
     alphas = jnp.arange(first, first + steps, dtype=pattern.dtype) / steps
     summed = lambda part: jax.vmap(lambda alpha: gradient(alpha * pattern))(part).sum(0)  # noqa: E731

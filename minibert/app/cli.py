@@ -84,7 +84,7 @@ def _demo(args) -> int:
     step = _steps("demo")
     step("loading the model")
     model = _load(args.model, args.download)
-    paths, result = demo.build(model, args.out, step=step)
+    paths, result = demo.build(model, args.out, step=step, overwrite=args.overwrite)
     step("done")
     for path in paths:
         print(path)
@@ -320,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "head (CSV, JSON, NPZ); and index.html linking them all. Prints each path and a summary of the "
                    "top heads, and each step as it starts (on stderr, with the seconds so far).")
     demo.add_argument("--out", type=Path, default=Path("out"), metavar="DIR", help="output folder (default: out/)")
+    demo.add_argument("--overwrite", action="store_true",
+                      help="replace the demo's files in --out (refused otherwise: an index.html there may be yours)")
     model_option(demo)
 
     view = command("view", _view, "write interactive attention views of a text (HTML)",

@@ -37,7 +37,7 @@ from matplotlib.figure import Figure
 from minibert import viz
 from minibert.analysis import clustering, corpus, embeddings, heads, words
 from minibert.core.config import head_label
-from minibert.errors import InputError
+from minibert.errors import DataFileError, InputError, refuse_unless_flag
 from minibert.viz import figures, report
 
 FIGURE_FORMATS = (".png", ".svg")
@@ -79,7 +79,8 @@ def demo_text() -> DemoText:
 # ---- the analyses -----------------------------------------------------------------------------------
 
 def _save(fig: Figure, stem: Path) -> list[Path]:
-    return [figures.save(fig, stem.with_suffix(suffix)) for suffix in FIGURE_FORMATS]
+    """The figure in each format; build checked the folder for files of these names first."""
+    return [figures.save(fig, stem.with_suffix(suffix), overwrite=True) for suffix in FIGURE_FORMATS]
 
 
 def _panels(n: int, width: float, height: float) -> tuple[Figure, list]:
@@ -153,10 +154,31 @@ def _quiet(what: str) -> None:
     pass
 
 
-def build(model, out: str | Path, step: Callable[[str], None] = _quiet) -> tuple[list[Path], corpus.SurveyResult]:
+FIGURES = ("pca", "attention_to_word", "head_heatmap", "head_grid", "neuron", "head_statistics", "head_mds")
+VIEWS = ("head_view", "model_view", "neuron_view")
+
+
+def written_names() -> list[str]:
+    """Every file build writes, relative to its folder (the module docstring's list)."""
+    return [*(f"figures/{name}{suffix}" for name in FIGURES for suffix in FIGURE_FORMATS),
+            *(f"{name}.html" for name in VIEWS), "head_statistics.csv", "head_statistics.json",
+            "head_statistics.npz", "index.html"]
+
+
+def build(model, out: str | Path, step: Callable[[str], None] = _quiet, *,
+          overwrite: bool = False) -> tuple[list[Path], corpus.SurveyResult]:
     """Write the demo into `out` (created if needed); returns (every path written, the head statistics).
-    `step(what)` is called as each step starts, naming what it writes (the command line prints it)."""
-    out = Path(out)
+    `step(what)` is called as each step starts, naming what it writes (the command line prints it). A folder
+    already holding a file of a name it writes (written_names) is refused before any work unless overwrite=True:
+    an index.html there may be the user's own."""
+    out, overwrite = Path(out), refuse_unless_flag("overwrite", overwrite, DataFileError)
+    if out.exists() and not out.is_dir():
+        raise DataFileError(f"{out} is a file; pass a folder for the demo (--out DIR).")
+    held = [name for name in written_names() if (out / name).exists()]
+    if held and not overwrite:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise DataFileError(f"{out} already holds {shown}, which the demo would replace; pass another folder "
+                            f"(--out DIR), or --overwrite (overwrite=True) to replace them.")
     figure_dir = out / "figures"
     figure_dir.mkdir(parents=True, exist_ok=True)
     text = demo_text()

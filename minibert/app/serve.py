@@ -80,7 +80,7 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
     it is served, for the Host and Origin checks."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
-    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.responses import HTMLResponse
     from starlette.routing import Route
 
     hosts = {*LOCAL_HOSTS, host}
@@ -118,20 +118,30 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
         refusal = refused(request)
         if refusal is not None:
             reason, status, headers = refusal
-            return JSONResponse({"error": reason}, status, headers={**_PRIVATE, **headers})
+            return json_answer({"error": reason}, status, headers={**_PRIVATE, **headers})
         body = await _body_within(request, MAX_BODY_BYTES)
         if body is None:
-            return JSONResponse({"error": f"the request has more than {MAX_BODY_BYTES} bytes; at most "
+            return json_answer({"error": f"the request has more than {MAX_BODY_BYTES} bytes; at most "
                                           f"{MAX_BODY_BYTES}."}, 413)
         try:
             payload = request_json(body)
             chosen = _workbench(workbenches, payload)
             answer = await run_in_threadpool(chosen.answer, request.path_params["action"], payload)
         except MinibertError as error:
-            return JSONResponse({"error": " ".join(str(error).split())}, 400, headers=_PRIVATE)
-        return JSONResponse(answer, headers=_PRIVATE)
+            return json_answer({"error": " ".join(str(error).split())}, 400, headers=_PRIVATE)
+        return json_answer(answer, headers=_PRIVATE)
 
     return Starlette(routes=[Route("/", page), Route("/api/{action}", api, methods=["POST"])])
+
+
+def json_answer(content, status: int = 200, headers: dict | None = None):
+    """A JSON response with every character past ASCII escaped: a text may hold a lone surrogate ("\\ud800"),
+    which JSON carries and the page reads back but UTF-8 cannot encode — Starlette's JSONResponse failed on it
+    with a 500."""
+    from starlette.responses import Response
+
+    body = json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+    return Response(body, status, headers=headers, media_type="application/json")
 
 
 _PRIVATE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff",

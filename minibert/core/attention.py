@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.errors import InputError
+
 log = logging.getLogger(__name__)
 
 HALF_DTYPES = ("bfloat16", "float16")  # cuDNN flash attention's inputs
@@ -164,6 +166,21 @@ def cudnn_attention(q, k, v, lengths, dropout_rate: float = 0.0, site: str = "")
     return cudnn.dot_product_attention(q, k, v, q_seqlen=every_query, kv_seqlen=lengths,
                                        scale=1 / math.sqrt(q.shape[-1]), mask_type=cudnn.MaskType.PADDING,
                                        dropout_rate=dropout_rate, seed=zlib.crc32(site.encode()) & 0x7FFFFFFF)
+
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # choose's names: jax's "gpu" is NVIDIA's and AMD's, whose kernels differ
+
+
+def checked_platform(name) -> str:
+    """A platform name for choose, in any case ("CUDA" is "cuda"), or an InputError naming the four: an unknown name
+    would be answered as if it were a platform without cuDNN."""
+    if isinstance(name, str) and name.lower() in PLATFORMS:
+        return name.lower()
+    if isinstance(name, str) and name.lower() == "gpu":
+        raise InputError("platform='gpu' is JAX's name for NVIDIA and AMD GPUs alike, whose attention kernels "
+                         "differ (cuDNN on NVIDIA only): pass 'cuda' (NVIDIA) or 'rocm' (AMD).")
+    raise InputError(f"platform={name!r}: pass one of {', '.join(map(repr, PLATFORMS))}, or None for this "
+                     f"machine's default device.")
 
 
 def platform() -> str:

@@ -17,6 +17,7 @@ object changed in place: values that change go in as traced arrays (hooks.HookFn
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import functools
 import hashlib
@@ -65,6 +66,30 @@ def traced_call(fn: Callable, output, what: str = "metric"):
         raise AnalysisError(f"the {what} {getattr(fn, '__name__', fn)!r} must be written with jax.numpy "
                             f"(jnp.linalg.norm, not np.linalg.norm, no float() or np.asarray): it runs inside a "
                             f"compiled program. JAX said: {str(error).splitlines()[0]}") from None
+    except (AttributeError, TypeError) as error:
+        message = _missing_field(output, error, what)
+        if message is None:
+            raise
+        raise AnalysisError(message) from None
+
+
+def _missing_field(output, error: Exception, what: str) -> str | None:
+    """What to tell a user whose metric read a field the output does not have: a name that is no field
+    (out.hidden_states), or one this model leaves None (out.logits of a checkpoint with no head); None where the
+    error is something else, which keeps its traceback."""
+    if not dataclasses.is_dataclass(output):
+        return None
+    fields = [field.name for field in dataclasses.fields(output)]
+    has = [name for name in fields if getattr(output, name) is not None]
+    if isinstance(error, AttributeError) and getattr(error, "obj", None) is output:
+        return (f"the {what} read out.{error.name}, which an output does not have: its fields are "
+                f"{', '.join(fields)}, and this model fills {', '.join(has)}.")
+    if "NoneType" in str(error) and len(has) < len(fields):
+        missing = [name for name in fields if name not in has]
+        return (f"the {what} failed on this model's output: it has no {', '.join(missing)} (None: the checkpoint "
+                f"has no such head); read out.last_hidden_state (or a field it has: {', '.join(has)}) instead. "
+                f"Python said: {error}")
+    return None
 
 
 # ---- a function as a static key ----------------------------------------------------------------------------

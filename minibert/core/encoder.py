@@ -32,6 +32,8 @@ own and reuses the pieces here (LayerNorm, attend, attention_output).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Protocol
@@ -419,6 +421,24 @@ class Classifier(nnx.Module):
         return hooks(self.hook, x @ self.W[...] + self.b[...])
 
 
+# Whether the stack being traced is differentiated (unrolled_stack): read by Bert.stack when a program is traced.
+_DIFFERENTIATED = contextvars.ContextVar("minibert_differentiated", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_stack():
+    """Within it, Bert.stack traces its blocks unrolled, one copy per layer, however the model was built: for the
+    programs that differentiate through the stack (Model.grad, the gradient analyses, fine-tuning's step). The
+    scan's backward costs about twice the unrolled one's and compiles no faster (benchmarks/RESULTS.md, issue 43);
+    a program that only runs forward keeps the scan, whose compile does not grow with depth. It decides how a
+    program is traced, not what it computes: both stacks give the same values up to float32 rounding."""
+    token = _DIFFERENTIATED.set(True)
+    try:
+        yield
+    finally:
+        _DIFFERENTIATED.reset(token)
+
+
 class Bert(nnx.Module):
     """The encoder and the head its architecture names (Config.architecture), for every family."""
 
@@ -514,12 +534,14 @@ class Bert(nnx.Module):
         one jax.lax.scan of the block over the run's layers, each step reading its layer's weights (ALBERT: its
         one shared block's), so a program holds one traced copy of the block whatever the depth. Hooks keep
         their per-layer names and meanings (hooks.LayerHooks). Unrolled, one copy per layer, when built with
-        scan=False or when `hooks` cannot follow a traced layer (they have no over_layers)."""
+        scan=False, when `hooks` cannot follow a traced layer (they have no over_layers), and within unrolled_stack
+        (a program that differentiates)."""
         last = len(self.blocks) - 1
+        scan = self.scan and not _DIFFERENTIATED.get()
         for layers in self.runs(range(last if first_token_only else last + 1)):
             if isinstance(start, int):
                 layers = range(max(start, layers.start), layers.stop)
-            if self.scan and len(layers) > 1 and hasattr(hooks, "over_layers"):
+            if scan and len(layers) > 1 and hasattr(hooks, "over_layers"):
                 resid = self.scanned(layers, resid, key_mask, hooks, dropout, start)
                 continue
             for i in layers:

@@ -64,6 +64,14 @@ class HookFn:
     """
 
     def __init__(self, fn: Callable, **arrays):
+        for name, value in arrays.items():
+            bad = next((leaf for leaf in jax.tree_util.tree_leaves(value) if not _traceable(leaf)), None)
+            if bad is not None:
+                shown = getattr(fn, "__name__", type(fn).__name__)
+                raise HookError(f"HookFn({shown}, {name}={value!r}): HookFn's keyword arguments are arrays "
+                                f"jit traces (a head index, a patch), and a {type(bad).__name__} is not one; pass a "
+                                f"number or an array, or close over the value in the hook's own code "
+                                f"(functools.partial(fn, {name}=...)).")
         self.fn = fn
         self.arrays = arrays
 
@@ -77,7 +85,9 @@ class HookFn:
     @classmethod
     def tree_unflatten(cls, aux, children):
         same, keys = aux
-        return cls(same.fn, **dict(zip(keys, children)))
+        hook = object.__new__(cls)  # not __init__: JAX unflattens with tracers, axis specs or placeholders as leaves
+        hook.fn, hook.arrays = same.fn, dict(zip(keys, children))
+        return hook
 
     @property
     def any_length(self) -> bool:
@@ -88,11 +98,18 @@ class HookFn:
         return f"HookFn({getattr(self.fn, '__name__', self.fn)}, {', '.join(self.arrays)})"
 
 
+def _traceable(leaf) -> bool:
+    """Whether jit can take `leaf` as a traced argument: an array or a number (bool included), not a str or object."""
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number)) or hasattr(leaf, "__jax_array__")
+
+
 def any_length(fn: Callable) -> Callable:
     """Mark a hook function (or HookFn) whose result at each position does not depend on the row length:
     it reads no value.shape along T or S, counts no position from the end (value[:, -1]), takes no mean or
     sum over positions and holds no array shaped by T. Model.run pads rows to a bucket length under any hook
-    that passes buckets.pads_safely's probe; the mark promises it and skips the probe. Returns `fn`, marked."""
+    that passes buckets.pads_safely's probe; the mark promises it and skips the probe, so a wrong mark is not
+    seen: to check a hook, compare run_with_hooks with jax.jit(model.forward_fn(hooks=...)), which never pads
+    (docs/compiled.md). Returns `fn`, marked."""
     target = fn.fn if isinstance(fn, HookFn) else fn
     try:
         target.minibert_any_length = True

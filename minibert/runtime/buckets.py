@@ -3,7 +3,9 @@
 Every new row length is a new compiled program (seconds of tracing and compiling on a CPU, and memory while it
 lives), so Model.run pads the rows of a batch on the right to a bucket length and cuts what it returns back to
 the real length. Padding is masked: no real token attends to a padding key, and every other step of the forward
-works position by position, so real tokens get the same values up to rounding.
+works position by position, so real tokens get the same values up to rounding. A batch with a row of padding
+only runs at its exact length (every_row_real): that row has no real key, and its softmax rows would spread over
+the bucket's positions.
 
 Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its measured costs):
 
@@ -18,6 +20,12 @@ Three rules (docs/compiled.md, "Compiled programs", has the whole policy and its
 - FINE, where many batches share each program and throughput pays for more of them (a survey over a corpus of
   unpacked rows, a long batch job): every length to 31, then 16 per doubling, so no length does more than ~7% more
   work than its exact program (accounting.flops_per_token, over every length to 512).
+
+A batch job pays for padding on every call and a compile once, so under every rule a batch of at least TIGHT_ROWS
+rows whose shape [rows, length] recurs runs, from its RECURS_AT-th call, at its TIGHT bucket (1/8 of an octave:
+never more than 1.125× its tokens) where that is shorter than the rule's: the first call is served at once by the
+rule's program, shared with other lengths; the tight program is compiled when the shape comes back, where it will
+be paid back (run_length).
 
 Hooks run on the padded rows too, unless they read the row length: `pads_safely` tries each hook on random
 values at two lengths (PROBE_LENGTHS) and keeps the padding only where the first positions come out the same.
@@ -38,6 +46,9 @@ FEW_ROWS, FEW_ROWS_SMALLEST = 4, 64  # under INTERACTIVE, a batch of at most 4 r
 COARSE = (16, 2)  # half the padding, twice the programs
 FINE = (1, 16)  # where throughput pays for programs: Model.bucket_rule = FINE
 MOST_PER_OCTAVE = 16  # FINE's: more lengths per doubling save under 1/16 of a row and compile a program each
+TIGHT = (1, 8)  # a recurring batch shape's buckets: at most 1/8 above its length (≤ 1.125× its tokens)
+TIGHT_ROWS = 8  # a batch of at least 8 rows runs at its TIGHT bucket once its shape recurs
+RECURS_AT = 2  # … from the second call of its shape [rows, length] on (the first runs at the rule's bucket)
 
 
 def checked_rule(rule) -> tuple[int, int]:
@@ -64,14 +75,19 @@ def length_buckets(max_length: int, smallest: int = 16, per_octave: int = 2) -> 
     return (*[b for b in buckets if b < max_length], max_length)
 
 
-def run_length(length: int, rows: int, rule, max_length: int) -> int:
-    """The row length Model.run pads a batch of `rows` rows of `length` tokens to: its bucket under `rule`
-    (length_buckets up to max_length), and under INTERACTIVE at least FEW_ROWS_SMALLEST tokens for a batch of at
-    most FEW_ROWS rows (a few rows cost little more at 64 than at 32; another program costs a compile)."""
+def run_length(length: int, rows: int, rule, max_length: int, calls: int = 1) -> int:
+    """The row length Model.run pads a batch of `rows` rows of `length` tokens to at the `calls`-th call of that
+    shape: its bucket under `rule` (length_buckets up to max_length), and under INTERACTIVE at least
+    FEW_ROWS_SMALLEST tokens for a batch of at most FEW_ROWS rows (a few rows cost little more at 64 than at 32;
+    another program costs a compile). A batch of at least TIGHT_ROWS rows runs at its TIGHT bucket instead from its
+    RECURS_AT-th call, where that is shorter: its padding is paid on every call, the tight program's compile once."""
     buckets = length_buckets(max_length, *rule)
     if tuple(rule) == INTERACTIVE and rows <= FEW_ROWS:
         buckets = tuple(b for b in buckets if b >= min(FEW_ROWS_SMALLEST, max_length))
-    return bucket_length(length, buckets)
+    bucket = bucket_length(length, buckets)
+    if rows >= TIGHT_ROWS and calls >= RECURS_AT:
+        return min(bucket, bucket_length(length, length_buckets(max_length, *TIGHT)))
+    return bucket
 
 
 def bucket_length(length: int, buckets) -> int:
@@ -117,7 +133,12 @@ def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
     short, long = PROBE_LENGTHS
 
     def gap(values):
-        padded, exact = cut(name, hook(values, ctx), short), hook(cut(name, values, short), ctx)
+        at_long = hook(values, ctx)
+        # A hook returning an array of its own shape (a patch cached at the real length) matches the short
+        # probe when that length is the probe's: it must keep the long value's shape too.
+        if at_long.shape != values.shape:
+            raise ValueError("the hook changed the value's shape")
+        padded, exact = cut(name, at_long, short), hook(cut(name, values, short), ctx)
         if padded.shape != exact.shape:
             raise ValueError("the hook changed the value's shape")
         return jnp.max(jnp.abs(padded - exact) / (1 + jnp.abs(exact)))
@@ -129,6 +150,16 @@ def pads_safely(hook, name: str, shape: tuple[int, ...], dtype, ctx) -> bool:
         return float(jax.jit(gap)(on_device(values, dtype))) <= PROBE_RTOL  # on the host: `<=` on the device compiles
     except Exception:  # noqa: BLE001 (a shape error at another length is the answer; the real run raises the rest)
         return False
+
+
+def every_row_real(attention_mask) -> bool:
+    """Whether every row of attention_mask [B, T] holds a real token, so that padding it changes no value. A row of
+    padding only has no real key: its softmax rows spread over every position there is, T at the exact length and
+    the bucket's when padded, so such a batch runs at its exact length. Inside a traced function the values are
+    unknown and padding saves no program (the caller's program holds the forward), so it runs exact there too."""
+    if isinstance(attention_mask, jax.core.Tracer):
+        return False
+    return bool(np.asarray(attention_mask).any(axis=1).all())
 
 
 def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Array | None:

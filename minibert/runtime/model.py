@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from flax import nnx, struct
 from minibert.core import attention
 from minibert.core.config import Config
 from minibert.core.contract import StaticFn, metric_function, metric_values, traced_call
-from minibert.core.encoder import NO_DROPOUT, Bert, Dropout, Output, position_rows
+from minibert.core.encoder import NO_DROPOUT, Bert, Dropout, Output, position_rows, unrolled_stack
 from minibert.core.hooks import (
     Cache,
     HookContext,
@@ -159,6 +160,7 @@ class Model(Weights):
         self._programs: dict = {}  # Model.jit's Programs, by (fn, static_argnames)
         self._resident = programs.Resident()  # their compiled programs, least recently used out first
         self._pads_safely: dict = {}  # (hook name, hook fn, its arrays' shapes, B) → whether it may run padded
+        self._shape_calls: collections.Counter = collections.Counter()  # Model.run's calls per [B, T] (run_length)
         self._forward_jit = self.jit(Model._forward, static_argnames=("capture", "writer_def"))
         self._stage_jit = self.jit(Model._stage, static_argnames=("stage", "capture", "writer_def"))
         self._grad_jit = self.jit(Model._grad, static_argnames=("writer_def", "names", "loss_fn"))
@@ -468,8 +470,10 @@ class Model(Weights):
         # Rows are padded to a bucket length (docs/compiled.md) where the hooks cannot tell, so that a new sentence
         # length rarely compiles a new program; outputs and captures are cut back to the real length.
         length = inputs.shape[1]
-        if self._pads_safely_under(writers, inputs.shape[0]):
-            inputs = inputs.padded_to(self.padded_length(length, inputs.shape[0]), self.config.pad_token_id)
+        self._shape_calls[inputs.shape] += 1  # a recurring batch shape gets its tight bucket (buckets.run_length)
+        if buckets.every_row_real(inputs.attention_mask) and self._pads_safely_under(writers, inputs.shape[0]):
+            padded = self.padded_length(length, inputs.shape[0], calls=self._shape_calls[inputs.shape])
+            inputs = inputs.padded_to(padded, self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
         else:
@@ -511,26 +515,33 @@ class Model(Weights):
         rows starts at 64 under INTERACTIVE (padded_length)."""
         return buckets.length_buckets(self.config.max_tokens, *self.bucket_rule)
 
-    def padded_length(self, length: int, rows: int = 1) -> int:
+    def padded_length(self, length: int, rows: int = 1, *, calls: int | None = None) -> int:
         """The row length run pads a batch of `rows` rows of `length` tokens to (buckets.run_length): its length
-        bucket, and under buckets.INTERACTIVE at least 64 tokens for a batch of at most 4 rows."""
+        bucket, under buckets.INTERACTIVE at least 64 tokens for a batch of at most 4 rows, and for a batch of at
+        least 8 rows whose shape recurs its tight bucket (≤ 1.125× its tokens) from the shape's second call. `calls`:
+        which call of this shape (default: the next run's, counting this model's calls so far)."""
         if not is_whole(length) or not 1 <= length <= self.config.max_tokens:
             raise InputError(f"padded_length: length={length!r}; pass a whole number of tokens from 1 to this "
                              f"model's {self.config.max_tokens} positions (a batch's is batch.input_ids.shape[1]).")
         if not is_whole(rows) or rows < 1:
             raise InputError(f"padded_length: rows={rows!r}; pass a whole number of rows, at least 1 (a batch's is "
                              f"batch.input_ids.shape[0]).")
-        return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens)
+        if calls is None:
+            calls = self._shape_calls[(int(rows), int(length))] + 1
+        return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens, calls)
 
     def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
         """Which attention kernel model(batch) runs, and why (minibert.core.attention; docs/accelerators.md): on the
-        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"), for this batch padded to its
+        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"; any case; JAX's "gpu" is refused
+        as ambiguous, as is any other name), for this batch padded to its
         bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
         the answer as attention.choose says."""
         inputs = self.inputs(batch)
         length = self.padded_length(inputs.shape[1], inputs.shape[0])
+        if not buckets.every_row_real(inputs.attention_mask):  # run keeps such a batch at its own length
+            length = inputs.shape[1]
         mask = inputs.padded_to(length, self.config.pad_token_id).attention_mask
-        platform = platform or attention.platform()
+        platform = attention.platform() if platform is None else attention.checked_platform(platform)
         return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,
                                   cudnn=platform == "cuda")
 
@@ -587,7 +598,8 @@ class Model(Weights):
             loss = metric_values(traced_call(loss_fn.fn, out, "loss_fn"), inputs.shape[0], "loss_fn")
             return loss.sum(), loss
 
-        (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(deltas)
+        with unrolled_stack():  # the scan's backward costs ~2x the unrolled one's (core.encoder.unrolled_stack)
+            (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(deltas)
         return loss, grads
 
     # ---- sentence embeddings --------------------------------------------------------------------------

@@ -17,8 +17,9 @@ from minibert.viz.views import Document, document, head_view, model_view, neuron
 
 # Modules imported when first used (viz.figures.…): they bring matplotlib and the SAE code, ~1-2 s that the views
 # and minibert serve's start need not pay. circuits: circuit graphs, faithfulness curves, token text (analysis.
-# circuits); features: the SAE feature browser (viz.features.feature_browser); figures: matplotlib figures.
-LATER = ("circuits", "features", "figures")
+# circuits); features: the SAE feature browser (viz.features.feature_browser); figures: matplotlib figures;
+# graphs: attribution graphs (analysis.graphs).
+LATER = ("circuits", "features", "figures", "graphs")
 
 
 def __getattr__(name: str):
@@ -26,5 +27,5 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'minibert.viz' has no attribute {name!r}")
     return importlib.import_module(f"minibert.viz.{name}")  # importing it sets the attribute: asked once
 
-__all__ = ["Document", "View", "VizError", "circuits", "document", "explore", "features", "figures", "head_view",
-           "model_view", "neuron_view"]
+__all__ = ["Document", "View", "VizError", "circuits", "document", "explore", "features", "figures", "graphs",
+           "head_view", "model_view", "neuron_view"]

@@ -21,6 +21,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from minibert.core.config import head_label
+from minibert.errors import is_whole
 from minibert.viz._check import VizError
 from minibert.viz._html import page, write_page
 from minibert.viz.figures._base import _axes, _finish, _legend
@@ -44,10 +45,16 @@ def _node_of(receiver: str) -> str:
     return receiver.split(".")[0].removesuffix(" in")
 
 
-def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None) -> Figure:
+def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None, overwrite: bool = False) -> Figure:
     """The circuit's edges (default: graph.circuit(top=top)) between the graph's nodes, each line as wide as its
     |score| and coloured by its sign; an edge into a head's q, k or v ends at that head, its letter beside."""
+    if not all(hasattr(graph, name) for name in ("scores", "senders", "receivers", "layers", "heads", "circuit")):
+        raise VizError(f"circuit_figure draws an edge graph (analysis.edge_attribution(...), a CircuitGraph); got "
+                       f"{type(graph).__name__}.")
     circuit = graph.circuit(top=top) if circuit is None else circuit
+    if not isinstance(getattr(circuit, "edges", None), np.ndarray):
+        raise VizError(f"circuit must be a Circuit of this graph (graph.circuit(top=n)) or None; got "
+                       f"{type(circuit).__name__}.")
     if circuit.edges.shape != graph.scores.shape:
         raise VizError(f"the circuit has {circuit.edges.shape} edges but the graph {graph.scores.shape}; pass a "
                        f"circuit of this graph (graph.circuit(top=n)).")
@@ -72,12 +79,13 @@ def circuit_figure(graph, circuit=None, *, top: int = 30, ax=None, path=None) ->
     ax.set_xlim(-1, graph.heads)
     ax.set_ylim(-0.8, 2 * graph.layers + 1.8)
     ax.set_axis_off()
-    ax.set_title(f"{graph.method.upper()} circuit: {circuit.size} edges (blue raises the metric, red lowers it)",
-                 fontsize=9)
-    return _finish(fig, path)
+    ax.set_title(f"{graph.method.upper()} circuit: {circuit.size} edges\n(an edge's score is the metric's change "
+                 f"when the corrupted run's value flows along it: red lowers the metric — the clean behaviour "
+                 f"depends on that edge — blue raises it)", fontsize=8, wrap=True)
+    return _finish(fig, path, overwrite)
 
 
-def faithfulness_figure(result, *, ax=None, path=None) -> Figure:
+def faithfulness_figure(result, *, ax=None, path=None, overwrite: bool = False) -> Figure:
     """Faithfulness against circuit size (edges kept): 1 is the clean run, 0 the corrupted one; post-LN families
     also mark the empty graph's value (the frozen skip path's approximation of the corrupted run)."""
     if not all(hasattr(result, name) for name in ("sizes", "values", "empty", "clean", "corrupted")):
@@ -93,7 +101,7 @@ def faithfulness_figure(result, *, ax=None, path=None) -> Figure:
     ax.set_xlabel("edges in the circuit")
     ax.set_ylabel("faithfulness")
     _legend(ax, fontsize=8)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def _colour(score: float, norm: Normalize) -> str:
@@ -107,7 +115,15 @@ class TokenText:
     """Token (or word) attributions as coloured text, one line per row; `.html` a fragment, `.save(path)` a page."""
 
     def __init__(self, attribution, rows=None):
-        rows = range(len(attribution.labels)) if rows is None else rows
+        if not all(hasattr(attribution, name) for name in ("scores", "labels", "total", "method")):
+            raise VizError(f"token_text shows what analysis.token_attribution returns (a TokenAttribution); got "
+                           f"{type(attribution).__name__}.")
+        count, given = len(attribution.labels), rows
+        rows = range(count) if rows is None else rows
+        rows = list(rows) if hasattr(rows, "__iter__") and not isinstance(rows, (str, bytes)) else None
+        if rows is None or not all(is_whole(row) and 0 <= row < count for row in rows):
+            raise VizError(f"rows must be a list of row indices from 0 to {count - 1} (the attribution has {count} "
+                           f"rows); got {given!r}.")
         scale = max(float(np.abs(attribution.scores).max()), 1e-30)
         norm = Normalize(0.0, scale)
         lines = []

@@ -106,6 +106,12 @@ def feature_browser(model, config: SAEConfig, params, texts, *, pairs=None, hook
         raise VizError("pass at least one text to find the latents' top contexts in.")
     texts, pairs = [a for a, _ in rows], [b for _, b in rows] if has_pairs else None
     params = {name: jnp.asarray(value, jnp.float32) for name, value in params.items()}
+    for name, value in params.items():  # a NaN would reach the page's data as NaN, which JSON cannot hold
+        bad = int(np.size(value) - np.isfinite(np.asarray(value)).sum())
+        if bad:
+            raise VizError(f"the SAE's {name} holds {bad:,} values that are not finite (NaN or ±inf): a diverged "
+                           f"or damaged SAE has no features to browse; retrain it, or load a checkpoint of it from "
+                           f"before it diverged.")
     S, span = config.d_sae, np.arange(-window, window + 1)
     best = {"value": np.zeros((S, 0), np.float32), "acts": np.zeros((S, 0, len(span)), np.float32),
             "ids": np.zeros((S, 0, len(span)), np.int64)}  # ids −1: outside the peak's text

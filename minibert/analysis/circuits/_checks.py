@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import numpy as np
 
@@ -36,16 +34,7 @@ def check_count(name: str, value) -> int:
 def metric_of(metric: StaticFn, out, n_rows: int) -> jax.Array:
     """metric(out) checked against the contract, float [B] or (); a metric reading a field this model's output does
     not have (None: no head, no pooler) is told which, not left to fail with 'NoneType' inside the trace."""
-    try:
-        values = traced_call(metric.fn, out)
-    except TypeError as error:
-        missing = [field.name for field in dataclasses.fields(out) if getattr(out, field.name) is None]
-        if "NoneType" not in str(error) or not missing:
-            raise
-        raise AnalysisError(f"the metric failed on this model's output: it has no {', '.join(missing)} (None: "
-                            f"the checkpoint has no such head); read out.last_hidden_state (or a field it has) "
-                            f"instead. The metric said: {error}") from None
-    return metric_values(values, n_rows)
+    return metric_values(traced_call(metric.fn, out), n_rows)
 
 
 def check_finite(values, what: str, names: list[str] | None = None) -> np.ndarray:

@@ -28,6 +28,7 @@ from minibert.analysis.circuits._checks import check_count, check_finite, check_
 from minibert.analysis.circuits.frozen import point_names, readout_hooks, scale_names, skip_path, skip_weights
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
+from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
 
 
@@ -84,7 +85,7 @@ def _direct_parts(model, state, inputs, weights, *, metric: StaticFn) -> dict:
         return metric_of(metric, out, B).mean(), captured
 
     zeros = jnp.zeros((B, T, model.config.hidden_size), jnp.float32)
-    (value, captured), g_final = jax.value_and_grad(objective, has_aux=True)(zeros)
+    (value, captured), g_final = jax.value_and_grad(unrolled_stack()(objective), has_aux=True)(zeros)
     skip = skip_path(model, captured, weights)
     embed, attn, mlp = captured["hook_full_embed"], stacked(captured, model, "hook_attn_out"), \
         stacked(captured, model, "hook_mlp_out")

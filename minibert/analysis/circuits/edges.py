@@ -40,8 +40,9 @@ from minibert.analysis.interventions import _paired_inputs
 from minibert.analysis.sweeps import chunked_map, chunked_sum
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
+from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, is_whole
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 METHODS = ("eap", "eap-ig")
@@ -49,6 +50,10 @@ MAX_EAP_IG_STEPS = 1000  # gradient runs, each a forward and backward: past this
 # |m(clean) − m(corrupted)| below this fraction of their scale is float32 rounding of two runs (tests/tolerances.py's
 # forward bound for a 6-layer, 384-wide model at 128 tokens is ~1e-4): a faithfulness would be noise over noise
 SAME_METRIC_RTOL = 1e-4
+# A difference within 10 gaps between two computations of the clean metric (circuit_faithfulness) is rounding: one
+# gap samples the metric's rounding error once, and a rounding error of mean zero exceeds 10 times a typical sample
+# rarely (a normal error, 10 standard deviations: never in practice).
+ROUNDING_SAMPLES = 10
 QKV = "qkv"
 
 
@@ -189,7 +194,7 @@ def _receiver_gradients(model, state, inputs, embedding, *, metric: StaticFn) ->
         out, captured = model.forward_fn(points["attn_in"], hooks)(state, inputs)
         return metric_of(metric, out, B).mean(), captured
 
-    grads, captured = jax.grad(objective, has_aux=True)(zeros)
+    grads, captured = jax.grad(unrolled_stack()(objective), has_aux=True)(zeros)  # core.encoder.unrolled_stack
     per_head = jnp.stack([_head_input_gradients(model, state, layer, captured[points["attn_in"][layer]], inputs,
                                                 jnp.stack([grads[f"blocks.{layer}.attn.hook_{c}"] for c in QKV]))
                           for layer in range(L)])
@@ -248,9 +253,10 @@ def _edge_scores(model, state, clean, corrupt, weights, alphas, senders, *, metr
 def _check_method(method: str, steps: int) -> np.ndarray:
     """The α of the gradient runs: [1] for EAP (the clean run), k/steps for EAP-IG."""
     check_choice("method", method, METHODS)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise AnalysisError(f"steps must be a positive int (EAP-IG's interpolation runs; 5 by default); got "
-                            f"{steps!r}.")
+    if not is_whole(steps) or steps < 1:
+        raise AnalysisError(f"steps must be a positive whole number (EAP-IG's interpolation runs; 5 by default); "
+                            f"got {steps!r}.")
+    steps = int(steps)
     if steps > MAX_EAP_IG_STEPS:
         raise AnalysisError(f"steps={steps} is more than {MAX_EAP_IG_STEPS} EAP-IG runs (each a forward and backward "
                             f"of the model; Hanna et al. use 5 to 50); pass fewer.")
@@ -344,17 +350,20 @@ def _patched_metric(model, state, clean, corrupt, skip, real, cut, *, metric: St
 def _circuit_metrics(model, state, clean, corrupt, weights, cuts, *, metric: StaticFn, chunk: int):
     """(the patched metric of every cut [N, senders, receivers] → [N], the corrupted run's metric) (model.jit)."""
     names = _sender_names(model) + scale_names(model)
-    _, clean_values = model.forward_fn(names)(state, clean)
+    clean_out, clean_values = model.forward_fn(names)(state, clean)
     corrupt_out, corrupt_values = model.forward_fn(names)(state, corrupt)
     skip = skip_path(model, clean_values, weights)
     real = clean.attention_mask.astype(jnp.float32)[:, :, None]
     corrupt_senders = _senders(model, corrupt_values)
     patched = chunked_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
                                                       metric=metric), cuts, chunk)
-    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean()
+    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean(), \
+        metric_of(metric, clean_out, clean.shape[0]).mean()
 
 
-def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float]:
+def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(the metric of every cut [N], the corrupted run's, the plain clean run's: the full graph's twin, computed
+    by the plain forward rather than the patched one)."""
     layout(model)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
     cfg = model.config
@@ -362,11 +371,11 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
         _stream_bytes(model, clean_inputs)
     program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"))
-    patched, corrupt = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
-                               jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
-                               chunk=items_per_chunk(run_bytes, len(cuts)))
-    corrupt = check_finite(np.asarray(corrupt)[None], "the corrupted run's metric")
-    return check_finite(patched, "the patched runs' metric"), float(corrupt[0])
+    patched, corrupt, plain = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
+                                      jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
+                                      chunk=items_per_chunk(run_bytes, len(cuts)))
+    corrupt = check_finite(np.asarray([corrupt, plain]), "the corrupted run's metric")
+    return check_finite(patched, "the patched runs' metric"), float(corrupt[0]), float(corrupt[1])
 
 
 @dataclasses.dataclass
@@ -395,8 +404,10 @@ def _check_circuit(circuit: Circuit, edges: np.ndarray, senders: list[str], rece
     circuit is applied by position), only edges that exist kept."""
     kept = circuit.edges
     if not isinstance(kept, np.ndarray) or kept.dtype != bool or kept.shape != edges.shape:
-        raise AnalysisError(f"{wanted}: its edges must be a bool array {edges.shape}; got "
-                            f"{getattr(kept, 'shape', type(kept).__name__)}.")
+        given = f"{kept.dtype} values of shape {kept.shape}" if isinstance(kept, np.ndarray) else type(kept).__name__
+        fix = " (an int mask: circuit.edges.astype(bool))" if isinstance(kept, np.ndarray) and \
+            kept.shape == edges.shape else ""
+        raise AnalysisError(f"{wanted}: its edges must be a bool array {edges.shape}; got {given}{fix}.")
     if list(circuit.senders) != senders or list(circuit.receivers) != receivers:
         raise AnalysisError(f"{wanted}: the circuit's node labels are not this model's, in its order (another "
                             f"model's graph, or a circuit edited by hand); build it with this model's "
@@ -417,14 +428,26 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
     wanted = (f"circuit_faithfulness takes a Circuit (graph.circuit(top=n)) or a list of them (graph.sweep(sizes)) "
               f"from a graph of this model ({edges.shape[0]} senders × {edges.shape[1]} receivers)")
     circuits = [circuit] if isinstance(circuit, Circuit) else circuit
-    if not isinstance(circuits, Sequence) or not circuits or not all(isinstance(c, Circuit) for c in circuits):
-        raise AnalysisError(f"{wanted}; got {type(circuit).__name__}.")
+    if isinstance(circuits, Sequence) and not isinstance(circuits, str) and not circuits:
+        raise AnalysisError(f"{wanted}; got an empty list: pass at least one circuit (graph.sweep([5, 10, 20])).")
+    if not isinstance(circuits, Sequence) or not all(isinstance(c, Circuit) for c in circuits):
+        odd = next((c for c in circuits if not isinstance(c, Circuit)), None) if isinstance(circuits, (list, tuple)) \
+            else None
+        inside = f" holding a {type(odd).__name__}" if odd is not None else ""
+        raise AnalysisError(f"{wanted}; got {type(circuit).__name__}{inside}.")
     for c in circuits:
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
-    patched, corrupted = _patched_metrics(model, clean, corrupted, metric, cuts)
+    if _same_inputs(model, clean, corrupted):
+        raise AnalysisError("the corrupted batch is the clean batch (the same tokens, types and mask): m(clean) − "
+                            "m(corrupted) is 0 for any metric and faithfulness, a ratio over it, is undefined; "
+                            "pass corrupted inputs that differ from the clean ones.")
+    patched, corrupted, plain = _patched_metrics(model, clean, corrupted, metric, cuts)
     difference, scale = abs(patched[-2] - corrupted), max(abs(patched[-2]), abs(corrupted))
-    if difference <= SAME_METRIC_RTOL * scale:
+    # The full graph and the plain clean run compute one value by two programs: their gap is this metric's own
+    # rounding, which a metric that is 0 in exact arithmetic has at any scale (the relative test misses it).
+    rounding = ROUNDING_SAMPLES * abs(patched[-2] - plain)
+    if difference <= max(SAME_METRIC_RTOL * scale, rounding):
         raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
                             f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "
                             f"over that difference, is undefined; pick pairs whose metric differs.")
@@ -459,3 +482,10 @@ def path_patching(model, clean, corrupted, metric: Callable, sender: str, receiv
     cut = np.zeros((len(senders), len(readers)), bool)
     cut[u, [readers.index(r) for r in receivers]] = True
     return float(_patched_metrics(model, clean, corrupted, metric, cut[None])[0][0])
+
+
+def _same_inputs(model, clean, corrupted) -> bool:
+    """Whether the two batches, aligned as patching aligns them, hold the same rows."""
+    a, b = _paired_inputs(model, clean, corrupted)
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
+        (a.input_ids, a.token_type_ids, a.attention_mask), (b.input_ids, b.token_type_ids, b.attention_mask)))

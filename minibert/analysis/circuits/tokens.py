@@ -28,13 +28,15 @@ from minibert.analysis.gradients import _special_ids
 from minibert.analysis.sweeps import chunked_map, chunked_sum
 from minibert.analysis.words import word_groups, word_labels
 from minibert.core.contract import StaticFn, static_metric
+from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, is_whole
 from minibert.io.tokenizer import Batch
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 from minibert.runtime.model import is_text
 
 METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
+MAX_STEPS = 10_000  # points of any rule: each a forward and backward, so 10,000 is hours on a CPU already
 MAX_GAUSS_LEGENDRE = 1000  # numpy's leggauss solves a dense steps × steps eigenproblem: 8 MB and ~1 s at 1,000
 BASELINES = ("pad", "mask", "zero")
 INTEGRATIONS = ("gausslegendre", "riemann_right")
@@ -43,14 +45,19 @@ INTEGRATIONS = ("gausslegendre", "riemann_right")
 def integration_points(steps: int, integration: str = "gausslegendre") -> tuple[np.ndarray, np.ndarray]:
     """(α [steps], weights [steps]) of the rule on [0, 1], as captum's approximation_parameters gives them:
     Gauss–Legendre's nodes and weights moved from [−1, 1] to [0, 1], or α = k/steps with weight 1/steps."""
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise AnalysisError(f"steps must be a positive int (points of the integral; captum's default is 50); got "
-                            f"{steps!r}.")
+    if not is_whole(steps) or steps < 1:
+        raise AnalysisError(f"steps must be a positive whole number (points of the integral; captum's default is "
+                            f"50); got {steps!r}.")
+    steps = int(steps)
     check_choice("integration", integration, INTEGRATIONS)
     if integration == "gausslegendre" and steps > MAX_GAUSS_LEGENDRE:
         raise AnalysisError(f"steps={steps} is more Gauss–Legendre points than {MAX_GAUSS_LEGENDRE} (their nodes take "
                             f"memory growing as steps²; captum's default is 50); pass fewer, or "
                             f"integration='riemann_right' for many points.")
+    if steps > MAX_STEPS:
+        raise AnalysisError(f"steps={steps} is more than {MAX_STEPS:,} points of the integral (each a forward and "
+                            f"backward of the model: hours on a CPU, and memory for every point); captum's default "
+                            f"is 50 — pass fewer.")
     if integration == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(steps)
         return 0.5 * (nodes + 1), 0.5 * weights
@@ -104,7 +111,7 @@ def _integrated(model, state, inputs, start, end, baseline, alphas, weights, *, 
     gradient × input from start = 0 with the one point α = 1 (compiled with model.jit)."""
     def weighted_gradient(point):
         alpha, weight = point
-        gradient = jax.grad(lambda x: _metric_at(model, state, inputs, metric, x).sum())
+        gradient = jax.grad(unrolled_stack()(lambda x: _metric_at(model, state, inputs, metric, x).sum()))
         return weight * gradient(start + alpha * (end - start))
 
     mean_gradient = chunked_sum(weighted_gradient, (alphas, weights), chunk)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -69,11 +70,15 @@ def hf_config(cfg: Config, original: dict) -> dict:
 def save(model, directory: str | Path, *, overwrite: bool = False) -> Path:
     """Write `model` to `directory` (created if needed) as a Hugging Face checkpoint. A directory that already
     holds a file of the names it writes (config.json, model.safetensors, the tokenizer's) is refused unless
-    overwrite=True; other files there are left alone."""
+    overwrite=True, and so is one holding other weights a loader would read before model.safetensors (a sharded
+    index and its shards, pytorch_model.bin): overwrite=True removes those, so the folder loads as this model.
+    Other files there are left alone."""
     directory, overwrite = Path(directory), refuse_unless_flag("overwrite", overwrite, DataFileError)
     if directory.exists() and not directory.is_dir():
         raise DataFileError(f"{directory} is a file; pass a directory to save the model in.")
+    stale = _stale_weights(directory)
     held = [name for name in ("config.json", "model.safetensors", *TOKENIZER_FILES) if (directory / name).exists()]
+    held += stale
     if held and not overwrite:
         raise DataFileError(f"{directory} already holds {', '.join(held)}; pass another directory, or "
                             f"overwrite=True to replace them.")
@@ -82,9 +87,12 @@ def save(model, directory: str | Path, *, overwrite: bool = False) -> Path:
     except OSError as error:  # a parent that is a file, a read-only folder
         raise DataFileError(f"cannot create {directory} ({error.strerror}); pass a directory you can write.") \
             from None
+    for name in stale:  # loaders read an index (or a .bin) before model.safetensors: the old weights would win
+        (directory / name).unlink()
     cfg = model.config
     params = {name: np.asarray(value) for name, value in model.named_parameters().items()}
     save_file(hf_tensors(cfg, params), directory / "model.safetensors", metadata={"format": "pt"})
+    _as_umask_allows(directory / "model.safetensors")
     source = _source_dir(model)
     original = json.loads((source / "config.json").read_text()) if source and (source / "config.json").exists() \
         else {}
@@ -97,6 +105,33 @@ def save(model, directory: str | Path, *, overwrite: bool = False) -> Path:
         vocab = model.tokenizer.ids_to_tokens
         (directory / "vocab.txt").write_text("".join(vocab[i] + "\n" for i in range(len(vocab))))
     return directory
+
+
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _stale_weights(directory: Path) -> list[str]:
+    """The weight files in `directory` other than model.safetensors that minibert.load or transformers would read
+    (a sharded index and the shards it names, pytorch_model.bin): a saved model.safetensors replaces them."""
+    names = [name for name in (*WEIGHT_INDEXES, "pytorch_model.bin") if (directory / name).is_file()]
+    for index in (index for index in WEIGHT_INDEXES if index in names):
+        try:
+            weight_map = json.loads((directory / index).read_text()).get("weight_map", {})
+            shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):  # unreadable: the index alone goes
+            continue
+        # Only names inside the folder (as reading._shard_files checks): an index never removes a file elsewhere.
+        names += [shard for shard in shards if isinstance(shard, str) and Path(shard).name == shard
+                  and (directory / shard).is_file()]
+    return sorted(set(names), key=names.index)
+
+
+def _as_umask_allows(path: Path) -> None:
+    """Give `path` the permissions a plain new file gets (0666 less the umask), as config.json has: safetensors
+    writes through a private temporary file (0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def _source_dir(model) -> Path | None:

@@ -21,7 +21,7 @@ MAX_TICKED_TOKENS = 40  # head_grid labels its thumbnails with tokens up to this
 
 def attention_heatmap(attention, tokens: Sequence[str], tokens_to: Sequence[str] | None = None, *,
                       title: str | None = None, vmax: float | None = None, cmap=ATTENTION_CMAP,
-                      ax: Axes | None = None, path=None) -> Figure:
+                      ax: Axes | None = None, path=None, overwrite: bool = False) -> Figure:
     """One head's attention as a heatmap: query tokens down the rows, key tokens across the columns.
 
     attention: [T, S], e.g. cache["blocks.2.attn.hook_pattern"][0, 5] (layer 2, head 5, 0-indexed:
@@ -42,12 +42,12 @@ def attention_heatmap(attention, tokens: Sequence[str], tokens_to: Sequence[str]
     ax.set_ylabel("query (attending)")
     ax.set_title(title or "", parse_math=False)
     fig.colorbar(image, ax=ax, label="attention")
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def head_grid(attention, tokens: Sequence[str], *, layers: Sequence[int] | None = None,
               heads: Sequence[int] | None = None, vmax: float | None = None, cmap=ATTENTION_CMAP,
-              title: str | None = None, path=None) -> Figure:
+              title: str | None = None, path=None, overwrite: bool = False) -> Figure:
     """A layers × heads grid of small heatmaps on one colour scale, each titled "L-H" (1-indexed).
 
     attention: [L, H, T, S] for one document (or [L, 1, H, T, S], or a list of L [1, H, T, S]), e.g.
@@ -67,7 +67,7 @@ def head_grid(attention, tokens: Sequence[str], *, layers: Sequence[int] | None 
     _grid_ticks(grid, tokens)
     fig.colorbar(image, ax=grid, shrink=0.6, label="attention")
     fig.suptitle(title or "attention by layer-head (1-indexed)", parse_math=False)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def _grid_ticks(grid: np.ndarray, tokens: list[str]) -> None:

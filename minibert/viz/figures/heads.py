@@ -39,7 +39,7 @@ POSITIONAL = {"prev": "attention to the previous token", "next": "attention to t
 
 
 def layer_plot(series: Mapping[str, object], ylabel: str, *, title: str | None = None,
-               ax: Axes | None = None, path=None) -> Figure:
+               ax: Axes | None = None, path=None, overwrite: bool = False) -> Figure:
     """Per-head values by layer: a dot per head and a line through each layer's mean over heads.
 
     series: {legend label: [L, H] array}, all one shape; each series' dots sit a little apart within
@@ -49,11 +49,12 @@ def layer_plot(series: Mapping[str, object], ylabel: str, *, title: str | None =
     if not isinstance(series, Mapping) or not series:
         raise VizError("series must be a non-empty dict {legend label: [L, H] array}.")
     arrays = _one_shape({label: _per_head(f"series[{label!r}]", v) for label, v in series.items()}, "series")
-    return _layer_plot(arrays, ylabel, None, title, ax, path)
+    return _layer_plot(arrays, ylabel, None, title, ax, path, overwrite)
 
 
 def special_tokens_plot(stats: Mapping[str, object], *, title: str | None = None, ax: Axes | None = None,
-                        path=None, cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
+                        path=None, overwrite: bool = False, cls_token: str = "[CLS]",
+                        sep_token: str = "[SEP]") -> Figure:
     """Average attention to [CLS], to [SEP], to "." or "," and to everything else, by layer (Clark et al. §3).
 
     stats: dict with "to_cls", "to_sep", "to_punct" ([L, H] per-head averages; other keys ignored);
@@ -62,11 +63,11 @@ def special_tokens_plot(stats: Mapping[str, object], *, title: str | None = None
     """
     arrays = _statistics(stats, _named(SPECIAL_TOKENS, cls_token, sep_token), "stats")
     arrays["other"] = 1.0 - sum(arrays.values())
-    return _layer_plot(arrays, "average attention", None, title, ax, path)
+    return _layer_plot(arrays, "average attention", None, title, ax, path, overwrite)
 
 
 def gradient_plot(grads: Mapping[str, object], *, title: str | None = None, ax: Axes | None = None,
-                  path=None, cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
+                  path=None, overwrite: bool = False, cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
     """Magnitude of the loss gradient w.r.t. attention to [SEP] and to other tokens, by layer (Clark et al. §3).
 
     grads: dict with any of "cls", "sep", "punct", "other" ([L, H] per-head average gradient
@@ -78,11 +79,11 @@ def gradient_plot(grads: Mapping[str, object], *, title: str | None = None, ax: 
         raise VizError(f"grads must be a dict with one or more of {list(GRADIENTS)} ([L, H] arrays); "
                        f"got {sorted(grads) if isinstance(grads, Mapping) else type(grads).__name__}.")
     return _layer_plot(_statistics(grads, present, "grads"), "average attention-gradient magnitude", None,
-                       title, ax, path)
+                       title, ax, path, overwrite)
 
 
 def entropy_plot(stats: Mapping[str, object], *, title: str | None = None, ax: Axes | None = None,
-                 path=None, cls_token: str = "[CLS]") -> Figure:
+                 path=None, overwrite: bool = False, cls_token: str = "[CLS]") -> Figure:
     """Entropy of each head's attention, over all query rows and over the [CLS] row, by layer (Clark et al. §3).
 
     stats: dict with "entropy", "cls_entropy" and "uniform_entropy" ([L, H], nats); the uniform
@@ -90,10 +91,11 @@ def entropy_plot(stats: Mapping[str, object], *, title: str | None = None, ax: A
     """
     arrays = _statistics(stats, {**_named(ENTROPIES, cls_token), UNIFORM_ENTROPY: "uniform"}, "stats")
     baseline = arrays.pop("uniform")
-    return _layer_plot(arrays, "average attention entropy (nats)", baseline, title, ax, path)
+    return _layer_plot(arrays, "average attention entropy (nats)", baseline, title, ax, path, overwrite)
 
 
-def _layer_plot(arrays: dict[str, np.ndarray], ylabel: str, baseline: np.ndarray | None, title, ax, path) -> Figure:
+def _layer_plot(arrays: dict[str, np.ndarray], ylabel: str, baseline: np.ndarray | None, title, ax, path,
+                overwrite: bool = False) -> Figure:
     fig, ax = _axes(ax, (6.0, 4.0))
     n_layers, n_heads = next(iter(arrays.values())).shape
     layers = np.arange(1, n_layers + 1)
@@ -109,7 +111,7 @@ def _layer_plot(arrays: dict[str, np.ndarray], ylabel: str, baseline: np.ndarray
     ax.set_ylabel(ylabel)
     ax.set_title(title or "", parse_math=False)
     _legend(ax, fontsize=8)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def _per_head(name: str, value) -> np.ndarray:
@@ -141,7 +143,7 @@ def _statistics(stats, keys: Mapping[str, str], argument: str) -> dict[str, np.n
 
 
 def statistic_heatmap(values, name: str, *, cmap=STATISTIC_CMAP, annotate: bool = False, title: str | None = None,
-                      ax: Axes | None = None, path=None) -> Figure:
+                      ax: Axes | None = None, path=None, overwrite: bool = False) -> Figure:
     """Any per-head statistic as a layers × heads heatmap, both axes 1-indexed.
 
     values: [L, H]; name: what it is, for the colour bar (e.g. "attention to [SEP]").
@@ -152,7 +154,7 @@ def statistic_heatmap(values, name: str, *, cmap=STATISTIC_CMAP, annotate: bool 
 
 def sweep_heatmap(values, name: str, *, tokens: Sequence[str] | None = None, center: float | None = None,
                   cmap=None, annotate: bool = False, title: str | None = None, ax: Axes | None = None,
-                  path=None) -> Figure:
+                  path=None, overwrite: bool = False) -> Figure:
     """A sweep's or a patching's grid: layers × heads, or layers × positions labelled with their tokens.
 
     values: [L, H] (ablation_sweep, head_importance, patching with per="head", compare_models) or, with
@@ -183,11 +185,11 @@ def sweep_heatmap(values, name: str, *, tokens: Sequence[str] | None = None, cen
             ax.text(column + 1, layer + 1, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
     ax.set_title(title or name, parse_math=False)
     fig.colorbar(image, ax=ax, label=name)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def mds_scatter(coords, behaviours=None, *, n_heads: int | None = None, annotate: bool = False,
-                title: str | None = None, ax: Axes | None = None, path=None) -> Figure:
+                title: str | None = None, ax: Axes | None = None, path=None, overwrite: bool = False) -> Figure:
     """Heads embedded in two dimensions (MDS of the Jensen–Shannon distances; Clark et al. 2019 §6).
 
     coords: [L*H, 2], head (l, h) at row l*H + h (0-indexed). Colour: layer (1-indexed colour bar).
@@ -216,7 +218,7 @@ def mds_scatter(coords, behaviours=None, *, n_heads: int | None = None, annotate
     colorbar = fig.colorbar(image, ax=ax, label="layer (1-indexed)")
     colorbar.set_ticks(np.arange(1, kinds.shape[0] + 1))
     ax.set_title(title or "heads by attention similarity (MDS)", parse_math=False)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def _behaviours(behaviours, n_heads: int | None, coords_shape: tuple[int, ...]) -> np.ndarray:
@@ -235,7 +237,7 @@ def _behaviours(behaviours, n_heads: int | None, coords_shape: tuple[int, ...]) 
     return kinds
 
 
-def head_statistics_figure(mean: Mapping[str, object], *, title: str | None = None, path=None,
+def head_statistics_figure(mean: Mapping[str, object], *, title: str | None = None, path=None, overwrite: bool = False,
                            cls_token: str = "[CLS]", sep_token: str = "[SEP]") -> Figure:
     """The main head statistics in one figure: special-token attention and entropy by layer (top),
     and a layers × heads heatmap of each positional statistic present ("prev", "next", "self"; bottom).
@@ -254,4 +256,4 @@ def head_statistics_figure(mean: Mapping[str, object], *, title: str | None = No
         for key, ax in zip(positional, bottom.subplots(1, len(positional), squeeze=False)[0]):
             statistic_heatmap(mean[key], POSITIONAL[key], ax=ax, title=key)
     fig.suptitle(title or "head statistics", parse_math=False)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)

@@ -18,7 +18,7 @@ NEURON_PANELS = ("q", "k", "q×k", "q·k", "q·k/√K", "softmax")  # each panel
 
 
 def neuron_figure(q, k, tokens: Sequence[str], query_index: int = 0, *, title: str | None = None,
-                  path=None) -> Figure:
+                  path=None, overwrite: bool = False) -> Figure:
     """How one query token's attention is computed (bertviz's neuron view, on paper).
 
     q: [T, K], one head's query vectors (query_index picks the row), or [K], the query's vector alone;
@@ -53,7 +53,7 @@ def neuron_figure(q, k, tokens: Sequence[str], query_index: int = 0, *, title: s
     axes["k"].get_yticklabels()[query_index].set_fontweight("bold")
     fig.suptitle(title or f"neuron view: {tokens[query_index]!r} (position {query_index}) attending to each token",
                  parse_math=False)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def neuron_terms(q: np.ndarray, k: np.ndarray) -> dict[str, np.ndarray]:

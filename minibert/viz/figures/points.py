@@ -19,7 +19,8 @@ MAX_LEGEND_CHARS = 48
 
 
 def attention_to_word_plot(values, labels: Sequence[str], *, word: str | None = None, groups=None,
-                           title: str | None = None, ax: Axes | None = None, path=None) -> Figure:
+                           title: str | None = None, ax: Axes | None = None, path=None,
+                           overwrite: bool = False) -> Figure:
     """Attention paid to a chosen token in each layer, one line per sentence (seed 000, its Figure 2).
 
     values: [N, L], sentence n's attention to its chosen token in layer l (rows of layers 0-indexed;
@@ -43,11 +44,12 @@ def attention_to_word_plot(values, labels: Sequence[str], *, word: str | None = 
     ax.set_ylabel(f"attention to {word!r}" if word else "attention to the chosen token")
     ax.set_title(title or "", parse_math=False)
     _legend(ax, fontsize=8)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 def pca_scatter(coords, labels=None, texts: Sequence[str] | None = None, explained=None, *,
-                max_chars: int = 40, title: str | None = None, ax: Axes | None = None, path=None) -> Figure:
+                max_chars: int = 40, title: str | None = None, ax: Axes | None = None, path=None,
+                overwrite: bool = False) -> Figure:
     """Sentences in two principal components, coloured by label or prediction, annotated with their text.
 
     coords: [N, 2] (e.g. PCA of mean-pooled embeddings). labels: N class labels or predictions (colour
@@ -68,7 +70,7 @@ def pca_scatter(coords, labels=None, texts: Sequence[str] | None = None, explain
     for axis, name in zip("xy", _component_names(explained)):
         getattr(ax, f"set_{axis}label")(name)
     ax.set_title(title or "", parse_math=False)
-    return _finish(fig, path)
+    return _finish(fig, path, overwrite)
 
 
 LABEL_FONTSIZE = 8

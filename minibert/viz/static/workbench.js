@@ -571,8 +571,14 @@ if (document.getElementById("wb-config")) {
   (function () {
     var query = new URLSearchParams(window.location.search), token = query.get("token") || "";
     var config = JSON.parse(document.getElementById("wb-config").textContent);
-    config.tour = config.tour || Boolean(query.get("tour"));
-    config.projector = Boolean(query.get("projector"));
+    // A switch in the URL: ?projector or ?projector=1 turns it on; 0, false, no and off keep it off (Boolean("0")
+    // is true, so &projector=0 turned projector mode on).
+    function urlSwitch(name) {
+      var value = query.get(name);
+      return value !== null && !/^(0|false|no|off)$/i.test(value.trim());
+    }
+    config.tour = config.tour || urlSwitch("tour");
+    config.projector = urlSwitch("projector");
     // URL state: text, pair, head ("L-H" as the page names heads, 1-indexed), query (a token position, 0-indexed),
     // ablate ("1-3,2-5"), mode. A lecturer's link opens every laptop on one configuration; the URL follows edits.
     var labelled = function (word) {  // "2-5" → [1, 4] (0-indexed), or null
