@@ -251,7 +251,8 @@ def bundled_shape(tmp_path_factory):
 def test_the_why_panel_of_a_sentence_model_says_to_type_sentence_b(open_page, sentence_model):
     """Opened on a sentence model (whose output is the A–B similarity) with no sentence B, the panel says to type one
     and where the similarity's heads show (ablating them), and explains no ‖h[CLS]‖ with "(no head reads this text)"
-    (a number a self-attention lab cannot use); with a sentence B it says the same, and Outputs show the similarity."""
+    (a number a self-attention lab cannot use); with a sentence B Outputs show the similarity and the panel says it
+    is there (it still said "type a sentence B")."""
     assert sentence_model.pooling is not None
     with Server([sentence_model]) as running:
         page = open_page(running)
@@ -265,7 +266,8 @@ def test_the_why_panel_of_a_sentence_model_says_to_type_sentence_b(open_page, se
         page.type("a b c d", "e f")
         page.page.wait_for_selector("#wb-why-0[aria-busy=false] .wb-why-hint")
         assert page.page.locator("#wb-outputs-0 .wb-value[data-kind=similarity]").count() == 1
-        assert "type a sentence B" in page.page.text_content("#wb-why-body-0")
+        said = page.page.text_content("#wb-why-body-0")  # a B is typed: the panel no longer asks for one (issue 41)
+        assert "type a sentence B" not in said and "in Outputs above" in said and "ablate" in said, said
         assert page.problems == []
 
 

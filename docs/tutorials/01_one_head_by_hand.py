@@ -35,8 +35,11 @@
 # H heads, K head dimension, D model width. Layers and heads are **0-indexed** in code;
 # Clark et al.'s figures label them 1-indexed ("L-H").
 #
-# Every number below is printed by the code; every claim in the text is checked by an
-# `assert`, so running this file is a test.
+# Every number below is printed by the code. Each step written by hand is compared with the hook's
+# value by `np.testing.assert_allclose`, which stops the notebook if they disagree; every other claim
+# is printed as it is checked — ✓ when it holds, ✗ with what that means when your edit changed it,
+# "not tested" when your text has nothing to test it on (the test suite runs this file with ✗ as an
+# error, so running it is a test).
 
 # %%
 import numpy as np
@@ -56,7 +59,9 @@ print(f"{cfg.num_hidden_layers} layers, H = {cfg.num_attention_heads} heads, "
 #
 # Two sentences of different lengths go in one batch. The tokenizer pads the shorter one
 # with `[PAD]` and marks real tokens with `attention_mask = 1`. Padding is where attention
-# implementations most often go wrong, so we keep it in the example.
+# implementations most often go wrong, so we keep it in the example. Below, `short` is the row
+# of the shortest sentence (the padded one) and `full` the row of the longest (no padding); with
+# sentences of your own — one, three, of equal lengths — they are whichever rows those are.
 
 # %%
 sentences = ["The cat sat on the mat.", "The quick brown fox jumps over the lazy dog."]
@@ -64,8 +69,11 @@ batch = model.tokenize(sentences)
 for tokens, mask in zip(batch.tokens, batch.attention_mask):
     print(" ".join(f"{t}:{m}" for t, m in zip(tokens, mask)))
 mask = np.asarray(batch.attention_mask, bool)  # [B, T]
-expect(not mask[0].all() and mask[1].all(), "the first sentence is the shorter one, padded to the second's length",
-       "with other sentences, padding sits in whichever row is shorter: read the mask rows above to see which.")
+short, full = int(mask.sum(1).argmin()), int(mask.sum(1).argmax())  # rows: the most padded, the longest
+print(f"row {short} is the shortest sentence ({(~mask[short]).sum()} [PAD]); row {full} the longest")
+expect(not mask[short].all(), "the shortest sentence is padded to the longest one's length",
+       "every sentence has the same number of tokens, so there is no padding: the mask checks below have "
+       "nothing to test. Give two sentences of different lengths to see them.")
 
 # %% [markdown]
 # We study layer 0, head 2 — a head that, in this checkpoint, attends to the previous token
@@ -114,12 +122,12 @@ qk = np.einsum("BTHK,BSHK->BHTS", q, k)
 np.testing.assert_allclose(qk, hooked["attn.hook_qk"], atol=1e-3, rtol=1e-5)
 print("q·k matches attn.hook_qk; largest difference", f"{np.abs(qk - hooked['attn.hook_qk']).max():.1e}")
 
-# query "sat" and key "cat" in the first sentence (with other words: the third token and the one before it)
-t = position(batch.tokens[0], "sat", instead=2)
-s = position(batch.tokens[0], "cat", instead=t - 1)
-product = q[0, t, HEAD] * k[0, s, HEAD]  # q×k, elementwise: K numbers
-print(f"q×k for {batch.tokens[0][t]!r} → {batch.tokens[0][s]!r}: the {len(product)} terms sum to "
-      f"{product.sum():.4f} = q·k {qk[0, HEAD, t, s]:.4f}")
+# query "sat" and key "cat" in the shortest sentence (with other words: the third token and the one before it)
+t = position(batch.tokens[short], "sat", instead=2)
+s = position(batch.tokens[short], "cat", instead=t - 1)
+product = q[short, t, HEAD] * k[short, s, HEAD]  # q×k, elementwise: K numbers
+print(f"q×k for {batch.tokens[short][t]!r} → {batch.tokens[short][s]!r}: the {len(product)} terms sum to "
+      f"{product.sum():.4f} = q·k {qk[short, HEAD, t, s]:.4f}")
 largest = np.argsort(-np.abs(product))[:4]
 print("largest terms (dimension: value):", ", ".join(f"{i}: {product[i]:+.2f}" for i in largest))
 
@@ -151,11 +159,11 @@ NEG = -np.inf
 key_mask = mask[:, None, None, :]  # [B, 1, 1, S]
 scores = np.where(key_mask, scaled, NEG)
 np.testing.assert_allclose(scores, hooked["attn.hook_attn_scores"], atol=1e-4, rtol=1e-5)
-padded_keys = ~mask[0]
-expect((hooked["attn.hook_attn_scores"][0, :, :, padded_keys.nonzero()[0]] == NEG).all(),
-       "every score at a padded key holds the mask value",
-       "if the first row has no padding (both sentences as long), there is no padded key to look at.")
-print(f"scores match attn.hook_attn_scores; the {padded_keys.sum()} [PAD] keys of sentence 0 hold {NEG:.3e}")
+padded_keys = ~mask[short]
+no_padding = None if padded_keys.any() else "no sentence is padded (all have one length): there is no padded key."
+expect((hooked["attn.hook_attn_scores"][short, :, :, padded_keys.nonzero()[0]] == NEG).all(),
+       "every score at a padded key holds the mask value", "the mask did not reach the scores.", untested=no_padding)
+print(f"scores match attn.hook_attn_scores; the {padded_keys.sum()} [PAD] keys of sentence {short} hold {NEG:.3e}")
 
 # %% [markdown]
 # ## Step 5: softmax over keys
@@ -171,39 +179,41 @@ shifted = np.exp(scores - scores.max(-1, keepdims=True))
 pattern = shifted / shifted.sum(-1, keepdims=True)
 np.testing.assert_allclose(pattern, hooked["attn.hook_pattern"], atol=1e-6)
 np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-6)
-expect((hooked["attn.hook_pattern"][0, :, :, padded_keys.nonzero()[0]] == 0).all(),
-       "padded keys get exactly zero attention after the softmax", "the mask did not reach the softmax.")
-print("pattern matches attn.hook_pattern; rows sum to 1; [PAD] keys get weight 0")
+expect((hooked["attn.hook_pattern"][short, :, :, padded_keys.nonzero()[0]] == 0).all(),
+       "padded keys get exactly zero attention after the softmax", "the mask did not reach the softmax.",
+       untested=no_padding)
+print(f"pattern matches attn.hook_pattern; rows sum to 1; the {padded_keys.sum()} [PAD] keys get weight "
+      f"{pattern[short][..., padded_keys].sum():g} in all")
 
-tokens = batch.tokens[1]
-print(f"\nhead {head_label(LAYER, HEAD)} (L-H, 1-indexed): where each token of sentence 1 looks most")
+n = mask[full].sum()  # the longest sentence's real tokens (all of its row)
+tokens = batch.tokens[full][:n]
+print(f"\nhead {head_label(LAYER, HEAD)} (L-H, 1-indexed): where each token of sentence {full} looks most")
 for t, token in enumerate(tokens):
-    s = pattern[1, HEAD, t].argmax()
-    print(f"  {token:>8s} → {tokens[s]:<8s} {pattern[1, HEAD, t, s]:.3f}")
+    s = pattern[full, HEAD, t, :n].argmax()
+    print(f"  {token:>8s} → {tokens[s]:<8s} {pattern[full, HEAD, t, s]:.3f}")
 
 # %% [markdown]
 # This is a *previous-token head*: almost all of each token's attention goes to the token
 # just before it. Averaged over the real tokens after `[CLS]`:
 
 # %%
-n = mask[1].sum()
-previous = np.mean([pattern[1, HEAD, t, t - 1] for t in range(1, n)])
+previous = np.mean([pattern[full, HEAD, t, t - 1] for t in range(1, n)])
 print(f"mean attention to the previous token: {previous:.3f}")
 expect(previous > 0.9, f"head {head_label(LAYER, HEAD)} puts over 0.9 of its attention on the previous token",
-       "with another LAYER, HEAD or sentence the head may do something else: print pattern[1, HEAD] to see what.")
+       "with another LAYER, HEAD or sentence the head may do something else: print pattern[full, HEAD] to see what.")
 
 # %% [markdown]
 # Padding changes nothing for the real tokens: the padded sentence, run alone (no padding),
 # gives the same pattern over its real tokens.
 
 # %%
-alone = model.tokenize(sentences[:1])
+alone = model.tokenize([sentences[short]])
 _, cache_alone = model.run_with_cache(alone, names=f"blocks.{LAYER}.attn.hook_pattern")
-n0 = mask[0].sum()
+n0 = mask[short].sum()
 single = np.asarray(cache_alone[f"blocks.{LAYER}.attn.hook_pattern"])[0]
-gap = np.abs(single - pattern[0, :, :n0, :n0]).max()
+gap = np.abs(single - pattern[short, :, :n0, :n0]).max()
 print(f"{n0} real tokens; largest difference between padded and unpadded patterns: {gap:.1e}")
-np.testing.assert_allclose(single, pattern[0, :, :n0, :n0], atol=1e-5)
+np.testing.assert_allclose(single, pattern[short, :, :n0, :n0], atol=1e-5)
 
 # %% [markdown]
 # ## Step 6: mix the values
@@ -215,7 +225,7 @@ np.testing.assert_allclose(single, pattern[0, :, :n0, :n0], atol=1e-5)
 # %%
 z = np.einsum("BHTS,BSHK->BTHK", pattern, v)
 np.testing.assert_allclose(z, hooked["attn.hook_z"], atol=1e-4, rtol=1e-5)
-copy_gap = np.abs(z[1, 1:n, HEAD] - v[1, : n - 1, HEAD]).mean() / np.abs(v[1, :n, HEAD]).mean()
+copy_gap = np.abs(z[full, 1:n, HEAD] - v[full, : n - 1, HEAD]).mean() / np.abs(v[full, :n, HEAD]).mean()
 print(f"z matches attn.hook_z; mean |z_t − v_(t−1)| / mean |v| = {copy_gap:.1e} "
       f"for head {head_label(LAYER, HEAD)} (L-H, 1-indexed)")
 
@@ -231,7 +241,7 @@ result = np.einsum("BTHK,HKD->BTHD", hooked["attn.hook_z"], W_O)
 np.testing.assert_allclose(result, hooked["attn.hook_result"], atol=1e-4, rtol=1e-5)
 attn_out = result.sum(axis=2) + b_O
 np.testing.assert_allclose(attn_out, hooked["hook_attn_out"], atol=1e-4, rtol=1e-5)
-norms = np.linalg.norm(result[1, :n], axis=-1).mean(0)  # [H]: how much each head writes, on average
+norms = np.linalg.norm(result[full, :n], axis=-1).mean(0)  # [H]: how much each head writes, on average
 print("result and attn_out match; mean ‖z_h W_O‖ per head:", np.array2string(norms, precision=2))
 
 # %% [markdown]
@@ -261,12 +271,12 @@ expect(gap < 1e-5, "the fused z equals the one computed step by step, up to floa
 # %%
 from minibert import viz
 
-doc = viz.document(model, sentences[1])
-n = mask[1].sum()  # its real tokens: the document has no padding, while a shorter row of the batch has some
-np.testing.assert_allclose(doc.q[LAYER], q[1, :n], atol=1e-4, rtol=1e-5)
+doc = viz.document(model, sentences[full])
+n = mask[full].sum()  # its real tokens: the document has no padding, while a shorter row of the batch has some
+np.testing.assert_allclose(doc.q[LAYER], q[full, :n], atol=1e-4, rtol=1e-5)
 # a run of another shape (one document, its own bucket) sums in another order: float32's ~6e-8 relative rounding,
 # carried through the blocks before this one and scores spread ~13 wide, moves a probability by ~1e-6 — the same
 # 1e-5 bound as "padding changes nothing" above
-np.testing.assert_allclose(doc.attention[LAYER], pattern[1, :, :n, :n], atol=1e-5)
-view = doc.neuron_view(layer=LAYER, head=HEAD, query_index=position(batch.tokens[1], "fox", instead=4))
+np.testing.assert_allclose(doc.attention[LAYER], pattern[full, :, :n, :n], atol=1e-5)
+view = doc.neuron_view(layer=LAYER, head=HEAD, query_index=position(batch.tokens[full], "fox", instead=4))
 view  # in a notebook this shows the view; view.save("neuron_view.html") writes a standalone page

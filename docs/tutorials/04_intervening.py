@@ -51,10 +51,18 @@ print("sentence embedding:", model.pooling)
 # The Microsoft Research Paraphrase Corpus asks whether two sentences say the same thing.
 # all-MiniLM-L6-v2 answers with the cosine similarity of mean-pooled, normalised token
 # vectors, which `model.sentence_embeddings` computes. To measure it under a hook we pool
-# the hooked run's `last_hidden_state` the same way — and check that we agree.
+# the hooked run's `last_hidden_state` the same way — and check that we agree. The pair is the
+# first two of `sentences`: put two of your own there (one more is left out; one alone is paired
+# with the second sentence below, with a line saying so).
 
 # %%
-pair = model.tokenize(["The company said profits rose sharply.", "Profits climbed steeply, the firm said."])
+sentences = ["The company said profits rose sharply.", "Profits climbed steeply, the firm said."]
+if len(sentences) < 2:
+    print(f"note: a pair needs two sentences; pairing yours with {'Profits climbed steeply, the firm said.'!r}.")
+    sentences = [*sentences, "Profits climbed steeply, the firm said."]
+expect(len(sentences) == 2, "the pair is the two sentences of `sentences`",
+       f"only the first two of your {len(sentences)} sentences are compared; the rest are left out.")
+pair = model.tokenize(sentences[:2])
 real = jnp.asarray(pair.attention_mask, jnp.float32)[..., None]  # [B, T, 1]
 
 
@@ -85,7 +93,9 @@ print(f"cosine similarity of the pair: {baseline:.4f}")
 # the residual stream. *Mean ablation* replaces it instead by its average over the real tokens
 # of the batch (`mean_z`) — it removes what the head says about each token while keeping its
 # typical contribution, which is often a fairer test (zero may be far from anything the
-# next layers have seen).
+# next layers have seen). Here the batch is the two sentences, each encoded on its own, as their
+# similarity is; the workbench's mean mode takes the same mean, so its number for a pair and a
+# head is this tutorial's.
 #
 # First, a check that the ready-made intervention is what we think it is: zeroing one head by
 # hand gives the same output. The head is chosen once, 0-indexed as arrays and arguments count
@@ -177,7 +187,9 @@ for layer in range(L):
 # Take two sentences of the same length that differ in one word: a *clean* one and a
 # *corrupted* one. Measure a metric on each. Then run the corrupted sentence while pasting
 # in the clean run's activation at one layer and one position. If the metric moves back to
-# its clean value, that activation carries the difference.
+# its clean value, that activation carries the difference. Texts of different lengths work
+# too: `patch_activations` pads the shorter on the right, so position t is the t-th token of
+# each ([CLS] at 0), and where the clean text has no token nothing is patched.
 #
 # `patch_activations(model, clean, corrupted, metric, site)` does this for every layer × position
 # of a per-block hook. The metric here: similarity of the (patched) sentence to a probe sentence
@@ -187,19 +199,31 @@ for layer in range(L):
 clean = model.tokenize(["The film was wonderful."])
 corrupted = model.tokenize(["The film was terrible."])
 expect(clean.input_ids.shape == corrupted.input_ids.shape, "the two texts have the same number of tokens",
-       "patching then aligns them from the left, position by position (patch_activations' docstring).")
-tokens = clean.tokens[0]
-changed = int(np.flatnonzero(np.asarray(clean.input_ids[0]) != np.asarray(corrupted.input_ids[0]))[0])
+       "patching then aligns them from the left, position by position (patch_activations' docstring), and the "
+       "exact layer-0 checks below no longer hold: every position from the first difference on differs.")
+n_clean, n_corrupted = len(clean.tokens[0]), len(corrupted.tokens[0])
+T = max(n_clean, n_corrupted)  # the sweep's positions: the longer text's
+padded = {"clean": clean.tokens[0] + ["·"] * (T - n_clean),  # "·": no token at this position
+          "corrupted": corrupted.tokens[0] + ["·"] * (T - n_corrupted)}
+tokens = [c if c == r else f"{c}/{r}" for c, r in zip(padded["clean"], padded["corrupted"])]  # clean/corrupted
+differ = [t for t in range(T) if padded["clean"][t] != padded["corrupted"][t]]
+changed = differ[0] if differ else 1  # the first position where the texts differ
+expect(differ, "the clean and corrupted texts differ in at least one token",
+       "they tokenize alike (words outside the model's vocabulary all become [UNK]): patching has no difference "
+       "to carry, and the fractions restored below are set to 0.")
 probe = np.asarray(model.sentence_embeddings(model.tokenize(["I loved this movie."])))[0]
-single = jnp.ones((1, len(tokens), 1), jnp.float32)
+# the patched run is the corrupted text: pool its real tokens (padded to T when the clean text is longer)
+corrupted_real = jnp.asarray(np.arange(T) < n_corrupted, jnp.float32)[None, :, None]
 
 
-def probe_similarity(out):
-    return (mean_pooled(out, real=single)[0] * probe).sum()
+def probe_similarity(out, real=corrupted_real):
+    return (mean_pooled(out, real=real[:, : out.last_hidden_state.shape[1]])[0] * probe).sum()
 
 
-clean_value, corrupted_value = float(probe_similarity(model(clean))), float(probe_similarity(model(corrupted)))
-print(f"{tokens}\nchanged position {changed} ({tokens[changed]!r} vs {corrupted.tokens[0][changed]!r})")
+clean_value = float(probe_similarity(model(clean), real=jnp.ones((1, n_clean, 1), jnp.float32)))
+corrupted_value = float(probe_similarity(model(corrupted)))
+print(f"{tokens}\nfirst changed position {changed} ({padded['clean'][changed]!r} vs {padded['corrupted'][changed]!r}; "
+      f"· marks no token)")
 print(f"similarity to the probe: clean {clean_value:.4f}, corrupted {corrupted_value:.4f}")
 
 resid = patch_activations(model, clean, corrupted, probe_similarity, site="hook_resid_pre")  # [L, T]
@@ -228,11 +252,12 @@ print(f"layer 0: patched at {changed} → {resid[0, changed]:.4f}; elsewhere →
 # axis 1: `attn.hook_z`, `hook_attn_out`, `hook_mlp_out`, ...)
 
 # %%
-restored = (resid - corrupted_value) / (clean_value - corrupted_value)
+spread = clean_value - corrupted_value
+restored = (resid - corrupted_value) / spread if spread else np.zeros_like(resid)
 fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
 image = ax.imshow(restored, cmap="Blues", vmin=min(0, restored.min()), vmax=1)
 ax.set(title="patching hook_resid_pre: fraction restored", xlabel="position", ylabel="layer",
-       xticks=range(len(tokens)), yticks=range(L))
+       xticks=range(T), yticks=range(L))
 ax.set_xticklabels(tokens, rotation=45, ha="right")
 fig.colorbar(image, ax=ax)
 plt.show()

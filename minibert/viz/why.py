@@ -47,6 +47,11 @@ SIMILARITY_HINT = ("This model's output is the similarity of sentence A and sent
                    "in Outputs, and click heads to ablate them to see which ones move it (tutorial 4 sweeps every "
                    "head). This panel explains a score of one text (a class, a masked-LM guess, a token's label), "
                    "which this model does not output.")
+# With a sentence B typed: the similarity is in Outputs already (the page asked for a B that was there).
+SIMILARITY_SHOWN_HINT = ("This model's output is the similarity of sentence A and sentence B, in Outputs above: click "
+                         "heads to ablate them to see which ones move it (tutorial 4 sweeps every head). This panel "
+                         "explains a score of one text (a class, a masked-LM guess, a token's label), which this "
+                         "model does not output.")
 CLS_LENGTH = "‖h[CLS]‖, the length of the vector the last layer writes at [CLS], the first token"
 
 
@@ -79,6 +84,8 @@ def why(workbench, body: Mapping) -> dict:
     query = index(body, "query", len(run.tokens), "tokens here", 0)
     metric, described, hint = target(workbench.model, run, query)
     if metric is None:
+        if hint == SIMILARITY_HINT and str(body.get("pair") or "").strip():
+            hint = SIMILARITY_SHOWN_HINT
         return {"target": None, "tokens": run.tokens, "hint": hint}
     batch = workbench._batch(request)
     padded = workbench._padded(batch.input_ids, batch.token_type_ids)  # one program per bucket, as the runs

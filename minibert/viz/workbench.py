@@ -46,6 +46,7 @@ MAX_TOKENS = 128  # per request (text and pair together): the views stay readabl
 TOP_K = 5  # masked-LM predictions shown per [MASK]
 CACHED_RUNS = 4  # runs kept for the step-through and the "before" of an ablation (~55 MB each at 128 tokens)
 MIXING_METHODS = ("attention", "rollout", "value_zeroing", "alti")
+MAP_NAMES = {"rollout": "rollout", "value_zeroing": "value zeroing", "alti": "ALTI"}  # as the views label a map
 ABLATION_MODES = ("zero", "mean")
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,17 @@ class Run:
         """One block site over every layer, [L, …]."""
         n_layers = sum(1 for name in self.captures if name.endswith("." + site) and name.startswith("blocks."))
         return np.stack([self.captures[f"blocks.{layer}.{site}"] for layer in range(n_layers)])
+
+
+def _attention_change(before: Run, after: Run) -> dict:
+    """Where an ablation shows in the attention: {per_layer: max |after − before| of each layer's patterns over its
+    heads, queries and keys, first_layer: the first layer (0-indexed) where that is not 0, or None}. The two runs
+    are one compiled program on one input up to the ablated head's output, so the layers before it (and its own
+    pattern, which the ablation follows) are equal bit for bit: any nonzero difference is the ablation's."""
+    gaps = np.abs(after.stack("attn.hook_pattern").astype(np.float64) - before.stack("attn.hook_pattern")).reshape(
+        len(after.stack("attn.hook_pattern")), -1).max(axis=1)
+    changed = np.flatnonzero(gaps > 0)
+    return {"per_layer": [float(gap) for gap in gaps], "first_layer": int(changed[0]) if changed.size else None}
 
 
 TEXT_FIELDS = {"text": "the text", "pair": "sentence B"}  # a request's text fields, as the page labels them
@@ -149,7 +161,8 @@ class Workbench:
         return {"model": self.model.source, "family": cfg.family.name, "architecture": cfg.architecture,
                 "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads, "d_model": cfg.hidden_size,
                 "d_head": cfg.head_dim, "d_ffn": cfg.intermediate_size, "outputs": self._output_kinds(),
-                "mask_token": tokenizer.mask_token, "max_chars": MAX_CHARS, "max_tokens": self.max_tokens,
+                "mask_token": tokenizer.mask_token, "unk_token": tokenizer.unk_token, "max_chars": MAX_CHARS,
+                "max_tokens": self.max_tokens,
                 "mixing_methods": list(MIXING_METHODS), "ablation_modes": list(ABLATION_MODES),
                 "head_labels": [[head_label(layer, head) for head in range(cfg.num_attention_heads)]
                                 for layer in range(cfg.num_hidden_layers)]}
@@ -172,6 +185,7 @@ class Workbench:
                   "outputs": {"before": self._outputs(before)}}
         if request.ablate:
             answer["outputs"]["after"] = self._outputs(after)
+            answer["change"] = _attention_change(before, after)
         return answer
 
     def step(self, body: Mapping) -> dict:
@@ -203,8 +217,11 @@ class Workbench:
             return {"method": method, "views": self._views(run)}
         maps = self._mixing_maps(run, request, method)[:, None]  # [L, 1, T, T]
         tokens, b_start = run.tokens, run.sentence_b_start
-        return {"method": method, "views": {"head": views.head_view(tokens, maps, b_start, level=0).data,
-                                            "model": views.model_view(tokens, maps, b_start, level=0).data}}
+        shown = {"head": views.head_view(tokens, maps, b_start, level=0).data,
+                 "model": views.model_view(tokens, maps, b_start, level=0).data}
+        for data in shown.values():  # the views name the one map per layer by its method, not "Head 1"
+            data["meta"]["map_name"] = MAP_NAMES[method]
+        return {"method": method, "views": shown}
 
     def program_length(self, length: int, rows: int = 1) -> int:
         """The row length `rows` rows of `length` tokens run at: padded to their bucket here, then further by
@@ -318,17 +335,39 @@ class Workbench:
         return run
 
     def _replacement(self, request: Request) -> np.ndarray:
-        """What an ablated head outputs, [L, H, K]: zeros, or its mean z over this text's tokens (mean mode)."""
+        """What an ablated head outputs, [L, H, K]: zeros, or (mean mode) its mean z over the real tokens of the
+        texts the output is computed from — with a similarity, A and B each encoded on its own (analysis.mean_z of
+        the two texts, as tutorial 4 takes it); else the run's own tokens."""
         cfg = self.model.config
         if request.ablate and request.mode == "mean":
+            if self._similar(request):
+                return self._mean_z_apart(request)
             return self._run(dataclasses.replace(request, ablate=())).stack("attn.hook_z").mean(axis=1)
         return np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim), np.float32)
+
+    def _mean_z_apart(self, request: Request) -> np.ndarray:
+        """[L, H, K]: each head's mean z over the real tokens of A and B, each encoded on its own, unablated."""
+        cfg = self.model.config
+        batch = self.model.tokenize([request.text, request.pair])
+        padded = self._padded(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+        nothing = self._hooks((), np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim),
+                                           np.float32))
+        with self._programs.first("similarity", self.program_length(batch.input_ids.shape[1], 2)), self._lock:
+            _, cache = self.model.run(padded, names="blocks.*.attn.hook_z", hooks=nothing)
+        z = np.asarray(cache.stack("attn.hook_z"), np.float64)  # [L, 2, T', H, K], T' ≥ the padded length
+        real = np.zeros(z.shape[1:3])
+        real[:, :padded["attention_mask"].shape[1]] = padded["attention_mask"]
+        return ((z * real[None, :, :, None, None]).sum((1, 2)) / real.sum()).astype(np.float32)
+
+    def _similar(self, request: Request) -> bool:
+        """Whether the request has an A–B similarity: a sentence B and a sentence pooling to compute it with."""
+        pooling = self.model.pooling  # no similarity where sentence_embeddings would refuse (no Pooling, Dense, …)
+        return not (pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None)
 
     def _similarity(self, request: Request, hooks: dict) -> float | None:
         """Cosine similarity of sentence A's and B's embeddings (sentence-transformers checkpoints with a pair),
         each encoded on its own, with the model's pooling, under the same hooks."""
-        pooling = self.model.pooling  # no similarity where sentence_embeddings would refuse (no Pooling, Dense, …)
-        if pooling is None or pooling["mode"] is None or pooling.get("unsupported") or request.pair is None:
+        if not self._similar(request):
             return None
         batch = self.model.tokenize([request.text, request.pair])
         with self._programs.first("similarity", self.program_length(batch.input_ids.shape[1], 2)):

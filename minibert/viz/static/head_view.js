@@ -7,8 +7,9 @@ function headSwatches(meta, active, onChange, ablated) {
   var wrap = el("span", {"class": "mbv-swatches", role: "group", "aria-label": "heads"});
   var buttons = meta.heads.map(function (h, n) {
     var b = el("button", {type: "button", "class": "mbv-swatch", style: "--c:" + headColor(h, meta.n_heads),
-                          title: "head " + (h + 1) + " (0-indexed: " + h + "); double-click: only this head"},
-               String(h + 1));
+                          title: meta.map_name ? meta.map_name + ": one map per layer, of every head together"
+                            : "head " + (h + 1) + " (0-indexed: " + h + "); double-click: only this head"},
+               meta.map_name || String(h + 1));
     b.addEventListener("click", function () { active[n] = !active[n]; onChange(); });
     b.addEventListener("dblclick", function () { active.forEach(function (_, m) { active[m] = m === n; }); onChange(); });
     wrap.appendChild(b);

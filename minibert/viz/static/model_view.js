@@ -91,9 +91,10 @@ function modelView(body, meta, arrays, root, page) {
   var stage = div("mbv-stage"), grid = div("mbv-grid");
   grid.style.gridTemplateColumns = "auto repeat(" + meta.heads.length + ", " + (size + 2) + "px)";
   grid.appendChild(div("mbv-axis"));
-  meta.heads.forEach(function (h) {
-    grid.appendChild(el("div", {"class": "mbv-axis", title: "head " + (h + 1) + " (0-indexed: " + h + ")"},
-                        headWord + (h + 1)));
+  meta.heads.forEach(function (h) {  // a context-mixing map (meta.map_name) is one map per layer, not a head
+    grid.appendChild(el("div", {"class": "mbv-axis", title: meta.map_name ? meta.map_name + ": one map per layer, "
+                                  + "of every head together" : "head " + (h + 1) + " (0-indexed: " + h + ")"},
+                        meta.map_name || headWord + (h + 1)));
   });
   var thumbs = [];
   meta.layers.forEach(function (l, a) {
@@ -152,7 +153,8 @@ function modelView(body, meta, arrays, root, page) {
     if (!st.open) return;
     var a = st.open[0], b = st.open[1], l = meta.layers[a], h = meta.heads[b], values = attention.here[a];
     if (!values) return;  // drawn when the layer arrives
-    heading.textContent = "Layer " + (l + 1) + " \u00b7 Head " + (h + 1) + "  (0-indexed: layer " + l + ", head " + h + ")" +
+    heading.textContent = "Layer " + (l + 1) + " \u00b7 " + (meta.map_name ? meta.map_name + " (one map per layer)"
+                          : "Head " + (h + 1)) + "  (0-indexed: layer " + l + (meta.map_name ? "" : ", head " + h) + ")" +
                           (isAblated(page.ablated, l, h) ? " \u00b7 ablated" : "");
     lines.draw({rows: st.filter[2], cols: st.filter[3],
                 heads: [{index: h, color: headColor(h, meta.n_heads), weight: headWeight(values, attention.scale, b, T)}]});

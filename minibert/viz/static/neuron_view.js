@@ -2,6 +2,11 @@
 
 // ---- neuron view --------------------------------------------------------------------------------
 
+/** A number as the views and the workbench show it: three decimals, never "-0.000" (the exact value on hover). */
+function decimals(value) {
+  return Math.abs(value) < 5e-4 ? "0.000" : value.toFixed(3);
+}
+
 /** Fill colour and opacity for a signed value: blue positive, orange negative, opacity |v| / scale. */
 function signed(value, scale) {
   return {fill: value >= 0 ? POSITIVE : NEGATIVE, "fill-opacity": scale > 0 ? Math.min(Math.abs(value) / scale, 1) : 0};
@@ -202,19 +207,19 @@ function neuronView(body, meta, arrays, root, page) {
     header(fragment, "softmax", x.bar);
     fragment.appendChild(svg("text", {x: x.label, y: ROW * 1.5, "class": "mbv-colhead"}, "q"));
     keys.forEach(function (j) {
-      number(fragment, "dot", j, dots[j], dots[j].toFixed(2), signed(dots[j], dotScale),
+      number(fragment, "dot", j, dots[j], decimals(dots[j]), signed(dots[j], dotScale),
              "q\u00b7k for key " + token(j) + " = " + dots[j]);
       (meta.terms || []).forEach(function (name, n) {
         var value = termRows[n][j];
-        number(fragment, name, j, value, value.toFixed(2), signed(value, maxAbs(termRows[n])),
+        number(fragment, name, j, value, decimals(value), signed(value, maxAbs(termRows[n])),
                name + " for key " + token(j) + " = " + value);
       });
-      number(fragment, "scaled", j, scaled[j], isFinite(scaled[j]) ? scaled[j].toFixed(2) : "\u2212\u221e",
+      number(fragment, "scaled", j, scaled[j], isFinite(scaled[j]) ? decimals(scaled[j]) : "\u2212\u221e",
              terms.length ? signed(scaled[j], maxAbs(scaled)) : signed(dots[j], dotScale),
              scoresName + " for key " + token(j) + " = " + scaled[j]);
       fragment.appendChild(svg("rect", {x: x.bar, y: rowTop(j) + 4, width: Math.max(60 * p[j], 0.5), height: ROW - 8,
                                         fill: POSITIVE, "class": "mbv-bar"}));
-      number(fragment, "softmax", j, p[j], p[j].toFixed(3), null, "softmax for key " + token(j) + " = " + p[j]);
+      number(fragment, "softmax", j, p[j], decimals(p[j]), null, "softmax for key " + token(j) + " = " + p[j]);
     });
     clear(table);
     table.appendChild(fragment);

@@ -15,6 +15,8 @@ function minibertStepThrough(page) {
     return out;
   }
 
+  var unscaled = false;  // the ÷√K switch off: a what-if row, softmax(q·k) without the division, under the softmax
+
   function showSteps(panel, answer) {
     var part = panel.step;
     renew(part);
@@ -36,14 +38,44 @@ function minibertStepThrough(page) {
     }
     pick.appendChild(layer.wrap);
     pick.appendChild(head.wrap);
-    part.appendChild(pick);
     var byId = {};
     answer.steps.forEach(function (step) { byId[step.id] = step; });
+    if (byId.qk && byId.scaled && byId.pattern) {  // "why divide by √K?": the softmax without it, beside the model's
+      var scale = el("input", {type: "checkbox", id: prefix + "step-sqrtk-" + panel.n});
+      scale.checked = !unscaled;
+      scale.addEventListener("change", function () { unscaled = !scale.checked; showSteps(panel, answer); });
+      var switchLabel = el("label", {"for": prefix + "step-sqrtk-" + panel.n, "class": "wb-select",
+                                     title: "off: the softmax row is followed by softmax(q·k) without ÷√K, a what-if "
+                                       + "(the model divides)"}, "÷√K ");
+      switchLabel.appendChild(scale);
+      pick.appendChild(switchLabel);
+    }
+    part.appendChild(pick);
     var list = el("ol", {"class": "wb-steps"});
     answer.steps.forEach(function (step) {
-      list.appendChild(stepItem(panel, step, byId, answer));
+      var item = list.appendChild(stepItem(panel, step, byId, answer));
+      if (unscaled && step.id === "pattern" && byId.qk && byId.scaled) item.appendChild(whatIf(panel, byId, answer));
     });
     part.appendChild(list);
+  }
+
+  /** softmax(q·k) over the keys in reach (those whose scaled score is not −∞), in float64 with the maximum
+      subtracted: the pattern the head would have without ÷√K. Drawn as the softmax row's bars, marked a what-if. */
+  function whatIf(panel, byId, answer) {
+    var scores = byId.qk.values.map(function (v, s) { return byId.scaled.values[s] === null ? null : v; });
+    var top = Math.max.apply(null, scores.filter(function (v) { return v !== null; }));
+    var weights = scores.map(function (v) { return v === null ? 0 : Math.exp(v - top); });
+    var total = weights.reduce(function (a, b) { return a + b; }, 0);
+    var values = weights.map(function (w) { return w / total; });
+    var K = panel.info.d_head, box = el("div", {"class": "wb-what-if", id: prefix + "step-" + panel.n + "-unscaled"});
+    box.appendChild(el("p", {"class": "wb-more"}, "what if: softmax(q·k) without ÷√K (the model divides by √" + K
+      + " = " + number(Math.sqrt(K)) + "; this is not its pattern). The largest weight is " + number(Math.max.apply(
+        null, values)) + " here, " + number(Math.max.apply(null, byId.pattern.values)) + " with ÷√K: larger scores "
+      + "make the softmax more peaked."));
+    box.appendChild(bars({label: "softmax(q·k), without ÷√K", values: values}, answer.tokens, function (s, text) {
+      return el("span", {"class": "wb-num", "data-index": String(s), "data-value": String(values[s])}, text);
+    }));
+    return box;
   }
 
   /** One step: its label and equation, its values drawn (a colour strip per vector, bars for one value per key)
@@ -83,6 +115,9 @@ function minibertStepThrough(page) {
         }
         var drawn = strip(step, r * width, width, scale);
         line.appendChild(drawn.node);
+        if (step.start) {  // the numbers shown start at this head's slice, not at index 0
+          line.appendChild(el("span", {"class": "wb-more"}, "this head's slice starts at index " + step.start + ":"));
+        }
         for (var i = step.start; i < width && i < step.start + shown; i++) {
           line.appendChild(cell(r * width + i, number(step.values[r * width + i])));
         }

@@ -11,6 +11,7 @@ function minibertTour(page) {
   // Tutorial 1's head: layer 0, head 2 (0-indexed), a previous-token head in the bundled model.
   var TOUR_LAYER = 0, TOUR_HEAD = Math.min(2, config.models[0].heads - 1);
   var tourView = null;  // {update} while the tour is open
+  var COPIES = 0.9;  // stop 7 says the head "copies" a key's value where z's cosine with it is at least this
 
   /** The facts the tour tells, from one step answer: the query, the key its attention goes to most, that key's
       score before and after /√K, its weight, z's cosine with that key's value; `row(id)`: a step's number in the
@@ -86,9 +87,18 @@ function minibertTour(page) {
                   "one; try other query tokens, or see how this model differs.")];
     }},
     {target: stepRow("z"), say: function (f) {
+      // The words follow the cosine printed: "copies" only where z points along that value (COPIES and over).
+      var rest = number(1 - f.weight), verdict = f.cosine >= COPIES
+        ? ": the head copies what “" + f.key + "” offers into “" + f.query + "”."
+        : f.cosine >= 0.5
+          ? ": z is not a copy of it. It leans towards what “" + f.key + "” offers, mixed with the other keys' " +
+            "values by the remaining " + rest + " of the weight."
+          : ": z is not a copy of it. The other keys' values, with the remaining " + rest + " of the weight, set " +
+            "most of its direction (values differ in length: a small weight on a long value can outweigh a large " +
+            "one on a short value).";
       return [f.row("z") + ": z = Σ_s α_s v_s mixes the values by those weights. With " + number(f.weight) +
               " of the weight on “" + f.key + "”, z's cosine with that token's value v is ", fact("cosine",
-                f.cosine, number(f.cosine)), ": the head copies what “" + f.key + "” offers into “" + f.query + "”."];
+                f.cosine, number(f.cosine)), verdict];
     }},
     {target: stepRow("head_out"), say: function (f) {
       return [f.row("head_out") + " and on: every head's z goes through its W_O; their sum plus b_O is the " +
@@ -101,17 +111,18 @@ function minibertTour(page) {
               "the head view draws every token's pattern as lines, the model view every head at once."];
     }},
     {target: function () { return "head-0-" + TOUR_LAYER + "-" + TOUR_HEAD; },
-     keep: ["pair", "outputs-0", "step-layer-0", "step-head-0"],  // where students go next: kept in sight
+     // what it tells students to use, in sight with the button where they fit (in this order), else kept clear
+     keep: ["pair", "clear", "mask", "tokens-0", "outputs-0", "step-layer-0", "step-head-0"],
      say: function (f) {
       var guesses = config.models[0].outputs.indexOf("mlm") >= 0;
       var pair = config.models[0].outputs.indexOf("similarity") >= 0;  // its output needs a sentence B
-      return ["Now intervene: " + (pair ? "type a sentence B first (a paraphrase of yours, say), so that Outputs " +
-              "show the A–B similarity; then " : "") + "click " + f.head + " (the outlined button) to ablate this " +
-              "head and see the outputs and the views before vs after. The ablation replaces the head's z after its " +
-              "softmax: its own pattern stays as it was, and the views change from the next layer on. " +
+      var typed = pair && document.getElementById(prefix + "pair").value.trim() !== "";
+      return ["Now intervene: " + (pair && !typed ? "type a sentence B first (a paraphrase of yours), so that " +
+              "Outputs show the A–B similarity; then " : "") + "click " + f.head + " (outlined) to ablate this " +
+              "head: Outputs and views show before vs after. The ablation acts after the head's softmax, so its " +
+              "own pattern stays; the views change from the next layer on. " +
               (guesses ? "[MASK] a token to see the model's guesses change."
-                : "[MASK] a token to see the computation change (this model has no masked-LM head, so it makes " +
-                  "no guesses).")];
+                : "[MASK] a token: the computation changes (no masked-LM head, so no guesses).")];
     }}
   ];
 
@@ -121,6 +132,7 @@ function minibertTour(page) {
     var back = el("button", {type: "button", id: prefix + "tour-back"}, "Back");
     var next = el("button", {type: "button", id: prefix + "tour-next"}, "Next");
     var close = el("button", {type: "button", id: prefix + "tour-close"}, "Close the tour");
+    var buttons = el("div", {"class": "wb-tour-buttons"});  // outside the text's scroll: always in the box
     var at = 0;
     function update() {  // the current step's text, with the numbers of the step answer now shown
       var answer = panels[0].lastStep, current = answer && panels[0].stepTicket === state.runs;
@@ -156,11 +168,28 @@ function minibertTour(page) {
       target.style.scrollMarginTop = tall ? clear + "px" : "";
       target.style.scrollMarginBottom = tall ? "" : clear + "px";
       target.scrollIntoView({block: tall ? "start" : "center"});
+      var shown = inSight(target, keep);
+      if (shown) window.scrollBy(0, shown.top - 8);  // the target and what it names, from the top of the window
       var corners = tall ? ["top", "", "top left", "left"] : ["", "top", "left", "top left"];
       var clean = function (nodes) {
         return function (where) { corner(where); return !nodes.some(covered); };
       };
       corner(corners.find(clean([target].concat(keep))) || corners.find(clean([target])) || corners[0]);
+    }
+    /** The span (top, bottom in the window) of `target` with the longest run of `keep`, in order, that fits the
+        window's height; null where `keep` is empty or its first does not fit with the target. */
+    function inSight(target, keep) {
+      var span = null, t = target.getBoundingClientRect(), top = t.top, bottom = t.bottom;
+      keep.some(function (node) {
+        var r = node.getBoundingClientRect();
+        var up = Math.min(top, r.top), down = Math.max(bottom, r.bottom);
+        if (down - up > window.innerHeight - 16) return true;  // no room for it: stop at the ones before
+        top = up;
+        bottom = down;
+        span = {top: top, bottom: bottom};
+        return false;
+      });
+      return span;
     }
     function corner(where) {  // "", "top", "left", "top left": where the box sits in the window
       box.classList.toggle("wb-tour-top", where.indexOf("top") >= 0);
@@ -192,12 +221,67 @@ function minibertTour(page) {
     });
     close.addEventListener("click", end);
     box.addEventListener("keydown", function (e) { if (e.key === "Escape") end(); });  // focus in the box
-    [says, back, next, close].forEach(function (n) { box.appendChild(n); });
+    [back, next, close].forEach(function (n) { buttons.appendChild(n); });
+    [says, buttons].forEach(function (n) { box.appendChild(n); });
     app.insertBefore(box, controls);
     app.style.paddingBottom = "45vh";  // room to scroll the page's last view above the box (at most 40vh)
     tourView = {update: update};
     show();
   }
 
-  return {open: tour, update: function () { if (tourView) tourView.update(); }};
+  /** A printable handout from the page's state now: the lab's steps, the three room questions answered with the
+      numbers of the student's own sentence (the step-through's head and query, the outputs shown), and a short
+      quiz with its answer key — every number read from the answers the page shows, none written by hand. */
+  function handout(outputs) {
+    var answer = panels[0].lastStep;
+    var box = el("section", {"class": "wb-handout", id: prefix + "handout", "aria-label": "handout"});
+    if (!answer) {
+      box.appendChild(el("p", {}, "The page has not computed a step yet: type a sentence, then make the handout."));
+      return box;
+    }
+    var f = tourFacts(answer), by = {};
+    answer.steps.forEach(function (step) { by[step.id] = step; });
+    var sum = by.pattern.values.reduce(function (a, b) { return a + b; }, 0);
+    var raw = by.qk.values.filter(function (v, s) { return by.scaled.values[s] !== null; });
+    var top = Math.max.apply(null, raw), weights = raw.map(function (v) { return Math.exp(v - top); });
+    var unscaledMax = 1 / weights.reduce(function (a, b) { return a + b; }, 0);  // the top key's weight: e^0 / Σ
+    var before = outputs && outputs.before && outputs.before.similarity, after = outputs && outputs.after &&
+      outputs.after.similarity;
+    var ablated = state.ablate[0].map(function (p) { return label(0, p[0], p[1]); }).join(", ");
+    function section(title, items, ordered) {
+      box.appendChild(el("h2", {}, title));
+      var list = el(ordered ? "ol" : "ul", {});
+      items.forEach(function (item) { list.appendChild(el("li", {}, item)); });
+      box.appendChild(list);
+    }
+    box.appendChild(el("h1", {}, "Self-attention lab: your numbers"));
+    box.appendChild(el("p", {}, "Text: “" + document.getElementById(prefix + "text").value + "”" +
+      (document.getElementById(prefix + "pair").value.trim() ? "; sentence B: “" +
+        document.getElementById(prefix + "pair").value + "”" : "") + ". Head " + f.both + ", query “" + f.query +
+      "” (position " + f.t + ", 0-indexed)."));
+    section("The lab", ["Type a sentence; follow the tour (Next) through q, q·k, ÷√K, the softmax, z and W_O.",
+      "Type a sentence B, click head 1-3 to ablate it, read the similarity before and after.",
+      "Tutorial 1 (one head by hand), tutorial 2 (patterns), tutorial 4 (intervening): Run All, then change the " +
+      "sentences and run again."], true);
+    section("Questions, with your answers", [
+      "Which key does your query attend to most, and is it the previous token? — “" + f.query + "” puts " +
+        number(f.weight) + " of its attention on “" + f.key + "” (position " + f.best + "): " +
+        (f.best === f.t - 1 ? "the token just before it." : "not the token before it (position " + (f.t - 1) + ")."),
+      "Why divide by √K? — q·k for “" + f.key + "” is " + number(f.score) + "; ÷√" + f.K + " = " +
+        number(Math.sqrt(f.K)) + " gives " + number(f.scaled) + ". Without the division the largest weight would be " +
+        number(unscaledMax) + " instead of " + number(Math.max.apply(null, by.pattern.values)) +
+        ": larger scores make the softmax more peaked.",
+      "Which head, ablated, changes the similarity most? — " + (before != null && after != null && ablated
+        ? "with " + ablated + " ablated the similarity went from " + number(before) + " to " + number(after) +
+          " (" + (after - before >= 0 ? "+" : "") + number(after - before) + "); tutorial 4 sweeps every head."
+        : "type a sentence B and ablate a head, then make the handout again; tutorial 4 sweeps every head.")], true);
+    section("Quiz", ["How many tokens does your text have, [CLS] and [SEP] included?",
+      "What do the softmax row's weights add up to?", "What is √K for this model's heads?"], true);
+    section("Answer key", [String(f.tokens.length) + " tokens: " + f.tokens.join(" "),
+      "1 (here " + number(sum) + "): the softmax makes a probability distribution over the keys.",
+      "√" + f.K + " = " + number(Math.sqrt(f.K)) + " (K = " + f.K + " dimensions per head)."], true);
+    return box;
+  }
+
+  return {open: tour, update: function () { if (tourView) tourView.update(); }, handout: handout};
 }

@@ -28,11 +28,11 @@ function minibertWorkbench(app, config, options) {
 
   var el = options.el;  // common.js's: the one el() of the views and the page
 
+  /** The page's one format for a number it shows (the neuron view's too): three decimals, so a probability of
+      3e-11 reads 0.000 in every panel (the exact value is in data-value and on hover). */
   function number(value) {
     if (value === null) return "−∞";  // a masked score (JSON has no number for it)
-    var text = Math.abs(value) >= 1e4 || (value !== 0 && Math.abs(value) < 1e-3) ? value.toExponential(2)
-      : value.toFixed(3);
-    return text;
+    return Math.abs(value) < 5e-4 ? "0.000" : value.toFixed(3);  // never "-0.000"
   }
 
   // ---- the controls ---------------------------------------------------------------------------------
@@ -59,8 +59,11 @@ function minibertWorkbench(app, config, options) {
   var replaceLabel = el("label", {"for": prefix + "replace"}, "Replace the chosen token with");
   var replace = el("input", {id: prefix + "replace", type: "text", size: 10});
   var replaceButton = el("button", {id: prefix + "replace-go", type: "button"}, "Replace");
+  var handoutButton = el("button", {id: prefix + "handout-make", type: "button",
+                                    title: "a printable page of the lab with your numbers; then print (Ctrl+P)"},
+                         "Handout");
   [textLabel, text, pairLabel, pair, mode.wrap, mixing.wrap, clearButton, maskButton, replaceLabel, replace,
-   replaceButton, projector].forEach(function (node) { controls.appendChild(node); });
+   replaceButton, projector, handoutButton].forEach(function (node) { controls.appendChild(node); });
   // Always in the layout (invisible while idle), so that showing it moves nothing on the page.
   var busyLine = el("div", {"class": "wb-busy", id: prefix + "busy", role: "status", "aria-live": "polite"});
   app.appendChild(el("h1", {}, "minibert workbench"));
@@ -152,6 +155,29 @@ function minibertWorkbench(app, config, options) {
 
   // ---- requests -------------------------------------------------------------------------------------
 
+  /** The page's state as the URL carries it (served page: options.remember): text, sentence B, the step-through's
+      head (layer and head) and query, the ablated heads of the first model and the ablation mode. */
+  function remember() {
+    if (options.remember) {
+      options.remember({text: text.value, pair: pair.value, layer: state.layer, head: state.head, query: state.query,
+                        ablate: state.ablate[0], mode: mode.node.value});
+    }
+  }
+
+  /** Start from `config.initial` (the URL's state: the same fields as remember's), within the model's sizes. */
+  function restore(initial) {
+    var info = config.models[0], inside = function (v, n) { return v != null && v >= 0 && v < n; };
+    if (typeof initial.text === "string") text.value = initial.text;
+    if (typeof initial.pair === "string") pair.value = initial.pair;
+    if (inside(initial.layer, info.layers)) state.layer = initial.layer;
+    if (inside(initial.head, info.heads)) state.head = initial.head;
+    if (initial.query != null && initial.query >= 0) state.query = initial.query;
+    (initial.ablate || []).forEach(function (p) {
+      if (inside(p[0], info.layers) && inside(p[1], info.heads)) state.ablate[0].push([p[0], p[1]]);
+    });
+    if (info.ablation_modes.indexOf(initial.mode) >= 0) mode.node.value = initial.mode;
+  }
+
   function body(n, extra) {
     var request = {model: n, text: text.value, ablate: state.ablate[n], mode: mode.node.value};
     if (pair.value.trim()) request.pair = pair.value;
@@ -162,6 +188,7 @@ function minibertWorkbench(app, config, options) {
   function refresh() {
     clearTimeout(state.timer);
     state.timer = null;
+    remember();
     var ticket = ++state.runs;
     var focused = app.contains(document.activeElement) && document.activeElement.id;  // redrawn ones get it back
     working(true);
@@ -176,6 +203,7 @@ function minibertWorkbench(app, config, options) {
           if (ticket !== state.runs) return;
           showOutputs(panel, compared.outputs, compared.titles);
           showViews(panel, compared.sides, answer.ablated);
+          if (answer.change) showChange(panel, answer.change);
         });
         return Promise.all([shown, stepThrough(panel, ticket), why.show(panel, ticket)]);
       });
@@ -313,6 +341,13 @@ function minibertWorkbench(app, config, options) {
       row.appendChild(button);
     });
     part.appendChild(row);
+    var unk = panel.info.unk_token;
+    if (unk && answer.tokens.indexOf(unk) >= 0) {  // non-English text, on an English vocabulary: say why
+      part.appendChild(el("p", {"class": "wb-hint", id: prefix + "unk-note-" + panel.n},
+        unk + " marks a piece of your text that this model's vocabulary has no word piece for (the bundled model's "
+        + "vocabulary is English: words in other scripts become " + unk + " or single letters). The model sees only "
+        + "that one token for it."));
+    }
     panel.offsets = answer.offsets;
     panel.sentenceB = answer.sentence_b_start;
   }
@@ -328,6 +363,7 @@ function minibertWorkbench(app, config, options) {
   /** outputs: {before} alone, or {before, after} with their titles. Where no side has an output (no [MASK], no
       sentence B), the line saying what gives one stands in place of the columns; a side with none says so. */
   function showOutputs(panel, outputs, titles) {
+    panel.lastOutputs = outputs;  // what the handout reads
     var part = panel.outputs;
     renew(part);
     var sides = Object.keys(outputs);
@@ -417,6 +453,26 @@ function minibertWorkbench(app, config, options) {
     });
   }
 
+  /** After an ablation: the first layer whose attention changes (after − before), with a button to show it. The
+      views open at the selected layer, where before and after may be equal (rightly): this says where to look. */
+  function showChange(panel, change) {
+    var first = change.first_layer, line = el("p", {"class": "wb-hint wb-change", id: prefix + "change-" + panel.n});
+    if (first === null) {
+      line.appendChild(document.createTextNode("after − before: no layer's attention changes (the ablated heads are "
+        + "in the last layer, or write nothing later layers read)."));
+    } else {
+      var peak = change.per_layer[first];
+      line.appendChild(document.createTextNode("after − before: the attention first changes at layer " + (first + 1)
+        + " (1-indexed; 0-indexed: " + first + "), by up to " + number(peak) + " (largest |Δα|)"
+        + (first > 0 ? "; layers 1–" + first + " are identical before and after" : "") + ". Largest |Δα| per layer: "
+        + change.per_layer.map(number).join(", ") + ". "));
+      var go = el("button", {type: "button", id: prefix + "change-show-" + panel.n}, "Show layer " + (first + 1));
+      go.addEventListener("click", function () { choose({layer: first}); });
+      line.appendChild(go);
+    }
+    panel.views.insertBefore(line, panel.views.childNodes[1] || null);  // after the heading (renew keeps it)
+  }
+
   // ---- the one selection: layer, head, query --------------------------------------------------------
 
   function selection() { return {layer: state.layer, head: state.head, query: state.query}; }
@@ -428,6 +484,7 @@ function minibertWorkbench(app, config, options) {
       if (change[key] != null && change[key] !== state[key]) { state[key] = change[key]; changed = true; }
     });
     if (!changed) return;
+    remember();
     panels.forEach(function (panel) {
       app.querySelectorAll("#" + prefix + "tokens-" + panel.n + " .wb-token").forEach(function (button, i) {
         button.classList.toggle("wb-chosen", i === state.query);
@@ -495,6 +552,14 @@ function minibertWorkbench(app, config, options) {
   var guide = minibertTour({app: app, config: config, prefix: prefix, state: state, panels: panels, controls: controls,
                             el: el, number: number, norm: steps.norm, choose: choose, label: label,
                             labelBoth: labelBoth});
+  handoutButton.addEventListener("click", function () {
+    var old = app.querySelector("#" + prefix + "handout");
+    if (old) old.remove();
+    app.appendChild(guide.handout(panels[0].lastOutputs));
+    app.classList.add("wb-has-handout");  // printing the page prints the handout alone (workbench.css)
+    app.querySelector("#" + prefix + "handout").scrollIntoView();
+  });
+  if (config.initial) restore(config.initial);
   if (config.projector) project(true);
   if (config.tour) guide.open();
   refresh();
@@ -514,6 +579,32 @@ if (document.getElementById("wb-config")) {
     }
     config.tour = config.tour || urlSwitch("tour");
     config.projector = urlSwitch("projector");
+    // URL state: text, pair, head ("L-H" as the page names heads, 1-indexed), query (a token position, 0-indexed),
+    // ablate ("1-3,2-5"), mode. A lecturer's link opens every laptop on one configuration; the URL follows edits.
+    var labelled = function (word) {  // "2-5" → [1, 4] (0-indexed), or null
+      var m = /^(\d+)-(\d+)$/.exec(word.trim());
+      return m && Number(m[1]) >= 1 && Number(m[2]) >= 1 ? [Number(m[1]) - 1, Number(m[2]) - 1] : null;
+    };
+    var initial = {text: query.get("text"), pair: query.get("pair"), mode: query.get("mode"),
+                   query: /^\d+$/.test(query.get("query") || "") ? Number(query.get("query")) : null,
+                   ablate: (query.get("ablate") || "").split(",").map(labelled).filter(Boolean)};
+    var chosen = labelled(query.get("head") || "");
+    if (chosen) { initial.layer = chosen[0]; initial.head = chosen[1]; }
+    config.initial = initial;
+    function remember(now) {
+      var next = new URLSearchParams(window.location.search);
+      next.set("text", now.text);
+      if (now.pair.trim()) next.set("pair", now.pair); else next.delete("pair");
+      next.set("head", (now.layer + 1) + "-" + (now.head + 1));
+      next.set("query", String(now.query));
+      if (now.ablate.length) {
+        next.set("ablate", now.ablate.map(function (p) { return (p[0] + 1) + "-" + (p[1] + 1); }).join(","));
+      } else {
+        next.delete("ablate");
+      }
+      if (now.ablate.length && now.mode !== "zero") next.set("mode", now.mode); else next.delete("mode");
+      window.history.replaceState(null, "", window.location.pathname + "?" + next.toString());
+    }
     function send(action, body) {
       return fetch("/api/" + action, {method: "POST", body: JSON.stringify(body),
                                       headers: {"Content-Type": "application/json", "X-Minibert-Token": token}})
@@ -525,6 +616,7 @@ if (document.getElementById("wb-config")) {
         });
     }
     minibertWorkbench(document.getElementById("workbench"), config,
-                      {send: send, render: window.minibertViews.render, el: window.minibertViews.el, prefix: "wb-"});
+                      {send: send, render: window.minibertViews.render, el: window.minibertViews.el, prefix: "wb-",
+                       remember: remember});
   })();
 }
