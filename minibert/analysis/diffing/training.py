@@ -11,18 +11,15 @@ train() on paired_activations' stream records the site, the two models' names an
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from minibert.analysis.diffing.crosscoder import CrosscoderConfig, checked_pairs, init_params, losses, updated_threshold
-from minibert.analysis.sae.training import _adam, _check_settings, read_state, write_state
-from minibert.errors import AnalysisError, DivergedError
-from minibert.training.optim import Progress
+from minibert.analysis.sae.training import Trainer, _adam, _check_settings
+from minibert.errors import AnalysisError
 
 _NOT_TRAINED = ("threshold",)  # set from the batches, not by gradients
 
@@ -45,8 +42,12 @@ def _train_step(params, opt_state, since_fired, x, step, dead_tokens, *, config,
     return params, opt_state, since_fired, parts
 
 
-class CrosscoderTrainer:
-    """Holds a crosscoder's parameters and optimiser state; `step(x)` trains on one batch x [N, 2, d_in]."""
+class CrosscoderTrainer(Trainer):
+    """Holds a crosscoder's parameters and optimiser state; `step(x)` trains on one batch x [N, 2, d_in]. The SAE
+    trainer's train, save and resume, around the crosscoder's own step."""
+
+    config_class = CrosscoderConfig
+    what = "crosscoder"
 
     def __init__(self, config: CrosscoderConfig, *, learning_rate: float = 2e-4, warmup: int = 0,
                  dead_tokens: int = 1_000_000, seed: int = 0, params=None, source: dict | None = None):
@@ -66,16 +67,9 @@ class CrosscoderTrainer:
 
     def step(self, x) -> dict[str, float]:
         x = checked_pairs(x, self.config.d_in)
-        params, opt_state, since_fired, step_losses = _train_step(
+        return self._applied(*_train_step(
             self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
-            config=self.config, optimizer=self.optimizer)
-        step_losses = {name: float(value) for name, value in step_losses.items()}
-        if not all(np.isfinite(value) for value in step_losses.values()):
-            raise DivergedError(f"crosscoder step {self.steps}: the loss is not finite ({step_losses}); the update "
-                                f"was not applied. Lower learning_rate ({self.learning_rate}) or add warmup.")
-        self.params, self.opt_state, self.since_fired = params, opt_state, since_fired
-        self.steps += 1
-        return step_losses
+            config=self.config, optimizer=self.optimizer))
 
     def compiled_step(self, x):
         """The compiled training step for batches shaped as x (jax.stages.Compiled): its memory_analysis() and
@@ -83,18 +77,6 @@ class CrosscoderTrainer:
         x = checked_pairs(x, self.config.d_in)
         return _train_step.lower(self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps),
                                  jnp.int32(self.dead_tokens), config=self.config, optimizer=self.optimizer).compile()
-
-    def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
-        """Train on an iterable of paired batches (at most `steps` of them); returns each step's losses."""
-        self._check_source(getattr(batches, "source", None))
-        history = []
-        with Progress(steps, "crosscoder", enabled=progress) as bar:
-            for x in batches:
-                if steps is not None and len(history) >= steps:
-                    break
-                history.append(self.step(x))
-                bar.update(history[-1]["total"], len(x))
-        return history
 
     def _check_source(self, source: dict | None) -> None:
         """Refuse a stream of another site than the config's, of other models than the config names, or other than
@@ -111,23 +93,3 @@ class CrosscoderTrainer:
             raise AnalysisError(f"this crosscoder was trained on {self.source} and these activations come from "
                                 f"{source}; resume on the same site and pair of models, or start a new trainer.")
         self.source = source
-
-    def save(self, path):
-        """Everything needed to resume, in one .npz file at exactly `path` (replaced whole, never half-written)."""
-        settings = dict(config=dataclasses.asdict(self.config), learning_rate=self.learning_rate, warmup=self.warmup,
-                        dead_tokens=self.dead_tokens, seed=self.seed, source=self.source, steps=self.steps)
-        return write_state(path, settings, (self.params, self.opt_state, self.since_fired))
-
-    @classmethod
-    def resume(cls, path) -> CrosscoderTrainer:
-        """A trainer in the state `save` wrote: the next step is the one the saved run would have taken."""
-        def rebuild(settings):
-            steps = settings.pop("steps")
-            trainer = cls(CrosscoderConfig(**settings.pop("config")), **settings)
-            trainer.steps = steps
-            return trainer
-
-        trainer, state = read_state(path, "crosscoder", rebuild,
-                                    lambda trainer: (trainer.params, trainer.opt_state, trainer.since_fired))
-        trainer.params, trainer.opt_state, trainer.since_fired = state
-        return trainer

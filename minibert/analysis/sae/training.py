@@ -100,13 +100,17 @@ class Trainer:
             raise AnalysisError(f"a training batch is [N, {self.config.d_in}] activations; got shape {x.shape}.")
         # one NaN would reach every parameter through Adam's moments
         checked_finite(x, "this batch", "the step would put NaN into the SAE's parameters")
-        params, opt_state, since_fired, step_losses = _train_step(
+        return self._applied(*_train_step(
             self.params, self.opt_state, self.since_fired, x, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
-            config=self.config, optimizer=self.optimizer)
+            config=self.config, optimizer=self.optimizer))
+
+    def _applied(self, params, opt_state, since_fired, step_losses) -> dict[str, float]:
+        """Take one compiled step's result as the trainer's state, unless a loss is not finite (the trainer then
+        keeps its last finite state); the step's losses as floats."""
         losses = {name: float(value) for name, value in step_losses.items()}
-        if not all(np.isfinite(value) for value in losses.values()):  # the trainer keeps its last finite state
-            raise DivergedError(f"SAE step {self.steps}: the loss is not finite ({losses}); the update was not "
-                                f"applied. Lower learning_rate ({self.learning_rate}) or add warmup.")
+        if not all(np.isfinite(value) for value in losses.values()):
+            raise DivergedError(f"{self.what} step {self.steps}: the loss is not finite ({losses}); the update was "
+                                f"not applied. Lower learning_rate ({self.learning_rate}) or add warmup.")
         self.params, self.opt_state, self.since_fired = params, opt_state, since_fired
         self.steps += 1
         return losses
@@ -122,13 +126,18 @@ class Trainer:
         """Train on an iterable of batches (at most `steps` of them); returns each step's losses."""
         self._check_source(getattr(batches, "source", None))
         history = []
-        with Progress(steps, "SAE", enabled=progress) as bar:
-            for x in batches:
+        with Progress(steps, self.what, enabled=progress) as bar:
+            for batch in batches:
                 if steps is not None and len(history) >= steps:
                     break
-                history.append(self.step(x))
-                bar.update(history[-1]["total"], len(x))
+                history.append(self.step(batch))
+                bar.update(history[-1]["total"], self.rows(batch))
         return history
+
+    @staticmethod
+    def rows(batch) -> int:
+        """How many tokens a batch holds (the progress bar's count)."""
+        return len(batch)
 
     def _check_source(self, source: dict | None) -> None:
         """Batches from sae.activations say which hook and weights they read (ActivationStream.source): refuse a

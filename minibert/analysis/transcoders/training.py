@@ -39,8 +39,7 @@ from minibert.analysis.transcoders.model import (
     pre_activations,
 )
 from minibert.analysis.transcoders.source import IDENTITY
-from minibert.errors import AnalysisError, DivergedError
-from minibert.training.optim import Progress
+from minibert.errors import AnalysisError
 
 
 def _rectangle(u):
@@ -213,28 +212,13 @@ class Trainer(sae_training.Trainer):
         # one NaN would reach every parameter through Adam's moments
         for name, values in (("x", x), ("y", y)):
             checked_finite(values, f"this batch's {name}", "the step would put NaN into the transcoder's parameters")
-        params, opt_state, since_fired, step_losses = _train_step(
+        return self._applied(*_train_step(
             self.params, self.opt_state, self.since_fired, x, y, jnp.int32(self.steps), jnp.int32(self.dead_tokens),
-            config=_maths_only(config), optimizer=self.optimizer)
-        losses = {name: float(value) for name, value in step_losses.items()}
-        if not all(np.isfinite(value) for value in losses.values()):  # the trainer keeps its last finite state
-            raise DivergedError(f"transcoder step {self.steps}: the loss is not finite ({losses}); the update was not "
-                                f"applied. Lower learning_rate ({self.learning_rate}) or add warmup.")
-        self.params, self.opt_state, self.since_fired = params, opt_state, since_fired
-        self.steps += 1
-        return losses
+            config=_maths_only(config), optimizer=self.optimizer))
 
-    def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
-        """Train on an iterable of (x, y) batches (at most `steps` of them); returns each step's losses."""
-        self._check_source(getattr(batches, "source", None))
-        history = []
-        with Progress(steps, "transcoder", enabled=progress) as bar:
-            for x, y in batches:
-                if steps is not None and len(history) >= steps:
-                    break
-                history.append(self.step(x, y))
-                bar.update(history[-1]["total"], len(x))
-        return history
+    @staticmethod
+    def rows(batch) -> int:
+        return len(batch[0])  # an (x, y) pair of [N, d] arrays
 
     def _check_source(self, source: dict | None) -> None:
         """A stream from transcoders.activations names its weights, layer and hooks: refuse one of another site
