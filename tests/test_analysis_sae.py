@@ -606,3 +606,70 @@ def test_nan_activations_an_empty_stream_and_a_pickled_file_are_named(tiny_mlm, 
                                             r"never loaded\)") as raised:
         sae.Trainer.resume(pickled)
     assert "allow_pickle" not in str(raised.value) and "unsafely" not in str(raised.value)
+
+
+# ---- what a first-time user's mistakes get (a docs-only tester's findings) --------------------------------------
+
+def _tiny_trainer():
+    return sae.Trainer(sae.SAEConfig(d_in=4, d_sae=8, k=2))
+
+
+def test_save_replaces_only_a_trainer_checkpoint_and_never_a_users_file(tmp_path):
+    trainer = _tiny_trainer()
+    run = trainer.save(tmp_path / "run.npz")
+    trainer.step(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32))
+    assert trainer.save(run) == run and sae.Trainer.resume(run).steps == 1  # saving again during a run replaces it
+    notes, figure, arrays = tmp_path / "notes.txt", tmp_path / "plot.png", tmp_path / "arrays.npz"
+    notes.write_text("my notes")
+    figure.write_bytes(b"\x89PNG not really")
+    np.savez(arrays, x=np.arange(3))  # an .npz, but not a trainer's (no "settings")
+    for path in (notes, figure, arrays):
+        before = path.read_bytes()
+        with pytest.raises(DataFileError, match="not a trainer checkpoint.*another path"):
+            trainer.save(path)
+        assert path.read_bytes() == before
+    users = tmp_path / "run.npz.tmp"  # the old temporary file's name: a user's file of that name survives
+    users.write_text("mine")
+    trainer.save(run)
+    assert users.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["arrays.npz", "notes.txt", "plot.png", "run.npz",
+                                                          "run.npz.tmp"]  # no temporary file left
+
+
+def test_save_to_a_directory_or_under_a_file_is_refused_and_parents_are_created(tmp_path):
+    trainer = _tiny_trainer()
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(DataFileError, match="is a directory"):
+        trainer.save(tmp_path / "adir")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataFileError, match="afile"):
+        trainer.save(tmp_path / "afile" / "run.npz")
+    with pytest.raises(DataFileError, match="path"):
+        trainer.save(5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"] and not any((tmp_path / "adir").iterdir())
+    deep = trainer.save(tmp_path / "new" / "folder" / "run.npz")  # as transcoders.save and graphs.write_json do
+    assert sae.Trainer.resume(deep).steps == 0
+
+
+def test_configs_of_numpy_numbers_hold_python_numbers_and_save(tmp_path):
+    config = sae.SAEConfig(d_in=np.int64(4), d_sae=np.int32(8), k=np.int64(2), k_aux=np.int64(3),
+                           l1_warmup=np.int64(0), aux_coefficient=np.float32(0.5))
+    assert all(type(getattr(config, name)) is int for name in ("d_in", "d_sae", "k", "k_aux", "l1_warmup"))
+    assert type(config.aux_coefficient) is float and config.aux_coefficient == 0.5  # 0.5 is exact in float32
+    trainer = sae.Trainer(config)
+    trainer.save(tmp_path / "run.npz")
+    assert sae.Trainer.resume(tmp_path / "run.npz").config == config
+
+
+@pytest.mark.parametrize("steps", ["3", 3.0, -1, True])
+def test_train_refuses_a_step_count_that_is_no_whole_number(steps):
+    batches = [np.zeros((8, 4), np.float32)] * 4
+    with pytest.raises(AnalysisError, match=f"steps={steps!r} must be a whole number"):
+        _tiny_trainer().train(batches, steps=steps)
+
+
+@pytest.mark.parametrize("batch_size", ["16", 16.0, 0, True])
+def test_activations_refuse_a_batch_size_that_is_no_whole_number(tiny_mlm, batch_size):
+    model, _ = tiny_mlm
+    with pytest.raises(AnalysisError, match=f"batch_size={batch_size!r} must be a whole number ≥ 1"):
+        sae.activations(model, ["a text"], "blocks.1.mlp.hook_post", batch_size=batch_size)

@@ -458,3 +458,26 @@ def test_bad_settings_are_refused_by_name():
     with pytest.raises(AnalysisError, match="learning_rate=-1"):
         diffing.CrosscoderTrainer(config, learning_rate=-1)
     np.testing.assert_array_equal(diffing.norm_labels([0.05, 0.5, 0.95]), ["A-only", "shared", "B-only"])
+
+
+# ---- what a first-time user's mistakes get (a docs-only tester's findings) --------------------------------------
+
+def test_a_config_of_numpy_numbers_holds_python_numbers_and_saves(tmp_path):
+    config = diffing.CrosscoderConfig(d_in=np.int64(6), d_sae=np.int64(10), k=np.int64(3), k_aux=np.int64(2),
+                                      l1_warmup=np.int64(0), l1_coefficient=np.float32(0.5))
+    assert all(type(getattr(config, name)) is int for name in ("d_in", "d_sae", "k", "k_aux", "l1_warmup"))
+    assert type(config.l1_coefficient) is float and config.l1_coefficient == 0.5  # 0.5 is exact in float32
+    trainer = diffing.CrosscoderTrainer(config)
+    trainer.save(tmp_path / "run.npz")
+    assert diffing.CrosscoderTrainer.resume(tmp_path / "run.npz").config == config
+    (tmp_path / "notes.txt").write_text("mine")  # the shared writer: a user's file is refused, not replaced
+    with pytest.raises(DataFileError, match="not a trainer checkpoint"):
+        trainer.save(tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("batch_size", ["16", 16.0, 0])
+def test_paired_activations_refuse_a_batch_size_that_is_no_whole_number(mlm_pair, batch_size):
+    model_a, model_b, _, _ = mlm_pair
+    with pytest.raises(AnalysisError, match=f"batch_size={batch_size!r} must be a whole number ≥ 1"):
+        diffing.paired_activations(model_a, model_b, TEXTS, SITE, batch_size=batch_size)

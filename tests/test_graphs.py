@@ -430,3 +430,28 @@ def test_pruning_and_scores_match_circuit_tracer(bert):
     replacement_score, completeness = ct_graph.compute_graph_scores(theirs)
     ours = graphs.graph_scores(graph)
     assert ours == pytest.approx((replacement_score, completeness), rel=graph.adjacency.shape[0] * U32)
+
+
+# ---- what a first-time user's mistakes get (a docs-only tester's findings) --------------------------------------
+
+def test_write_json_refuses_paths_it_cannot_write(bert, tmp_path):
+    graph = bert[4]
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(AnalysisError, match="is a directory") as refused:
+        graphs.write_json(graph, tmp_path / "adir", slug="tiny")
+    assert "overwrite" not in str(refused.value)  # overwrite=True cannot replace a directory
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(AnalysisError, match="cannot write"):
+        graphs.write_json(graph, tmp_path / "afile" / "g.json", slug="tiny")
+    with pytest.raises(AnalysisError, match="cannot write"):
+        graphs.write_json(graph, "/proc/minibert-test.json", slug="tiny")
+    with pytest.raises(AnalysisError, match="path"):
+        graphs.write_json(graph, 5, slug="tiny")
+    assert (tmp_path / "afile").read_text() == "x" and not any((tmp_path / "adir").iterdir())
+
+
+@pytest.mark.parametrize("chunk", ["4", 0, -3, 2.5, True])
+def test_attribute_refuses_a_chunk_that_is_no_whole_number(bert, chunk):
+    model, batch, transcoders, targets, _ = bert
+    with pytest.raises(AnalysisError, match=f"chunk={chunk!r} must be a whole number ≥ 1"):
+        graphs.attribute(model, batch, transcoders, targets, chunk=chunk)

@@ -476,3 +476,30 @@ def test_feature_browser_shows_a_transcoders_latents(bert):
     # dot), the page's maxima rounded to 6 significant digits
     assert_close_to_scale([latent["max"] for latent in browser.data["latents"]], latents.max(0),
                           head_rtol(bert.config, S=32) + 1e-6, "latent maxima")
+
+
+# ---- what a first-time user's mistakes get (a docs-only tester's findings) --------------------------------------
+
+def test_a_config_of_numpy_numbers_holds_python_numbers_and_saves(tmp_path):
+    config = tc.TranscoderConfig(d_in=np.int64(D_IN), d_sae=np.int64(S), d_out=np.int32(D_OUT), layer=np.int64(0),
+                                 k=np.int64(3), k_aux=np.int64(2), sparsity_warmup=np.int64(1),
+                                 bandwidth=np.float32(0.5))
+    assert all(type(getattr(config, name)) is int
+               for name in ("d_in", "d_sae", "d_out", "layer", "k", "k_aux", "sparsity_warmup"))
+    assert type(config.bandwidth) is float and config.bandwidth == 0.5  # 0.5 is exact in float32
+    trainer = tc.Trainer(config)
+    trainer.save(tmp_path / "run.npz")
+    assert tc.Trainer.resume(tmp_path / "run.npz").config == config
+    tc.save(tmp_path / "saved", config, trainer.params)
+    assert tc.load(tmp_path / "saved")[0] == config
+
+
+def test_load_of_a_non_path_is_refused():
+    with pytest.raises(DataFileError, match="path"):
+        tc.load(3)
+
+
+@pytest.mark.parametrize("batch_size", ["16", 16.0, 0])
+def test_activations_refuse_a_batch_size_that_is_no_whole_number(bert, batch_size):
+    with pytest.raises(AnalysisError, match=f"batch_size={batch_size!r} must be a whole number ≥ 1"):
+        tc.activations(bert, ["a text"], 0, batch_size=batch_size)

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -155,7 +156,8 @@ class Trainer:
 
     def save(self, path) -> Path:
         """Everything needed to resume (parameters, Adam's moments, step, dead-latent counters, the stream trained
-        on) in one .npz file written at exactly `path` (no suffix added; replaced whole, never half-written)."""
+        on) in one .npz file written at exactly `path` (no suffix added; replaced whole, never half-written). A
+        file already there is replaced only if it is a trainer checkpoint itself; anything else is refused."""
         settings = dict(config=dataclasses.asdict(self.config), learning_rate=self.learning_rate, warmup=self.warmup,
                         dead_tokens=self.dead_tokens, seed=self.seed, source=self.source, steps=self.steps)
         return write_state(path, settings, (self.params, self.opt_state, self.since_fired))
@@ -177,14 +179,61 @@ class Trainer:
 
 def write_state(path, settings: dict, state) -> Path:
     """A trainer's JSON `settings` and the leaves of its `state` pytree in one .npz file at exactly `path` (no
-    suffix added; written beside it, then moved: replaced whole, never half-written)."""
-    path = Path(path)
+    suffix added; missing parent folders are created). Written to a temporary file of its own name in the same
+    folder, then moved over `path`: replaced whole, never half-written. An existing file is replaced only when it
+    is itself a trainer checkpoint (an .npz holding "settings": saving again during a run); any other file is the
+    user's and is refused."""
+    path = checkpoint_path(path)
+    text = json.dumps(settings)  # before anything is written: a setting JSON cannot hold leaves no file behind
     leaves = jax.tree_util.tree_leaves(state)
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as file:  # a file object: np.savez appends no ".npz"
-        np.savez(file, settings=json.dumps(settings), **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as error:
+        raise DataFileError(f"cannot write a checkpoint at {path} ({error.strerror or error}); pass a path in a "
+                            f"folder you can write.") from None
+    try:
+        with os.fdopen(descriptor, "wb") as file:  # a file object: np.savez appends no ".npz"
+            np.savez(file, settings=text, **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+        os.replace(temporary, path)
+    except BaseException as error:
+        Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise DataFileError(f"cannot write a checkpoint at {path} ({error.strerror or error}); pass another "
+                                f"path.") from None
+        raise
     return path
+
+
+def checkpoint_path(path) -> Path:
+    """`path` as a Path that write_state may write: not a directory, not under a file, and either free or a trainer
+    checkpoint already (an .npz whose arrays include "settings")."""
+    if not isinstance(path, str | os.PathLike):
+        raise DataFileError(f"a checkpoint path is a str or pathlib.Path, such as 'run.npz'; got "
+                            f"{type(path).__name__} {path!r}.")
+    path = Path(path)
+    if path.is_dir():
+        raise DataFileError(f"{path} is a directory; save to a file path such as {path / 'run.npz'}.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise DataFileError(f"cannot write a checkpoint at {path}: {parent} is a file, not a folder; pass "
+                                    f"another path.")
+            break
+    if path.exists() and not _is_checkpoint(path):
+        raise DataFileError(f"{path} exists and is not a trainer checkpoint (an .npz Trainer.save wrote); save to "
+                            f"another path, or delete that file first.")
+    return path
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """Whether `path` is an .npz archive holding a "settings" array (what write_state writes), read by its zip
+    directory only: nothing of it is loaded."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return "settings.npy" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def read_state(path, what: str, rebuild, state_of):
