@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis.sae.model import checked_finite
+from minibert.analysis.sae.model import checked_finite, python_numbers
 from minibert.errors import AnalysisError
 
 ARCHITECTURES = ("batchtopk", "l1")
@@ -51,6 +51,7 @@ class CrosscoderConfig:
     model_names: tuple[str, str] | None = None  # (A, B), e.g. ("base", "fine-tuned"); the stream's sources
 
     def __post_init__(self):
+        python_numbers(self)
         if self.architecture not in ARCHITECTURES:
             raise AnalysisError(f"architecture={self.architecture!r}: pick 'batchtopk' (Minder et al. 2025) or 'l1' "
                                 f"(Lindsey et al. 2024).")

@@ -43,6 +43,7 @@ class SAEConfig:
     model_name: str | None = None
 
     def __post_init__(self):
+        python_numbers(self)
         if self.architecture not in ARCHITECTURES:
             raise AnalysisError(f"architecture={self.architecture!r}: pick 'topk' (Gao et al. 2024) or 'relu' (L1).")
         least = {"d_in": 1, "d_sae": 1, "k": 1, "l1_warmup": 0} | ({"k_aux": 1} if self.k_aux is not None else {})
@@ -60,6 +61,19 @@ class SAEConfig:
     @property
     def aux_k(self) -> int:
         return min(self.d_sae, self.k_aux if self.k_aux is not None else max(1, self.d_in // 2))
+
+
+def python_numbers(config) -> None:
+    """Replace a frozen config's NumPy integers and floats (np.int64(384), np.float32(0.5)) by Python's int and
+    float, in place, before it is checked: the trainers' checkpoints and the SAELens cfg.json are JSON, which holds
+    no NumPy scalar. NumPy bools are left alone (they are no count, and the checks refuse them where a count is
+    asked for)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, np.integer):
+            object.__setattr__(config, field.name, int(value))
+        elif isinstance(value, np.floating):
+            object.__setattr__(config, field.name, float(value))
 
 
 def checked_finite(x: np.ndarray, what: str, why: str) -> None:

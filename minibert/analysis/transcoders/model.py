@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis.sae.model import python_numbers
 from minibert.errors import AnalysisError
 
 ARCHITECTURES = ("relu", "topk", "batchtopk", "jumprelu")
@@ -56,6 +57,7 @@ class TranscoderConfig:
     threshold_rate: float = 0.01  # batchtopk: the moving average's rate, as SAELens' topk_threshold_lr
 
     def __post_init__(self):
+        python_numbers(self)
         if self.architecture not in ARCHITECTURES:
             raise AnalysisError(f"architecture={self.architecture!r}: pick one of {', '.join(ARCHITECTURES)}.")
         for name in ("d_in", "d_sae", "d_out", "k"):
