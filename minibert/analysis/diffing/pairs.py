@@ -20,6 +20,7 @@ from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.sae.source import (
     ActivationCache,
     ActivationStream,
+    check_counts,
     forward_batches,
     hook_width,
     shuffled,
@@ -77,8 +78,7 @@ def paired_activations(model_a, model_b, texts: Iterable[str] | str | Path, hook
     of A and B swapped) is refused. The stream's `.source` is pair_source's record, which CrosscoderTrainer.train
     checks."""
     check_pair(model_a, model_b, hook_name)
-    if buffer_tokens < 2 * batch_size:
-        raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
+    check_counts(batch_size, buffer_tokens, batch_tokens, seed)
     if batch_tokens is None:
         batch_tokens = packing.default_batch_tokens(jax.devices()[0].platform)
     max_length = row_length(model_a, model_b, max_length)

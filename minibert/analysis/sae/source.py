@@ -26,7 +26,7 @@ from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.corpus.step import packed_captures
 from minibert.core.hooks import site_axes
-from minibert.errors import AnalysisError, DataFileError, MinibertError
+from minibert.errors import AnalysisError, DataFileError, MinibertError, is_whole
 
 CACHE_INFO = "activations.json"
 
@@ -252,8 +252,7 @@ def shuffled_batches(model, texts, hook_names: tuple[str, ...], cache_key: dict,
     """activations' batches [batch_size, Σd] of the hooks `hook_names` side by side (one forward per batch
     captures them all), for sae.activations (one hook) and transcoders.activations (an MLP's input and output).
     cache_key: the weights digest and what names the hooks, for the cache's record (which adds max_length)."""
-    if buffer_tokens < 2 * batch_size:
-        raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
+    check_counts(batch_size, buffer_tokens, batch_tokens, seed)
     if batch_tokens is None:
         batch_tokens = packing.default_batch_tokens(jax.devices()[0].platform)
     max_length = min(128, model.config.max_tokens) if max_length is None else max_length
@@ -271,6 +270,20 @@ def shuffled_batches(model, texts, hook_names: tuple[str, ...], cache_key: dict,
     forward = (values[:, 0] for values in forward_batches((model,), rows, pairs, tuple(hook_names), max_length,
                                                           batch_tokens))
     return shuffled(forward if store is None else store.write(forward, digest), batch_size, buffer_tokens, seed)
+
+
+def check_counts(batch_size, buffer_tokens, batch_tokens, seed) -> None:
+    """The streams' counts, checked when the stream is made (a generator would only fail when first iterated, with
+    Python's own TypeError or ZeroDivisionError): whole numbers, the buffer at least two batches."""
+    counts = {"batch_size": (batch_size, 1), "buffer_tokens": (buffer_tokens, 1), "seed": (seed, 0)}
+    if batch_tokens is not None:
+        counts["batch_tokens"] = (batch_tokens, 1)
+    for name, (value, smallest) in counts.items():
+        if not is_whole(value) or value < smallest:
+            raise AnalysisError(f"{name}={value!r} must be a whole number ≥ {smallest}"
+                                f"{' (or None: the default)' if name == 'batch_tokens' else ''}.")
+    if buffer_tokens < 2 * batch_size:
+        raise AnalysisError(f"buffer_tokens={buffer_tokens} must hold at least two batches ({2 * batch_size}).")
 
 
 class ActivationStream:

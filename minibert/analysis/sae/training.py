@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from minibert.analysis.sae.model import SAEConfig, checked_finite, init_params, losses, unit_decoder
-from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DivergedError
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DivergedError, is_whole
 from minibert.training.optim import Progress, adamw, learning_rate_schedule
 
 
@@ -125,6 +125,8 @@ class Trainer:
 
     def train(self, batches, steps: int | None = None, progress: bool = False) -> list[dict[str, float]]:
         """Train on an iterable of batches (at most `steps` of them); returns each step's losses."""
+        if steps is not None and (not is_whole(steps) or steps < 0):
+            raise AnalysisError(f"steps={steps!r} must be a whole number ≥ 0 (or None: every batch given).")
         self._check_source(getattr(batches, "source", None))
         history = []
         with Progress(steps, self.what, enabled=progress) as bar:
