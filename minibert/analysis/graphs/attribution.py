@@ -40,7 +40,7 @@ from minibert.analysis.graphs.replacement import (
 from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
 from minibert.analysis.sweeps import chunked_map
 from minibert.analysis.transcoders.model import decode
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, is_whole
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 
@@ -206,6 +206,9 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     built from `transcoders` (a list of (TranscoderConfig, params), one per block) for `targets` (a Target or a
     list of them; target_weights: how pruning weighs each, default equal, summing to 1). Two compiled programs:
     the run, then every row of the graph (chunk: rows per vmapped backward, default from the memory budget)."""
+    if chunk is not None and (not is_whole(chunk) or chunk < 1):
+        raise AnalysisError(f"chunk={chunk!r} must be a whole number ≥ 1 (rows per vmapped backward; rounded down "
+                            f"to a power of two), or None to size it from the memory budget.")
     check_model(model)
     inputs = model.inputs(batch)
     if inputs.shape[0] != 1:

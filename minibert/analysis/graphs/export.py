@@ -12,6 +12,7 @@ circuit-tracer writes it for its own.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -76,11 +77,20 @@ def graph_json(graph, *, slug: str, scan: str = "minibert", prompt: str = "", no
 
 
 def write_json(graph, path, *, slug: str, overwrite: bool = False, **options) -> Path:
-    """graph_json(graph, slug=…, **options) written to `path`; an existing file is refused unless overwrite=True."""
+    """graph_json(graph, slug=…, **options) written to `path` (missing folders created); an existing file is
+    refused unless overwrite=True."""
+    if not isinstance(path, str | os.PathLike):
+        raise AnalysisError(f"path is the file to write the graph to, a str or pathlib.Path such as 'graph.json'; "
+                            f"got {type(path).__name__} {path!r}.")
     path = Path(path)
+    if path.is_dir():  # overwrite=True could not replace it
+        raise AnalysisError(f"{path} is a directory; write to a file path such as {path / 'graph.json'}.")
     if path.exists() and not overwrite:
         raise AnalysisError(f"{path} exists; pass overwrite=True to replace it, or another path.")
-    data = graph_json(graph, slug=slug, **options)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
+    text = json.dumps(graph_json(graph, slug=slug, **options), indent=2)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as error:
+        raise AnalysisError(f"cannot write {path} ({error.strerror or error}); write to another path.") from None
     return path

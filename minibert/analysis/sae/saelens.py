@@ -20,6 +20,7 @@ SAELens names hooks TransformerLens' way, and minibert's hook names are Transfor
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,18 @@ def save(path, config: SAEConfig, params, *, overwrite: bool = False) -> Path:
     return path
 
 
+def directory_path(path, what: str) -> Path:
+    """`path` as a Path, or a DataFileError naming what a directory of the `what` is given as."""
+    if not isinstance(path, str | os.PathLike):
+        raise DataFileError(f"a {what} directory's path is a str or pathlib.Path, such as 'my-{what}'; got "
+                            f"{type(path).__name__} {path!r}.")
+    return Path(path)
+
+
 def writable_directory(path, overwrite: bool, what: str) -> Path:
     """`path` made a directory to write cfg.json and the weights into; one already holding either is refused
     unless overwrite=True (nothing of the user's is replaced unasked)."""
-    path, overwrite = Path(path), refuse_unless_flag("overwrite", overwrite, DataFileError)
+    path, overwrite = directory_path(path, what), refuse_unless_flag("overwrite", overwrite, DataFileError)
     if path.exists() and not path.is_dir():
         raise DataFileError(f"{path} is a file; pass a directory to save the {what} into.")
     held = [name for name in (CFG, WEIGHTS) if (path / name).exists()]
@@ -106,7 +115,7 @@ def read_weights(path: Path, what: str) -> dict[str, np.ndarray]:
 
 def load(path) -> tuple[SAEConfig, dict[str, np.ndarray]]:
     """(config, params) from a directory in SAELens' layout (written by save, or by SAELens' save_model)."""
-    path = Path(path)
+    path = directory_path(path, "SAE")
     cfg = read_cfg(path, ("d_in", "d_sae"), "sae.save")
     ours = {saelens: mine for mine, saelens in SAELENS_ARCHITECTURE.items()}
     if cfg.get("architecture") not in ours:

@@ -30,7 +30,15 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from minibert.analysis.sae.saelens import CFG, SAELENS_LAYOUT, WEIGHTS, read_cfg, read_weights, writable_directory
+from minibert.analysis.sae.saelens import (
+    CFG,
+    SAELENS_LAYOUT,
+    WEIGHTS,
+    directory_path,
+    read_cfg,
+    read_weights,
+    writable_directory,
+)
 from minibert.analysis.transcoders.model import TranscoderConfig, init_params
 from minibert.errors import AnalysisError, DataFileError
 
@@ -100,7 +108,7 @@ def load(path) -> tuple[TranscoderConfig, dict[str, np.ndarray]]:
     """(config, params in minibert's shapes) from a directory in SAELens 6's transcoder layout (written by save,
     or by SAELens' save_model for its transcoder, skip_transcoder, jumprelu_transcoder and
     jumprelu_skip_transcoder)."""
-    path = Path(path)
+    path = directory_path(path, "transcoder")
     cfg = read_cfg(path, ("d_in", "d_sae", "d_out"), "transcoders.save")
     if cfg.get("architecture") not in READ:
         raise DataFileError(f"{path / CFG}: architecture {cfg.get('architecture')!r}; minibert reads the transcoders "
