@@ -49,6 +49,11 @@ class AnalysisError(MinibertError, ValueError):
     """Arguments an analysis cannot use (shapes, indices, settings)."""
 
 
+class AnalysisWarning(UserWarning):
+    """A result an analysis computed but cannot vouch for as asked (an integral short of its points): names the
+    rows and the setting to change. Raised at the caller's line."""
+
+
 class VizError(MinibertError, ValueError):
     """Arguments a figure or view cannot draw."""
 
