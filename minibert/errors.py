@@ -17,6 +17,22 @@ from pathlib import Path
 import numpy as np
 
 
+def _check_package() -> None:
+    """Refuse to run under a namespace `minibert`: Python's `import minibert` in the folder that holds a clone
+    named minibert/ (with minibert installed editable, or not at all) finds the clone's folder first, as a
+    namespace package without our __init__ (no __file__), whose modules then load half-way and fail far from
+    the cause. Nearly every module imports this one first, so the cause is named here."""
+    package = sys.modules.get("minibert")
+    if package is not None and getattr(package, "__file__", None) is None:
+        folders = ", ".join(str(folder) for folder in getattr(package, "__path__", []))
+        raise ImportError(f"`minibert` was imported as a namespace package from {folders}: a folder named minibert "
+                          f"in the current directory (the clone itself, run from the folder that holds it) hides "
+                          f"the installed package. Run Python inside the clone, or from another directory.")
+
+
+_check_package()
+
+
 class MinibertError(Exception):
     """Base class: the input (or the environment) is wrong, and the message says how to fix it."""
 
@@ -47,6 +63,11 @@ class HookError(MinibertError, ValueError):
 
 class AnalysisError(MinibertError, ValueError):
     """Arguments an analysis cannot use (shapes, indices, settings)."""
+
+
+class AnalysisWarning(UserWarning):
+    """A result an analysis computed but cannot vouch for as asked (an integral short of its points): names the
+    rows and the setting to change. Raised at the caller's line."""
 
 
 class VizError(MinibertError, ValueError):

@@ -6,6 +6,8 @@ the MLP's hook_pre = x·W_in + b_in, post-LN BERT) by a hook, and jax.jvp of the
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,9 +17,11 @@ from test_families_modern import make_modernbert
 from tolerances import dot_rtol, forward_rtol
 
 import minibert
+from minibert.analysis import interventions
 from minibert.analysis.circuits import circuit_faithfulness, edge_attribution, path_patching
 from minibert.analysis.circuits.edges import receiver_labels, sender_labels
 from minibert.core.hooks import HookFn
+from minibert.errors import AnalysisWarning
 
 CLEAN = ["abc de f", "hello world"]
 CORRUPTED = ["abc xy f", "hello there world"]  # longer: the clean rows are padded to align
@@ -292,3 +296,27 @@ def test_a_single_patched_edge_is_its_receivers_change_pre_ln(tmp_path):
         assert abs(ours - literal) <= rtol * max(abs(literal), abs(plain)), (sender, receiver, ours, literal)
         moved += abs(literal - plain) > 100 * rtol * abs(plain)
     assert moved >= 5  # the patches move the metric: the comparison is not of two clean runs
+
+
+@pytest.mark.slow
+def test_a_pair_against_single_sentences_warns_and_each_result_names_its_direction(classifier):
+    """Before: edge attribution between sentence pairs and single sentences ran without a word, though the runs
+    then differ in their segments too; and no result said which run was patched into which. edge_attribution,
+    circuit_faithfulness and path_patching patch corrupted into clean; patch_activations clean into corrupted."""
+    model = classifier
+    pairs = model.tokenize(CLEAN, ["de", "xy"])
+    with pytest.warns(AnalysisWarning, match=r"the clean batch holds sentence pairs .* and the corrupted batch "
+                                             r"single sentences") as caught:
+        graph = edge_attribution(model, pairs, CORRUPTED, logit_difference)
+    assert caught[0].filename == __file__
+    with pytest.warns(AnalysisWarning, match=r"the corrupted batch holds sentence pairs"):
+        edge_attribution(model, CORRUPTED, pairs, logit_difference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnalysisWarning)
+        edge_attribution(model, CLEAN, CORRUPTED, logit_difference)  # both single: no warning
+    assert graph.direction == "corrupted into clean" and "direction='corrupted into clean'" in repr(graph)
+    result = circuit_faithfulness(model, CLEAN, CORRUPTED, logit_difference, graph.circuit(top=3))
+    assert result.direction == "corrupted into clean" and "direction='corrupted into clean'" in repr(result)
+    _, baselines = interventions.patch_activations(model, CLEAN, CORRUPTED, logit_difference, baselines=True)
+    assert baselines.direction == "clean into corrupted"
+    assert interventions.ablation_sweep(model, CLEAN, logit_difference, baselines=True)[1].direction is None

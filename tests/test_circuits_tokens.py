@@ -4,6 +4,8 @@ LayerIntegratedGradients on a transformers model."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import make_hf_model
@@ -12,7 +14,7 @@ from tolerances import dot_rtol, forward_rtol, sum_rtol
 import minibert
 from minibert.analysis.circuits import integration_points, token_attribution
 from minibert.core.hooks import HookFn
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, AnalysisWarning
 
 TEXTS = ["abc de f", "hello world"]
 
@@ -167,3 +169,26 @@ def test_equals_captum_layer_integrated_gradients(classifier):
     ours = token_attribution(model, batch, logit_one)
     scale = np.abs(theirs).sum(-1).max()
     assert np.abs(ours.scores - theirs.sum(-1)).max() <= gradient_rtol(model, ids.shape[1], 50) * scale
+
+
+@pytest.mark.slow
+def test_a_short_integral_warns_with_the_steps_it_needs(classifier):
+    """Before: one Riemann point left the attributions far from F(x) − F(x') without a word. The warning names
+    the rows past 5 % of |F(x) − F(x')| and the steps the worst needs (its error falls as 1/steps, so steps ×
+    |gap| / allowed), at the caller's line; 50 Gauss–Legendre points (test_completeness_within_rounding's bound
+    on this model) do not warn."""
+    model, _ = classifier
+    with pytest.warns(AnalysisWarning, match=r"integrated gradients with steps=1 \(riemann_right\)") as caught:
+        result = token_attribution(model, TEXTS, logit_one, steps=1, integration="riemann_right")
+    gap = np.abs(result.completeness_gap)
+    allowed = 0.05 * np.abs(result.metric - result.baseline_metric)
+    assert np.any(gap > allowed)  # the case warns for a reason the result shows
+    rows = np.flatnonzero(gap > allowed)
+    worst = rows[np.argmax(gap[rows] / allowed[rows])]
+    message = str(caught[0].message)
+    assert f"in row(s) {', '.join(map(str, rows))} " in message
+    assert f"needs about steps={int(np.ceil(gap[worst] / allowed[worst]))} (its error falls as 1/steps)" in message
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnalysisWarning)
+        token_attribution(model, TEXTS, logit_one)

@@ -135,3 +135,25 @@ def test_a_config_carries_its_family_and_an_architecture_of_that_family():
 
 def test_head_label_is_one_indexed():
     assert [head_label(0, 3), head_label(2, 5), head_label(11, 11)] == ["1-4", "3-6", "12-12"]
+
+
+def test_id2label_answers_as_transformers_dict_and_as_the_tuple_it_was():
+    """Before: config.id2label was a tuple only, so code written for transformers' dict (`.items()`, `.get`)
+    failed, and Config(id2label={0: ..., 1: ...}) was taken as the dict itself. Now a dict in class order and a
+    tuple give one config, whose id2label has transformers' items, keys, values and get, and is still the tuple
+    of names (indexing, iteration, equality, hashing: Config is a static argument of jit)."""
+    theirs = transformers.BertConfig(id2label={1: "pos", 0: "neg", 2: "mixed"}).id2label
+    given = Config(id2label={1: "pos", 0: "neg", 2: "mixed"})
+    assert given == Config(id2label=("neg", "pos", "mixed")) and hash(given) == hash(Config(id2label=("neg", "pos",
+                                                                                                      "mixed")))
+    labels = given.id2label
+    assert dict(labels.items()) == theirs  # transformers keeps the order given; ours is class order
+    assert list(labels.items()) == [(0, "neg"), (1, "pos"), (2, "mixed")]
+    assert list(labels.keys()) == sorted(theirs) and list(labels.values()) == [theirs[c] for c in sorted(theirs)]
+    assert labels.get(1) == theirs.get(1) == "pos" and labels.get(7) is theirs.get(7) is None
+    assert labels == ("neg", "pos", "mixed") and list(labels) == ["neg", "pos", "mixed"] and labels[2] == "mixed"
+    assert given.num_labels == 3
+    loaded = read_config(hf_config("BertForSequenceClassification", id2label={"1": "pos", "0": "neg"}))
+    assert dict(loaded.id2label.items()) == {0: "neg", 1: "pos"}
+    with pytest.raises(ConfigError, match=r"id2label's class ids must be 0 … 1, got \[0, 2\]"):
+        Config(id2label={0: "neg", 2: "pos"})

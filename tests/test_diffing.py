@@ -250,6 +250,18 @@ def test_resumed_training_takes_the_same_steps_and_refuses_another_pair(mlm_pair
         resumed.train(_stream(model_b, model_a))
 
 
+def test_a_crosscoder_takes_its_site_from_the_stream(mlm_pair):
+    """A tester's finding: the README's snippet (a config with no hook_name, trained on a paired stream) failed at
+    what_changed with "names no hook_name"; the trainer now records the stream's site in its config."""
+    model_a, model_b, _, _ = mlm_pair
+    trainer = diffing.CrosscoderTrainer(diffing.CrosscoderConfig(d_in=32, d_sae=16, k=2), dead_tokens=32)
+    trainer.train(_stream(model_a, model_b), steps=1)
+    assert trainer.config.hook_name == SITE
+    with pytest.raises(AnalysisError, match="the crosscoder reads 'blocks.1.hook_resid_post'"):
+        trainer.train(diffing.paired_activations(model_a, model_b, TEXTS, "blocks.0.hook_resid_post",
+                                                 batch_size=16, buffer_tokens=48, batch_tokens=64), steps=1)
+
+
 def test_weight_change_against_numpy_on_transformers_weights(mlm_pair):
     """Relative Frobenius change per head (rows h·K … of the query/key/value weights, columns of the attention
     output's dense) and per matrix, from the PyTorch state dicts."""

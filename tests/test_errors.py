@@ -345,3 +345,28 @@ def test_an_architecture_that_is_not_a_name_is_named(tiny):
     with pytest.raises(minibert.ConfigError, match=re.escape("architecture must be a class name such as "
                                                              "\"BertModel\", got ['BertModel']")):
         minibert.load(tiny, architecture=["BertModel"])
+
+
+def test_a_namespace_minibert_is_named(tmp_path):
+    """Before: in the folder that holds a clone named minibert/ (minibert installed editable), `import minibert`
+    found the clone's folder as a namespace package, and `from minibert import training` loaded our modules
+    under it without our __init__ (here it even imported, with `minibert.load` missing; elsewhere a raw error
+    far from the cause). The namespace is built here as Python builds it there: the folder first, the package's
+    own folder reachable after it. Now the first of our modules to load names the cause."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "minibert").mkdir()  # the clone's root: no __init__.py
+    package = Path(minibert.__file__).parent
+    code = (f"import minibert; "  # python -c: the current directory first on sys.path
+            f"assert getattr(minibert, '__file__', None) is None; minibert.__path__.append({str(package)!r}); "
+            f"from minibert import training")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"ImportError: `minibert` was imported as a namespace package from {tmp_path / 'minibert'}, "
+                    f"{package}: a folder named minibert in the current directory (the clone itself, run from the "
+                    f"folder that holds it) hides the installed package. Run Python inside the clone, or from "
+                    f"another directory."), done.stderr[-2000:]

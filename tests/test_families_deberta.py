@@ -301,7 +301,7 @@ def test_released_checkpoints_extra_keys_are_left_unused(tmp_path):
     (dict(relative_attention=False), "relative_attention"),
     (dict(norm_rel_ebd="layer_norm|other"), "norm_rel_ebd"),
     (dict(pos_att_type="p2c|c2p|p2p"), "pos_att_type"),
-    (dict(type_vocab_size=2), "type_vocab_size"),
+    (dict(type_vocab_size=3), "type_vocab_size = 3"),  # 2 rows load (test_two_segments_…)
     (dict(pooler_hidden_act="relu"), "pooler_hidden_act"),
     (dict(embedding_size=20), "embedding_size"),
     (dict(attention_head_size=5), "attention_head_size = 5"),  # the heads are 30 / 5 = 6 wide
@@ -476,3 +476,33 @@ def test_transformers_segment_ids_are_accepted_and_ignored(tmp_path):
     np.testing.assert_array_equal(with_types, model(batch | {"token_type_ids": 0 * types}).last_hidden_state)
     with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, 2\)"):
         model(batch | {"token_type_ids": 2 * types})
+
+
+@pytest.mark.slow
+def test_two_segments_load_with_the_tokenizers_pair_segments(tmp_path):
+    """Before: type_vocab_size = 2, which transformers loads (DebertaV2Tokenizer giving sentence B segment 1),
+    was refused. Loaded, a pair's batch is transformers' tokenizer's (segments 0/1 too) and the hidden states
+    are DebertaV2Model's on it within deberta_rtol; its segment-1 row is read (segments all 0 differ)."""
+    import transformers
+
+    hf_model = make_deberta(tmp_path, "Model", **dict(V2, type_vocab_size=2, vocab_size=150))
+    for written in ("vocab.txt", "tokenizer_config.json"):  # the Unigram tokenizer in their place
+        (tmp_path / written).unlink()
+    write_deberta_tokenizer(tmp_path)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    model = minibert.load(tmp_path)
+    first, second = ["the cat sat", "a dog ran far away"], ["on the mat", "home"]
+    batch = model.tokenize(first, second)
+    theirs = hf_tokenizer(first, second, padding=True, return_tensors="np")
+    for name in ("input_ids", "token_type_ids", "attention_mask"):
+        np.testing.assert_array_equal(np.asarray(getattr(batch, name)), theirs[name], err_msg=name)
+    assert np.asarray(batch.token_type_ids).max() == 1
+    with torch.no_grad():
+        ref = hf_model(**{k: torch.tensor(v) for k, v in theirs.items()}).last_hidden_state.numpy()
+    ours = np.asarray(model(batch).last_hidden_state)
+    real = np.asarray(batch.attention_mask) > 0
+    tol = deberta_rtol(model.config, batch.input_ids.shape[1], model.config.num_hidden_layers + 1)
+    assert_close_to_scale(ours, ref, tol, "last hidden state", where=real)
+    zeros = np.asarray(model(batch.to_dict() | {"token_type_ids": 0 * np.asarray(batch.token_type_ids)})
+                       .last_hidden_state)
+    assert np.abs(zeros - ours)[real].max() > 100 * tol * np.abs(ref).max()  # the check is not vacuous

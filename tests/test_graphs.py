@@ -312,6 +312,14 @@ def test_json_loads_in_circuit_tracer(bert, tmp_path):
     assert [n["node_id"] for n in data["nodes"] if n["feature_type"] == "logit"] == ["3_7_2", f"3_{99 + 1}_0"]
     with pytest.raises(AnalysisError, match="overwrite"):
         graphs.write_json(graph, path, slug="tiny")
+    every = graphs.graph_json(graph, slug="all", node_threshold=1.0, edge_threshold=1.0)  # nothing pruned
+    node_ids = [node["node_id"] for node in every["nodes"]]
+    assert len(node_ids) == len(set(node_ids))  # circuit-tracer's error id "0_{layer}_{pos}" named two nodes
+    assert any(node["feature_type"] == "mlp reconstruction error" for node in every["nodes"])
+    pruned = graphs.prune(graph)
+    for write in (lambda g: graphs.write_json(g, tmp_path / "p.json", slug="p"), graphs.graph_scores):
+        with pytest.raises(AnalysisError, match="not a PrunedGraph.*pass pruned.graph"):
+            write(pruned)
     graph_models = pytest.importorskip("circuit_tracer.frontend.graph_models")
     loaded = graph_models.Model.model_validate_json(path.read_text())
     assert len(loaded.nodes) == len(data["nodes"]) and len(loaded.links) == len(data["links"])
@@ -349,6 +357,22 @@ def test_bad_transcoders_are_refused(bert):
     for case, given in cases.items():
         with pytest.raises(AnalysisError, match=messages[case]):
             graphs.attribute(model, batch, given, targets)
+
+
+def test_transcoders_of_other_weights_are_refused_unless_asked(bert):
+    """A tester's finding: transcoders whose config records other model weights (trained on a fine-tune, say)
+    built a graph of this model in silence; spliced_fidelity refuses them. Both now refuse unless other_weights."""
+    import dataclasses
+
+    model, batch, transcoders, targets, graph = bert
+    other = [(dataclasses.replace(config, weights="deadbeefdeadbeef"), params) for config, params in transcoders]
+    with pytest.raises(AnalysisError, match="trained on the model weights deadbeefdeadbeef.*other_weights=True"):
+        graphs.attribute(model, batch, other, targets)
+    key = tuple(int(v) for v in graph.active_features[0])
+    with pytest.raises(AnalysisError, match="other_weights=True"):
+        graphs.intervene(model, batch, other, graph, {key: 0.0}, mode="clamp")
+    again = graphs.attribute(model, batch, other, targets, other_weights=True)
+    np.testing.assert_array_equal(again.adjacency, graph.adjacency)  # the same program on the same arrays
 
 
 def test_a_target_reading_a_missing_head_is_refused(tmp_path):

@@ -162,3 +162,39 @@ def test_a_run_saved_without_fingerprints_says_so(tmp_path):
     with pytest.raises(InputError, match="saved by an earlier minibert, without the fingerprints"):
         Checkpoints(tmp_path / "run").restore(state, {"epochs": 1, "data": "0" * 32, "base": "1" * 32})
     assert Checkpoints(tmp_path / "run").restore(state, {"epochs": 1})[0] == 2  # settings as saved: restored
+
+
+HOOKED_RUN = """
+import functools, json, sys
+import minibert
+from minibert import training
+def picked(name):  # a set literal: its frozenset constant's order follows the process's string hashes
+    return name in {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "embed.hook_out"}
+def scaled(value, ctx, pick):
+    return value * 0.5 if pick(ctx.name) else value
+hooks = {"blocks.0.hook_resid_post": functools.partial(scaled, pick=picked)}  # a function among its arguments
+rows = [tuple(row) for row in json.loads(sys.argv[3])]
+result = training.finetune(minibert.load(sys.argv[1]), rows, resume=sys.argv[2], hooks=hooks, **json.loads(sys.argv[4]))
+print(json.dumps(result.history.loss))
+"""
+
+
+@pytest.mark.slow
+def test_a_finished_hooked_run_resumes_in_another_process(saved_run, tmp_path):
+    """Before: resuming a finished run in a new process with the same hook was refused ("the hooks ... differ"):
+    the hook's fingerprint held its frozenset constant in the order of that process's string hashes
+    (PYTHONHASHSEED 0 and 2 order these three names differently), and a partial's function argument by its
+    address. Resumed, the finished run gives its history with no new step."""
+    model, rows, run = saved_run
+
+    def finetune(seed):
+        done = subprocess.run([sys.executable, "-c", HOOKED_RUN, str(run.parent / "hf"), str(tmp_path / "run"),
+                               json.dumps(rows), json.dumps(QUICK)],
+                              env=os.environ | {"PYTHONPATH": os.getcwd(), "PYTHONHASHSEED": str(seed)},
+                              capture_output=True, text=True, timeout=600)  # the timeout guards against a hang
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first = finetune(0)
+    assert len(first) == 2  # 8 rows in batches of 4, one epoch
+    assert finetune(2) == first

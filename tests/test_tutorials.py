@@ -94,6 +94,8 @@ VARIANTS = {
          "sentences = syntax.read_conllu(syntax.sample_treebank())[1::2]")],
     "09_circuits": [
         ('QUESTION = "what do you think of the {a} ?"', 'QUESTION = "how would you rate the {a} , all in all ?"')],
+    "10_features_and_graphs": [
+        ('TEXT = "the battery on this phone is excellent ."', 'TEXT = "sadly , my old phone had a weak battery ."')],
     "11_model_diffing": [
         ('QUESTION = "what do you think of the {a} ?"', 'QUESTION = "how would you rate the {a} , all in all ?"')],
 }

@@ -98,6 +98,12 @@ class Baselines(NamedTuple):
     clean: float
     corrupted: float | None = None  # ablation_sweep: None (the ablated runs are the grid itself)
 
+    @property
+    def direction(self) -> str | None:
+        """Which way the grid's runs were patched: "clean into corrupted" (patch_activations), None for an
+        ablation."""
+        return None if self.corrupted is None else "clean into corrupted"
+
 
 def _plain_metric(model, inputs, metric) -> float:
     """The mean metric of the batch's plain run, as the sweep's metric contract reads it (one compiled program)."""
@@ -222,6 +228,8 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
 
     baselines=True returns (grid, Baselines(clean, corrupted)): the metric of the clean and of the corrupted run
     with nothing patched (each padded as the sweep pads it), for (grid − corrupted) / (clean − corrupted).
+    Direction: clean into corrupted (Baselines.direction says so); edge_attribution, circuit_faithfulness and
+    path_patching patch the other way, corrupted into clean.
     """
     _positional_site(model, site, per)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)

@@ -39,6 +39,28 @@ def head_label(layer: int, head: int, layers: int | None = None, heads: int | No
     return f"{layer + 1}-{head + 1}"
 
 
+class Labels(tuple):
+    """The class names in class order (Config.id2label): the tuple minibert has always given — labels[c],
+    len, iteration over the names, equality with a tuple, a hash — that also answers as transformers' id2label
+    dict does: .items() (class id, name), .keys(), .values(), .get(c). Iteration and `in` are the tuple's (the
+    names), not the dict's (the ids)."""
+
+    __slots__ = ()
+
+    def items(self) -> list[tuple[int, str]]:
+        return list(enumerate(self))
+
+    def keys(self) -> range:
+        return range(len(self))
+
+    def values(self) -> tuple[str, ...]:
+        return tuple(self)
+
+    def get(self, c, default=None):
+        whole = isinstance(c, (int, np.integer)) and not isinstance(c, bool)
+        return self[c] if whole and 0 <= c < len(self) else default
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Sizes and settings of one encoder of one family (BERT's unless `family` says otherwise)."""
@@ -57,7 +79,7 @@ class Config:
     embedding_size: int | None = None  # ELECTRA, ALBERT: width E of the embeddings (None: hidden_size)
     family: Family = BERT  # how this model_type differs from BERT (minibert.families.registry.FAMILIES)
     architecture: str | None = None  # a class name of the family's (Family.architectures); None: "<prefix>Model"
-    id2label: tuple[str, ...] = ("LABEL_0", "LABEL_1")
+    id2label: tuple[str, ...] = ("LABEL_0", "LABEL_1")  # Labels; a {class id: name} dict is taken in class order
     settings: tuple[tuple[str, Any], ...] = ()  # the family's own config.json settings (Family.settings)
     source: str = "<config>"  # where the config came from, for error messages
 
@@ -68,6 +90,14 @@ class Config:
                               f"got {self.family!r}.")
         if self.architecture is None:  # frozen: the default is filled in once, here
             object.__setattr__(self, "architecture", self.family.prefix + "Model")
+        labels = self.id2label
+        if isinstance(labels, Mapping):  # transformers' {class id: name}
+            ids = sorted(labels, key=lambda c: (not isinstance(c, int), c))
+            if ids != list(range(len(ids))):
+                raise ConfigError(f"{where}id2label's class ids must be 0 … {len(ids) - 1}, got {ids}; number the "
+                                  f"classes from 0.")
+            labels = [labels[c] for c in ids]
+        object.__setattr__(self, "id2label", Labels(labels))
         for field in INTEGER_FIELDS:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field == "pad_token_id" else 1):

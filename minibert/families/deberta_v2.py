@@ -132,10 +132,10 @@ def check_features(cfg: Config) -> None:
     if str(cfg.setting("norm_rel_ebd")).strip().lower() not in ("none", "layer_norm"):
         raise ConfigError(f"{where}norm_rel_ebd {cfg.setting('norm_rel_ebd')!r} is not implemented; minibert "
                           f"normalises the relative embeddings with 'layer_norm' or not at all ('none').")
-    if segment_rows(cfg) not in (0, 1):
+    if segment_rows(cfg) not in (0, 1, 2):
         raise ConfigError(f"{where}type_vocab_size = {segment_rows(cfg)}: minibert's DeBERTa reads a segment table of "
-                          f"at most one row (its tokenizer gives every token segment 0); released DeBERTa-v2/v3 "
-                          f"models have none (type_vocab_size = 0).")
+                          f"at most two rows (its tokenizer gives sentence A segment 0, sentence B segment 1, as "
+                          f"transformers' does); released DeBERTa-v2/v3 models have none (type_vocab_size = 0).")
     if cfg.setting("pooler_hidden_act") != "gelu":  # model.Pooler applies the family's one activation
         raise ConfigError(f"{where}pooler_hidden_act {cfg.setting('pooler_hidden_act')!r} is not implemented; "
                           f"minibert's DeBERTa pooler applies gelu (transformers' default, as released models use).")

@@ -23,9 +23,11 @@ SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")  
 
 
 def _segments_unread(config: Config) -> bool:
-    """DeBERTa-v3 (no segment table: type_vocab_size 0) reads no segment ids; its tokenizer (DebertaV2Tokenizer)
-    still gives sentence B segment 1, and so does minibert's, so a batch's token_type_ids are transformers'."""
-    return "type_vocab_size" in dict(config.family.settings) and config.setting("type_vocab_size") == 0
+    """Whether a family whose segment table is its own setting (DeBERTa's type_vocab_size; Config's field is
+    fixed at 1) gives sentence B segment 1: with no table (DeBERTa-v3, type_vocab_size 0: read by nobody) and with
+    a table of two rows (read). DebertaV2Tokenizer gives it segment 1 either way, so minibert's batches are
+    transformers'; a table of one row reads segment 0 only."""
+    return "type_vocab_size" in dict(config.family.settings) and config.setting("type_vocab_size") in (0, 2)
 
 
 def tokenizer_for(directory: str | Path, config: Config) -> BaseTokenizer:

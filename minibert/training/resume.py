@@ -133,9 +133,10 @@ def run_fingerprints(model, encoded, eval_encoded, writers: Mapping[str, tuple])
 def _function(fn) -> str:
     """A hook function as a resumed run can recognise it in another process: its module, name and code (its
     bytecode and constants); a functools.partial adds its arguments. What a function reads from globals is
-    not seen."""
+    not seen. Nothing in it depends on the process: no address, no order of string hashes."""
     if hasattr(fn, "func"):  # functools.partial
-        return f"{_function(fn.func)}{fn.args!r}{sorted(fn.keywords.items())!r}"
+        keywords = [(key, _constant(value)) for key, value in sorted(fn.keywords.items())]
+        return f"{_function(fn.func)}{[_constant(arg) for arg in fn.args]!r}{keywords!r}"
     code = getattr(fn, "__code__", None)
     name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
     return name if code is None else f"{name}:{_code(code)}"
@@ -143,7 +144,22 @@ def _function(fn) -> str:
 
 def _code(code) -> str:
     digest = hashlib.sha256(code.co_code)
-    for constant in code.co_consts:  # nested functions' code objects by their own digest, not their address
-        digest.update((_code(constant) if hasattr(constant, "co_code") else repr(constant)).encode())
+    for constant in code.co_consts:
+        digest.update(_constant(constant).encode())
     digest.update(repr(code.co_names).encode())
     return digest.hexdigest()[:16]
+
+
+def _constant(value) -> str:
+    """A constant or a partial's argument as the same text in every process: a code object or a function by its
+    code (not its address), a frozenset (a set literal's constant) in sorted order (its own order follows the
+    process's string hashes), tuples item by item."""
+    if hasattr(value, "co_code"):
+        return _code(value)
+    if callable(value) and (hasattr(value, "__code__") or hasattr(value, "func")):
+        return _function(value)
+    if isinstance(value, frozenset):
+        return f"frozenset({sorted(_constant(item) for item in value)!r})"
+    if isinstance(value, tuple):
+        return f"({', '.join(_constant(item) for item in value)},)"
+    return repr(value)

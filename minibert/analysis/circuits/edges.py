@@ -27,6 +27,7 @@ right, nothing patched where the clean row has padding.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 
 import jax
@@ -42,7 +43,7 @@ from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
-from minibert.errors import AnalysisError, is_whole
+from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 METHODS = ("eap", "eap-ig")
@@ -98,7 +99,8 @@ class Circuit:
 
 @dataclasses.dataclass
 class CircuitGraph:
-    """Edge scores [senders, receivers] (0 where no edge joins them), the nodes' labels and the edges that exist."""
+    """Edge scores [senders, receivers] (0 where no edge joins them), the nodes' labels and the edges that exist.
+    `direction`: each score estimates patching the sender's corrupted output into the clean run."""
 
     scores: np.ndarray
     senders: list[str]
@@ -107,6 +109,7 @@ class CircuitGraph:
     layers: int
     heads: int
     method: str
+    direction: str = "corrupted into clean"
 
     def circuit(self, top: int | None = None, threshold: float | None = None) -> Circuit:
         """The `top` edges by |score|, or every edge with |score| ≥ threshold."""
@@ -277,6 +280,15 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     alphas = _check_method(method, steps)
     layout(model)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    paired = [bool(np.any(np.asarray(i.token_type_ids) * np.asarray(i.attention_mask))) for i in (clean_inputs,
+                                                                                                  corrupt_inputs)]
+    if paired[0] != paired[1]:
+        pair, single = ("clean", "corrupted") if paired[0] else ("corrupted", "clean")
+        warnings.warn(f"edge_attribution: the {pair} batch holds sentence pairs (segment-1 tokens) and the {single} "
+                      f"batch single sentences, so the two runs differ in their segments as well as their tokens, "
+                      f"and past the first [SEP] a position holds sentence B in one run and something else in the "
+                      f"other; pass both as pairs (or both single) to attribute a change of tokens alone.",
+                      AnalysisWarning, stacklevel=outside_minibert())
     cfg = model.config
     L, H = cfg.num_hidden_layers, cfg.num_attention_heads
     B, T = clean_inputs.shape
@@ -381,13 +393,15 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
 @dataclasses.dataclass
 class Faithfulness:
     """m(C) of each circuit with its size (edges kept), m(full graph) = `clean`, m(empty graph) = `empty` and
-    the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted))."""
+    the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted)). `direction`:
+    the edges outside a circuit are patched from the corrupted run into the clean one."""
 
     sizes: np.ndarray
     metrics: np.ndarray
     clean: float
     corrupted: float
     empty: float
+    direction: str = "corrupted into clean"
 
     @property
     def values(self) -> np.ndarray:
@@ -458,7 +472,9 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
 def path_patching(model, clean, corrupted, metric: Callable, sender: str, receivers: Sequence[str]) -> float:
     """Path patching (Wang et al. 2022): the mean metric of the clean run where `sender`'s corrupted output reaches
     the named `receivers` only, along the frozen skip path, everything else clean. Labels as in the graph:
-    sender "embed", "L-H" or "MLP l"; receivers "L-H.q" (.k, .v), "MLP l in" or "output" (1-indexed)."""
+    sender "embed", "L-H" or "MLP l"; receivers "L-H.q" (.k, .v), "MLP l in" or "output" (1-indexed).
+    Direction: corrupted into clean (the sender's corrupted output is patched into the clean run), as in
+    edge_attribution and circuit_faithfulness; patch_activations patches the other way, clean into corrupted."""
     L, H = _graph_shape(model)
     senders, readers = sender_labels(L, H), receiver_labels(L, H)
     labels = "senders are 'embed', 'L-H' and 'MLP l' (1-indexed), receivers 'L-H.q'/.k/.v, 'MLP l in' and 'output'"

@@ -17,6 +17,7 @@ Each call is one compiled program: the steps (or the occluded words) run `chunk`
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -30,7 +31,7 @@ from minibert.analysis.words import word_groups, word_labels
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn
-from minibert.errors import AnalysisError, is_whole
+from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert
 from minibert.io.tokenizer import Batch
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 from minibert.runtime.model import is_text
@@ -39,6 +40,10 @@ METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
 MAX_STEPS = 10_000  # points of any rule: each a forward and backward, so 10,000 is hours on a CPU already
 MAX_GAUSS_LEGENDRE = 1000  # numpy's leggauss solves a dense steps × steps eigenproblem: 8 MB and ~1 s at 1,000
 BASELINES = ("pad", "mask", "zero")
+# Integrated gradients warns for a row whose |Σ_t IG_t − (F(x) − F(x'))| is more than this fraction of
+# |F(x) − F(x')| (and more than rounding: ROUNDING_EPS machine epsilons of |F(x)| + |F(x')|).
+COMPLETENESS_FRACTION = 0.05
+ROUNDING_EPS = 100
 INTEGRATIONS = ("gausslegendre", "riemann_right")
 
 
@@ -193,6 +198,9 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
     "gradient_x_input" or "occlusion" (every word, or token, of every row in one program).
     baseline: "pad", "mask" or "zero" (specials and padding keep their own embedding, and are never occluded).
     Every argument is checked whatever the method; gradient × input uses no baseline, steps or integration.
+    Integrated gradients warns (AnalysisWarning) when a row's |completeness_gap| is more than 5 % of
+    |F(x) − F(x')| (and more than rounding, 100 machine epsilons of |F(x)| + |F(x')|), naming the rows and about
+    how many steps the worst would need.
     """
     check_model(model)
     check_choice("method", method, METHODS)
@@ -229,5 +237,24 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
         scores = _per_unit(np.asarray(token_scores), units) if words else np.asarray(token_scores)
     full = check_finite(full, "the metric at the input")
     at_baseline = check_finite(at_baseline, f"the metric at the {baseline!r} baseline")
-    return TokenAttribution(check_finite(scores, "the attributions"), _labels(model, batch, inputs, units, words), full,
-                            at_baseline, method)
+    result = TokenAttribution(check_finite(scores, "the attributions"), _labels(model, batch, inputs, units, words),
+                              full, at_baseline, method)
+    if method == "integrated_gradients":
+        gap = np.abs(result.completeness_gap)
+        allowed = COMPLETENESS_FRACTION * np.abs(full - at_baseline)
+        rounding = ROUNDING_EPS * float(jnp.finfo(model.dtype).eps) * (np.abs(full) + np.abs(at_baseline))
+        short = np.flatnonzero((gap > allowed) & (gap > rounding))
+        if len(short):
+            worst = short[np.argmax(gap[short] / np.maximum(allowed[short], rounding[short]))]
+            ratio = gap[worst] / np.maximum(allowed[worst], rounding[worst])
+            if integration == "riemann_right":  # the right Riemann sum's error falls as 1/steps
+                need, law = int(np.ceil(steps * ratio)), "its error falls as 1/steps"
+            else:  # Gauss–Legendre's falls at least as 1/steps² where F has a bounded second derivative
+                need, law = int(np.ceil(steps * np.sqrt(ratio))), "assuming its error falls at least as 1/steps²"
+            rows = ", ".join(str(int(b)) for b in short[:8]) + (", …" if len(short) > 8 else "")
+            warnings.warn(f"integrated gradients with steps={steps} ({integration}): in row(s) {rows} the "
+                          f"attributions add up to F(x) − F(x') only within {gap[worst]:.3g} of "
+                          f"{abs(full[worst] - at_baseline[worst]):.3g} (row {worst}), more than "
+                          f"{COMPLETENESS_FRACTION:.0%}; that row needs about steps={need} ({law}). Raise steps, or "
+                          f"read result.completeness_gap.", AnalysisWarning, stacklevel=outside_minibert())
+    return result

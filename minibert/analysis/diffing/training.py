@@ -11,6 +11,7 @@ train() on paired_activations' stream records the site, the two models' names an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -80,7 +81,7 @@ class CrosscoderTrainer(Trainer):
 
     def _check_source(self, source: dict | None) -> None:
         """Refuse a stream of another site than the config's, of other models than the config names, or other than
-        the one this trainer (or the run it resumes) trained on; then remember it."""
+        the one this trainer (or the run it resumes) trained on; then remember it, and its site in the config."""
         if source is None:
             return
         if self.config.hook_name is not None and source["hook_name"] != self.config.hook_name:
@@ -93,3 +94,5 @@ class CrosscoderTrainer(Trainer):
             raise AnalysisError(f"this crosscoder was trained on {self.source} and these activations come from "
                                 f"{source}; resume on the same site and pair of models, or start a new trainer.")
         self.source = source
+        if self.config.hook_name is None:  # the site it trained on, which what_changed and save then know
+            self.config = dataclasses.replace(self.config, hook_name=source["hook_name"])

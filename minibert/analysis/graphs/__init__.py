@@ -2,11 +2,11 @@
 features, error nodes and token embeddings feeding each other and a target, pruning, interventions, export.
 
     from minibert.analysis import graphs
-    graph = graphs.attribute(model, "the capital of france is [MASK].", transcoders,
-                             graphs.mlm_target(model, text, token="paris"))
+    text = "the capital of france is [MASK]."
+    graph = graphs.attribute(model, text, transcoders, graphs.mlm_target(model, text, token="paris"))
     pruned = graphs.prune(graph, node_threshold=0.8, edge_threshold=0.98)
     graphs.graph_scores(graph)                      # (replacement score, completeness score)
-    graphs.intervene(model, text, transcoders, targets, {(2, 5, 117): 0.0})   # real-model change vs the graph's
+    graphs.intervene(model, text, transcoders, graph, {(2, 5, 117): 0.0})   # real-model change vs the graph's
     graphs.write_json(graph, "graph.json", slug="capital")                     # circuit-tracer's frontend format
 """
 

@@ -201,11 +201,13 @@ def row_bytes(model, n_features: int, tokens: int) -> int:
         + n_features * cfg.hidden_size * 4 + 2 * cfg.num_hidden_layers * stream
 
 
-def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk: int | None = None) -> AttributionGraph:
+def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk: int | None = None,
+              other_weights: bool = False) -> AttributionGraph:
     """The attribution graph of one input (`batch`: a text or a one-row batch) through the local replacement model
     built from `transcoders` (a list of (TranscoderConfig, params), one per block) for `targets` (a Target or a
     list of them; target_weights: how pruning weighs each, default equal, summing to 1). Two compiled programs:
-    the run, then every row of the graph (chunk: rows per vmapped backward, default from the memory budget)."""
+    the run, then every row of the graph (chunk: rows per vmapped backward, default from the memory budget).
+    Transcoders whose config records other model weights than these are refused unless other_weights=True."""
     if chunk is not None and (not is_whole(chunk) or chunk < 1):
         raise AnalysisError(f"chunk={chunk!r} must be a whole number ≥ 1 (rows per vmapped backward; rounded down "
                             f"to a power of two), or None to size it from the memory budget.")
@@ -214,7 +216,8 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     if inputs.shape[0] != 1:
         raise AnalysisError(f"an attribution graph explains one input; got a batch of {inputs.shape[0]} rows: pass "
                             f"one text (or one row).")
-    tc, targets = check_transcoders(model, transcoders), check_targets(model, targets)
+    tc = check_transcoders(model, transcoders, other_weights=other_weights)
+    targets = check_targets(model, targets)
     weights = _weights(target_weights, len(targets))
     s = sites(model)
     names = record_names(s)

@@ -1,7 +1,8 @@
 """A pruned graph as JSON in circuit-tracer's frontend format (its frontend/graph_models.py and
 utils/create_graph_files.py: {metadata, qParams, nodes, links}), so its viewer and Neuronpedia-style tools open it.
 
-Node ids as circuit-tracer writes them: a feature "{layer}_{latent}_{position}", an error "0_{layer}_{position}",
+Node ids as circuit-tracer writes them: a feature "{layer}_{latent}_{position}", an error "err_{layer}_{position}"
+(ours: circuit-tracer's "0_{layer}_{position}" is also the id of feature `layer` at layer 0 and that position),
 a token embedding "E_{token id}_{position}", a target "{L + 1}_{id}_{position}" with id the token's for a masked-LM
 target and vocab_size + k for the k-th other target (circuit-tracer's virtual index for a target that is not
 one token). Ours: a target's ctx_idx is its [MASK]'s position (a masked-LM target) or 0 (the others read the
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert.analysis.graphs.pruning import prune
+from minibert.analysis.graphs.pruning import prune, unpruned
 from minibert.errors import AnalysisError
 
 
@@ -35,7 +36,7 @@ def _node(graph, index: int, influence: float, vocab_size: int) -> dict:
                          "activation": float(graph.activations[index])}
     if index < graph.error_slice.stop:
         layer, pos = divmod(index - graph.n_features, graph.n_pos)
-        return common | {"node_id": f"0_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
+        return common | {"node_id": f"err_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
                          "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_{pos}-0"}
     if index < graph.token_slice.stop:
         pos = index - graph.error_slice.stop
@@ -58,6 +59,7 @@ def _node(graph, index: int, influence: float, vocab_size: int) -> dict:
 def graph_json(graph, *, slug: str, scan: str = "minibert", prompt: str = "", node_threshold: float = 0.8,
                edge_threshold: float = 0.98, vocab_size: int | None = None) -> dict:
     """The graph pruned (pruning.prune) as circuit-tracer's frontend dict."""
+    unpruned(graph, "graph_json and write_json")
     if not isinstance(slug, str) or not slug:
         raise AnalysisError("slug must be a non-empty name for the graph (its file is <slug>.json).")
     pruned = prune(graph, node_threshold, edge_threshold)

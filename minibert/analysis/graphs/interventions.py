@@ -90,7 +90,7 @@ def predicted_change(graph, steer: dict, clamp: dict) -> np.ndarray:
 
 
 def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "steer",
-              freeze: bool = True) -> InterventionResult:
+              freeze: bool = True, other_weights: bool = False) -> InterventionResult:
     """Change features {(layer, position, latent): value} — steer (add δ = value), clamp (set to value; ablate:
     0) — on the model for the graph's input, and report each of graph.targets before and after, beside the graph's
     prediction (module docstring). One compiled program for any changes."""
@@ -99,7 +99,7 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
         raise AnalysisError(f"mode must be one of {MODES} ('clamp' with value 0 ablates); got {mode!r}.")
     if not isinstance(changes, dict) or not changes:
         raise AnalysisError("changes must be a non-empty dict {(layer, position, latent): value}.")
-    tc = check_transcoders(model, transcoders)
+    tc = check_transcoders(model, transcoders, other_weights=other_weights)
     inputs = model.inputs(batch)
     if inputs.shape != (1, graph.n_pos) or not np.array_equal(np.asarray(inputs.input_ids)[0], graph.input_ids):
         raise AnalysisError("the batch is not the graph's input: intervene on the input the graph was built for.")

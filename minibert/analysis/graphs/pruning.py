@@ -124,8 +124,16 @@ def prune(graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> P
     return PrunedGraph(graph, node_mask, edge_mask, cumulative)
 
 
+def unpruned(graph, what: str) -> None:
+    """Refuse a PrunedGraph where the graph attribute() built is meant (`what` names the function)."""
+    if isinstance(graph, PrunedGraph):
+        raise AnalysisError(f"{what} take the graph attribute() built, not a PrunedGraph (they score or prune "
+                            f"the whole graph themselves); pass pruned.graph.")
+
+
 def graph_scores(graph) -> tuple[float, float]:
     """(replacement score, completeness score) as circuit-tracer's compute_graph_scores (module docstring)."""
+    unpruned(graph, "graph_scores")
     weights = _target_weights(graph)
     matrix = normalized(graph.adjacency)
     node_influence = influence(matrix, weights)

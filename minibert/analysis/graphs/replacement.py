@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.transcoders.model import TranscoderConfig, activate, pre_activations
 from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
@@ -89,16 +90,17 @@ def _expected_hook(hook: str | None, expected: str, layer: int, what: str) -> No
                             f"at {expected!r}.")
 
 
-def check_transcoders(model, transcoders) -> Transcoders:
+def check_transcoders(model, transcoders, *, other_weights: bool = False) -> Transcoders:
     """`transcoders`: a sequence of (TranscoderConfig, params), one per block in order; each checked against the
-    model (widths, layer, hook names, model name) and for finite parameters."""
+    model (widths, layer, hook names, and — unless other_weights — the weights it was trained on, where its config
+    records them) and for finite parameters."""
     L, D = model.config.num_hidden_layers, model.config.hidden_size
     if isinstance(transcoders, dict) or not hasattr(transcoders, "__len__") or len(transcoders) != L:
         raise AnalysisError(f"transcoders must be a list of {L} (TranscoderConfig, params) pairs, one per block of "
                             f"this {L}-layer model (the replacement model replaces every MLP); got "
                             f"{type(transcoders).__name__}"
                             f"{f' of {len(transcoders)}' if hasattr(transcoders, '__len__') else ''}.")
-    site, configs, params = mlp_input_site(model), [], []
+    site, configs, params, digest = mlp_input_site(model), [], [], None
     for layer, pair in enumerate(transcoders):
         if not isinstance(pair, tuple | list) or len(pair) != 2 or not isinstance(pair[0], TranscoderConfig):
             raise AnalysisError(f"transcoders[{layer}] must be a (TranscoderConfig, params) pair; got "
@@ -113,6 +115,13 @@ def check_transcoders(model, transcoders) -> Transcoders:
                                 f"model.")
         _expected_hook(config.hook_in, f"blocks.{layer}.{site}", layer, "its input at")
         _expected_hook(config.hook_out, f"blocks.{layer}.hook_mlp_out", layer, "its output at")
+        if config.weights is not None and not other_weights:
+            digest = digest or weights_digest(model)
+            if config.weights != digest:
+                raise AnalysisError(f"the transcoder at layer {layer} was trained on the model weights "
+                                    f"{config.weights}, and this model's are {digest}: a graph through it would "
+                                    f"explain another model's MLPs. Pass the model it was trained on, or "
+                                    f"other_weights=True to use it on these weights on purpose.")
         if configs and config.d_sae != configs[0].d_sae:
             raise AnalysisError(f"the transcoders have d_sae {configs[0].d_sae} (layer 0) and {config.d_sae} (layer "
                                 f"{layer}); a graph's transcoders share one width.")
