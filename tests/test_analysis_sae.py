@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 
 import numpy as np
@@ -649,6 +650,9 @@ def test_save_to_a_directory_or_under_a_file_is_refused_and_parents_are_created(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"] and not any((tmp_path / "adir").iterdir())
     deep = trainer.save(tmp_path / "new" / "folder" / "run.npz")  # as transcoders.save and graphs.write_json do
     assert sae.Trainer.resume(deep).steps == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert deep.stat().st_mode & 0o777 == 0o666 & ~umask  # a plain new file's permissions, not mkstemp's 0600
 
 
 def test_configs_of_numpy_numbers_hold_python_numbers_and_save(tmp_path):

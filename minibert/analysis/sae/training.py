@@ -197,6 +197,9 @@ def write_state(path, settings: dict, state) -> Path:
     try:
         with os.fdopen(descriptor, "wb") as file:  # a file object: np.savez appends no ".npz"
             np.savez(file, settings=text, **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+        umask = os.umask(0)  # mkstemp's file is private (0600); give it what a plain new file gets, as Model.save
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
