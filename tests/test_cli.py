@@ -502,7 +502,7 @@ def test_wheel_ships_the_license_types_and_data(tmp_path):
         info = next(name.split("/")[0] for name in names if name.endswith(".dist-info/METADATA"))
         metadata = archive.read(f"{info}/METADATA").decode().splitlines()
         assert archive.read(f"{info}/licenses/LICENSE") == (root / "LICENSE").read_bytes()
-        assert "minibert = minibert.app.cli:main" in archive.read(f"{info}/entry_points.txt").decode()
+        assert "minibert = minibert.app.launch:main" in archive.read(f"{info}/entry_points.txt").decode()
         tutorials = sorted((root / "docs" / "tutorials").glob("*.py"))
         assert tutorials
         for page in tutorials:
