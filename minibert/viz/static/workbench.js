@@ -595,9 +595,11 @@ if (document.getElementById("wb-config")) {
       var next = new URLSearchParams(window.location.search);
       next.set("text", now.text);
       if (now.pair.trim()) next.set("pair", now.pair); else next.delete("pair");
+      // the URL names heads as the page labels them, "L-H" 1-indexed
       next.set("head", (now.layer + 1) + "-" + (now.head + 1));
       next.set("query", String(now.query));
       if (now.ablate.length) {
+        // 1-indexed "L-H" labels, as the head grid shows them
         next.set("ablate", now.ablate.map(function (p) { return (p[0] + 1) + "-" + (p[1] + 1); }).join(","));
       } else {
         next.delete("ablate");
