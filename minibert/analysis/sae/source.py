@@ -290,6 +290,8 @@ class ActivationStream:
     """activations' batches, and what they read: source = {"hook_name", "weights" (the model's weights digest)},
     which Trainer.train records and checks, so a resumed SAE does not train on another hook of the same width."""
 
+    what = "activations"  # what a batch holds, in the empty stream's message
+
     def __init__(self, batches: Iterator[np.ndarray], source: dict, batch_size: int):
         self.batches, self.source, self.batch_size, self.given = batches, source, batch_size, 0
 
@@ -301,12 +303,16 @@ class ActivationStream:
             batch = next(self.batches)
         except StopIteration:
             if not self.given:  # an empty stream would train or score nothing, silently
-                raise AnalysisError(f"the texts gave no batch of activations: none were given, or they hold fewer "
+                raise AnalysisError(f"the texts gave no batch of {self.what}: none were given, or they hold fewer "
                                     f"than batch_size={self.batch_size} tokens (the last, partial batch is dropped); "
                                     f"pass more text or a smaller batch_size.") from None
             raise
         self.given += 1
-        return batch
+        return self.batch_of(batch)
+
+    def batch_of(self, values: np.ndarray):
+        """What the stream gives for one shuffled batch of its hooks' values side by side."""
+        return values
 
 
 def shuffled(chunks: Iterator[np.ndarray], batch_size: int, buffer_tokens: int, seed: int) -> Iterator[np.ndarray]:

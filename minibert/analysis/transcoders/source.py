@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from minibert.analysis.corpus.result import weights_digest
-from minibert.analysis.sae.source import hook_width, shuffled_batches
+from minibert.analysis.sae.source import ActivationStream, hook_width, shuffled_batches
 from minibert.errors import AnalysisError
 
 
@@ -69,26 +69,17 @@ def activations(model, texts, layer: int, *, batch_size: int = 1024, batch_token
     return PairStream(batches, source, batch_size, d_in)
 
 
-class PairStream:
+class PairStream(ActivationStream):
     """activations' (x, y) batches and what they read (`source`, see source_of)."""
 
+    what = "MLP pairs"
+
     def __init__(self, batches: Iterator[np.ndarray], source: dict, batch_size: int, d_in: int):
-        self.batches, self.source, self.batch_size, self.d_in, self.given = batches, source, batch_size, d_in, 0
+        super().__init__(batches, source, batch_size)
+        self.d_in = d_in
 
-    def __iter__(self) -> PairStream:
-        return self
-
-    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            both = next(self.batches)
-        except StopIteration:
-            if not self.given:  # an empty stream would train or score nothing, silently
-                raise AnalysisError(f"the texts gave no batch of MLP pairs: none were given, or they hold fewer than "
-                                    f"batch_size={self.batch_size} tokens (the last, partial batch is dropped); pass "
-                                    f"more text or a smaller batch_size.") from None
-            raise
-        self.given += 1
-        return both[:, :self.d_in], both[:, self.d_in:]
+    def batch_of(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return values[:, :self.d_in], values[:, self.d_in:]
 
 
 def token_pairs(model, texts, layer: int, max_length: int = 128, *, pairs=None) -> tuple[np.ndarray, np.ndarray]:
