@@ -87,7 +87,9 @@ def main(argv=None) -> int:
     for architecture in diffing.ARCHITECTURES:
         trainers[f"crosscoder, {architecture}"] = diffing.CrosscoderTrainer(diffing.CrosscoderConfig(
             d_in=d_in, d_sae=sizes["width"], k=sizes["k"], architecture=architecture))
-    batch_of = {name: x[:, 0] if isinstance(trainer, sae.Trainer) else x for name, trainer in trainers.items()}
+    # a CrosscoderTrainer is an sae.Trainer too: the SAE alone reads model A's half of each pair
+    batch_of = {name: x if isinstance(trainer, diffing.CrosscoderTrainer) else x[:, 0]
+                for name, trainer in trainers.items()}
     step_ms = time_round_robin({name: (lambda t=trainer, b=batch_of[name]: t.step(b)) for name, trainer in
                                 trainers.items()}, Settings.make(quick=False, smoke=args.smoke))
     memory = {name: step_memory(trainer, batch_of[name]) for name, trainer in trainers.items()}
