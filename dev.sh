@@ -38,7 +38,13 @@ ensure_chromium() {
 
 case "$task" in
   demo)  ensure_env hub;  exec .venv/bin/minibert demo "$@" ;;
-  test)  ensure_env test; ensure_chromium; exec .venv/bin/python -m pytest "$@" ;;
+  test)  # the test files are spread over up to 4 cores (pytest-xdist, a whole file to a worker: its module
+         # fixtures load once); MINIBERT_TEST_WORKERS=1 runs them in this one process, as does passing -n yourself
+    ensure_env test; ensure_chromium
+    cores="$(nproc 2>/dev/null || echo 1)"; workers="${MINIBERT_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
+    case " $* " in *" -n "*|*" -n"[0-9]*|*" --numprocesses"*|*" -p no:xdist "*) workers=1 ;; esac
+    if [ "$workers" -gt 1 ]; then exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"; fi
+    exec .venv/bin/python -m pytest "$@" ;;
   lint)  ensure_env test; exec .venv/bin/ruff check "$@" ;;
   format)
     [ $# -gt 0 ] || { echo "usage: ./dev.sh format PATH... (files to fix and reformat)" >&2; exit 2; }
