@@ -163,9 +163,11 @@ class View:
     def library() -> str:
         """The views' scripts and views.css for a page that draws views from data it fetches (the workbench): a
         `<style>` and a script defining `window.minibertViews.render(root, data)`, root an element of class
-        "mbv", data a View's `.data`, and `window.minibertViews.el`, the one el() the page's own script uses."""
+        "mbv", data a View's `.data`, and `window.minibertViews.el`, the one el() the page's own script uses (and its
+        downloadControl, the step-through's figure buttons)."""
         return (f"<style>{_static('views.css')}</style>"
-                f"<script>(function () {{\n{views_script()}\nwindow.minibertViews = {{render: render, el: el}};\n}})();"
+                f"<script>(function () {{\n{views_script()}\nwindow.minibertViews = "
+                "{render: render, el: el, downloadControl: downloadControl};\n})();"
                 "</script>")
 
     def page(self) -> str:

@@ -50,7 +50,7 @@ function renderWidget({ model, el: host }) {  // host: the widget's element (el 
   style.textContent = model.get("css");
   const root = document.createElement("div");
   host.append(style, root);
-  minibertWorkbench(root, JSON.parse(model.get("config")), { send, render, el, prefix: tag });
+  minibertWorkbench(root, JSON.parse(model.get("config")), { send, render, el, downloadControl, prefix: tag });
   return () => model.off("msg:custom", answered);
 }
 export default { render: renderWidget };

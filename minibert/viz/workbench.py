@@ -80,13 +80,16 @@ class Run:
 
 def _attention_change(before: Run, after: Run) -> dict:
     """Where an ablation shows in the attention: {per_layer: max |after − before| of each layer's patterns over its
-    heads, queries and keys, first_layer: the first layer (0-indexed) where that is not 0, or None}. The two runs
+    heads, queries and keys, per_head: the same of each head ([L][H]: the page's after − before map), first_layer:
+    the first layer (0-indexed) where per_layer is not 0, or None}. The two runs
     are one compiled program on one input up to the ablated head's output, so the layers before it (and its own
     pattern, which the ablation follows) are equal bit for bit: any nonzero difference is the ablation's."""
-    gaps = np.abs(after.stack("attn.hook_pattern").astype(np.float64) - before.stack("attn.hook_pattern")).reshape(
-        len(after.stack("attn.hook_pattern")), -1).max(axis=1)
+    pattern = after.stack("attn.hook_pattern")  # [L, H, T, S]
+    heads = np.abs(pattern.astype(np.float64) - before.stack("attn.hook_pattern")).reshape(*pattern.shape[:2], -1)
+    gaps = heads.max(axis=(1, 2))
     changed = np.flatnonzero(gaps > 0)
-    return {"per_layer": [float(gap) for gap in gaps], "first_layer": int(changed[0]) if changed.size else None}
+    return {"per_layer": [float(gap) for gap in gaps], "per_head": heads.max(axis=2).tolist(),
+            "first_layer": int(changed[0]) if changed.size else None}
 
 
 TEXT_FIELDS = {"text": "the text", "pair": "sentence B"}  # a request's text fields, as the page labels them

@@ -21,6 +21,10 @@ var MAX_CANVAS = 32000;  // px, below every browser's limit on a canvas side
 var STROKE_COST = 6;     // a pixel of a canvas stroke costs ~6 of linesImage's (headless chromium, no GPU)
 var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"];
+// The same hues lighter, for the dark theme: each at least 7:1 on its #0d1117 (#393b79 was 1.8:1, a line of
+// weight 1 nearly as dark as the page)
+var PALETTE_DARK = ["#58a6ff", "#ffa657", "#56d364", "#ff7b72", "#bc8cff", "#d4a38f",
+                    "#f778ba", "#a8b1bb", "#d6d64a", "#39d4e6", "#a5a8ff", "#f0909a"];
 var POSITIVE = "#1f77b4", NEGATIVE = "#f57f17";  // neuron view: positive blue, negative orange
 
 /** Whether (layer, head) is among the ablated [[layer, head], …]. */
@@ -62,8 +66,11 @@ function inside(i, span) {
 }
 
 /** Colour of head h (0-indexed) out of n, the same in every view. */
-function headColor(h, n) {
-  return n <= PALETTE.length ? PALETTE[h] : "hsl(" + Math.round(h * 360 / n) + ",65%,48%)";
+/** Head h's colour of n, on the theme of the view `root` (dark: .mbv-dark). */
+function headColor(h, n, root) {
+  var dark = Boolean(root) && root.classList.contains("mbv-dark");
+  if (n <= PALETTE.length) return (dark ? PALETTE_DARK : PALETTE)[h];
+  return "hsl(" + Math.round(h * 360 / n) + ",65%," + (dark ? 66 : 48) + "%)";
 }
 
 function isSpecial(token) {
@@ -253,7 +260,8 @@ function save(root, blob, filename) {
   setTimeout(function () { URL.revokeObjectURL(url); }, 60000);
 }
 
-/** "Download PNG | SVG" buttons saving what current() returns ({node, width, height}), drawn now. */
+/** "Download PNG | SVG" buttons saving what current() returns ({node, width, height}), drawn now, as
+    minibert-NAME.png or .svg: `name` a string, or a function giving the name of what is drawn at the click. */
 function downloadControl(root, busy, name, current) {
   var wrap = el("span", {"class": "mbv-download"}, "Download");
   ["png", "svg"].forEach(function (format) {
@@ -261,7 +269,7 @@ function downloadControl(root, busy, name, current) {
                                title: "save the current drawing as " + format.toUpperCase()}, format.toUpperCase());
     button.addEventListener("click", function () {
       var shown = current(), text = new XMLSerializer().serializeToString(shown.node);
-      var filename = "minibert-" + name + "." + format;
+      var filename = "minibert-" + (typeof name === "function" ? name() : name) + "." + format;
       if (format === "svg") save(root, new Blob([text], {type: "image/svg+xml"}), filename);
       else busy.after(pngBlob(text, shown.width, shown.height), function (blob) { save(root, blob, filename); });
     });

@@ -3,10 +3,10 @@
 // ---- head view ----------------------------------------------------------------------------------
 
 /** Toggle buttons, one per head in its colour (double-click: only that head), plus "all" and "none". */
-function headSwatches(meta, active, onChange, ablated) {
+function headSwatches(meta, active, onChange, ablated, root) {
   var wrap = el("span", {"class": "mbv-swatches", role: "group", "aria-label": "heads"});
   var buttons = meta.heads.map(function (h, n) {
-    var b = el("button", {type: "button", "class": "mbv-swatch", style: "--c:" + headColor(h, meta.n_heads),
+    var b = el("button", {type: "button", "class": "mbv-swatch", style: "--c:" + headColor(h, meta.n_heads, root),
                           title: meta.map_name ? meta.map_name + ": one map per layer, of every head together"
                             : "head " + (h + 1) + " (0-indexed: " + h + "); double-click: only this head"},
                meta.map_name || String(h + 1));
@@ -41,7 +41,7 @@ function headView(body, meta, arrays, root, page) {
   var filters = sentenceFilters(meta);
   var st = {layer: layerAt(meta, page.selection.layer, meta.layer), active: meta.active.slice(), filter: filters[0]};
   var lines = tokenLines(root, busy, {tokens: meta.tokens, bStart: meta.b_start, maxHeads: meta.heads.length, top: ROW});
-  var swatches = headSwatches(meta, st.active, draw, page.ablated);
+  var swatches = headSwatches(meta, st.active, draw, page.ablated, root);
   var controls = div("mbv-controls");
   var layerSelect = selectControl("Layer", oneIndexed(meta.layers), st.layer, function (v) {
     st.layer = Number(v);
@@ -51,7 +51,11 @@ function headView(body, meta, arrays, root, page) {
   controls.appendChild(layerSelect);
   controls.appendChild(filterControl(filters, function (f) { st.filter = f; draw(); }));
   controls.appendChild(swatches.node);
-  controls.appendChild(downloadControl(root, busy, "head-view", function () {
+  controls.appendChild(downloadControl(root, busy, function () {  // e.g. minibert-MODEL-after-head-view-layer-3
+    var heads = st.active.every(Boolean) ? "" : "-heads-" + meta.heads.filter(function (_, n) { return st.active[n]; })
+      .map(function (h) { return h + 1; }).join("-");
+    return (page.figureName ? page.figureName + "-" : "") + "head-view-layer-" + (meta.layers[st.layer] + 1) + heads;
+  }, function () {
     return picture(root, [{node: lines.svg(), x: 0, y: 0}], lines.width, lines.height);
   }));
   body.appendChild(controls);
@@ -65,7 +69,7 @@ function headView(body, meta, arrays, root, page) {
     if (!values) { busy.after(attention.layer(st.layer), draw); return; }
     var heads = [];
     meta.heads.forEach(function (h, n) {
-      if (st.active[n]) heads.push({index: h, color: headColor(h, meta.n_heads), weight: headWeight(values, attention.scale, n, T)});
+      if (st.active[n]) heads.push({index: h, color: headColor(h, meta.n_heads, root), weight: headWeight(values, attention.scale, n, T)});
     });
     lines.draw({rows: st.filter[2], cols: st.filter[3], heads: heads});
   }

@@ -140,7 +140,7 @@ function modelView(body, meta, arrays, root, page) {
     if (!values) return;
     thumbs.forEach(function (t) {
       if (t.a === a) drawThumbnail(t.canvas, values, t.b * T * T, attention.scale, T,
-                                   headColor(meta.heads[t.b], meta.n_heads), st.filter, st.mode, size);
+                                   headColor(meta.heads[t.b], meta.n_heads, root), st.filter, st.mode, size);
     });
   }
 
@@ -157,7 +157,7 @@ function modelView(body, meta, arrays, root, page) {
                           : "Head " + (h + 1)) + "  (0-indexed: layer " + l + (meta.map_name ? "" : ", head " + h) + ")" +
                           (isAblated(page.ablated, l, h) ? " \u00b7 ablated" : "");
     lines.draw({rows: st.filter[2], cols: st.filter[3],
-                heads: [{index: h, color: headColor(h, meta.n_heads), weight: headWeight(values, attention.scale, b, T)}]});
+                heads: [{index: h, color: headColor(h, meta.n_heads, root), weight: headWeight(values, attention.scale, b, T)}]});
     stage.style.minHeight = detail.offsetHeight + "px";  // the panel floats over the grid; keep it unclipped
   }
 

@@ -181,7 +181,7 @@ function neuronView(body, meta, arrays, root, page) {
     var dotScale = maxAbs(dots);
     var token = function (j) { return "\u201c" + meta.tokens[j] + "\u201d"; };
 
-    lines.draw({rows: [0, T], cols: [0, T], query: i, heads: [{index: meta.heads[h], color: headColor(meta.heads[h], meta.n_heads),
+    lines.draw({rows: [0, T], cols: [0, T], query: i, heads: [{index: meta.heads[h], color: headColor(meta.heads[h], meta.n_heads, root),
                                                                weight: function (a, b) { return a === i ? p[b] : 0; }}]});
     status.textContent = "Query " + token(i) + " (position " + i + ", 0-indexed) \u00b7 head " + meta.labels[l][h] +
                          " (L-H, 1-indexed; 0-indexed: layer " + meta.layers[l] + ", head " + meta.heads[h] + ")" +

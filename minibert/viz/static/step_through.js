@@ -1,13 +1,18 @@
 /* minibert workbench, the step-through: one head's computation for one query token, each step's equation with its
    values drawn (a colour strip per vector, bars for one value per key) and their numbers beside them, links to the
-   steps it is computed from and the views that draw it, and every term of a dot product on hover. The workbench
-   (workbench.js) builds it with what it shares: minibertStepThrough(page) → {show(panel, answer), norm}. */
-/** page: {app, config, prefix, state, el, number, select, renew, choose, labelBoth}. */
+   steps it is computed from and the views that draw it, and every term of a dot product on hover; a second head
+   beside the first ("Compare with"), and the figure of both for slides (Download PNG | SVG). The workbench
+   (workbench.js) builds it with what it shares: minibertStepThrough(page) → {show(panel, answer) → a promise,
+   drawn once the second head's steps are, norm}. */
+/** page: {app, config, prefix, state, el, number, select, renew, choose, labelBoth, label, send, body, modelName,
+    downloadControl}. */
 function minibertStepThrough(page) {
   "use strict";
   var app = page.app, config = page.config, prefix = page.prefix, state = page.state, el = page.el;
   var number = page.number, select = page.select, renew = page.renew, choose = page.choose;
   var labelBoth = page.labelBoth;
+  var compare = null;  // [layer, head]: a second head shown beside the selected one, for the same query; or null
+  var drawn = {};  // per model: {ticket, answers} of the steps shown, the figure's; a later show drops older answers
 
   function numbered(count) {  // select options "1 (0-indexed: 0)", …
     var out = [];
@@ -18,7 +23,8 @@ function minibertStepThrough(page) {
   var unscaled = false;  // the ÷√K switch off: a what-if row, softmax(q·k) without the division, under the softmax
 
   function showSteps(panel, answer) {
-    var part = panel.step;
+    var part = panel.step, ticket = (drawn[panel.n] ? drawn[panel.n].ticket : 0) + 1;
+    drawn[panel.n] = {ticket: ticket, answers: [answer]};
     renew(part);
     var pick = el("div", {"class": "wb-step-pick"});
     var layer = select(prefix + "step-layer-" + panel.n, "Layer", numbered(panel.info.layers));
@@ -38,6 +44,17 @@ function minibertStepThrough(page) {
     }
     pick.appendChild(layer.wrap);
     pick.appendChild(head.wrap);
+    var heads = [{value: "", text: "no second head"}];
+    config.models[panel.n].head_labels.forEach(function (row, l) {
+      row.forEach(function (text, h) { heads.push({value: l + ":" + h, text: text}); });  // 0-indexed; text "L-H"
+    });
+    var other = select(prefix + "step-compare-" + panel.n, "Compare with", heads);
+    other.node.value = compare ? compare.join(":") : "";
+    other.node.addEventListener("change", function () {
+      compare = other.node.value ? other.node.value.split(":").map(Number) : null;
+      showSteps(panel, answer);
+    });
+    pick.appendChild(other.wrap);
     var byId = {};
     answer.steps.forEach(function (step) { byId[step.id] = step; });
     if (byId.qk && byId.scaled && byId.pattern) {  // "why divide by √K?": the softmax without it, beside the model's
@@ -50,13 +67,50 @@ function minibertStepThrough(page) {
       switchLabel.appendChild(scale);
       pick.appendChild(switchLabel);
     }
+    if (page.downloadControl) {
+      pick.appendChild(page.downloadControl(part, {after: function (promise, then) { promise.then(then); }},
+                                            function () { return figureName(panel); },
+                                            function () { return figure(panel, drawn[panel.n].answers); }));
+    }
     part.appendChild(pick);
+    if (!compare) {
+      part.appendChild(stepList(panel, answer));
+      return Promise.resolve();
+    }
+    // Two heads side by side: the selected one, and the second, asked for now (the same text, ablation and query).
+    var row = part.appendChild(el("div", {"class": "wb-step-compare"}));
+    var first = row.appendChild(el("div", {"class": "wb-step-column"}));
+    first.appendChild(el("h3", {}, "Head " + page.label(panel.n, answer.layer, answer.head)));
+    first.appendChild(stepList(panel, answer));
+    var second = row.appendChild(el("div", {"class": "wb-step-column", id: prefix + "step-second-" + panel.n,
+                                            "aria-busy": "true"}));
+    second.appendChild(el("p", {"class": "wb-pending"}, "computing…"));
+    var asked = page.body(panel.n, {layer: compare[0], head: compare[1], query: answer.query});
+    return page.send("step", asked).then(function (twin) {
+      if (drawn[panel.n].ticket !== ticket) return;
+      drawn[panel.n].answers.push(twin);
+      while (second.firstChild) second.removeChild(second.firstChild);
+      second.appendChild(el("h3", {}, "Head " + page.label(panel.n, twin.layer, twin.head) + (twin.ablated
+        ? " (ablated)" : "")));
+      second.appendChild(stepList({n: panel.n + "-second", of: panel.n, info: panel.info}, twin));
+      second.setAttribute("aria-busy", "false");
+    }, function (error) {
+      if (drawn[panel.n].ticket !== ticket) return;
+      second.textContent = "the second head's steps failed: " + error.message;
+      second.setAttribute("aria-busy", "false");
+    });
+  }
+
+  /** One head's steps as a list; a second head's (compared) is drawn as a panel {n: "0-second", of: 0, info}. */
+  function stepList(panel, answer) {
+    var byId = {};
+    answer.steps.forEach(function (step) { byId[step.id] = step; });
     var list = el("ol", {"class": "wb-steps"});
     answer.steps.forEach(function (step) {
       var item = list.appendChild(stepItem(panel, step, byId, answer));
       if (unscaled && step.id === "pattern" && byId.qk && byId.scaled) item.appendChild(whatIf(panel, byId, answer));
     });
-    part.appendChild(list);
+    return list;
   }
 
   /** softmax(q·k) over the keys in reach (those whose scaled score is not −∞), in float64 with the maximum
@@ -259,8 +313,9 @@ function minibertStepThrough(page) {
     });
     (step.views || []).forEach(function (kind, n) {
       wrap.appendChild(document.createTextNode(n ? ", " : " · drawn in the "));
-      wrap.appendChild(jump(kind + " view", prefix + "view-" + panel.n + "-" + kind + "-"
-                                            + (state.ablate[panel.n].length ? "after" : "only")));
+      var n = panel.of != null ? panel.of : panel.n;  // a second head's steps link to its model's views
+      wrap.appendChild(jump(kind + " view", prefix + "view-" + n + "-" + kind + "-"
+                                            + (state.ablate[n].length ? "after" : "only")));
     });
     return wrap;
   }
@@ -355,6 +410,128 @@ function minibertStepThrough(page) {
 
   function norm(values) {
     return Math.sqrt(values.reduce(function (s, v) { return s + v * v; }, 0));
+  }
+
+  // ---- the figure: the step-through for slides -------------------------------------------------------
+
+  var SVG_NS = "http://www.w3.org/2000/svg";
+  var FIG = {font: 14, char: 8.43, line: 20, track: 48, key: 64, keysPerRow: 10, gap: 32};  // px; char: 0.6 em
+
+  function vector(tag, attrs, text) {
+    var node = document.createElementNS(SVG_NS, tag);
+    for (var name in attrs) node.setAttribute(name, attrs[name]);
+    if (text != null) node.textContent = text;
+    return node;
+  }
+
+  /** minibert-step-through-MODEL-L2-H5-query-3[-and-L3-H1]: what the figure shows (heads as "L-H", 1-indexed). */
+  function figureName(panel) {
+    var answers = drawn[panel.n].answers, head = function (a) { return "L" + (a.layer + 1) + "-H" + (a.head + 1); };
+    return "step-through-" + page.modelName(panel.n) + "-" + head(answers[0]) + "-query-" + answers[0].query
+      + (answers[1] ? "-and-" + head(answers[1]) : "");
+  }
+
+  /** The step-through as a picture for slides, {node: SVG, width, height}, dark on white whatever the page's theme:
+      each head a column (two side by side when compared), its title, then each step's label and equation and its
+      values as the page draws them: a colour strip per vector with its first numbers below, bars for one value
+      per key with their numbers and tokens. Monospace throughout, so that a text's width is its length × 0.6 em. */
+  function figure(panel, answers) {
+    var node = vector("svg", {xmlns: SVG_NS, "font-family": "DejaVu Sans Mono, Menlo, Consolas, monospace",
+                              "font-size": FIG.font, fill: "#1f2328"});
+    var background = node.appendChild(vector("rect", {fill: "#ffffff"})), x0 = 16, width = 0, height = 0;
+    answers.forEach(function (answer) {
+      var column = drawHead(node, panel, answer, x0, 16);
+      width = x0 + column.width;
+      height = Math.max(height, column.height);
+      x0 = width + FIG.gap;
+    });
+    width += 16;
+    height += 16;
+    [[background, "width", width], [background, "height", height], [node, "width", width], [node, "height", height],
+     [node, "viewBox", "0 0 " + width + " " + height]].forEach(function (a) { a[0].setAttribute(a[1], a[2]); });
+    return {node: node, width: width, height: height};
+  }
+
+  /** One head's steps at (x0, y0): {width, height} of what it drew. */
+  function drawHead(node, panel, answer, x0, y0) {
+    var y = y0, right = 0;
+    function text(x, t, attrs) {  // one line of text from x at the current y; the right edge grows to hold it
+      var line = node.appendChild(vector("text", Object.assign({x: x, y: y}, attrs || {}), t));
+      right = Math.max(right, x - x0 + t.length * FIG.char * (attrs && attrs["font-size"] ? attrs["font-size"]
+        / FIG.font : 1));
+      return line;
+    }
+    y += FIG.line;
+    text(x0, "Head " + labelBoth(panel.n, answer.layer, answer.head) + " · query “" + answer.tokens[answer.query]
+      + "” (position " + answer.query + ")", {"font-weight": "bold"});
+    if (answer.ablated) {
+      y += FIG.line;
+      text(x0, "ablated (" + answer.ablated.mode + "): its z is replaced by " + REPLACED[answer.ablated.mode],
+           {fill: "#a40e26"});
+    }
+    answer.steps.forEach(function (step, n) {
+      y += FIG.line * 1.5;
+      text(x0, (n + 1) + ". " + step.label + ": " + step.equation, {"font-weight": "bold"});
+      var scale = maxAbs(step.values);
+      if (step.per_key && step.shape.length === 1) {
+        y = drawBars(step, answer.tokens, scale, x0, y, text, node);
+        right = Math.max(right, Math.min(step.values.length, FIG.keysPerRow) * FIG.key);
+        return;
+      }
+      var width = step.shape.length === 2 ? step.shape[1] : step.values.length;
+      var rows = step.shape.length === 2 ? step.shape[0] : 1, indent = rows > 1 ? (longest(answer.tokens) + 1)
+        * FIG.char : 0;
+      for (var r = 0; r < rows; r++) {
+        y += 8;
+        if (rows > 1) text(x0, answer.tokens[r], {fill: "#57606a", y: y + 11});
+        var wide = Math.min(STRIP, width * 8), cell = wide / width;
+        for (var i = 0; i < width; i++) {
+          var v = step.values[r * width + i];
+          if (v !== null && v !== 0) {
+            node.appendChild(vector("rect", {x: x0 + indent + i * cell, y: y, width: cell + 0.05, height: 14,
+                                             fill: tint(v, scale)}));
+          }
+        }
+        node.appendChild(vector("rect", {x: x0 + indent, y: y, width: wide, height: 14, fill: "none",
+                                         stroke: "#8c959f"}));
+        right = Math.max(right, indent + wide);
+        y += 14 + FIG.line;
+        var shown = step.values.slice(r * width + step.start, r * width + Math.min(width, step.start + answer.shown));
+        text(x0 + indent, (step.start ? "[" + step.start + ":] " : "") + shown.map(number).join("  ")
+          + (width > answer.shown ? "  … (" + width + " values)" : ""), {"class": "wb-fig-numbers"});
+      }
+    });
+    return {width: right, height: y + 8 - y0};
+  }
+
+  /** One value per key as bars (signed ones around a middle line), each with its number and token below:
+      FIG.keysPerRow keys a row. Returns the y below them. */
+  function drawBars(step, tokens, scale, x0, y, text, node) {
+    var signed = step.values.some(function (v) { return v !== null && v < 0; });
+    for (var from = 0; from < step.values.length; from += FIG.keysPerRow) {
+      var top = y + 8;
+      step.values.slice(from, from + FIG.keysPerRow).forEach(function (value, k) {
+        var s = from + k, x = x0 + k * FIG.key, mid = x + FIG.key / 2;
+        node.appendChild(vector("rect", {x: mid - 7, y: top, width: 14, height: FIG.track, fill: "#f6f8fa"}));
+        var base = signed ? top + FIG.track / 2 : top + FIG.track;
+        node.appendChild(vector("line", {x1: mid - 9, x2: mid + 9, y1: base, y2: base, stroke: "#8c959f"}));
+        if (value !== null) {
+          var h = (signed ? FIG.track / 2 : FIG.track) * (scale > 0 ? Math.abs(value) / scale : 0);
+          node.appendChild(vector("rect", {x: mid - 7, y: value < 0 ? base : base - h, width: 14, height: h,
+                                           fill: value < 0 ? "#f57f17" : "#1f77b4", "data-key": String(s)}));
+        }
+        var saved = y;
+        y = top + FIG.track + 16;
+        text(mid, number(value), {"text-anchor": "middle", "font-size": 12, "class": "wb-fig-value",
+                                  "data-key": String(s)});
+        y += 16;
+        var size = Math.min(12, (FIG.key - 4) / (tokens[s].length * 0.6));  // the whole token, smaller if long
+        text(mid, tokens[s], {"text-anchor": "middle", "font-size": size.toFixed(1), fill: "#57606a"});
+        y = saved;
+      });
+      y = top + FIG.track + 40;
+    }
+    return y;
   }
 
   return {show: showSteps, norm: norm};

@@ -28,6 +28,7 @@ function render(root, data, page) {
   page = page || {};
   var chosen = function (change) { if (page.onSelect) page.onSelect(change); };
   return views[data.kind](body, data.meta, arrays, root, {selection: page.selection || {}, onSelect: chosen,
-                                                           ablated: page.ablated || []}) || {select: function () {}};
+                                                           ablated: page.ablated || [], figureName: page.figureName})
+    || {select: function () {}};
 }
 

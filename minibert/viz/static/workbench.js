@@ -7,8 +7,8 @@
    body) → a promise of the answer: POST /api/ACTION to its own server on the page (the boot at the end), a
    message to the kernel in the widget (explore.py). User text reaches the page through textContent and
    value only, never as markup. Every control is a button, select or input: reachable by keyboard. */
-/** config: {models: [info answers], tour, projector}; options: {send, render (views.js's render), el (common.js's),
-    prefix}. */
+/** config: {models: [info answers], tour, projector}; options: {send, render (views.js's render), el and
+    downloadControl (common.js's), prefix}. */
 function minibertWorkbench(app, config, options) {
   "use strict";
   var prefix = options.prefix, send = options.send;
@@ -20,6 +20,11 @@ function minibertWorkbench(app, config, options) {
 
   /** A head as people read it, "L-H" counted from 1 (config.head_label's, sent by the server). */
   function label(n, layer, head) { return config.models[n].head_labels[layer][head]; }
+
+  /** The model's name as a file name takes it (a figure's): its path's last part, other characters as "-". */
+  function modelName(n) {
+    return config.models[n].model.split(/[\\/]/).filter(Boolean).slice(-1)[0].replace(/[^A-Za-z0-9_.-]+/g, "-");
+  }
 
   /** The label with the code's 0-indexed pair beside it, where both are on screen. */
   function labelBoth(n, layer, head) {
@@ -300,19 +305,27 @@ function minibertWorkbench(app, config, options) {
     if (!on || state.busy) { state.busy = on; return; }
     state.busy = true;
     busyLine.textContent = "working…";
+    var began = Date.now();
     (function poll() {
       if (!state.busy) return;
       Promise.all(panels.map(function (panel) { return send("status", {model: panel.n}); })).then(function (all) {
         if (!state.busy) return;
         var compiling = [].concat.apply([], all.map(function (answer) { return answer.compiling; }));
+        var waited = Math.round((Date.now() - began) / 1000);
         busyLine.textContent = compiling.length ? compiling.map(function (c) {
-          return "compiling " + (c.what === "run" ? "" : c.what.replace("_", " ") + " ") + "for " + c.tokens
-            + "-token texts";
+          var first = FIRST_USE[c.what];
+          return "compiling " + (c.what === "run" ? "" : (first ? first[0] : c.what.replace("_", " ")) + " ") + "for "
+            + c.tokens + "-token texts" + (first ? " (first use, " + first[1] + ")" : "");
         }).join("; ") + "… (once for every text up to that length; later edits are fast)" : "working…";
+        if (waited >= 2) busyLine.textContent += " " + waited + " s so far";
         setTimeout(poll, 500);
       }, function () { if (state.busy) setTimeout(poll, 500); });
     })();
   }
+
+  // How long a mixing map's first use takes (its compile and first run; ALTI and value zeroing are one program
+  // each): the bundled MiniLM on a 2-core CPU, texts of 16 to 128 tokens, docs/teaching.md's "What it took".
+  var FIRST_USE = {value_zeroing: ["value zeroing", "~3–15 s"], alti: ["ALTI", "~1–6 s"]};
 
   function later() {
     state.baseline = null;  // an edit of the text starts a new comparison
@@ -440,7 +453,8 @@ function minibertWorkbench(app, config, options) {
       var roots = sides.map(function (side) {
         var column = el("div", {"class": "wb-view-side", "data-side": side.side});
         if (side.title) column.appendChild(el("h3", {}, side.title));
-        var root = el("div", {"class": "mbv mbv-light wb-view" + (projecting() ? " mbv-large" : ""),
+        var root = el("div", {"class": "mbv mbv-" + (darkNow() ? "dark" : "light") + " wb-view"
+                                       + (projecting() ? " mbv-large" : ""),
                               "data-mbv-kind": kind, id: prefix + "view-" + panel.n + "-" + kind + "-" + side.side});
         column.appendChild(root);
         row.appendChild(column);
@@ -448,7 +462,8 @@ function minibertWorkbench(app, config, options) {
       });
       sides.forEach(function (side, n) {  // drawn once every side is on the page: the views measure their room
         panel.shown.push(options.render(roots[n], side.views[kind], {
-          selection: selection(), onSelect: choose, ablated: side.side === "after" ? ablated : []}));
+          selection: selection(), onSelect: choose, ablated: side.side === "after" ? ablated : [],
+          figureName: modelName(panel.n) + (side.side === "only" ? "" : "-" + side.side)}));
       });
     });
   }
@@ -471,6 +486,38 @@ function minibertWorkbench(app, config, options) {
       line.appendChild(go);
     }
     panel.views.insertBefore(line, panel.views.childNodes[1] || null);  // after the heading (renew keeps it)
+    if (change.per_head) line.after(changeMap(panel, change));
+  }
+
+  /** The after − before map of every layer and head: each cell the head's largest |Δα| over its queries and keys,
+      as red as it is large against the largest of all (its number on the cell and in data-value), the first
+      layer that changes marked, the ablated heads struck through; a click shows that layer and head. */
+  function changeMap(panel, change) {
+    var peak = Math.max.apply(null, change.per_layer), heads = change.per_head[0].length;
+    var map = el("div", {"class": "wb-change-map", id: prefix + "change-map-" + panel.n, role: "group",
+                         "aria-label": "after − before: largest |Δα| of every layer and head"});
+    map.style.gridTemplateColumns = "max-content repeat(" + heads + ", minmax(44px, max-content))";
+    map.appendChild(el("span", {"class": "wb-change-axis"}, "|Δα|"));
+    for (var h = 0; h < heads; h++) map.appendChild(el("span", {"class": "wb-change-axis"}, "H" + (h + 1)));
+    change.per_head.forEach(function (row, layer) {
+      var firstRow = layer === change.first_layer;
+      map.appendChild(el("span", {"class": "wb-change-axis" + (firstRow ? " wb-change-first" : ""),
+                                  title: "0-indexed: " + layer}, "Layer " + (layer + 1) + (firstRow ? " ← first" : "")));
+      row.forEach(function (gap, head) {
+        var off = state.ablate[panel.n].some(function (p) { return p[0] === layer && p[1] === head; });
+        var cell = el("button", {type: "button", "class": "wb-change-cell" + (off ? " wb-change-ablated" : "")
+                                   + (firstRow ? " wb-change-first" : ""), "data-layer": String(layer),
+                                 "data-head": String(head), "data-value": String(gap),
+                                 title: "head " + labelBoth(panel.n, layer, head) + (off ? ", ablated" : "")
+                                   + ": largest |after − before| attention " + number(gap) + "; click to show it"},
+                      gap > 0 ? number(gap) : "0");
+        var share = peak > 0 ? gap / peak : 0;
+        cell.style.setProperty("--share", share.toFixed(3));
+        cell.addEventListener("click", function () { choose({layer: layer, head: head}); });
+        map.appendChild(cell);
+      });
+    });
+    return map;
   }
 
   // ---- the one selection: layer, head, query --------------------------------------------------------
@@ -506,10 +553,11 @@ function minibertWorkbench(app, config, options) {
     return send("step", body(panel.n, {layer: state.layer, head: state.head, query: state.query}))
       .then(function (answer) {
         if (ticket !== state.runs) return;
-        steps.show(panel, answer);
+        var shown = steps.show(panel, answer);  // drawn once a second head's steps (compared) are
         panel.lastStep = answer;  // what the tour tells: the step shown, current while its ticket is
         panel.stepTicket = ticket;
         if (panel.n === 0) guide.update();
+        return shown;
       });
   }
 
@@ -540,6 +588,17 @@ function minibertWorkbench(app, config, options) {
   function project(on) {
     app.classList.toggle("wb-projector", on);
     projector.setAttribute("aria-pressed", String(on));
+    app.classList.toggle("wb-dark", darkNow());
+  }
+
+  // Dark mode follows the system's setting where the page asks to (config.follow_system_theme: the served page),
+  // but never in projector mode, black on white. A change of the setting redraws the views in their other theme.
+  var darkQuery = config.follow_system_theme && window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)")
+    : null;
+  function darkNow() { return Boolean(darkQuery && darkQuery.matches) && !projecting(); }
+  if (darkQuery) {
+    app.classList.toggle("wb-dark", darkNow());
+    darkQuery.addEventListener("change", function () { app.classList.toggle("wb-dark", darkNow()); refresh(); });
   }
 
   function projecting() { return app.classList.contains("wb-projector"); }
@@ -548,7 +607,9 @@ function minibertWorkbench(app, config, options) {
   });
 
   var steps = minibertStepThrough({app: app, config: config, prefix: prefix, state: state, el: el, number: number,
-                                   select: select, renew: renew, choose: choose, labelBoth: labelBoth});
+                                   select: select, renew: renew, choose: choose, labelBoth: labelBoth, label: label,
+                                   send: send, body: body, modelName: modelName,
+                                   downloadControl: options.downloadControl});
   var guide = minibertTour({app: app, config: config, prefix: prefix, state: state, panels: panels, controls: controls,
                             el: el, number: number, norm: steps.norm, choose: choose, label: label,
                             labelBoth: labelBoth});
@@ -579,6 +640,7 @@ if (document.getElementById("wb-config")) {
     }
     config.tour = config.tour || urlSwitch("tour");
     config.projector = urlSwitch("projector");
+    config.follow_system_theme = true;  // dark mode where the system is dark (the notebook widget stays light)
     // URL state: text, pair, head ("L-H" as the page names heads, 1-indexed), query (a token position, 0-indexed),
     // ablate ("1-3,2-5"), mode. A lecturer's link opens every laptop on one configuration; the URL follows edits.
     var labelled = function (word) {  // "2-5" → [1, 4] (0-indexed), or null
@@ -619,6 +681,7 @@ if (document.getElementById("wb-config")) {
     }
     minibertWorkbench(document.getElementById("workbench"), config,
                       {send: send, render: window.minibertViews.render, el: window.minibertViews.el, prefix: "wb-",
+                       downloadControl: window.minibertViews.downloadControl,
                        remember: remember});
   })();
 }
