@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/serve.py            # bundled model, 128-token texts; prints a Markdown table
     .venv/bin/python benchmarks/serve.py --smoke    # a few requests at 16 tokens: the code paths, for CI
     .venv/bin/python benchmarks/serve.py --start    # `minibert serve` from a fresh process: issue 28's targets
+    .venv/bin/python benchmarks/serve.py --mixing   # ALTI's and value zeroing's first use (issue 41)
 
 Three measurements, after warm-up (every length bucket compiled, as minibert serve does at start):
   edit     a new 128-token text: what the page asks for after an edit (POST /api/run, then /api/step)
@@ -18,6 +19,10 @@ has drawn its answer (the page's 200 ms wait after a key included). CPU seconds 
 Latencies are wall-clock per edit as a client sees them (p50, p95), beside the CPU seconds the process spent
 on it (server and client together: the process time, all threads), which other processes' load changes far
 less than the wall time. Only the public API is used: minibert.load, viz.explore.Workbench, app.serve.create_app.
+--mixing (issue 41): the "Views show" maps' first use, in two fresh processes sharing a new persistent compilation
+cache (empty, then filled by the first): for texts of 13, 64 and 128 tokens, the first ALTI / value-zeroing
+answer of that length (its compile and run), the same text with head 1-3 ablated (one program: no compile), and
+another text of that length (what every later edit pays).
 """
 
 from __future__ import annotations
@@ -216,15 +221,69 @@ def start_report(args) -> int:
     return 0
 
 
+MIXING_LENGTHS = (13, 64, 128)  # tokens: the default text's length, and the two row lengths minibert serve compiles
+
+
+def mixing_child() -> None:
+    """In a fresh process: one JSON line per (length, method) of seconds for the first, ablated and later answer."""
+    import json
+
+    model = minibert.load()
+    workbench = Workbench(model)
+    for tokens in MIXING_LENGTHS:
+        text, other = text_of(model, tokens, 1), text_of(model, tokens, 2)
+        workbench.answer("run", {"text": text})  # compiled at start by minibert serve: not part of the map's wait
+        workbench.answer("run", {"text": text, "ablate": [[0, 2]]})
+        for method in ("value_zeroing", "alti"):
+            seconds = []
+            for body in ({"text": text}, {"text": text, "ablate": [[0, 2]]}, {"text": other}):
+                begin = time.perf_counter()
+                workbench.answer("mixing", dict(body, method=method))
+                seconds.append(time.perf_counter() - begin)
+            print(json.dumps({"tokens": tokens, "method": method, "seconds": seconds}), flush=True)
+
+
+def mixing_report(args) -> int:
+    import json
+
+    cache, load_before = Path(tempfile.mkdtemp(prefix="serve-mixing-")) / "cache", harness.load_average()
+    runs = []
+    for _ in range(2):  # empty cache, then the cache the first filled
+        out = subprocess.run([sys.executable, __file__, "--mixing-child"], capture_output=True, text=True, check=True,
+                             env=os.environ | {"MINIBERT_CACHE_DIR": str(cache)}).stdout
+        runs.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+    rows = [[f"{cold['method'].replace('_', ' ')}, {cold['tokens']} tokens", harness.fmt(cold["seconds"][0]),
+             harness.fmt(warm["seconds"][0]), harness.fmt(cold["seconds"][1]), harness.fmt(cold["seconds"][2])]
+            for cold, warm in zip(*runs)]
+    machine = harness.machine()
+    text = "\n".join([
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}; {machine['versions']}; load "
+        f"average {load_before} before, {harness.load_average()} after. Command: `benchmarks/serve.py --mixing`.", "",
+        harness.markdown_table(["map", "first use, empty cache (s)", "first use, cache filled (s)",
+                                "head 1-3 ablated (s)", "another text (s)"], rows)])
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a few requests at 16 tokens (CI)")
     parser.add_argument("--start", action="store_true", help="time a fresh `minibert serve` to its first screen "
                         "(empty cache, then a second start) and typed edits after it")
+    parser.add_argument("--mixing", action="store_true", help="time ALTI's and value zeroing's first use (empty "
+                        "cache, then filled) and later answers")
+    parser.add_argument("--mixing-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
     args = parser.parse_args(argv)
     if args.start:
         return start_report(args)
+    if args.mixing_child:
+        mixing_child()
+        return 0
+    if args.mixing:
+        return mixing_report(args)
     tokens, edits, clients, requests = (16, 4, 2, 4) if args.smoke else (128, 20, 8, 50)
     model = minibert.load()
     cfg = model.config

@@ -505,7 +505,7 @@ function minibertStepThrough(page) {
   }
 
   /** One value per key as bars (signed ones around a middle line), each with its number and token below:
-      FIG.keysPerRow keys a row. Returns the y below them. */
+      FIG.keysPerRow keys a row, the first at y. Returns the y below them. text(x, t, attrs) writes at attrs.y. */
   function drawBars(step, tokens, scale, x0, y, text, node) {
     var signed = step.values.some(function (v) { return v !== null && v < 0; });
     for (var from = 0; from < step.values.length; from += FIG.keysPerRow) {
@@ -520,14 +520,11 @@ function minibertStepThrough(page) {
           node.appendChild(vector("rect", {x: mid - 7, y: value < 0 ? base : base - h, width: 14, height: h,
                                            fill: value < 0 ? "#f57f17" : "#1f77b4", "data-key": String(s)}));
         }
-        var saved = y;
-        y = top + FIG.track + 16;
-        text(mid, number(value), {"text-anchor": "middle", "font-size": 12, "class": "wb-fig-value",
-                                  "data-key": String(s)});
-        y += 16;
+        text(mid, number(value), {y: top + FIG.track + 16, "text-anchor": "middle", "font-size": 12,
+                                  "class": "wb-fig-value", "data-key": String(s)});
         var size = Math.min(12, (FIG.key - 4) / (tokens[s].length * 0.6));  // the whole token, smaller if long
-        text(mid, tokens[s], {"text-anchor": "middle", "font-size": size.toFixed(1), fill: "#57606a"});
-        y = saved;
+        text(mid, tokens[s], {y: top + FIG.track + 32, "text-anchor": "middle", "font-size": size.toFixed(1),
+                              fill: "#57606a"});
       });
       y = top + FIG.track + 40;
     }
