@@ -160,8 +160,14 @@ def test_the_step_through_and_head_view_save_figures_named_for_what_they_show(op
     values = [t for t in drawing.iter(SVG + "text") if t.get("class") == "wb-fig-value"]
     shown = [t.text for t in values[-len(tokens):]]  # the softmax is the last per-key step drawn
     assert shown == [f"{p:.3f}" if abs(p) >= 5e-4 else "0.000" for p in pattern]
-    heights = [float(r.get("height")) for r in drawing.iter(SVG + "rect") if r.get("data-key")][-len(tokens):]
+    bars = [r for r in drawing.iter(SVG + "rect") if r.get("data-key")][-len(tokens):]
+    heights = [float(r.get("height")) for r in bars]
     np.testing.assert_allclose(heights, 48 * np.array(pattern) / max(pattern), rtol=1e-12)  # a 48-px track
+    number = [step["id"] for step in answer["steps"]].index("pattern") + 1  # the softmax's number in the list
+    title = next(t for t in drawing.iter(SVG + "text") if t.text.startswith(f"{number}. softmax"))
+    for bar, value in zip(bars, values[-len(tokens):]):  # each number under its bar, the bar under the step's title
+        assert float(title.get("y")) < float(bar.get("y")) < float(value.get("y")) - float(bar.get("height")), (
+            bar.attrib, value.attrib)
     assert set(tokens) <= set(texts)
     width, height = float(drawing.get("width")), float(drawing.get("height"))
     filename, png = figure_of(page, "#wb-step-0 .mbv-download button[data-format=png]", tmp_path, "steps.png")
@@ -304,7 +310,7 @@ def test_the_first_use_of_alti_says_it_compiles_and_how_long_it_takes(open_page,
     try:
         page.page.select_option("#wb-mixing", "alti")
         page.page.wait_for_function(
-            "() => /compiling ALTI for \\d+-token texts \\(first use, ~\\d+–\\d+ s\\)/"
+            "() => /compiling ALTI for \\d+-token texts \\(first use, ~\\d+–\\d+ s[;)]/"
             ".test(document.getElementById('wb-busy').textContent)")
     finally:
         release.set()

@@ -324,8 +324,10 @@ function minibertWorkbench(app, config, options) {
   }
 
   // How long a mixing map's first use takes (its compile and first run; ALTI and value zeroing are one program
-  // each): the bundled MiniLM on a 2-core CPU, texts of 16 to 128 tokens, docs/teaching.md's "What it took".
-  var FIRST_USE = {value_zeroing: ["value zeroing", "~3–15 s"], alti: ["ALTI", "~1–6 s"]};
+  // each): the bundled MiniLM on a 2-core CPU, texts of 13 to 128 tokens, empty compilation cache, at load 4–7 and
+  // at 16 (benchmarks/serve.py --mixing; docs/teaching.md's "What it took").
+  var FIRST_USE = {value_zeroing: ["value zeroing", "~6–15 s; up to a minute on a busy machine"],
+                   alti: ["ALTI", "~3–6 s; up to 30 s on a busy machine"]};
 
   function later() {
     state.baseline = null;  // an edit of the text starts a new comparison
