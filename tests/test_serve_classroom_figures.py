@@ -74,6 +74,7 @@ def blended(colour, background):
     return [colour[i] * colour[3] + background[i] * (1 - colour[3]) for i in range(3)]
 
 
+@pytest.mark.slow  # 12 s at load 12 (a page, an ablation, and the page drawn again dark)
 def test_dark_mode_follows_the_system_and_keeps_every_text_readable(open_page, tiny_mlm):
     """With the system dark (prefers-color-scheme, switched while the page is open), the page and its views turn
     dark and every text rendered — the controls, the tokens, the step-through, the outputs, the after − before map,
@@ -181,6 +182,7 @@ def test_the_step_through_and_head_view_save_figures_named_for_what_they_show(op
     assert page.problems == []
 
 
+@pytest.mark.slow  # 11 s at load 12
 def test_two_heads_side_by_side_in_the_step_through(open_page, server, tiny_mlm, tmp_path):
     """"Compare with" puts a second head's steps beside the selected one's, for the same query: its softmax is the
     model's pattern of that head (the hook, within the forward bound), its ids are its own (no id twice on the page),
@@ -258,6 +260,7 @@ def test_the_after_minus_before_map_shows_every_layer_and_head(open_page, server
 MONOSPACE = "n => /mono/i.test(getComputedStyle(n).fontFamily)"
 
 
+@pytest.mark.slow  # 5-12 s each at load 12: a 12-head model's workbench, ablated, at each size
 @pytest.mark.parametrize("size, projector", [((1366, 768), False), ((1366, 768), True), ((910, 512), False),
                                              ((910, 512), True)],
                          ids=["standard", "projector", "150-percent", "150-percent-projector"])
@@ -297,12 +300,12 @@ def test_the_first_use_of_alti_says_it_compiles_and_how_long_it_takes(open_page,
     """ALTI's and value zeroing's first use compiles their program (seconds on a CPU, docs/teaching.md): while it
     does, the busy line names it and says how long a first use takes, instead of a bare "working…"."""
     entered, release = threading.Event(), threading.Event()
-    alti = workbench_module.mixing.alti
 
-    def held(*args, **kwargs):
+    def held(model, padded, hooks=None):  # a compile that takes long; then maps of zeros, of ALTI's shape [L, B, T, T]
         entered.set()
         release.wait(timeout=HELD_RUN_GUARD_S)
-        return alti(*args, **kwargs)
+        rows, length = padded["input_ids"].shape
+        return np.zeros((model.config.num_hidden_layers, rows, length, length), np.float32)
 
     monkeypatch.setattr(workbench_module.mixing, "alti", held)
     page = open_page()
