@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_hf_model
+from references import reference_library
 from test_families_modern import make_modernbert
 from tolerances import U32, assert_close_to_scale, dot_rtol, forward_rtol, head_rtol
 
@@ -320,7 +321,7 @@ def test_json_loads_in_circuit_tracer(bert, tmp_path):
     for write in (lambda g: graphs.write_json(g, tmp_path / "p.json", slug="p"), graphs.graph_scores):
         with pytest.raises(AnalysisError, match="not a PrunedGraph.*pass pruned.graph"):
             write(pruned)
-    graph_models = pytest.importorskip("circuit_tracer.frontend.graph_models")
+    graph_models = reference_library("circuit_tracer.frontend.graph_models")
     loaded = graph_models.Model.model_validate_json(path.read_text())
     assert len(loaded.nodes) == len(data["nodes"]) and len(loaded.links) == len(data["links"])
 
@@ -428,8 +429,8 @@ def test_pruning_and_scores_match_circuit_tracer(bert):
     """circuit-tracer's own prune_graph and compute_graph_scores on our adjacency (its Graph built from ours) keep
     the same nodes and edges and report the same scores (theirs in float32, ours in float64: rtol from float32's
     rounding of sums over ≤ n nodes)."""
-    torch = pytest.importorskip("torch")
-    ct_graph = pytest.importorskip("circuit_tracer.graph")
+    torch = reference_library("torch")
+    ct_graph = reference_library("circuit_tracer.graph")
     from circuit_tracer.attribution.targets import LogitTarget
     from circuit_tracer.utils.tl_nnsight_mapping import UnifiedConfig
 

@@ -81,7 +81,9 @@ def text_rows(texts, pairs=None) -> tuple[Iterator[tuple[str, str | None]], bool
 
 
 def text_batch(model, texts, pairs=None, max_length: int | None = None):
-    """One padded Batch of every row text_rows reads (for held-out sets, checks and the feature browser)."""
+    """One padded Batch of every row text_rows reads (for held-out sets, checks, spliced fidelity and the feature
+    browser), each text whole: a text longer than max_length tokens (None: the model's positions) is refused,
+    never cut, since a score on part of a text is not the score asked for."""
     rows, has_pairs = text_rows(texts, pairs)
     try:
         rows = list(rows)
@@ -92,14 +94,26 @@ def text_batch(model, texts, pairs=None, max_length: int | None = None):
                             f"per text.") from None
     if not rows:
         raise AnalysisError("no texts given; pass a text, a list of texts, (text, pair) tuples or a corpus file.")
-    return model.tokenize([a for a, _ in rows], [b for _, b in rows] if has_pairs else None, max_length=max_length)
+    batch = model.tokenize([a for a, _ in rows], [b for _, b in rows] if has_pairs else None)
+    lengths = np.asarray(batch.attention_mask).sum(1)
+    limit = model.config.max_tokens if max_length is None else min(max_length, model.config.max_tokens)
+    if lengths.max() > limit:
+        cut = int(np.sum(lengths > limit))
+        longest = int(lengths.max())
+        fix = (f"pass max_length={longest}" if longest <= model.config.max_tokens else
+               f"split them (this model reads at most {model.config.max_tokens} tokens)")
+        raise AnalysisError(f"{cut} of the {len(rows)} texts {'has' if cut == 1 else 'have'} more than {limit} tokens "
+                            f"(the longest {longest}, [CLS] and [SEP] counted); held-out texts are read whole, never "
+                            f"cut: {fix}, or pass shorter texts.")
+    return batch
 
 
-def token_activations(model, texts, hook_name: str, max_length: int = 128, special: bool = False, *,
+def token_activations(model, texts, hook_name: str, max_length: int | None = None, special: bool = False, *,
                       pairs=None) -> np.ndarray:
     """[N, d] the hook's value at every real token of `texts` ([CLS]/[SEP] left out unless special), each text
-    padded in one batch (no packing): for held-out sets and checks. texts and pairs: as text_rows reads them
-    (a text, a list, pairs, (text, pair) tuples or a corpus file: the rows an SAE was trained on)."""
+    whole and padded in one batch (no packing): for held-out sets and checks. A text longer than max_length
+    (None: the model's positions) is refused (text_batch). texts and pairs: as text_rows reads them (a text, a
+    list, pairs, (text, pair) tuples or a corpus file: the rows an SAE was trained on)."""
     batch = text_batch(model, texts, pairs, max_length)
     _, cache = model.run_with_cache(batch, names=[hook_name])
     values = np.asarray(cache[hook_name], np.float32)
@@ -130,6 +144,8 @@ def forward_batches(models, rows, pairs: bool, hook_names: tuple[str, ...], max_
     packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
     captures = [model.jit(_packed_capture, static_argnames=("hook_names",)) for model in models]
 
+    cut = reading.CutCount(max_length, first.config.max_tokens)
+
     def run(batches):
         for size, packed in batches:
             values = []
@@ -141,6 +157,7 @@ def forward_batches(models, rows, pairs: bool, hook_names: tuple[str, ...], max_
             yield np.stack(values, axis=1)
 
     for chunk in reading.tokenized_chunks(first, rows, pairs, max_length, first=0):
+        cut.add(chunk)
         packer.add(chunk)
         yield from run(packer.full_batches())
     yield from run(packer.flush())
