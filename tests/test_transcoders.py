@@ -18,7 +18,7 @@ import minibert
 from minibert.analysis import transcoders as tc
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.transcoders.training import batch_top_k, heaviside, jumprelu, losses
-from minibert.errors import AnalysisError, DataFileError
+from minibert.errors import AnalysisError, AnalysisWarning, DataFileError
 from minibert.io.config_json import read_config
 from minibert.io.tokenizer import Tokenizer
 
@@ -580,7 +580,7 @@ def test_long_texts_are_refused_by_held_out_sets_and_counted_by_streams(bert):
         tc.token_pairs(bert, [long, "w3 w4"], 0, max_length=8)
     with pytest.raises(AnalysisError, match=r"more than 64 tokens .*split them \(this model reads at most 64"):
         tc.token_pairs(bert, [" ".join(["w1"] * 70)], 0)
-    with pytest.warns(UserWarning, match=r"1 of the first 2 texts had more than max_length=8 tokens .*once per "
+    with pytest.warns(AnalysisWarning, match=r"1 of the first 2 texts had more than max_length=8 tokens .*once per "
                                          r"stream.*up to this model's 64 positions") as caught:
         batches = list(tc.activations(bert, [long, "w3 w4"], 0, batch_size=2, buffer_tokens=4, max_length=8))
     assert len(caught) == 1 and len(batches) == (6 + 2) // 2  # 8 − [CLS], [SEP] of the cut text, and w3 w4
@@ -597,7 +597,7 @@ def test_threshold_architectures_warn_once_while_uncalibrated():
     for architecture in ("batchtopk", "jumprelu"):
         config = _config(architecture, l0_coefficient=0.5)  # a config no other test warned for
         params = tc.init_params(config, seed=1)
-        with pytest.warns(UserWarning, match=rf"this {architecture} transcoder is not sparse yet.*"
+        with pytest.warns(AnalysisWarning, match=rf"this {architecture} transcoder is not sparse yet.*"
                                              rf"{'2·k = 6' if architecture == 'batchtopk' else 'more than 25%'}"):
             first = tc.evaluate(config, params, x, y)
         assert first["l0"] > 6  # 2·k = 6 for BatchTopK, and a quarter of 24 latents for JumpReLU

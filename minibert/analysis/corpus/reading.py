@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert.errors import AnalysisError, DataFileError, DataFileMissing, MinibertError
+from minibert.errors import (
+    AnalysisError,
+    AnalysisWarning,
+    DataFileError,
+    DataFileMissing,
+    MinibertError,
+    outside_minibert,
+)
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
 
@@ -247,7 +254,8 @@ class CutCount:
                     self.positions else "split long texts (this model reads no more tokens)")
             warnings.warn(f"{self.cut} of the first {self.read} texts had more than max_length={self.max_length} "
                           f"tokens and were cut to their first {self.max_length} (more may follow; this warning is "
-                          f"given once per stream); to keep them whole, {more}.", stacklevel=2)
+                          f"given once per stream); to keep them whole, {more}.", AnalysisWarning,
+                          stacklevel=outside_minibert())
 
 
 def _truncation_counted(model, texts: list[str], pairs: list[str] | None, max_length: int, start: int,

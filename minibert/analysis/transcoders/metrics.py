@@ -23,7 +23,7 @@ from minibert.analysis.sae.source import hook_width
 from minibert.analysis.transcoders.model import TranscoderConfig, encode, forward
 from minibert.analysis.transcoders.source import check_source, sites
 from minibert.core.hooks import HookFn
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, AnalysisWarning, outside_minibert
 
 
 def evaluate(config: TranscoderConfig, params, x, y=None, dense_above: float = 0.1, *,
@@ -85,7 +85,7 @@ def warn_if_uncalibrated(config: TranscoderConfig, l0: float) -> None:
     _warned.add(config)
     warnings.warn(f"this {config.architecture} transcoder is not sparse yet — {why}. Train it longer (or, for "
                   f"BatchTopK, with a larger threshold_rate) before reading its latents; this warning is given once "
-                  f"per transcoder config.", stacklevel=3)
+                  f"per transcoder config.", AnalysisWarning, stacklevel=outside_minibert())
 
 
 def checked_site(model, config: TranscoderConfig, *, other_weights: bool = False) -> tuple[str, str]:
