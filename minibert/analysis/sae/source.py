@@ -81,8 +81,8 @@ def text_rows(texts, pairs=None) -> tuple[Iterator[tuple[str, str | None]], bool
 
 
 def text_batch(model, texts, pairs=None, max_length: int | None = None):
-    """One padded Batch of every row text_rows reads (for held-out sets, checks, spliced fidelity and the feature
-    browser), each text whole: a text longer than max_length tokens (None: the model's positions) is refused,
+    """One padded Batch of every row text_rows reads (for held-out sets, checks and spliced fidelity), each text
+    whole: a text longer than max_length tokens (None: the model's positions) is refused,
     never cut, since a score on part of a text is not the score asked for."""
     rows, has_pairs = text_rows(texts, pairs)
     try:
