@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.corpus.step import packed_captures
 from minibert.core.hooks import site_axes
-from minibert.errors import AnalysisError, DataFileError, MinibertError, is_whole
+from minibert.errors import AnalysisError, AnalysisWarning, DataFileError, MinibertError, is_whole, outside_minibert
 
 CACHE_INFO = "activations.json"
 
@@ -80,10 +81,11 @@ def text_rows(texts, pairs=None) -> tuple[Iterator[tuple[str, str | None]], bool
     return (as_row(row) for row in itertools.chain([first], rows)), isinstance(first, tuple)
 
 
-def text_batch(model, texts, pairs=None, max_length: int | None = None):
+def text_batch(model, texts, pairs=None, max_length: int | None = None, *, cut: bool = False):
     """One padded Batch of every row text_rows reads (for held-out sets, checks and spliced fidelity), each text
-    whole: a text longer than max_length tokens (None: the model's positions) is refused,
-    never cut, since a score on part of a text is not the score asked for."""
+    whole: a text longer than max_length tokens (None: the model's positions) is refused, never cut, since a score
+    on part of a text is not the score asked for. cut=True (diffing's comparisons) cuts such texts to max_length
+    instead and warns with how many."""
     rows, has_pairs = text_rows(texts, pairs)
     try:
         rows = list(rows)
@@ -94,18 +96,22 @@ def text_batch(model, texts, pairs=None, max_length: int | None = None):
                             f"per text.") from None
     if not rows:
         raise AnalysisError("no texts given; pass a text, a list of texts, (text, pair) tuples or a corpus file.")
-    batch = model.tokenize([a for a, _ in rows], [b for _, b in rows] if has_pairs else None)
-    lengths = np.asarray(batch.attention_mask).sum(1)
-    limit = model.config.max_tokens if max_length is None else min(max_length, model.config.max_tokens)
-    if lengths.max() > limit:
-        cut = int(np.sum(lengths > limit))
-        longest = int(lengths.max())
-        fix = (f"pass max_length={longest}" if longest <= model.config.max_tokens else
-               f"split them (this model reads at most {model.config.max_tokens} tokens)")
-        raise AnalysisError(f"{cut} of the {len(rows)} texts {'has' if cut == 1 else 'have'} more than {limit} tokens "
-                            f"(the longest {longest}, [CLS] and [SEP] counted); held-out texts are read whole, never "
-                            f"cut: {fix}, or pass shorter texts.")
-    return batch
+    first, second = [a for a, _ in rows], [b for _, b in rows] if has_pairs else None
+    positions = model.config.max_tokens
+    limit = positions if max_length is None else min(max_length, positions)
+    batch = model.tokenize(first, second, max_length=limit + 1)  # one token of room: a row using it is too long
+    too_long = int(np.sum(np.asarray(batch.attention_mask).sum(1) > limit))
+    if not too_long:
+        return batch
+    fix = f"pass max_length= up to {positions}" if limit < positions else \
+        f"split them (this model reads at most {positions} tokens)"
+    counted = f"{too_long} of the {len(rows)} texts {'has' if too_long == 1 else 'have'} more than {limit} tokens " \
+              f"([CLS] and [SEP] counted)"
+    if not cut:
+        raise AnalysisError(f"{counted}; held-out texts are read whole, never cut: {fix}, or pass shorter texts.")
+    warnings.warn(f"{counted} and {'was' if too_long == 1 else 'were'} cut to their first {limit}; to read them "
+                  f"whole, {fix}.", AnalysisWarning, stacklevel=outside_minibert())
+    return model.tokenize(first, second, max_length=limit)
 
 
 def token_activations(model, texts, hook_name: str, max_length: int | None = None, special: bool = False, *,
