@@ -201,7 +201,8 @@ class Trainer(sae_training.Trainer):
         self.params = self.params | {"b_dec": jnp.mean(jnp.asarray(y, jnp.float32), axis=0)}
 
     def step(self, x, y=None) -> dict[str, float]:
-        """Train on one batch: x [N, d_in] the MLP's inputs, y [N, d_out] its outputs (or one (x, y) tuple)."""
+        """Train on one batch: x [N, d_in] the MLP's inputs, y [N, d_out] its outputs (or one (x, y) tuple; a
+        stream's Pairs batch has its source checked and recorded, as train() does the stream's)."""
         if y is None and isinstance(x, tuple) and len(x) == 2:
             self._check_source(getattr(x, "source", None))  # a batch kept from a stream (a list of them, a cache)
             x, y = x
