@@ -529,6 +529,7 @@ def test_activations_refuse_a_batch_size_that_is_no_whole_number(bert, batch_siz
 
 # ---- what the pairs carry, and what a score says about them ------------------------------------------------------
 
+@pytest.mark.slow  # ~10 s or more on the shared 2-core machine
 def test_pairs_carry_their_site_and_evaluate_and_training_check_it(bert, other_bert, tmp_path):
     """token_pairs and each streamed batch carry the block, hooks and weights they were read at: evaluate refuses
     pairs of another block (even for a config that names only its layer) or of other weights (unless
@@ -569,6 +570,7 @@ def test_pairs_carry_their_site_and_evaluate_and_training_check_it(bert, other_b
     assert wrong_layer.steps == 0
 
 
+@pytest.mark.slow  # ~10 s or more on the shared 2-core machine
 def test_long_texts_are_refused_by_held_out_sets_and_counted_by_streams(bert):
     """One rule: a held-out set (token_pairs, and so spliced_fidelity's text_batch) reads each text whole or
     refuses it, naming how many are too long and the fix; a training stream cuts them to max_length and warns
@@ -586,6 +588,7 @@ def test_long_texts_are_refused_by_held_out_sets_and_counted_by_streams(bert):
     assert len(caught) == 1 and len(batches) == (6 + 2) // 2  # 8 − [CLS], [SEP] of the cut text, and w3 w4
 
 
+@pytest.mark.slow  # ~10 s or more on the shared 2-core machine
 def test_threshold_architectures_warn_once_while_uncalibrated():
     """BatchTopK at θ = 0 (its start) fires every positive pre-activation: about half of 24 latents per token,
     above 2·k = 6, so evaluate warns, once for that config; JumpReLU at θ = 0 fires above a quarter of its latents;
