@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_hf_model
+from references import reference_library
 from test_families_modern import make_modernbert
 from tolerances import U32, assert_close_to_scale, dot_rtol, forward_rtol, head_rtol
 
@@ -320,7 +321,7 @@ def test_json_loads_in_circuit_tracer(bert, tmp_path):
     for write in (lambda g: graphs.write_json(g, tmp_path / "p.json", slug="p"), graphs.graph_scores):
         with pytest.raises(AnalysisError, match="not a PrunedGraph.*pass pruned.graph"):
             write(pruned)
-    graph_models = pytest.importorskip("circuit_tracer.frontend.graph_models")
+    graph_models = reference_library("circuit_tracer.frontend.graph_models")
     loaded = graph_models.Model.model_validate_json(path.read_text())
     assert len(loaded.nodes) == len(data["nodes"]) and len(loaded.links) == len(data["links"])
 
@@ -428,8 +429,8 @@ def test_pruning_and_scores_match_circuit_tracer(bert):
     """circuit-tracer's own prune_graph and compute_graph_scores on our adjacency (its Graph built from ours) keep
     the same nodes and edges and report the same scores (theirs in float32, ours in float64: rtol from float32's
     rounding of sums over ≤ n nodes)."""
-    torch = pytest.importorskip("torch")
-    ct_graph = pytest.importorskip("circuit_tracer.graph")
+    torch = reference_library("torch")
+    ct_graph = reference_library("circuit_tracer.graph")
     from circuit_tracer.attribution.targets import LogitTarget
     from circuit_tracer.utils.tl_nnsight_mapping import UnifiedConfig
 
@@ -479,3 +480,76 @@ def test_attribute_refuses_a_chunk_that_is_no_whole_number(bert, chunk):
     model, batch, transcoders, targets, _ = bert
     with pytest.raises(AnalysisError, match=f"chunk={chunk!r} must be a whole number ≥ 1"):
         graphs.attribute(model, batch, transcoders, targets, chunk=chunk)
+
+
+# ---- a docs-only tester's findings -------------------------------------------------------------------------------
+
+def test_intervene_takes_the_graphs_own_labels_and_reports_the_change(bert):
+    """A feature is named by the tuple, by its label "F l.t.i" (as pruned.edges() shows it) or by its JSON node_id
+    "l_i_t": the two runs below change the same two features, so they are the same program on the same arrays;
+    the result's change field (next to predicted) is intervened − clean. An inactive or unreadable key is refused
+    naming the accepted forms."""
+    import dataclasses
+
+    model, batch, transcoders, _, graph = bert
+    first, second = (tuple(int(v) for v in graph.active_features[i]) for i in (0, graph.n_features - 1))
+    by_tuple = graphs.intervene(model, batch, transcoders, graph, {first: 0.0, second: 0.5}, mode="clamp")
+    label = graph.node_label(0)
+    assert label == "F {}.{}.{}".format(*first)
+    json_id = f"{second[0]}_{second[2]}_{second[1]}"
+    assert json_id in {node["node_id"] for node in graphs.graph_json(graph, slug="x", node_threshold=1.0,
+                                                                     edge_threshold=1.0)["nodes"]}
+    by_label = graphs.intervene(model, batch, transcoders, graph, {label: 0.0, json_id: 0.5}, mode="clamp")
+    np.testing.assert_array_equal(by_label.intervened, by_tuple.intervened)
+    np.testing.assert_array_equal(by_label.predicted, by_tuple.predicted)
+    assert [field.name for field in dataclasses.fields(by_tuple)][-2:] == ["change", "predicted"]
+    np.testing.assert_array_equal(by_tuple.change, by_tuple.intervened - by_tuple.clean)
+    inactive = next(i for i in range(S) if not ((graph.active_features == (first[0], first[1], i)).all(1)).any())
+    with pytest.raises(AnalysisError, match=rf"F {first[0]}\.{first[1]}\.{inactive} .*not active.*active at that "
+                                            rf"layer and position: F {first[0]}\.{first[1]}\.{first[2]}"):
+        graphs.intervene(model, batch, transcoders, graph, {f"F {first[0]}.{first[1]}.{inactive}": 0.0})
+    for bad in ("feature 3", (0, 1), "F 1.2", (0, 1.5, 2)):
+        with pytest.raises(AnalysisError, match=r"names no feature; name one as \(layer, position, latent\), "
+                                                r"'F layer\.position\.latent'.*node_id of write_json"):
+            graphs.intervene(model, batch, transcoders, graph, {bad: 0.0})
+    with pytest.raises(AnalysisError, match="must be a finite number"):
+        graphs.intervene(model, batch, transcoders, graph, {first: np.nan})
+
+
+def test_a_target_prints_short(bert):
+    """repr(Target): label, kind, each scalar's value, a vector's shape and norm — not its values."""
+    _, _, _, targets, _ = bert
+    mlm, direction = targets
+    assert repr(mlm) == (f"Target({mlm.label!r}, kind=mlm, minus=9, position={int(mlm.arrays['position'])}, "
+                         f"sign=1, token=7)")
+    norm = float(np.linalg.norm(np.asarray(direction.arrays["direction"])))
+    assert repr(direction) == f"Target({direction.label!r}, kind=direction_mean, direction=[32] norm {norm:.4g})"
+
+
+def test_the_json_prompt_is_the_input_text(bert, tmp_path):
+    """write_json's "prompt" is the input's text: the ids decoded where the graph was given ids (the fixture), the
+    text (and its pair) where it was given text; a prompt= given is written as is, quotes and markup included."""
+    from minibert.analysis.graphs.attribution import _prompt
+
+    model, batch, _, _, graph = bert
+    decoded = model.tokenizer.decode([int(i) for i in batch["input_ids"][0]])
+    assert graph.prompt == decoded and decoded
+    written = graphs.write_json(graph, tmp_path / "g.json", slug="tiny")
+    assert json.loads(written.read_text())["metadata"]["prompt"] == decoded
+    text = 'the "capital" of <b>france</b> is [MASK] .'
+    assert json.loads(graphs.write_json(graph, tmp_path / "t.json", slug="t", prompt=text).read_text())[
+        "metadata"]["prompt"] == text
+    ids = graph.input_ids
+    assert _prompt(model, text, ids) == text and _prompt(model, [text], ids) == text
+    assert _prompt(model, model.tokenize(["first part"], ["second part"]), ids) == "first part second part"
+
+
+def test_a_figure_path_that_is_no_path_is_refused(bert, tmp_path):
+    from minibert import viz
+    from minibert.viz import VizError
+
+    pruned = graphs.prune(bert[4], node_threshold=0.9)
+    with pytest.raises(VizError, match=r"a str or pathlib.Path such as 'figure.png'; got int 5"):
+        viz.graphs.graph_figure(pruned, path=5)
+    with pytest.raises(VizError, match=r"must end in .png, .svg or .pdf"):
+        viz.graphs.graph_figure(pruned, path=tmp_path / "g.txt")

@@ -11,13 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import write_vocab
-from tolerances import U32, assert_close_to_scale, dot_rtol, head_rtol
+from references import reference_library
+from tolerances import U32, assert_close_to_scale, dot_rtol, head_rtol, sum_rtol
 
 import minibert
 from minibert.analysis import transcoders as tc
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.transcoders.training import batch_top_k, heaviside, jumprelu, losses
-from minibert.errors import AnalysisError, DataFileError
+from minibert.errors import AnalysisError, AnalysisWarning, DataFileError
 from minibert.io.config_json import read_config
 from minibert.io.tokenizer import Tokenizer
 
@@ -198,7 +199,7 @@ SAELENS_CASES = [("relu", False, "transcoder"), ("relu", True, "skip_transcoder"
 def test_saelens_loads_our_files_and_computes_the_same(tmp_path):
     """SAE.load_from_disk reads each architecture SAELens 6 has, and its encode and forward (float32, torch) equal
     ours on the same x to the rounding of two float32 programs; our load gives back the same parameters."""
-    pytest.importorskip("sae_lens")
+    reference_library("sae_lens")
     import torch
     from sae_lens import SAE
 
@@ -377,8 +378,10 @@ def test_spliced_masked_lm_scores(bert):
 @pytest.mark.slow
 def test_classifier_and_headless_splicing(tmp_path):
     """A sequence classifier is scored by CE against the clean predictions (which the clean run matches: accuracy
-    1); a bare encoder by the sentence cosine alone, higher for the fitted transcoder (its least-squares skip is
-    close to y) than for one writing 0."""
+    1); a bare encoder by the sentence cosine to the clean run, spliced and with the MLP output zeroed (the latter
+    against run_with_hooks writing 0 there, mean-pooled by hand), and loss recovered with 1 − cosine as the loss:
+    higher for the fitted transcoder (its least-squares skip is close to y) than for one writing 0, which is the
+    zero ablation itself (loss recovered 0)."""
     classifier = tiny("bert", tmp_path / "cls", "ForSequenceClassification")
     config, params = _fitted(classifier, 0)
     scores = tc.spliced_fidelity(classifier, config, params, TEXTS)
@@ -387,8 +390,27 @@ def test_classifier_and_headless_splicing(tmp_path):
     config, params = _fitted(bare, 0)
     fitted = tc.spliced_fidelity(bare, config, params, TEXTS)
     zero = tc.spliced_fidelity(bare, config, {k: np.zeros_like(v) for k, v in params.items()}, TEXTS)
-    assert set(fitted) == {"cosine"}
+    assert set(fitted) == {"cosine", "cosine_ablated", "loss_recovered"}
     assert 0 < zero["cosine"] < fitted["cosine"] <= 1 + 1e-6
+    batch = bare.tokenize(TEXTS)
+    mask = np.asarray(batch.attention_mask, np.float64)[..., None]
+
+    def pooled(hooks):
+        hidden = np.asarray(bare.run_with_hooks(batch, hooks=hooks).last_hidden_state, np.float64)
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    a, b = pooled({}), pooled({config.hook_out: lambda value, ctx: value * 0})
+    ablated = np.mean((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+    # ours pools float32 states in float32: a sum over the row's tokens and a dot and two norms of D values round
+    tol = 2 * sum_rtol(batch.input_ids.shape[1]) + 3 * dot_rtol(a.shape[-1])
+    assert fitted["cosine_ablated"] == pytest.approx(ablated, abs=tol)
+    assert fitted["cosine_ablated"] < fitted["cosine"]
+    # (c − a)/(1 − a) moves by |c − 1|/(1 − a)² per unit of a
+    assert fitted["loss_recovered"] == pytest.approx((fitted["cosine"] - ablated) / (1 - ablated),
+                                                     abs=tol * (1 - fitted["cosine"]) / (1 - ablated) ** 2 + 1e-7)
+    # the zero transcoder writes what the zero ablation writes: the two runs differ by two programs' rounding
+    assert zero["cosine"] == pytest.approx(zero["cosine_ablated"], abs=2 * tol)
+    assert abs(zero["loss_recovered"]) <= 2 * tol / (1 - zero["cosine_ablated"])
 
 
 def test_pair_stream_is_the_models_own_pairs_and_trainers_check_it(bert, other_bert, tmp_path):
@@ -503,3 +525,122 @@ def test_load_of_a_non_path_is_refused():
 def test_activations_refuse_a_batch_size_that_is_no_whole_number(bert, batch_size):
     with pytest.raises(AnalysisError, match=f"batch_size={batch_size!r} must be a whole number ≥ 1"):
         tc.activations(bert, ["a text"], 0, batch_size=batch_size)
+
+
+# ---- what the pairs carry, and what a score says about them ------------------------------------------------------
+
+@pytest.mark.slow  # ~10 s or more on the shared 2-core machine
+def test_pairs_carry_their_site_and_evaluate_and_training_check_it(bert, other_bert, tmp_path):
+    """token_pairs and each streamed batch carry the block, hooks and weights they were read at: evaluate refuses
+    pairs of another block (even for a config that names only its layer) or of other weights (unless
+    other_weights=True), and scores kept pairs as it scores the arrays; a trainer fed a list of kept batches (a
+    multi-pass run) records the stream's source as train() on the stream does, and refuses other kept batches
+    after a resume."""
+    config, params = _fitted(bert, 1)
+    held_out = tc.token_pairs(bert, TEXTS, 1)
+    assert held_out.source == tc.source_of(bert, 1)
+    x, y = held_out
+    assert tc.evaluate(config, params, held_out)["fvu"] == tc.evaluate(config, params, x, y)["fvu"]
+    bare = tc.TranscoderConfig(d_in=24, d_sae=16, d_out=24, layer=1, architecture="relu", skip=True)
+    for named in (config, bare):
+        with pytest.raises(AnalysisError, match=r"layer 0 but the transcoder is for layer 1.*token_pairs\(model, "
+                                                r"texts, 1\)"):
+            tc.evaluate(named, params, tc.token_pairs(bert, TEXTS, 0))
+    theirs = tc.token_pairs(other_bert, TEXTS, 1)
+    with pytest.raises(AnalysisError, match="weights .*other_weights=True"):
+        tc.evaluate(config, params, theirs)
+    assert np.isfinite(tc.evaluate(config, params, theirs, other_weights=True)["fvu"])
+    with pytest.raises(AnalysisError, match="token_pairs gives, or x and y"):
+        tc.evaluate(config, params, x)
+
+    stream = tc.activations(bert, TEXTS, 1, batch_size=8, buffer_tokens=16)
+    kept = list(stream)  # read once, trained on for several passes
+    assert all(batch.source == stream.source for batch in kept)
+    trainer = tc.Trainer(tc.TranscoderConfig(d_in=24, d_sae=16, d_out=24, layer=1, k=4))
+    for _ in range(2):
+        trainer.train(kept)
+    assert trainer.steps == 2 * len(kept) and trainer.source == stream.source
+    assert trainer.config.hook_in == "blocks.1.ln1.hook_out" and trainer.config.weights == weights_digest(bert)
+    resumed = tc.Trainer.resume(trainer.save(tmp_path / "run.npz"))
+    with pytest.raises(AnalysisError, match="weights"):
+        resumed.train(list(tc.activations(other_bert, TEXTS, 1, batch_size=8, buffer_tokens=16)))
+    wrong_layer = tc.Trainer(tc.TranscoderConfig(d_in=24, d_sae=16, d_out=24, layer=0, k=4))
+    with pytest.raises(AnalysisError, match=r"layer 1 but the transcoder is for layer 0"):
+        wrong_layer.step(kept[0])
+    assert wrong_layer.steps == 0
+
+
+@pytest.mark.slow  # ~10 s or more on the shared 2-core machine
+def test_long_texts_are_refused_by_held_out_sets_and_counted_by_streams(bert):
+    """One rule: a held-out set (token_pairs, and so spliced_fidelity's text_batch) reads each text whole or
+    refuses it, naming how many are too long and the fix; a training stream cuts them to max_length and warns
+    once with the count. A 12-word text is 14 tokens with [CLS] and [SEP]; the model has 64 positions."""
+    long = " ".join(["w1"] * 12)
+    assert tc.token_pairs(bert, [long, "w3 w4"], 0)[0].shape[0] == 12 + 2  # whole
+    with pytest.raises(AnalysisError, match=r"1 of the 2 texts has more than 8 tokens .*never cut: pass "
+                                            r"max_length= up to 64"):
+        tc.token_pairs(bert, [long, "w3 w4"], 0, max_length=8)
+    with pytest.raises(AnalysisError, match=r"more than 64 tokens .*split them \(this model reads at most 64"):
+        tc.token_pairs(bert, [" ".join(["w1"] * 70)], 0)
+    with pytest.warns(AnalysisWarning, match=r"1 of the first 2 texts had more than max_length=8 tokens .*once per "
+                                         r"stream.*up to this model's 64 positions") as caught:
+        batches = list(tc.activations(bert, [long, "w3 w4"], 0, batch_size=2, buffer_tokens=4, max_length=8))
+    assert len(caught) == 1 and len(batches) == (6 + 2) // 2  # 8 − [CLS], [SEP] of the cut text, and w3 w4
+
+
+@pytest.mark.slow  # ~10 s or more on the shared 2-core machine
+def test_threshold_architectures_warn_once_while_uncalibrated():
+    """BatchTopK at θ = 0 (its start) fires every positive pre-activation: about half of 24 latents per token,
+    above 2·k = 6, so evaluate warns, once for that config; JumpReLU at θ = 0 fires above a quarter of its latents;
+    the same BatchTopK with θ raised to the k-th largest pre-activation's level does not warn."""
+    import warnings
+
+    rng = np.random.default_rng(8)
+    x, y = _pairs(rng, 64)
+    for architecture in ("batchtopk", "jumprelu"):
+        config = _config(architecture, l0_coefficient=0.5)  # a config no other test warned for
+        params = tc.init_params(config, seed=1)
+        with pytest.warns(AnalysisWarning, match=rf"this {architecture} transcoder is not sparse yet.*"
+                                             rf"{'2·k = 6' if architecture == 'batchtopk' else 'more than 25%'}"):
+            first = tc.evaluate(config, params, x, y)
+        assert first["l0"] > 6  # 2·k = 6 for BatchTopK, and a quarter of 24 latents for JumpReLU
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tc.evaluate(config, params, x, y)  # once per config
+    config = _config("batchtopk", l0_coefficient=0.25)
+    params = tc.init_params(config, seed=1)
+    pre = np.asarray(tc.pre_activations(params, x))
+    params["threshold"] = jnp.asarray(np.quantile(pre, 1 - 3 / S), jnp.float32)  # ~k = 3 above it per token
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tc.evaluate(config, params, x, y)["l0"] <= 6
+
+
+def test_saved_weights_have_a_plain_new_files_permissions(tmp_path):
+    """transcoders.save and sae.save write sae_weights.safetensors (which safetensors writes 0600) and cfg.json
+    with 0666 less the umask, as Model.save and Trainer.save do."""
+    import os
+
+    from minibert.analysis import sae
+
+    previous = os.umask(0o027)
+    try:
+        config = _config("relu")
+        written = [tc.save(tmp_path / "tc", config, tc.init_params(config))]
+        sae_config = sae.SAEConfig(d_in=D_IN, d_sae=S, architecture="relu")
+        written.append(sae.save(tmp_path / "sae", sae_config, sae.init_params(sae_config)))
+    finally:
+        os.umask(previous)
+    for directory in written:
+        for name in ("cfg.json", "sae_weights.safetensors"):
+            assert (directory / name).stat().st_mode & 0o777 == 0o640, (directory, name)
+
+
+def test_reference_libraries_are_hard_imports_in_ci(monkeypatch):
+    """tests/references.py: outside CI a missing reference library skips; with CI=true it fails."""
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        reference_library("no_such_reference_library")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(ModuleNotFoundError):
+        reference_library("no_such_reference_library")

@@ -97,8 +97,8 @@ for layer in range(L):
     trainer = transcoders.Trainer(config, learning_rate=2e-3, warmup=20, dead_tokens=256 * 20)
     trainer.center(np.concatenate([y for _, y in batches]))
     history = [step for _ in range(PASSES) for step in trainer.train(batches)]
-    x, y = transcoders.token_pairs(model, held_out, layer)
-    scores = transcoders.evaluate(trainer.config, trainer.params, x, y)
+    held_out_pairs = transcoders.token_pairs(model, held_out, layer)  # (x, y) and the site: evaluate checks it
+    scores = transcoders.evaluate(trainer.config, trainer.params, held_out_pairs)
     fidelity = transcoders.spliced_fidelity(model, trainer.config, trainer.params, held_out)
     pairs.append((trainer.config, trainer.params))
     report.append((scores["fvu"], fidelity))

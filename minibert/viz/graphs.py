@@ -8,15 +8,13 @@ embeddings at the bottom, the targets at the top), positions across, each kept e
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from minibert.viz._check import VizError
 from minibert.viz.circuits import NEGATIVE, POSITIVE
-from minibert.viz.figures._base import _axes, _finish
+from minibert.viz.figures._base import _axes, _finish, figure_path
 
 KIND_COLOURS = {"feature": "#ddf4ff", "error": "#eaeef2", "token": "#fff8c5", "target": "#dafbe1"}
 
@@ -37,12 +35,12 @@ def _place(graph, index: int) -> tuple[float, float, str]:
 
 
 def graph_figure(pruned, *, ax=None, path=None, overwrite: bool = False) -> Figure:
-    """The kept nodes and edges of a PrunedGraph (graphs.prune); `path` (.png, .svg, .pdf) is refused if it exists
-    unless overwrite=True."""
+    """The kept nodes and edges of a PrunedGraph (graphs.prune); `path` (a str or pathlib.Path ending in .png, .svg
+    or .pdf) is refused if it exists unless overwrite=True."""
     if not all(hasattr(pruned, name) for name in ("graph", "node_mask", "edge_mask")):
         raise VizError(f"graph_figure takes a pruned graph (graphs.prune(graph)); got {type(pruned).__name__}.")
-    if path is not None and Path(path).exists() and not overwrite:
-        raise VizError(f"{path} exists; pass overwrite=True to replace it, or another path.")
+    if path is not None:
+        figure_path(path, overwrite)  # before drawing: a bad path or an existing file costs nothing
     graph = pruned.graph
     kept = np.flatnonzero(pruned.node_mask)
     places = {int(i): _place(graph, int(i)) for i in kept}

@@ -7,12 +7,20 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from minibert.errors import AnalysisError, DataFileError, DataFileMissing, MinibertError
+from minibert.errors import (
+    AnalysisError,
+    AnalysisWarning,
+    DataFileError,
+    DataFileMissing,
+    MinibertError,
+    outside_minibert,
+)
 
 CHUNK = 256  # documents tokenized at a time: the next chunk is tokenized while the device runs a batch
 
@@ -228,6 +236,26 @@ class Tokenized:
     token_type_ids: np.ndarray
     attention_mask: np.ndarray
     truncated: int
+
+
+class CutCount:
+    """A stream's documents cut at max_length, counted; the first chunk that cuts any warns (once per stream) how
+    many and how to keep them whole: training streams cut and say so, where held-out sets (sae.text_batch) refuse."""
+
+    def __init__(self, max_length: int, positions: int):
+        self.max_length, self.positions, self.read, self.cut, self.warned = max_length, positions, 0, 0, False
+
+    def add(self, chunk: Tokenized) -> None:
+        self.read += len(chunk.input_ids)
+        self.cut += chunk.truncated
+        if self.cut and not self.warned:
+            self.warned = True
+            more = (f"pass max_length= up to this model's {self.positions} positions" if self.max_length <
+                    self.positions else "split long texts (this model reads no more tokens)")
+            warnings.warn(f"{self.cut} of the first {self.read} texts had more than max_length={self.max_length} "
+                          f"tokens and were cut to their first {self.max_length} (more may follow; this warning is "
+                          f"given once per stream); to keep them whole, {more}.", AnalysisWarning,
+                          stacklevel=outside_minibert())
 
 
 def _truncation_counted(model, texts: list[str], pairs: list[str] | None, max_length: int, start: int,

@@ -101,7 +101,7 @@ def representation_similarity(model_a, model_b, texts, *, pairs=None, max_length
     """[L + 1] linear CKA of the two models' streams (the embedding output, then each block's output) over the
     real tokens of `texts` (as sae.text_rows reads them), padded in one batch."""
     _check_shapes(model_a, model_b)
-    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length), cut=True)
     if int(np.sum(batch.attention_mask)) < 2:
         raise AnalysisError("CKA needs at least two tokens to centre; pass more text.")
     return np.asarray(_linear_cka(_real_streams(model_a, batch), _real_streams(model_b, batch)))
@@ -152,7 +152,7 @@ def output_change(model_a, model_b, texts, *, pairs=None, max_length: int | None
     if kinds[0] != kinds[1]:
         raise AnalysisError(f"the models' heads differ ({kinds[0]} and {kinds[1]}); their distributions cannot be "
                             f"compared. Pass two models with the same kind of head.")
-    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length), cut=True)
     logits = [jnp.asarray(model(batch).logits, jnp.float32) for model in (model_a, model_b)]
     if logits[0].shape != logits[1].shape:
         raise AnalysisError(f"the heads give {logits[0].shape[-1]} and {logits[1].shape[-1]} outputs; compare models "
@@ -170,7 +170,7 @@ def difference_lens(model_a, model_b, texts, *, top_k: int = 10, pairs=None, max
     tokens: their strings."""
     _check_shapes(model_a, model_b)
     require_mlm_head(model_b, "the activation-difference lens")
-    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length), cut=True)
     mean_a = _real_streams(model_a, batch).mean(1)  # [L + 1, D]
     delta = _real_streams(model_b, batch).mean(1) - mean_a
     read = lambda hidden: jax.nn.log_softmax(model_b.head(model_b.state, hidden[:, None]).logits[:, 0], -1)

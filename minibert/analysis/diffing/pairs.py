@@ -107,7 +107,7 @@ def paired_token_activations(model_a, model_b, texts, hook_name: str, max_length
     packing; truncated to max_length, by default row_length's): for latent statistics and the report's examples.
     where[n] = (text index, token position, token, the token in context)."""
     check_pair(model_a, model_b, hook_name)
-    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length))
+    batch = text_batch(model_a, texts, pairs, row_length(model_a, model_b, max_length), cut=True)
     ids = np.asarray(batch.input_ids)
     keep = (np.asarray(batch.attention_mask) > 0) & ~np.isin(
         ids, [model_a.tokenizer.cls_token_id, model_a.tokenizer.sep_token_id])

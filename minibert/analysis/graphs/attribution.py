@@ -41,6 +41,7 @@ from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
 from minibert.analysis.sweeps import chunked_map
 from minibert.analysis.transcoders.model import decode
 from minibert.errors import AnalysisError, is_whole
+from minibert.io.tokenizer import Batch, is_text
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 
@@ -50,7 +51,7 @@ class AttributionGraph:
     [features (N), errors (L·T, layer-major), tokens (T), targets]. active_features [N, 3] (layer, position, latent),
     activations [N]; pre_activations [n] (a feature's at the run, a target's ⟨g, h⟩; 0 for errors and tokens) and
     bias [n] with pre = adjacency.sum(1) + bias for features and targets; target_values the targets themselves,
-    target_weights what pruning weighs them by (circuit-tracer's logit probabilities)."""
+    target_weights what pruning weighs them by (circuit-tracer's logit probabilities); prompt the input's text."""
 
     adjacency: np.ndarray
     active_features: np.ndarray
@@ -66,6 +67,7 @@ class AttributionGraph:
     d_sae: int
     targets: tuple = ()
     vocab_size: int = 0
+    prompt: str = ""  # the input's text (write_json's "prompt"): the text given, or the ids decoded
 
     @property
     def n_features(self) -> int:
@@ -110,8 +112,15 @@ class AttributionGraph:
         """The node of active feature (layer, position, latent); an AnalysisError if it is not active."""
         hit = np.flatnonzero((self.active_features == (layer, position, latent)).all(1))
         if not hit.size:
-            raise AnalysisError(f"feature {latent} at layer {layer}, position {position} is not active in this graph "
-                                f"(activation 0): pick one of graph.active_features.")
+            active = self.active_features
+            here = active[(active[:, 0] == layer) & (active[:, 1] == position)]
+            shown = ", ".join(f"F {layer}.{position}.{i}" for i in here[:8, 2]) + (", …" if len(here) > 8 else "")
+            raise AnalysisError(f"feature F {layer}.{position}.{latent} (layer {layer}, position {position}, latent "
+                                f"{latent}) is not active in this graph (activation 0), so it has no node; "
+                                + (f"active at that layer and position: {shown}." if len(here) else
+                                   f"no feature is active at layer {layer}, position {position}; pick one of "
+                                   f"graph.active_features ({self.n_features}) or the 'F l.t.i' labels of "
+                                   f"pruned.edges()."))
         return int(hit[0])
 
 
@@ -236,8 +245,21 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
                     items, unlabelled(targets), chunk=chunk)
     parts = {k: np.asarray(v) for k, v in parts.items()}
-    return _assemble(model, inputs, tc, targets, weights, np.asarray(values), np.asarray(pre), np.asarray(f), active,
-                     parts)
+    graph = _assemble(model, inputs, tc, targets, weights, np.asarray(values), np.asarray(pre), np.asarray(f),
+                      active, parts)
+    return dataclasses.replace(graph, prompt=_prompt(model, batch, graph.input_ids))
+
+
+def _prompt(model, batch, ids: np.ndarray) -> str:
+    """The input's text: the text (or pair, joined by a space, as the viewer shows one prompt) it was given as,
+    else its ids decoded without special tokens."""
+    texts, pairs = ([batch], None) if isinstance(batch, str) else \
+        (batch.texts, batch.pairs) if isinstance(batch, Batch) else \
+        (list(batch), None) if is_text(batch) else (None, None)
+    if texts:
+        return " ".join(t for t in (texts[0], pairs[0] if pairs else None) if t)
+    decode = getattr(model.tokenizer, "decode", None)
+    return decode([int(i) for i in ids]) if decode is not None else ""
 
 
 def _weights(target_weights, n: int) -> np.ndarray:

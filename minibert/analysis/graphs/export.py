@@ -56,12 +56,16 @@ def _node(graph, index: int, influence: float, vocab_size: int) -> dict:
                      "influence": None}
 
 
-def graph_json(graph, *, slug: str, scan: str = "minibert", prompt: str = "", node_threshold: float = 0.8,
+def graph_json(graph, *, slug: str, scan: str = "minibert", prompt: str | None = None, node_threshold: float = 0.8,
                edge_threshold: float = 0.98, vocab_size: int | None = None) -> dict:
-    """The graph pruned (pruning.prune) as circuit-tracer's frontend dict."""
+    """The graph pruned (pruning.prune) as circuit-tracer's frontend dict; "prompt" is the input's text
+    (graph.prompt) unless `prompt` is given."""
     unpruned(graph, "graph_json and write_json")
     if not isinstance(slug, str) or not slug:
         raise AnalysisError("slug must be a non-empty name for the graph (its file is <slug>.json).")
+    prompt = graph.prompt if prompt is None else prompt
+    if not isinstance(prompt, str):
+        raise AnalysisError(f"prompt is the input's text shown by the viewer, a str; got {type(prompt).__name__}.")
     pruned = prune(graph, node_threshold, edge_threshold)
     vocab_size = vocab_size if vocab_size is not None else graph.vocab_size
     nodes = {int(i): _node(graph, int(i), pruned.cumulative_scores[i], vocab_size)

@@ -43,17 +43,38 @@ MODES = ("clamp", "steer")
 
 @dataclasses.dataclass
 class InterventionResult:
-    """The targets (labels) at the clean run and with the features changed, their change, and the graph's linear
-    prediction of it."""
+    """The targets (labels) at the clean run and with the features changed, their change (intervened − clean),
+    and beside it the graph's linear prediction of that change."""
 
     labels: list[str]
     clean: np.ndarray
     intervened: np.ndarray
+    change: np.ndarray
     predicted: np.ndarray
 
-    @property
-    def change(self) -> np.ndarray:
-        return self.intervened - self.clean
+
+KEY_FORMS = ("(layer, position, latent)", "'F layer.position.latent' (graph.node_label, pruned.edges())",
+             "'layer_latent_position' (the node_id of write_json)")
+
+
+def feature_key(key) -> tuple[int, int, int]:
+    """(layer, position, latent) of a feature named as a tuple, by its label "F l.t.i" (graph.node_label, as
+    pruned.edges() shows it) or by its JSON node_id "l_i_t" (write_json)."""
+    parts = None
+    if isinstance(key, tuple | list) and len(key) == 3:
+        parts = list(key)
+    elif isinstance(key, str) and key.startswith("F ") and key[2:].count(".") == 2:
+        parts = key[2:].split(".")
+    elif isinstance(key, str) and key.count("_") == 2:
+        layer, latent, position = key.split("_")
+        parts = [layer, position, latent]
+    if parts is not None:
+        if all(isinstance(v, str) and v.isdigit() for v in parts):
+            return tuple(int(v) for v in parts)
+        if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in parts):
+            return tuple(int(v) for v in parts)
+    raise AnalysisError(f"changes: {key!r} names no feature; name one as {', '.join(KEY_FORMS[:-1])} or "
+                        f"{KEY_FORMS[-1]}.")
 
 
 def _intervened(model, state, inputs, params, targets, frozen, errors, steer, clamp_mask, clamp_value, *, configs,
@@ -91,9 +112,11 @@ def predicted_change(graph, steer: dict, clamp: dict) -> np.ndarray:
 
 def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "steer",
               freeze: bool = True, other_weights: bool = False) -> InterventionResult:
-    """Change features {(layer, position, latent): value} — steer (add δ = value), clamp (set to value; ablate:
-    0) — on the model for the graph's input, and report each of graph.targets before and after, beside the graph's
-    prediction (module docstring). One compiled program for any changes."""
+    """Change features {feature: value} — steer (add δ = value), clamp (set to value; ablate: 0) — on the model
+    for the graph's input, and report each of graph.targets before and after and their change, beside the
+    graph's prediction of it (module docstring). A feature is named (layer, position, latent), by its label
+    "F l.t.i" (graph.node_label, pruned.edges()) or by its write_json node_id "l_i_t". One compiled program for
+    any changes."""
     check_model(model)
     if mode not in MODES:
         raise AnalysisError(f"mode must be one of {MODES} ('clamp' with value 0 ablates); got {mode!r}.")
@@ -106,9 +129,11 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
     L, T, S = graph.n_layers, graph.n_pos, graph.d_sae
     steer, mask, value = np.zeros((L, T, S), np.float32), np.zeros((L, T, S), bool), np.zeros((L, T, S), np.float32)
     by_node_steer, by_node_clamp = {}, {}
-    for key, amount in changes.items():
-        if not (isinstance(key, tuple) and len(key) == 3) or not np.isfinite(amount):
-            raise AnalysisError(f"changes: {key!r}: {amount!r} must be (layer, position, latent): a finite number.")
+    for given, amount in changes.items():
+        key = feature_key(given)
+        if isinstance(amount, bool) or not isinstance(amount, int | float | np.number) or not np.isfinite(amount):
+            raise AnalysisError(f"changes: {given!r}: {amount!r} must be a finite number (the value to "
+                                f"{'add' if mode == 'steer' else 'set'}).")
         node = graph.node_index(*key)
         if mode == "steer":
             steer[key], by_node_steer[node] = amount, float(amount)
@@ -123,5 +148,6 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
     program = model.jit(_intervened, static_argnames=("configs", "freeze"))
     after = program(model.state, inputs, tc.params, targets, frozen, errors, steer, mask, value,
                     configs=tc.configs, freeze=bool(freeze))
-    return InterventionResult(list(graph.target_labels), np.asarray(clean), np.asarray(after),
+    clean, after = np.asarray(clean), np.asarray(after)
+    return InterventionResult(list(graph.target_labels), clean, after, after - clean,
                               predicted_change(graph, by_node_steer, by_node_clamp))

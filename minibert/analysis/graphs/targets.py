@@ -35,6 +35,20 @@ class Target:
     def __call__(self, out):
         return self.read(out, **self.arrays)
 
+    def __repr__(self) -> str:
+        """The label, the kind of readout and each number: a one-value array by its value, a vector by its shape
+        and norm (a direction of hundreds of values is not printed)."""
+        parts = [repr(self.label), f"kind={getattr(self.read, '__name__', 'read').lstrip('_')}"]
+        for name in sorted(self.arrays):
+            value = self.arrays[name]
+            if isinstance(value, jax.core.Tracer):  # inside a program: no values to show
+                parts.append(f"{name}={tuple(value.shape)}")
+                continue
+            value = np.asarray(value)
+            parts.append(f"{name}={value.item():g}" if value.size == 1 else
+                         f"{name}=[{', '.join(map(str, value.shape))}] norm {float(np.linalg.norm(value)):.4g}")
+        return f"Target({', '.join(parts)})"
+
     def tree_flatten(self):
         keys = tuple(sorted(self.arrays))
         return [self.arrays[k] for k in keys], (StaticFn(self.read), keys, self.label)

@@ -7,7 +7,7 @@ dead/dense latents and spliced-in fidelity, saved in SAELens' file layout.
     trainer = sae.Trainer(config, learning_rate=2e-4, warmup=100)
     trainer.train(sae.activations(model, texts, config.hook_name, batch_size=1024))
     sae.evaluate(config, trainer.params, x)                   # {"l0", "fvu", "dead", "dense", "frequency"}
-    sae.spliced_fidelity(model, config, trainer.params, texts)  # {"ce_*", "loss_recovered", "kl", …} or {"cosine"}
+    sae.spliced_fidelity(model, config, trainer.params, texts)  # {"ce_*", "loss_recovered", "kl", …} or {"cosine", …}
     sae.save("out/sae", config, trainer.params); config, params = sae.load("out/sae")
 """
 

@@ -7,8 +7,9 @@ fidelity — the model run with the SAE's reconstruction written in place of the
   `dense_above` of them (SAELens' feature-density plots flag those above 10%).
 - fidelity, checkpoints with a head (masked-LM or classifier): cross-entropy clean, spliced and ablated, loss
   recovered, KL and accuracy (spliced_fidelity).
-- fidelity, sentence-transformers checkpoints: cosine between the sentence embeddings with and without (pooled
-  as the checkpoint's Pooling module says).
+- fidelity, sentence-transformers checkpoints: cosine between the sentence embeddings with and without, and
+  with the hook ablated (pooled as the checkpoint's Pooling module says), and loss recovered with 1 − cosine as
+  the loss.
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ def spliced_fidelity(model, config: SAEConfig, params, texts, hook_name: str | N
     - classifier heads (sequence or token): against `labels` (class ids or id2label names, one per text) where
       given, else the clean run's predictions (accuracy_spliced is then the agreement with the clean model);
       token heads score every real token against the clean predictions.
-    Models without a head: {"cosine"}, the mean cosine between sentence embeddings with and without the SAE,
-    pooled as the checkpoint's sentence-transformers Pooling says (the mean where it says nothing).
+    Models without a head: {"cosine", "cosine_ablated", "loss_recovered"}: the mean cosine of the sentence
+    embeddings with the SAE, and with the hook ablated, to those without (pooled as the checkpoint's
+    sentence-transformers Pooling says, the mean where it says nothing); with a run's loss 1 − its cosine (the
+    clean run's 0), loss recovered = (cosine − cosine_ablated) / (1 − cosine_ablated).
     The clean run writes the hook's own value back, so it is the same program as the spliced one but for the SAE.
     """
     hook_name = hook_name or config.hook_name
@@ -170,10 +173,24 @@ def fidelity(model, hook_name: str, spliced, texts, seed: int = 0, *, pairs=None
         targets = np.argmax(np.asarray(logits["clean"]), -1) if given is None else given
         return _head_scores(logits, targets)
     mask = batch.attention_mask
-    a = sentence_vectors(model, model.run_with_hooks(batch, hooks=unchanged), mask)
-    b = sentence_vectors(model, model.run_with_hooks(batch, hooks=spliced(batch)), mask)
-    cosine = jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
-    return {"cosine": float(jax.device_get(cosine.mean()))}
+    vectors = {name: sentence_vectors(model, model.run_with_hooks(batch, hooks=run_hooks), mask) for name, run_hooks in
+               (("clean", unchanged), ("spliced", spliced(batch)),
+                ("ablated", _ablation_hooks(model, batch, hook_name, ablation)))}
+    return _sentence_scores(vectors)
+
+
+def _sentence_scores(vectors: dict) -> dict[str, float]:
+    """The mean cosine of each text's sentence vector [B, D'] to its clean one, spliced and ablated; the loss of a
+    run is 1 − that cosine (0 for the clean run), so loss recovered = (loss_ablated − loss_spliced) /
+    (loss_ablated − 0) = (cosine − cosine_ablated) / (1 − cosine_ablated)."""
+    clean = vectors["clean"]
+
+    def cosine(other):
+        per_text = jnp.sum(clean * other, -1) / (jnp.linalg.norm(clean, axis=-1) * jnp.linalg.norm(other, axis=-1))
+        return float(jax.device_get(per_text.mean()))
+
+    spliced, ablated = cosine(vectors["spliced"]), cosine(vectors["ablated"])
+    return {"cosine": spliced, "cosine_ablated": ablated, "loss_recovered": (spliced - ablated) / (1 - ablated)}
 
 
 def _class_ids(labels, texts: int, classifier: str, names: tuple[str, ...]) -> np.ndarray:

@@ -29,6 +29,7 @@ from safetensors.numpy import load_file, save_file
 
 from minibert.analysis.sae.model import SAELENS_ARCHITECTURE, SAEConfig, as_numpy
 from minibert.errors import DataFileError, DataFileMissing, refuse_unless_flag
+from minibert.io.files import as_umask_allows
 
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
@@ -65,6 +66,7 @@ def save(path, config: SAEConfig, params, *, overwrite: bool = False) -> Path:
                        "l1_coefficient": config.l1_coefficient, "l1_warmup": config.l1_warmup}
     (path / CFG).write_text(json.dumps(cfg, indent=2))
     save_file(arrays, str(path / WEIGHTS))
+    as_umask_allows(path / WEIGHTS)  # safetensors writes it private (0600)
     return path
 
 

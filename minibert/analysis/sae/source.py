@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.corpus.step import packed_captures
 from minibert.core.hooks import site_axes
-from minibert.errors import AnalysisError, DataFileError, MinibertError, is_whole
+from minibert.errors import AnalysisError, AnalysisWarning, DataFileError, MinibertError, is_whole, outside_minibert
 
 CACHE_INFO = "activations.json"
 
@@ -80,8 +81,11 @@ def text_rows(texts, pairs=None) -> tuple[Iterator[tuple[str, str | None]], bool
     return (as_row(row) for row in itertools.chain([first], rows)), isinstance(first, tuple)
 
 
-def text_batch(model, texts, pairs=None, max_length: int | None = None):
-    """One padded Batch of every row text_rows reads (for held-out sets, checks and the feature browser)."""
+def text_batch(model, texts, pairs=None, max_length: int | None = None, *, cut: bool = False):
+    """One padded Batch of every row text_rows reads (for held-out sets, checks and spliced fidelity), each text
+    whole: a text longer than max_length tokens (None: the model's positions) is refused, never cut, since a score
+    on part of a text is not the score asked for. cut=True (diffing's comparisons) cuts such texts to max_length
+    instead and warns with how many."""
     rows, has_pairs = text_rows(texts, pairs)
     try:
         rows = list(rows)
@@ -92,14 +96,30 @@ def text_batch(model, texts, pairs=None, max_length: int | None = None):
                             f"per text.") from None
     if not rows:
         raise AnalysisError("no texts given; pass a text, a list of texts, (text, pair) tuples or a corpus file.")
-    return model.tokenize([a for a, _ in rows], [b for _, b in rows] if has_pairs else None, max_length=max_length)
+    first, second = [a for a, _ in rows], [b for _, b in rows] if has_pairs else None
+    positions = model.config.max_tokens
+    limit = positions if max_length is None else min(max_length, positions)
+    batch = model.tokenize(first, second, max_length=limit + 1)  # one token of room: a row using it is too long
+    too_long = int(np.sum(np.asarray(batch.attention_mask).sum(1) > limit))
+    if not too_long:
+        return batch
+    fix = f"pass max_length= up to {positions}" if limit < positions else \
+        f"split them (this model reads at most {positions} tokens)"
+    counted = f"{too_long} of the {len(rows)} texts {'has' if too_long == 1 else 'have'} more than {limit} tokens " \
+              f"([CLS] and [SEP] counted)"
+    if not cut:
+        raise AnalysisError(f"{counted}; held-out texts are read whole, never cut: {fix}, or pass shorter texts.")
+    warnings.warn(f"{counted} and {'was' if too_long == 1 else 'were'} cut to their first {limit}; to read them "
+                  f"whole, {fix}.", AnalysisWarning, stacklevel=outside_minibert())
+    return model.tokenize(first, second, max_length=limit)
 
 
-def token_activations(model, texts, hook_name: str, max_length: int = 128, special: bool = False, *,
+def token_activations(model, texts, hook_name: str, max_length: int | None = None, special: bool = False, *,
                       pairs=None) -> np.ndarray:
     """[N, d] the hook's value at every real token of `texts` ([CLS]/[SEP] left out unless special), each text
-    padded in one batch (no packing): for held-out sets and checks. texts and pairs: as text_rows reads them
-    (a text, a list, pairs, (text, pair) tuples or a corpus file: the rows an SAE was trained on)."""
+    whole and padded in one batch (no packing): for held-out sets and checks. A text longer than max_length
+    (None: the model's positions) is refused (text_batch). texts and pairs: as text_rows reads them (a text, a
+    list, pairs, (text, pair) tuples or a corpus file: the rows an SAE was trained on)."""
     batch = text_batch(model, texts, pairs, max_length)
     _, cache = model.run_with_cache(batch, names=[hook_name])
     values = np.asarray(cache[hook_name], np.float32)
@@ -130,6 +150,8 @@ def forward_batches(models, rows, pairs: bool, hook_names: tuple[str, ...], max_
     packer = packing.Packer(buckets, lambda size: rows_per_batch * buckets[-1] // size)
     captures = [model.jit(_packed_capture, static_argnames=("hook_names",)) for model in models]
 
+    cut = reading.CutCount(max_length, first.config.max_tokens)
+
     def run(batches):
         for size, packed in batches:
             values = []
@@ -141,6 +163,7 @@ def forward_batches(models, rows, pairs: bool, hook_names: tuple[str, ...], max_
             yield np.stack(values, axis=1)
 
     for chunk in reading.tokenized_chunks(first, rows, pairs, max_length, first=0):
+        cut.add(chunk)
         packer.add(chunk)
         yield from run(packer.full_batches())
     yield from run(packer.flush())

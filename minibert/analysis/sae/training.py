@@ -30,6 +30,7 @@ import optax
 
 from minibert.analysis.sae.model import SAEConfig, checked_finite, init_params, losses, unit_decoder
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing, DivergedError, is_whole
+from minibert.io.files import as_umask_allows
 from minibert.training.optim import Progress, adamw, learning_rate_schedule
 
 
@@ -197,9 +198,7 @@ def write_state(path, settings: dict, state) -> Path:
     try:
         with os.fdopen(descriptor, "wb") as file:  # a file object: np.savez appends no ".npz"
             np.savez(file, settings=text, **{f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
-        umask = os.umask(0)  # mkstemp's file is private (0600); give it what a plain new file gets, as Model.save
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
+        as_umask_allows(temporary)  # mkstemp's file is private (0600): what a plain new file gets, as Model.save
         os.replace(temporary, path)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)

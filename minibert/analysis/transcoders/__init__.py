@@ -7,8 +7,8 @@ pairs, measured by FVU and the spliced model, saved in SAELens 6's transcoder la
     config = transcoders.TranscoderConfig(d_in=384, d_sae=4096, d_out=384, layer=3, k=32)
     trainer = transcoders.Trainer(config, learning_rate=2e-4)
     trainer.train(transcoders.activations(model, texts, 3, batch_size=1024), steps=2000, progress=True)
-    x, y = transcoders.token_pairs(model, held_out, 3)
-    transcoders.evaluate(trainer.config, trainer.params, x, y)  # {"l0", "fvu", "dead", "dense", "frequency"}
+    pairs = transcoders.token_pairs(model, held_out, 3)         # (x, y) and the site they were read at
+    transcoders.evaluate(trainer.config, trainer.params, pairs)  # {"l0", "fvu", "dead", "dense", "frequency"}
     transcoders.spliced_fidelity(model, trainer.config, trainer.params, held_out)  # {"ce_*", "loss_recovered", …}
     transcoders.save("out/tc", trainer.config, trainer.params); config, params = transcoders.load("out/tc")
     transcoders.forward(config, params, x)                      # ŷ [..., D]
@@ -25,12 +25,13 @@ from minibert.analysis.transcoders.model import (
     pre_activations,
 )
 from minibert.analysis.transcoders.saelens import load, save
-from minibert.analysis.transcoders.source import PairStream, activations, sites, source_of, token_pairs
+from minibert.analysis.transcoders.source import Pairs, PairStream, activations, sites, source_of, token_pairs
 from minibert.analysis.transcoders.training import Trainer
 
 __all__ = [
     "ARCHITECTURES",
     "PairStream",
+    "Pairs",
     "Trainer",
     "TranscoderConfig",
     "activations",

@@ -11,6 +11,8 @@ dense latents, and the spliced model — ŷ written in place of the MLP's output
 
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -19,13 +21,28 @@ from minibert.analysis.sae.metrics import fidelity
 from minibert.analysis.sae.model import checked_finite
 from minibert.analysis.sae.source import hook_width
 from minibert.analysis.transcoders.model import TranscoderConfig, encode, forward
-from minibert.analysis.transcoders.source import sites
+from minibert.analysis.transcoders.source import check_source, sites
 from minibert.core.hooks import HookFn
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, AnalysisWarning, outside_minibert
 
 
-def evaluate(config: TranscoderConfig, params, x, y, dense_above: float = 0.1) -> dict[str, float | np.ndarray]:
-    """{"l0", "fvu", "dead", "dense", "frequency" [S]} on pairs x [N, d_in], y [N, d_out] (token_pairs)."""
+def evaluate(config: TranscoderConfig, params, x, y=None, dense_above: float = 0.1, *,
+             other_weights: bool = False) -> dict[str, float | np.ndarray]:
+    """{"l0", "fvu", "dead", "dense", "frequency" [S]} on the Pairs token_pairs gives (or a batch of
+    activations' stream), or on bare arrays x [N, d_in], y [N, d_out]. Pairs carry the block, hooks and weights
+    they were read from: pairs of another block or site than the transcoder's, or (unless other_weights) of other
+    weights, are refused; bare arrays cannot be checked."""
+    if y is None:
+        if not (isinstance(x, tuple) and len(x) == 2):
+            raise AnalysisError(f"evaluate takes the pairs transcoders.token_pairs gives, or x and y; got one "
+                                f"{type(x).__name__}.")
+        source = getattr(x, "source", None)
+        if source is not None:
+            check_source(config, source, f"pass transcoders.token_pairs(model, texts, {config.layer}) of the model "
+                                         f"it was trained on" + ("." if config.weights is None else
+                                                                 ", or other_weights=True to score it on these."),
+                         other_weights=other_weights)
+        x, y = x
     x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
     if x.ndim != 2 or x.shape[1] != config.d_in or y.shape != (x.shape[0], config.d_out) or not x.shape[0]:
         raise AnalysisError(f"evaluate takes pairs x [N, {config.d_in}], y [N, {config.d_out}] with N ≥ 1; got "
@@ -36,10 +53,39 @@ def evaluate(config: TranscoderConfig, params, x, y, dense_above: float = 0.1) -
     latents = encode(config, params, x)
     error = y - forward(config, params, x)
     frequency = np.asarray(jnp.mean(latents > 0, axis=0))
-    return {"l0": float(jnp.mean(jnp.sum(latents > 0, -1))),
+    l0 = float(jnp.mean(jnp.sum(latents > 0, -1)))
+    warn_if_uncalibrated(config, l0)
+    return {"l0": l0,
             "fvu": float(jnp.sum(error**2) / jnp.sum((y - y.mean(0)) ** 2)),
             "dead": float(np.mean(frequency == 0)), "dense": float(np.mean(frequency > dense_above)),
             "frequency": frequency}
+
+
+BATCHTOPK_L0_MULTIPLE = 2  # a BatchTopK transcoder whose inference L0 passes this multiple of k: θ not yet set
+JUMPRELU_L0_SHARE = 0.25  # a JumpReLU transcoder firing more than this share of its latents per token: θ untrained
+_warned: set[TranscoderConfig] = set()
+
+
+def warn_if_uncalibrated(config: TranscoderConfig, l0: float) -> None:
+    """Warn (once per config) where a threshold architecture's inference L0 says its threshold is not calibrated
+    yet: BatchTopK above BATCHTOPK_L0_MULTIPLE·k (θ starts at 0 and follows the smallest kept activation slowly),
+    JumpReLU above JUMPRELU_L0_SHARE of d_sae (θ starts at threshold_init)."""
+    if config.architecture == "batchtopk" and l0 > BATCHTOPK_L0_MULTIPLE * config.k:
+        why = (f"{l0:.1f} latents per token fire at inference, more than {BATCHTOPK_L0_MULTIPLE}·k = "
+               f"{BATCHTOPK_L0_MULTIPLE * config.k}: the inference threshold θ is a moving average of the smallest "
+               f"activation each training batch kept (starting at 0, rate threshold_rate={config.threshold_rate}) "
+               f"and is not calibrated yet")
+    elif config.architecture == "jumprelu" and l0 > JUMPRELU_L0_SHARE * config.d_sae:
+        why = (f"{l0:.1f} of its {config.d_sae} latents per token fire, more than {JUMPRELU_L0_SHARE:.0%}: the "
+               f"thresholds are not trained yet (they start at threshold_init={config.threshold_init})")
+    else:
+        return
+    if config in _warned:
+        return
+    _warned.add(config)
+    warnings.warn(f"this {config.architecture} transcoder is not sparse yet — {why}. Train it longer (or, for "
+                  f"BatchTopK, with a larger threshold_rate) before reading its latents; this warning is given once "
+                  f"per transcoder config.", AnalysisWarning, stacklevel=outside_minibert())
 
 
 def checked_site(model, config: TranscoderConfig, *, other_weights: bool = False) -> tuple[str, str]:

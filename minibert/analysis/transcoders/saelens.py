@@ -41,6 +41,7 @@ from minibert.analysis.sae.saelens import (
 )
 from minibert.analysis.transcoders.model import TranscoderConfig, init_params
 from minibert.errors import AnalysisError, DataFileError
+from minibert.io.files import as_umask_allows
 
 SAELENS_NAMES = {("relu", False): "transcoder", ("relu", True): "skip_transcoder",
                  ("jumprelu", False): "jumprelu_transcoder", ("jumprelu", True): "jumprelu_skip_transcoder",
@@ -101,6 +102,7 @@ def save(path, config: TranscoderConfig, params, *, overwrite: bool = False) -> 
            "minibert": {name: getattr(config, name) for name in OURS}}
     (path / CFG).write_text(json.dumps(cfg, indent=2))
     save_file(arrays, str(path / WEIGHTS))
+    as_umask_allows(path / WEIGHTS)  # safetensors writes it private (0600)
     return path
 
 

@@ -45,6 +45,34 @@ def sites(model, layer: int) -> tuple[str, str]:
 IDENTITY = ("weights", "layer", "hook_in", "hook_out")  # what a trainer compares; "model" only names it
 
 
+class Pairs(tuple):
+    """(x [N, d_in], y [N, d_out]) MLP pairs and the `source` they were read from (source_of): token_pairs gives
+    them, and each batch of activations' stream. They unpack as `x, y = pairs`; passed whole, evaluate and
+    Trainer.step check the source against the transcoder (the unpacked arrays carry nothing)."""
+
+    source: dict
+
+    def __new__(cls, x: np.ndarray, y: np.ndarray, source: dict) -> Pairs:
+        pairs = super().__new__(cls, (x, y))
+        pairs.source = source
+        return pairs
+
+    def __repr__(self) -> str:
+        return (f"Pairs(x {tuple(self[0].shape)}, y {tuple(self[1].shape)} of layer {self.source['layer']}: "
+                f"{self.source['hook_in']} → {self.source['hook_out']})")
+
+
+def check_source(config, source: dict, fix: str, *, other_weights: bool = False) -> None:
+    """Refuse pairs read at another block or site than the transcoder's `config` (its layer, and its hooks and
+    weights digest once training recorded them; other weights pass with other_weights=True); `fix` says what to
+    do instead."""
+    for key, mine in (("layer", config.layer), ("hook_in", config.hook_in), ("hook_out", config.hook_out),
+                      ("weights", None if other_weights else config.weights)):
+        if mine is not None and source[key] != mine:
+            raise AnalysisError(f"these pairs are {key} {source[key]!r} but the transcoder is for {key} {mine!r} "
+                                f"(layer {config.layer}); {fix}")
+
+
 def source_of(model, layer: int) -> dict:
     """What a stream of block `layer`'s MLP pairs reads: {"weights" (digest), "layer", "hook_in", "hook_out",
     "model" (where the model was loaded from: model.source, "<memory>" for one built in memory)}."""
@@ -78,19 +106,21 @@ class PairStream(ActivationStream):
         super().__init__(batches, source, batch_size)
         self.d_in = d_in
 
-    def batch_of(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return values[:, :self.d_in], values[:, self.d_in:]
+    def batch_of(self, values: np.ndarray) -> Pairs:
+        return Pairs(values[:, :self.d_in], values[:, self.d_in:], self.source)
 
 
-def token_pairs(model, texts, layer: int, max_length: int = 128, *, pairs=None) -> tuple[np.ndarray, np.ndarray]:
-    """(x [N, d_in], y [N, d_out]) at every real, non-special token of `texts` (padded in one batch, no packing):
-    held-out sets for evaluate. texts and pairs as sae.text_rows reads them."""
+def token_pairs(model, texts, layer: int, max_length: int | None = None, *, pairs=None) -> Pairs:
+    """Pairs (x [N, d_in], y [N, d_out]) at every real, non-special token of `texts`, each text whole (padded in
+    one batch, no packing; one longer than max_length, None: the model's positions, is refused): held-out sets
+    for evaluate, which checks their source. texts and pairs as sae.text_rows reads them."""
     from minibert.analysis.sae.source import text_batch
 
-    hook_in, hook_out = sites(model, layer)
+    source = source_of(model, layer)
+    hook_in, hook_out = source["hook_in"], source["hook_out"]
     batch = text_batch(model, texts, pairs, max_length)
     _, cache = model.run_with_cache(batch, names=[hook_in, hook_out])
     keep = np.asarray(batch.attention_mask) > 0
     ids = np.asarray(batch.input_ids)
     keep &= ~np.isin(ids, [model.tokenizer.cls_token_id, model.tokenizer.sep_token_id])
-    return np.asarray(cache[hook_in], np.float32)[keep], np.asarray(cache[hook_out], np.float32)[keep]
+    return Pairs(np.asarray(cache[hook_in], np.float32)[keep], np.asarray(cache[hook_out], np.float32)[keep], source)

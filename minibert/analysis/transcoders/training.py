@@ -38,7 +38,7 @@ from minibert.analysis.transcoders.model import (
     init_params,
     pre_activations,
 )
-from minibert.analysis.transcoders.source import IDENTITY
+from minibert.analysis.transcoders.source import IDENTITY, check_source
 from minibert.errors import AnalysisError
 
 
@@ -201,8 +201,10 @@ class Trainer(sae_training.Trainer):
         self.params = self.params | {"b_dec": jnp.mean(jnp.asarray(y, jnp.float32), axis=0)}
 
     def step(self, x, y=None) -> dict[str, float]:
-        """Train on one batch: x [N, d_in] the MLP's inputs, y [N, d_out] its outputs (or one (x, y) tuple)."""
+        """Train on one batch: x [N, d_in] the MLP's inputs, y [N, d_out] its outputs (or one (x, y) tuple; a
+        stream's Pairs batch has its source checked and recorded, as train() does the stream's)."""
         if y is None and isinstance(x, tuple) and len(x) == 2:
+            self._check_source(getattr(x, "source", None))  # a batch kept from a stream (a list of them, a cache)
             x, y = x
         x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
         config = self.config
@@ -224,16 +226,11 @@ class Trainer(sae_training.Trainer):
         """A stream from transcoders.activations names its weights, layer and hooks: refuse one of another site
         than the config's, or other than the one this trainer (or the run it resumes) trained on; then record
         it, and its hooks and weights in the config (which save and the splicing checks read)."""
-        if source is None:
+        if source is None or source == self.source:  # nothing new: step() sees each batch's source
             return
         config = self.config
-        for key, mine in (("layer", config.layer), ("hook_in", config.hook_in), ("hook_out", config.hook_out),
-                          ("weights", config.weights)):
-            if mine is not None and source[key] != mine:
-                raise AnalysisError(f"these pairs are {key} {source[key]!r} but the transcoder is for {key} {mine!r} "
-                                    f"(layer {config.layer}); stream transcoders.activations(model, texts, "
-                                    f"layer={config.layer}) of the model it was configured for, or start a new "
-                                    f"Trainer.")
+        check_source(config, source, f"stream transcoders.activations(model, texts, layer={config.layer}) of the "
+                                     f"model it was configured for, or start a new Trainer.")
         if self.source is not None and any(source[key] != self.source[key] for key in IDENTITY):
             raise AnalysisError(f"this transcoder was trained on {self.source} and these pairs come from {source}; "
                                 f"resume on the same layer and model weights, or start a new Trainer.")

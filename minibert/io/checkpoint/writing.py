@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from safetensors.numpy import save_file
 from minibert.core.config import Config
 from minibert.errors import DataFileError, refuse_unless_flag
 from minibert.io.checkpoint.reading import key_table, sentence_transformers_layout
+from minibert.io.files import as_umask_allows
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json")
@@ -92,7 +92,7 @@ def save(model, directory: str | Path, *, overwrite: bool = False) -> Path:
     cfg = model.config
     params = {name: np.asarray(value) for name, value in model.named_parameters().items()}
     save_file(hf_tensors(cfg, params), directory / "model.safetensors", metadata={"format": "pt"})
-    _as_umask_allows(directory / "model.safetensors")
+    as_umask_allows(directory / "model.safetensors")
     source = _source_dir(model)
     original = json.loads((source / "config.json").read_text()) if source and (source / "config.json").exists() \
         else {}
@@ -124,14 +124,6 @@ def _stale_weights(directory: Path) -> list[str]:
         names += [shard for shard in shards if isinstance(shard, str) and Path(shard).name == shard
                   and (directory / shard).is_file()]
     return sorted(set(names), key=names.index)
-
-
-def _as_umask_allows(path: Path) -> None:
-    """Give `path` the permissions a plain new file gets (0666 less the umask), as config.json has: safetensors
-    writes through a private temporary file (0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
 
 
 def _source_dir(model) -> Path | None:

@@ -13,7 +13,7 @@ from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure, SubFigure
 
 from minibert.errors import refuse_unless_flag
-from minibert.viz._check import VizError
+from minibert.viz._check import VizError, file_path
 
 SUFFIXES = (".png", ".svg", ".pdf")
 PNG_DPI = 200
@@ -21,10 +21,10 @@ PNG_DPI = 200
 NEURON_CMAP = LinearSegmentedColormap.from_list("minibert_neuron", ["#e66101", "#ffffff", "#2166ac"])
 
 
-def save(fig: Figure, path, overwrite: bool = False) -> Path:
-    """Write `fig` to `path` in the format its suffix names (.png at 200 dpi, .svg, .pdf); returns the path. A file
-    already there is the user's: it is replaced only with overwrite=True, as every minibert writer does."""
-    path, overwrite = Path(path), refuse_unless_flag("overwrite", overwrite, VizError)
+def figure_path(path, overwrite: bool = False) -> Path:
+    """`path` checked as a figure file to write: a str or pathlib.Path ending in .png, .svg or .pdf, not a folder,
+    and free unless overwrite=True (figure writers call it before drawing, save again before writing)."""
+    path, overwrite = file_path(path, "figure.png"), refuse_unless_flag("overwrite", overwrite, VizError)
     if path.suffix.lower() not in SUFFIXES:
         raise VizError(f"path {str(path)!r} must end in .png, .svg or .pdf (the format follows the suffix); "
                        f"got {path.suffix or 'no suffix'!r}.")
@@ -32,6 +32,13 @@ def save(fig: Figure, path, overwrite: bool = False) -> Path:
         raise VizError(f"{path} is a folder; save to a file path such as {path / 'figure.png'}.")
     if path.exists() and not overwrite:
         raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    return path
+
+
+def save(fig: Figure, path, overwrite: bool = False) -> Path:
+    """Write `fig` to `path` in the format its suffix names (.png at 200 dpi, .svg, .pdf); returns the path. A file
+    already there is the user's: it is replaced only with overwrite=True, as every minibert writer does."""
+    path = figure_path(path, overwrite)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
