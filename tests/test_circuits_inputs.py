@@ -192,6 +192,29 @@ def test_what_circuit_faithfulness_and_the_figures_take_is_named(classifier, gra
         figures.faithfulness_figure(graph)
 
 
+def _arrays_only(value):
+    """json.dumps' fallback: an array becomes a list; anything else (np.int64, np.float32) stays unserialisable."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON")
+
+
+def test_counts_and_scalars_of_results_are_python_numbers(classifier, graph):
+    """Issue 40: Faithfulness.sizes came back as np.int64 (json.dumps refused them), DirectAttribution.top's
+    values as np.float32. Every count and scalar of a circuits result is a Python int or float."""
+    import dataclasses
+    import json
+
+    result = circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, graph.sweep([0, 5]))
+    assert result.sizes == [0, 5] and all(type(n) is int for n in result.sizes)
+    direct = direct_attribution(classifier, TEXTS, logit_one)
+    circuit = graph.circuit(top=3)
+    for record in (result, direct, graph, circuit):
+        json.dumps(dataclasses.asdict(record), default=_arrays_only)
+    json.dumps([direct.top(4), graph.top_edges(3), circuit.edge_list(), circuit.size, direct.remainder])
+    assert all(type(value) is float for _, value in direct.top(4))
+
+
 def test_counts_and_flags_are_checked(classifier):
     direct = direct_attribution(classifier, TEXTS, logit_one)
     for n in (-1, 2.5, True):

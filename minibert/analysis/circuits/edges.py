@@ -392,11 +392,11 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
 
 @dataclasses.dataclass
 class Faithfulness:
-    """m(C) of each circuit with its size (edges kept), m(full graph) = `clean`, m(empty graph) = `empty` and
-    the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted)). `direction`:
-    the edges outside a circuit are patched from the corrupted run into the clean one."""
+    """m(C) of each circuit with its size (edges kept, Python ints), m(full graph) = `clean`, m(empty graph) =
+    `empty` and the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted)).
+    `direction`: the edges outside a circuit are patched from the corrupted run into the clean one."""
 
-    sizes: np.ndarray
+    sizes: list[int]
     metrics: np.ndarray
     clean: float
     corrupted: float
@@ -465,7 +465,7 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
         raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
                             f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "
                             f"over that difference, is undefined; pick pairs whose metric differs.")
-    return Faithfulness(np.array([c.size for c in circuits]), patched[:-2], float(patched[-2]), corrupted,
+    return Faithfulness([c.size for c in circuits], patched[:-2], float(patched[-2]), corrupted,
                         float(patched[-1]))
 
 
