@@ -8,12 +8,11 @@ embeddings at the bottom, the targets at the top), positions across, each kept e
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
+from minibert.errors import refuse_existing
 from minibert.viz._check import VizError
 from minibert.viz.circuits import NEGATIVE, POSITIVE
 from minibert.viz.figures._base import _axes, _finish
@@ -41,8 +40,7 @@ def graph_figure(pruned, *, ax=None, path=None, overwrite: bool = False) -> Figu
     unless overwrite=True."""
     if not all(hasattr(pruned, name) for name in ("graph", "node_mask", "edge_mask")):
         raise VizError(f"graph_figure takes a pruned graph (graphs.prune(graph)); got {type(pruned).__name__}.")
-    if path is not None and Path(path).exists() and not overwrite:
-        raise VizError(f"{path} exists; pass overwrite=True to replace it, or another path.")
+    refuse_existing([] if path is None else [path], overwrite, VizError)  # before drawing; save() checks it again
     graph = pruned.graph
     kept = np.flatnonzero(pruned.node_mask)
     places = {int(i): _place(graph, int(i)) for i in kept}
