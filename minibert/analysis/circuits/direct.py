@@ -110,7 +110,7 @@ def direct_attribution(model, batch, metric: Callable) -> DirectAttribution:
     backward, one program."""
     check_model(model)
     inputs = model.inputs(batch)
-    program = model.jit(_direct_parts, static_argnames=("metric",))
+    program = model.jit(_direct_parts, static_argnames=("metric",), what="direct attribution")
     parts = {k: np.asarray(v) for k, v in program(model.state, inputs, skip_weights(model),
                                                    metric=static_metric(metric)).items()}
     check_finite(parts["metric"][None], "the metric")

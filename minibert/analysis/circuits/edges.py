@@ -294,7 +294,7 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     B, T = clean_inputs.shape
     stream = _stream_bytes(model, clean_inputs)
     step_bytes = activation_bytes(cfg, B, T, blocks=L, backward=True) + (3 * L * H + L + 1) * stream
-    program = model.jit(_edge_scores, static_argnames=("metric", "step_chunk", "sender_chunk"))
+    program = model.jit(_edge_scores, static_argnames=("metric", "step_chunk", "sender_chunk"), what="edge attribution")
     senders = tuple(jnp.asarray(a) for a in _sender_table(L, H))
     scores = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model), jnp.asarray(alphas, jnp.float32),
                      senders, metric=static_metric(metric), step_chunk=items_per_chunk(step_bytes, len(alphas)),
@@ -382,7 +382,7 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     B, T = clean_inputs.shape
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
         _stream_bytes(model, clean_inputs)
-    program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"))
+    program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"), what="circuit patching")
     patched, corrupt, plain = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
                                       jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
                                       chunk=items_per_chunk(run_bytes, len(cuts)))
