@@ -43,7 +43,7 @@ from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
-from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert
+from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert, refuse_unless_flag
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 METHODS = ("eap", "eap-ig")
@@ -140,6 +140,53 @@ class CircuitGraph:
         kept = self.circuit(top=n).edges
         ranked = sorted(zip(*np.nonzero(kept)), key=lambda uv: -abs(self.scores[uv]))
         return [(self.senders[u], self.receivers[v], float(self.scores[u, v])) for u, v in ranked]
+
+
+HEAD_EDGES = ("both", "out", "in")
+
+
+def _graph_of_shape(shape) -> tuple[int, int]:
+    """(L, H) of a graph whose scores are [senders, receivers] = [1 + L(H + 1), L(3H + 1) + 1], or None."""
+    senders, receivers = shape
+    per_head = (receivers - senders) / 2  # L·H
+    layers = senders - 1 - per_head
+    if per_head > 0 and layers > 0 and per_head == int(per_head) and per_head % layers == 0:
+        return int(layers), int(per_head // layers)
+    return None
+
+
+def head_scores(graph, edges: str = "both", *, absolute: bool = True) -> np.ndarray:
+    """Each head's summed edge scores, [L, H] (0-indexed; docs/circuits.md): `edges` "out" the edges out of head
+    (l, h) (sender "L-H"), "in" the edges into its q, k and v (receivers "L-H.q", ".k", ".v"), "both" their sum.
+    absolute=True sums |score| (how much the circuit runs through the head, whatever the sign), False the signed
+    scores. `graph`: a CircuitGraph, its scores [senders, receivers], or a Circuit (then each head's count of kept
+    edges)."""
+    check_choice("edges", edges, HEAD_EDGES)
+    absolute = refuse_unless_flag("absolute", absolute, AnalysisError)
+    if isinstance(graph, CircuitGraph):
+        values, shape = graph.scores, (graph.layers, graph.heads)
+    elif isinstance(graph, Circuit):
+        values = np.asarray(graph.edges, np.int64)
+        shape = _graph_of_shape(values.shape) if values.ndim == 2 else None
+    else:
+        values = np.asarray(graph) if isinstance(graph, np.ndarray | list) else None
+        shape = _graph_of_shape(values.shape) if values is not None and values.ndim == 2 else None
+    if shape is None or values.shape != edge_mask(*shape).shape or not np.issubdtype(values.dtype, np.number):
+        given = f"an array of shape {values.shape}" if values is not None else type(graph).__name__
+        raise AnalysisError(f"head_scores takes a CircuitGraph (edge_attribution(...)), its scores [senders, "
+                            f"receivers] = [1 + L(H + 1), L(3H + 1) + 1] or a Circuit; got {given}.")
+    L, H = shape
+    senders, receivers = sender_labels(L, H), receiver_labels(L, H)
+    heads = [[head_label(layer, h) for h in range(H)] for layer in range(L)]
+    out_of = np.array([[senders.index(label) for label in row] for row in heads])  # [L, H] → sender index
+    into = np.array([[[receivers.index(f"{label}.{c}") for c in QKV] for label in row] for row in heads])  # [L, H, 3]
+    values = np.abs(values) if absolute else values
+    total = np.zeros((L, H), values.dtype)
+    if edges in ("both", "out"):
+        total = total + values[out_of].sum(-1)
+    if edges in ("both", "in"):
+        total = total + values[:, into].sum((0, -1))
+    return total
 
 
 # ---- what a run reads and writes --------------------------------------------------------------------------------
