@@ -200,6 +200,7 @@ def _arrays_only(value):
     raise TypeError(f"{type(value).__name__} {value!r} is not JSON")
 
 
+@pytest.mark.slow  # a faithfulness program of its own
 def test_counts_and_scalars_of_results_are_python_numbers(classifier, graph):
     """Issue 40: Faithfulness.sizes came back as np.int64 (json.dumps refused them), DirectAttribution.top's
     values as np.float32. Every count and scalar of a circuits result is a Python int or float."""
