@@ -108,6 +108,17 @@ def refuse_unless_flag(name: str, value, error: type[MinibertError] = InputError
     return bool(value)
 
 
+def refuse_existing(paths, overwrite, error: type[MinibertError] = InputError) -> bool:
+    """The rule of every minibert writer, checked before it writes anything: a file already at one of `paths` (a
+    path or a list of them) is the user's, replaced only with overwrite=True. Returns `overwrite` as a bool
+    (refuse_unless_flag)."""
+    overwrite = refuse_unless_flag("overwrite", overwrite, error)
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        if Path(path).exists() and not overwrite:
+            raise error(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    return overwrite
+
+
 def outside_minibert() -> int:
     """The stacklevel, for its caller's warnings.warn, of the first frame outside minibert and the JAX and Flax
     code it calls through: a warning points at your line (`minibert.load(...)`, the `minibert` command's own, the

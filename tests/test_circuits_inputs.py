@@ -19,6 +19,7 @@ from minibert.analysis.circuits import (
     path_patching,
     token_attribution,
 )
+from minibert.analysis.circuits.edges import receiver_labels, sender_labels
 from minibert.errors import AnalysisError
 
 TEXTS = ["abc de f", "hello world"]
@@ -190,6 +191,81 @@ def test_what_circuit_faithfulness_and_the_figures_take_is_named(classifier, gra
         graph.sweep(5)
     with pytest.raises(VizError, match="draws what circuit_faithfulness returns"):
         figures.faithfulness_figure(graph)
+
+
+def _arrays_only(value):
+    """json.dumps' fallback: an array becomes a list; anything else (np.int64, np.float32) stays unserialisable."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON")
+
+
+@pytest.mark.slow  # a faithfulness program of its own
+def test_counts_and_scalars_of_results_are_python_numbers(classifier, graph):
+    """Issue 40: Faithfulness.sizes came back as np.int64 (json.dumps refused them), DirectAttribution.top's
+    values as np.float32. Every count and scalar of a circuits result is a Python int or float."""
+    import dataclasses
+    import json
+
+    result = circuit_faithfulness(classifier, TEXTS, CORRUPTED, logit_one, graph.sweep([0, 5]))
+    assert result.sizes == [0, 5] and all(type(n) is int for n in result.sizes)
+    direct = direct_attribution(classifier, TEXTS, logit_one)
+    circuit = graph.circuit(top=3)
+    for record in (result, direct, graph, circuit):
+        json.dumps(dataclasses.asdict(record), default=_arrays_only)
+    json.dumps([direct.top(4), graph.top_edges(3), circuit.edge_list(), circuit.size, direct.remainder])
+    assert all(type(value) is float for _, value in direct.top(4))
+
+
+def hand_head_scores(scores, senders, receivers, L, H, edges, absolute):
+    """head_scores by a loop over every (sender, receiver) label pair: a head's "L-H" as sender, its "L-H.q/.k/.v"
+    as receiver."""
+    total = np.zeros((L, H))
+    for u, sender in enumerate(senders):
+        for v, receiver in enumerate(receivers):
+            value = abs(scores[u, v]) if absolute else scores[u, v]
+            for layer in range(L):
+                for h in range(H):
+                    label = f"{layer + 1}-{h + 1}"
+                    total[layer, h] += value * ((edges != "in") * (sender == label)
+                                                + (edges != "out") * (receiver in (f"{label}.q", f"{label}.k",
+                                                                                   f"{label}.v")))
+    return total
+
+
+@pytest.mark.parametrize("L, H", [(2, 3), (3, 1)])
+def test_head_scores_sum_each_heads_edges_as_a_loop_over_labels_does(L, H):
+    """Issue 40: tutorial 9 summed each head's edges by index arithmetic. head_scores against a loop over the
+    labels, on random scores of graphs of two shapes (the shape alone says L and H); the sums agree to float64
+    rounding of at most 3L(H+1)+1 terms (1e-12 relative is far above that, far below any misplaced edge)."""
+    from minibert.analysis.circuits import head_scores
+    from minibert.analysis.circuits.edges import edge_mask
+
+    mask = edge_mask(L, H)
+    scores = np.random.default_rng(L * 10 + H).normal(size=mask.shape) * mask
+    senders, receivers = sender_labels(L, H), receiver_labels(L, H)
+    for edges in ("both", "out", "in"):
+        for absolute in (True, False):
+            np.testing.assert_allclose(head_scores(scores, edges, absolute=absolute),
+                                       hand_head_scores(scores, senders, receivers, L, H, edges, absolute),
+                                       rtol=1e-12, atol=1e-12)
+    assert (head_scores(scores, "out") + head_scores(scores, "in") == head_scores(scores)).all()
+    for wrong, said in [(scores[:, :-1], r"got an array of shape \(\d+, \d+\)"), ("graph", "got str")]:
+        with pytest.raises(AnalysisError, match=rf"head_scores takes a CircuitGraph .* {said}"):
+            head_scores(wrong)
+    with pytest.raises(AnalysisError, match=r"edges must be one of \('both', 'out', 'in'\)"):
+        head_scores(scores, "q")
+
+
+def test_head_scores_of_a_graph_and_of_a_circuit(graph):
+    from minibert.analysis.circuits import head_scores
+
+    L, H = graph.layers, graph.heads
+    np.testing.assert_array_equal(head_scores(graph), head_scores(graph.scores))
+    circuit = graph.circuit(top=6)
+    counts = hand_head_scores(circuit.edges.astype(float), graph.senders, graph.receivers, L, H, "both", True)
+    np.testing.assert_array_equal(head_scores(circuit), counts)  # each head's count of kept edges
+    assert head_scores(circuit).dtype.kind == "i"
 
 
 def test_counts_and_flags_are_checked(classifier):

@@ -400,6 +400,18 @@ def test_stats_checks_its_outputs_before_the_survey(tmp_path, no_survey):
                           f"the output {tmp_path / 'results.json'} is a folder")
 
 
+def test_stats_refuses_existing_outputs_before_the_survey_unless_overwrite(tmp_path, bundled_load, no_survey):
+    """Issue 40: `stats` replaced PREFIX.npz/.json/.csv already there; refused before the survey, naming the file and
+    --overwrite (with which the survey runs: the no_survey fixture's assertion is the survey starting)."""
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("One line.\n")
+    (tmp_path / "results.csv").write_text("mine")
+    assert_one_line_error(run("stats", corpus_file, "--out", tmp_path / "results"), "stats",
+                          f"{tmp_path / 'results.csv'} already exists; pass --overwrite to replace it")
+    with pytest.raises(AssertionError, match="the survey ran"):
+        run("stats", corpus_file, "--out", tmp_path / "results", "--overwrite")
+
+
 def test_view_checks_its_output_before_running(tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     assert_one_line_error(run("view", "Hello.", "--out", tmp_path / "a_file" / "v.html"), "view", "cannot write into")

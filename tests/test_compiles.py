@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -20,8 +21,9 @@ from tolerances import assert_close_to_scale, forward_rtol, sum_rtol
 
 import minibert
 from minibert import BertConfig, Model
+from minibert.analysis.circuits import direct_attribution
 from minibert.core import hooks
-from minibert.runtime import cache, device
+from minibert.runtime import cache, device, programs
 from minibert.runtime.accounting import flops_per_token
 from minibert.runtime.buckets import COARSE, FINE, INTERACTIVE, bucket_length, length_buckets
 
@@ -392,6 +394,47 @@ def test_clear_compiled_drops_every_program(model):
     before = model.traces
     model(batch(10))
     assert model.traces == before + 1 and model.compiled_programs == 1
+
+
+def _scaled(model, state, x, *, k):
+    return x * k
+
+
+def compile_lines(capsys, what: str) -> list[str]:
+    """The lines programs.say_compiling wrote to stderr for `what` since the last read."""
+    said = re.compile(rf"minibert: compiling( \(or loading from the compilation cache\))? {re.escape(what)} "
+                      rf"\(first use for these shapes\) …")
+    return [line for line in capsys.readouterr().err.splitlines() if said.fullmatch(line)]
+
+
+def test_a_named_program_says_when_it_compiles_and_not_when_it_is_reused(model, capsys, monkeypatch):
+    """Issue 40: a cold EAP-IG spent 20 of its 37 s compiling without a word. A program Model.jit made with a name
+    says so each time a call compiles it (new shapes, new static arguments), never when the call reuses it; one
+    without a name, and every program under MINIBERT_QUIET_COMPILES=1, says nothing."""
+    monkeypatch.delenv(programs.QUIET, raising=False)
+    program = model.jit(_scaled, static_argnames=("k",), what="the scaling")
+    said = []
+    for x, k in [(np.ones(3), 2.0), (np.ones(3), 2.0), (np.ones(4), 2.0), (np.ones(3), 3.0), (np.ones(4), 2.0)]:
+        program(model.state, x, k=k)
+        said.append(len(compile_lines(capsys, "the scaling")))
+    assert said == [1, 0, 1, 1, 0]
+    monkeypatch.setenv(programs.QUIET, "1")
+    program(model.state, np.ones(5), k=2.0)
+    assert compile_lines(capsys, "the scaling") == [] and model.traces  # it compiled, silently
+    monkeypatch.setenv(programs.QUIET, "0")
+    model.jit(lambda model, state, x: x + 1)(model.state, np.ones(6))
+    assert capsys.readouterr().err == ""  # an unnamed program (the forward's) never speaks
+
+
+def test_an_analysis_says_it_compiles_on_its_first_call_only(model, capsys, monkeypatch):
+    monkeypatch.delenv(programs.QUIET, raising=False)
+
+    def first_feature(out):
+        return out.last_hidden_state[:, 0, 0]
+
+    for _ in range(2):
+        direct_attribution(model, batch(6), first_feature)
+    assert len(compile_lines(capsys, "direct attribution")) == 1
 
 
 def test_max_programs_must_be_a_positive_count(model):

@@ -109,7 +109,7 @@ def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
     npz.write_bytes(npz.read_bytes()[:40])  # truncated
     with pytest.raises(DataFileError, match=r"run.npz cannot be read as a saved survey .* survey again"):
         corpus.SurveyResult.load(tmp_path / "run")
-    small_result().save(tmp_path / "run")
+    small_result().save(tmp_path / "run", overwrite=True)  # the damaged one replaced
     js.write_text(json.dumps({"name": "some other tool's file"}))
     with pytest.raises(DataFileError, match=r"run.json is not a saved survey's description \('documents'\)"):
         corpus.SurveyResult.load(tmp_path / "run")
@@ -127,6 +127,20 @@ def test_save_refuses_a_folder_and_a_missing_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"the folder .*no/such of the output .* does not exist"):
         small_result().save(tmp_path / "no" / "such" / "run")
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("existing", ["run.npz", "run.json"])
+def test_save_refuses_an_existing_file_unless_overwrite(tmp_path, existing):
+    """Issue 40: save replaced a survey (or any file) already at the prefix. Either file there is refused before
+    anything is written, naming the file and the flag; overwrite=True replaces both."""
+    (tmp_path / existing).write_text("mine")
+    with pytest.raises(DataFileError, match=rf"{existing} already exists; pass overwrite=True to replace it"):
+        small_result(documents=3).save(tmp_path / "run")
+    assert (tmp_path / existing).read_text() == "mine" and len(list(tmp_path.iterdir())) == 1  # nothing written
+    small_result(documents=3).save(tmp_path / "run", overwrite=True)
+    assert corpus.SurveyResult.load(tmp_path / "run").documents == 3
+    with pytest.raises(DataFileError, match=r"overwrite='yes': pass True or False"):
+        small_result().save(tmp_path / "run", overwrite="yes")
 
 
 @pytest.mark.parametrize("prefix", ["", "/", ".."])

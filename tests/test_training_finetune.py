@@ -225,7 +225,7 @@ def test_finetune_compiles_one_step_per_chosen_length_and_says_so(tmp_path, caps
 
     def said(shown: str) -> list[tuple[str, str, str]]:
         return re.findall(r"fine-tuning \(sequence-classification\): (compiled|loaded) the step for (\d+)-token rows"
-                          r"( from the compilation cache)?\n", shown)
+                          r"( from the compilation cache)? in \d+\.\d s\n", shown)
 
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:

@@ -3,6 +3,7 @@ get_linear/constant_schedule_with_warmup and Trainer.get_decay_parameter_names."
 
 from __future__ import annotations
 
+import re
 import time
 
 import jax
@@ -181,9 +182,35 @@ def test_progress_says_whether_a_step_was_compiled_or_loaded_from_the_cache(caps
                     step()(np.ones(length, np.float32))
     with optim.Progress(1, "fine-tuning", enabled=False) as bar, bar.compiling(16):
         step()(np.ones(16, np.float32))
-    said = [line for line in capsys.readouterr().err.splitlines() if "the step for" in line and "preparing" not in line]
-    assert said == ["fine-tuning: compiled the step for 8-token rows",
-                    "fine-tuning: loaded the step for 8-token rows from the compilation cache"]
+    said = [re.sub(r" in \d+\.\d s$", " in T s", line) for line in capsys.readouterr().err.splitlines()
+            if "the step for" in line and "preparing" not in line]
+    assert said == ["fine-tuning: compiled the step for 8-token rows in T s",
+                    "fine-tuning: loaded the step for 8-token rows from the compilation cache in T s"]
+
+
+def test_the_rate_and_eta_leave_out_the_updates_in_which_a_step_compiled(capsys):
+    """Issue 40: at step 1 the bar said 6 tokens/s and 2 h 16 min left, the first step's compile counted as work.
+    A fake clock: each update in whose time a step compiled is left out of tokens/s and eta (none shown until one
+    update is measured); the "compiled" line says how long the compile took."""
+    now = [0.0]
+
+    def step(length: int, compile_s: float, run_s: float, tokens: int) -> str:
+        with bar.compiling(length):
+            now[0] += compile_s
+        now[0] += run_s
+        bar.update(0.5, tokens)
+        return bar.bar.postfix
+
+    with optim.Progress(5, "fine-tuning", clock=lambda: now[0]) as bar:
+        shown = [step(8, 100.0, 1.0, 1000),   # compiled: not measured
+                 step(8, 0.5, 1.5, 1000),     # 1000 tokens in 2 s; 3 steps left at 2 s each
+                 step(16, 50.0, 1.0, 4000),   # a new row length compiled: not measured (2 steps left)
+                 step(16, 0.0, 2.0, 1000)]    # 2000 tokens in 4 s; 1 step left
+    assert shown == ["loss=0.5000", "loss=0.5000, tokens_per_s=500, eta=00:06",
+                     "loss=0.5000, tokens_per_s=500, eta=00:04", "loss=0.5000, tokens_per_s=500, eta=00:02"]
+    said = [line for line in capsys.readouterr().err.splitlines() if "compiled the step" in line]
+    assert said == ["fine-tuning: compiled the step for 8-token rows in 100.0 s",
+                    "fine-tuning: compiled the step for 16-token rows in 50.0 s"]
 
 
 @pytest.mark.parametrize("cache_on", [True, False], ids=["cache on", "cache off"])

@@ -9,8 +9,10 @@ import html.parser
 import types
 
 import numpy as np
+import pytest
 
 from minibert.analysis import heads
+from minibert.errors import DataFileError
 from minibert.families.registry import FAMILIES
 from minibert.viz import report
 
@@ -102,6 +104,18 @@ def test_write_table_round_trips_every_row(tmp_path):
     assert len(read) == 6 and list(read[0]) == list(rows[0])
     assert [row["label"] for row in read] == ["1-1", "1-2", "1-3", "2-1", "2-2", "2-3"]
     assert [float(row["prev"]) for row in read] == [0.1, 0.9, 0.2, 0.3, 0.0, 0.7]
+
+
+def test_write_table_refuses_an_existing_file_unless_overwrite(tmp_path):
+    """Issue 40: write_table replaced a file already at its path; the rule of every writer now."""
+    rows = heads.head_table(hand_statistics())
+    path = tmp_path / "heads.csv"
+    path.write_text("mine")
+    with pytest.raises(DataFileError, match=r"heads.csv already exists; pass overwrite=True to replace it"):
+        report.write_table(rows, path)
+    assert path.read_text() == "mine"
+    report.write_table(rows, path, overwrite=True)
+    assert path.read_text().splitlines()[0] == ",".join(rows[0])
 
 
 def test_head_summary_names_the_tokenizers_special_tokens():

@@ -173,14 +173,13 @@ circuit_views.circuit_figure(graph, graph.circuit(top=25))
 # %% [markdown]
 # ## The circuit's heads against ablation and patching
 #
-# A head's weight in the circuit: the summed |score| of the edges out of it and into its q, k, v. Head ablation
+# A head's weight in the circuit: the summed |score| of the edges out of it and into its q, k, v
+# (`circuits.head_scores(graph)`, [L, H]; `edges="out"` or `"in"` for one side). Head ablation
 # (each head's z zeroed, alone) and activation patching (each head's clean z patched into the corrupted run)
 # pick heads their own way; the overlap of the top picks says how far the three agree.
 
 # %%
-out_of = np.abs(graph.scores)[1:].reshape(L, H + 1, -1)[:, :H].sum(-1)  # senders: embed, then per layer H heads, MLP
-into = np.abs(graph.scores)[:, :-1].reshape(-1, L, 3 * H + 1)[:, :, :3 * H].sum(0).reshape(L, 3, H).sum(1)
-eap_heads = out_of + into
+eap_heads = circuits.head_scores(graph)
 ablation = interventions.ablation_sweep(tuned_model, clean, toward_clean_label)
 patching = interventions.patch_activations(tuned_model, clean, corrupted, toward_clean_label, site="attn.hook_z",
                                            per="head")

@@ -273,7 +273,7 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
     _positional_site(model, site, per)
     clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)  # aligned as in patch_activations
     clean_values = _site_values(model, clean_inputs, site)
-    gradient = model.jit(_metric_and_site_gradient, static_argnames=("site", "metric"))
+    gradient = model.jit(_metric_and_site_gradient, static_argnames=("site", "metric"), what="attribution patching")
     corrupt_values, grads = gradient(model.state, corrupt_inputs, jnp.zeros_like(clean_values), site=site,
                                      metric=static_metric(metric))
     patched = _clean_tokens(clean_inputs, clean_values.ndim)  # nothing is patched where the clean row has padding
@@ -321,7 +321,7 @@ def head_importance(model, batches, loss_fn: Callable) -> np.ndarray:
     total, examples = 0.0, 0
     for batch in ([batches] if _one_batch(batches) else batches):
         inputs = model.inputs(batch)
-        program = model.jit(_gate_gradients, static_argnames=("loss_fn",))
+        program = model.jit(_gate_gradients, static_argnames=("loss_fn",), what="head importance")
         gradients = program(model.state, inputs, loss_fn=static_metric(loss_fn))  # [examples, L, H]
         total = total + np.abs(np.asarray(gradients)).sum(0)
         examples += gradients.shape[0]

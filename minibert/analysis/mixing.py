@@ -111,7 +111,7 @@ def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = Fals
     _, B, T, _ = resid_pre.shape
     items = T * (model.config.num_attention_heads if per_head else 1)
     chunk = items_per_chunk(activation_bytes(model.config, B, T), items)  # one zeroed value runs one block
-    program = model.jit(_value_zeroing_distances, static_argnames=("chunk", "per_head"))
+    program = model.jit(_value_zeroing_distances, static_argnames=("chunk", "per_head"), what="value zeroing")
     writers = writers_for(hooks, model.hook_names, model.config)
     distances = program(model.state, resid_pre, inputs, writers, chunk=chunk, per_head=bool(per_head))
     distances = distances * _real_pairs(inputs.attention_mask)
@@ -282,7 +282,8 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     # One step is a forward and a backward pass through the blocks after l: at most all L blocks kept.
     chunk = items_per_chunk(activation_bytes(model.config, B, T, blocks=L, backward=True), steps)
     keyed = static_metric(target_fn)  # a changed global or closed-over value it reads recompiles, as in the sweeps
-    program = model.jit(_integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"))
+    program = model.jit(_integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"),
+                        what="attention attribution")
     return np.stack([np.asarray(program(model.state, inputs, resids[layer], patterns[layer], jnp.int32(layer),
                                         target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))
                      for layer in range(L)])

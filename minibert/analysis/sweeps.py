@@ -94,7 +94,7 @@ def sweep_streams(model, inputs, resids, n_items: int, patch: Callable, shared, 
     n_chunks = -(-n_items // size)
     items = np.zeros(n_chunks * size, np.int32)
     items[:n_items] = np.arange(n_items)
-    program = model.jit(_suffix_metrics, static_argnames=("patch", "metric"))
+    program = model.jit(_suffix_metrics, static_argnames=("patch", "metric"), what="the sweep")
     rows = []
     for layer in range(resids.shape[0]):
         rows.append([program(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,

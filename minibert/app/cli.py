@@ -55,8 +55,9 @@ def _steps(command: str) -> Callable[[str], None]:
     return step
 
 
-def _checked_outputs(outputs: list[Path], inputs: Sequence[Path] = ()) -> None:
-    """Refuse, before any work, outputs that would overwrite an input or that cannot be written."""
+def _checked_outputs(outputs: list[Path], inputs: Sequence[Path] = (), *, overwrite: bool = True) -> None:
+    """Refuse, before any work, outputs that would overwrite an input or that cannot be written, and (overwrite
+    False) outputs that exist."""
     for output in outputs:
         clash = next((source for source in inputs if output.resolve() == source.resolve()), None)
         if clash is not None:
@@ -72,6 +73,9 @@ def _checked_outputs(outputs: list[Path], inputs: Sequence[Path] = ()) -> None:
         except OSError as error:
             raise DataFileError(f"cannot write into {folder} ({error.strerror or error}); choose another --out "
                                 f"or fix the folder's permissions.") from None
+    held = [output for output in outputs if output.exists()]
+    if held and not overwrite:
+        raise DataFileError(f"{held[0]} already exists; pass --overwrite to replace it, or another --out.")
     unwritable = [output for output in outputs if output.exists() and not os.access(output, os.W_OK)]
     if unwritable:
         raise DataFileError(f"{unwritable[0]} exists and cannot be overwritten; choose another --out.")
@@ -138,7 +142,8 @@ def _stats(args) -> int:
 
     prefix = args.out or Path(f"{args.file.stem}_heads")
     npz, json_path = corpus.output_paths(prefix)
-    _checked_outputs([npz, json_path, json_path.with_suffix(".csv")], [args.file])  # before hours of survey
+    outputs = [npz, json_path, json_path.with_suffix(".csv")]
+    _checked_outputs(outputs, [args.file], overwrite=args.overwrite)  # before hours of survey
     if args.distributed:  # before anything touches JAX; each process then reads its share of FILE
         from minibert.app.distributed import initialize
 
@@ -150,8 +155,9 @@ def _stats(args) -> int:
     if jax.process_index() != 0:
         return 0  # every process holds the whole result; process 0 writes and prints it
     _report_skipped(result.counts, args.max_length)
-    npz, json_path = result.save(prefix, broad=args.broad)
-    for path in (npz, json_path, report.write_table(result.table(args.broad), json_path.with_suffix(".csv"))):
+    npz, json_path = result.save(prefix, broad=args.broad, overwrite=args.overwrite)
+    table = report.write_table(result.table(args.broad), outputs[2], overwrite=args.overwrite)
+    for path in (npz, json_path, table):
         print(path)
     print(report.head_summary(result.mean, result.documents, model.tokenizer, broad=args.broad))
     return 0
@@ -353,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--pairs", action="store_true", help="read each line of a .txt as A<TAB>B (automatic for .tsv)")
     stats.add_argument("--out", type=Path, metavar="PREFIX",
                        help="output prefix (default: FILE's name without suffix plus _heads, in this folder)")
+    stats.add_argument("--overwrite", action="store_true",
+                       help="replace PREFIX.npz, .json and .csv where they exist (refused otherwise)")
     stats.add_argument("--batch-size", type=int, metavar="N",
                        help="rows per batch; short documents share a row (default: a token budget,"
                             " fewer rows for longer documents)")

@@ -244,8 +244,8 @@ def build(model, out: str | Path, step: Callable[[str], None] = _quiet, *,
         captions[name] = caption
 
     step("head_statistics.csv, .json, .npz and index.html")
-    npz, json_path = result.save(out / "head_statistics")
-    paths += [report.write_table(result.table(), out / "head_statistics.csv"), json_path, npz]
+    npz, json_path = result.save(out / "head_statistics", overwrite=True)  # the demo's own folder, as the views
+    paths += [report.write_table(result.table(), out / "head_statistics.csv", overwrite=True), json_path, npz]
     index = out / "index.html"
     summary = report.head_summary(result.mean, result.documents, model.tokenizer)
     index.write_text(report.index_page(out, paths, captions, summary, model.source), encoding="utf-8")

@@ -315,16 +315,19 @@ class Model(Weights):
 
     # ---- compiled programs ----------------------------------------------------------------------------
 
-    def jit(self, fn: Callable, *, static_argnames: Sequence[str] = ()) -> Callable:
+    def jit(self, fn: Callable, *, static_argnames: Sequence[str] = (), what: str | None = None) -> Callable:
         """`fn(model, *args, **kwargs)` compiled with jax.jit for this model, each trace counted in `traces`.
 
         Made once per (fn, static_argnames) and kept on the model, so repeated calls reuse the compiled
-        programs; pass `model.state` as an argument (weights traced, not baked into the program).
+        programs; pass `model.state` as an argument (weights traced, not baked into the program). `what` (an
+        analysis's name): each call that compiles a program says "minibert: compiling {what} (first use for these
+        shapes) …" on stderr (programs.say_compiling; MINIBERT_QUIET_COMPILES=1 silences it).
         """
         static = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)  # as jax.jit
         key = (fn, static)
         if key not in self._programs:
-            self._programs[key] = programs.Program(self._counted(functools.partial(fn, self)), static, self._resident)
+            self._programs[key] = programs.Program(self._counted(functools.partial(fn, self)), static, self._resident,
+                                                   what)
         return self._programs[key]
 
     @property

@@ -1,16 +1,31 @@
 """A Model's compiled programs (`Resident`): at most Model.max_programs at a time, the least recently used dropped
 first, with their memory; model.clear_compiled() drops them all. JAX compiles one program per function and argument
-shapes (docs/compiled.md says which a Model compiles and when)."""
+shapes (docs/compiled.md says which a Model compiles and when). A program made with a name (Model.jit(...,
+what=...): the analyses') says so on stderr each time it is compiled, not when it is reused."""
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 
 import jax
 
 MAX_PROGRAMS = 32  # programs a Model keeps resident (a few MB each for a small model, tens for a large one)
+QUIET = "MINIBERT_QUIET_COMPILES"  # set to 1 (any value but "" and "0"), the analyses compile without a word
+
+
+def say_compiling(what: str) -> None:
+    """One stderr line as a named program is compiled: a cold analysis spends most of its time compiling (20 of
+    a cold EAP-IG's 37 s on a CPU), and would otherwise look hung. Silenced by MINIBERT_QUIET_COMPILES=1, read at
+    each compile (a notebook's os.environ[...] = "1" takes effect at once)."""
+    if os.environ.get(QUIET, "") not in ("", "0"):
+        return
+    cached = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
+    how = "compiling" + (" (or loading from the compilation cache)" if cached else "")
+    print(f"minibert: {how} {what} (first use for these shapes) …", file=sys.stderr, flush=True)
 
 
 class Resident:
@@ -24,6 +39,9 @@ class Resident:
 
     def __len__(self) -> int:
         return len(self._programs)
+
+    def __contains__(self, key) -> bool:
+        return key in self._programs
 
     def get(self, key, make: Callable[[], Callable]) -> Callable:
         """The program under `key`, made by make() if absent; it becomes the most recently used."""
@@ -46,16 +64,19 @@ class Resident:
 
 class Program:
     """`fn(*args, **kwargs)` compiled, kept in a Resident under its argument shapes and static arguments: what
-    Model.jit returns. Called, lowered (.lower) or shape-evaluated (.eval_shape) as a jax.jit is."""
+    Model.jit returns. Called, lowered (.lower) or shape-evaluated (.eval_shape) as a jax.jit is. `what` names it
+    in the line a call says when it compiles it (say_compiling); None says nothing."""
 
-    def __init__(self, fn: Callable, static_argnames: tuple[str, ...], resident: Resident):
-        self.fn, self.static_argnames, self.resident = fn, static_argnames, resident
+    def __init__(self, fn: Callable, static_argnames: tuple[str, ...], resident: Resident, what: str | None = None):
+        self.fn, self.static_argnames, self.resident, self.what = fn, static_argnames, resident, what
 
-    def _compiled(self, args, kwargs):
+    def _compiled(self, args, kwargs, say: bool = False):
         static = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames))
         dynamic = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves, structure = jax.tree_util.tree_flatten((args, dynamic))
         key = (self.fn, static, structure, tuple(map(jax.typeof, leaves)))
+        if say and self.what is not None and key not in self.resident:
+            say_compiling(self.what)
         return self.resident.get(key, functools.partial(self._jitted, self.fn, self.static_argnames))
 
     @staticmethod
@@ -69,7 +90,7 @@ class Program:
         return jax.jit(program, static_argnames=static_argnames)
 
     def __call__(self, *args, **kwargs):
-        return self._compiled(args, kwargs)(*args, **kwargs)
+        return self._compiled(args, kwargs, say=True)(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
         return self._compiled(args, kwargs).lower(*args, **kwargs)

@@ -136,18 +136,27 @@ CACHE_HIT, CACHE_MISS = "/jax/compilation_cache/cache_hits", "/jax/compilation_c
 
 
 class Progress:
-    """A tqdm bar over optimisation steps showing the loss and tokens per second (since the bar opened).
+    """A tqdm bar over optimisation steps showing the loss, tokens per second and the time left (eta).
 
         with Progress(total_steps, "fine-tuning") as bar:
             with bar.compiling(length):   # around each step: says so while a new row length's step is prepared
                 ...
             bar.update(loss, tokens)   # after each step; loss a scalar, tokens the real tokens it saw
-    """
+
+    The rate and eta leave compiling out: an update is measured over the time since the previous one (since the
+    bar opened, for the first), and an update in whose time a step was compiled (or loaded from the cache) is not
+    measured at all, its tokens neither. Until one update is measured, neither is shown (a first step's compile
+    made the bar say 6 tokens/s and 2 h 16 min left). tqdm's own rate and remaining time, which count everything,
+    are not shown."""
+
+    FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
     def __init__(self, total: int, description: str = "training", *, enabled: bool = True,
                  clock: Callable[[], float] = time.perf_counter):
-        self.bar = tqdm(total=total, desc=description, disable=not enabled, unit="step")
-        self.clock, self.start, self.tokens = clock, clock(), 0
+        self.bar = tqdm(total=total, desc=description, disable=not enabled, unit="step", bar_format=self.FORMAT)
+        self.clock, self.last = clock, clock()
+        self.tokens, self.seconds, self.measured = 0, 0.0, 0  # of the measured updates
+        self.compiled = False  # a step was compiled since the last update: the next update is not measured
         self.description = description
         self.lengths: list[int] = []  # the row lengths a step ran at, in the order they first came: one program each
 
@@ -171,21 +180,35 @@ class Progress:
             events[event] += 1
 
         jax.monitoring.register_event_listener(count)
+        began = self.clock()
         try:
             yield
         finally:
             jax.monitoring.unregister_event_listener(count)
             self.bar.set_description_str(self.description)
+            self.compiled = True
+        took = self.clock() - began
         if not self.bar.disable:
             loaded = events[CACHE_HIT] and not events[CACHE_MISS]
             done = "loaded" if loaded else "compiled"
             self.bar.write(f"{self.description}: {done} the step for {length}-token rows"
-                           f"{' from the compilation cache' if loaded else ''}", file=sys.stderr)
+                           f"{' from the compilation cache' if loaded else ''} in {took:.1f} s", file=sys.stderr)
 
     def update(self, loss, tokens: int) -> None:
-        self.tokens += int(tokens)
-        elapsed = max(self.clock() - self.start, 1e-9)
-        self.bar.set_postfix(loss=f"{float(loss):.4f}", tokens_per_s=f"{self.tokens / elapsed:,.0f}", refresh=False)
+        now = self.clock()
+        if self.compiled:
+            self.compiled = False
+        else:
+            self.tokens, self.seconds, self.measured = self.tokens + int(tokens), self.seconds + now - self.last, \
+                self.measured + 1
+        self.last = now
+        shown = {"loss": f"{float(loss):.4f}"}
+        if self.measured and self.seconds > 0:
+            shown["tokens_per_s"] = f"{self.tokens / self.seconds:,.0f}"
+            if self.bar.total is not None:  # steps=None: no end to count down to
+                left = max(self.bar.total - self.bar.n - 1, 0)
+                shown["eta"] = tqdm.format_interval(left * self.seconds / self.measured)
+        self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from minibert.errors import VizError, refuse_unless_flag
+from minibert.errors import VizError, refuse_existing
 from minibert.viz._check import file_path
 
 
@@ -104,9 +104,8 @@ def page(title: str, body: str, style: str = PAGE_STYLE) -> str:
 
 def write_page(path: str | Path, text: str, overwrite: bool) -> Path:
     """Write the page `text` to `path`; a file already there is the user's, so it is replaced only when asked."""
-    path, overwrite = file_path(path, "view.html"), refuse_unless_flag("overwrite", overwrite, VizError)
-    if path.exists() and not overwrite:
-        raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    path = file_path(path, "view.html")
+    refuse_existing(path, overwrite, VizError)
     if path.is_dir():
         raise VizError(f"{path} is a folder; save to a file path such as {path / 'view.html'}.")
     try:

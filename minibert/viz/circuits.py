@@ -91,9 +91,10 @@ def faithfulness_figure(result, *, ax=None, path=None, overwrite: bool = False) 
     if not all(hasattr(result, name) for name in ("sizes", "values", "empty", "clean", "corrupted")):
         raise VizError(f"faithfulness_figure draws what circuit_faithfulness returns (a Faithfulness, e.g. of "
                        f"graph.sweep([5, 10, 20])); got {type(result).__name__}.")
-    order = np.argsort(result.sizes, kind="stable")
+    sizes = np.asarray(result.sizes)
+    order = np.argsort(sizes, kind="stable")
     fig, ax = _axes(ax, (5.0, 3.4))
-    ax.plot(result.sizes[order], result.values[order], marker="o", color=POSITIVE, label="circuit")
+    ax.plot(sizes[order], np.asarray(result.values)[order], marker="o", color=POSITIVE, label="circuit")
     ax.axhline(1.0, color="#57606a", linestyle="--", linewidth=0.8, label="clean (full graph)")
     ax.axhline(0.0, color="#57606a", linestyle=":", linewidth=0.8, label="corrupted")
     empty = (result.empty - result.corrupted) / (result.clean - result.corrupted)

@@ -19,6 +19,7 @@ import numpy as np
 
 from minibert.analysis import heads
 from minibert.core.config import head_label
+from minibert.errors import DataFileError, refuse_existing
 from minibert.viz._html import page
 
 TOP_HEADS = 3
@@ -82,8 +83,11 @@ def head_summary(mean: Mapping[str, np.ndarray], documents: int, tokenizer=None,
     return "\n".join(lines)
 
 
-def write_table(rows: Sequence[Mapping], path: Path) -> Path:
-    """One CSV row per head (heads.head_table), columns in the table's order; returns the path."""
+def write_table(rows: Sequence[Mapping], path: str | Path, *, overwrite: bool = False) -> Path:
+    """One CSV row per head (heads.head_table), columns in the table's order; returns the path. An existing file
+    is refused unless overwrite=True."""
+    path = Path(path)
+    refuse_existing(path, overwrite, DataFileError)
     with path.open("w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -53,10 +53,10 @@ class DirectAttribution:
         """The n components with the largest |DA|, as ("L-H" head label, "MLP l", "embed", "bias l"; 1-indexed
         layers), value)."""
         n = check_count("top(n): n, the number of components", n)
-        named = [("embed", self.embed)]
+        named = [("embed", float(self.embed))]
         for layer, row in enumerate(self.heads):
-            named += [(head_label(layer, head), value) for head, value in enumerate(row)]
-            named += [(f"MLP {layer + 1}", self.mlps[layer]), (f"bias {layer + 1}", self.bias[layer])]
+            named += [(head_label(layer, head), float(value)) for head, value in enumerate(row)]
+            named += [(f"MLP {layer + 1}", float(self.mlps[layer])), (f"bias {layer + 1}", float(self.bias[layer]))]
         return sorted(named, key=lambda item: -abs(item[1]))[:n]
 
 
@@ -110,7 +110,7 @@ def direct_attribution(model, batch, metric: Callable) -> DirectAttribution:
     backward, one program."""
     check_model(model)
     inputs = model.inputs(batch)
-    program = model.jit(_direct_parts, static_argnames=("metric",))
+    program = model.jit(_direct_parts, static_argnames=("metric",), what="direct attribution")
     parts = {k: np.asarray(v) for k, v in program(model.state, inputs, skip_weights(model),
                                                    metric=static_metric(metric)).items()}
     check_finite(parts["metric"][None], "the metric")

@@ -43,7 +43,7 @@ from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
-from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert
+from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert, refuse_unless_flag
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
 METHODS = ("eap", "eap-ig")
@@ -140,6 +140,53 @@ class CircuitGraph:
         kept = self.circuit(top=n).edges
         ranked = sorted(zip(*np.nonzero(kept)), key=lambda uv: -abs(self.scores[uv]))
         return [(self.senders[u], self.receivers[v], float(self.scores[u, v])) for u, v in ranked]
+
+
+HEAD_EDGES = ("both", "out", "in")
+
+
+def _graph_of_shape(shape) -> tuple[int, int]:
+    """(L, H) of a graph whose scores are [senders, receivers] = [1 + L(H + 1), L(3H + 1) + 1], or None."""
+    senders, receivers = shape
+    per_head = (receivers - senders) / 2  # L·H
+    layers = senders - 1 - per_head
+    if per_head > 0 and layers > 0 and per_head == int(per_head) and per_head % layers == 0:
+        return int(layers), int(per_head // layers)
+    return None
+
+
+def head_scores(graph, edges: str = "both", *, absolute: bool = True) -> np.ndarray:
+    """Each head's summed edge scores, [L, H] (0-indexed; docs/circuits.md): `edges` "out" the edges out of head
+    (l, h) (sender "L-H"), "in" the edges into its q, k and v (receivers "L-H.q", ".k", ".v"), "both" their sum.
+    absolute=True sums |score| (how much the circuit runs through the head, whatever the sign), False the signed
+    scores. `graph`: a CircuitGraph, its scores [senders, receivers], or a Circuit (then each head's count of kept
+    edges)."""
+    check_choice("edges", edges, HEAD_EDGES)
+    absolute = refuse_unless_flag("absolute", absolute, AnalysisError)
+    if isinstance(graph, CircuitGraph):
+        values, shape = graph.scores, (graph.layers, graph.heads)
+    elif isinstance(graph, Circuit):
+        values = np.asarray(graph.edges, np.int64)
+        shape = _graph_of_shape(values.shape) if values.ndim == 2 else None
+    else:
+        values = np.asarray(graph) if isinstance(graph, np.ndarray | list) else None
+        shape = _graph_of_shape(values.shape) if values is not None and values.ndim == 2 else None
+    if shape is None or values.shape != edge_mask(*shape).shape or not np.issubdtype(values.dtype, np.number):
+        given = f"an array of shape {values.shape}" if values is not None else type(graph).__name__
+        raise AnalysisError(f"head_scores takes a CircuitGraph (edge_attribution(...)), its scores [senders, "
+                            f"receivers] = [1 + L(H + 1), L(3H + 1) + 1] or a Circuit; got {given}.")
+    L, H = shape
+    senders, receivers = sender_labels(L, H), receiver_labels(L, H)
+    heads = [[head_label(layer, h) for h in range(H)] for layer in range(L)]
+    out_of = np.array([[senders.index(label) for label in row] for row in heads])  # [L, H] → sender index
+    into = np.array([[[receivers.index(f"{label}.{c}") for c in QKV] for label in row] for row in heads])  # [L, H, 3]
+    values = np.abs(values) if absolute else values
+    total = np.zeros((L, H), values.dtype)
+    if edges in ("both", "out"):
+        total = total + values[out_of].sum(-1)
+    if edges in ("both", "in"):
+        total = total + values[:, into].sum((0, -1))
+    return total
 
 
 # ---- what a run reads and writes --------------------------------------------------------------------------------
@@ -294,7 +341,7 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     B, T = clean_inputs.shape
     stream = _stream_bytes(model, clean_inputs)
     step_bytes = activation_bytes(cfg, B, T, blocks=L, backward=True) + (3 * L * H + L + 1) * stream
-    program = model.jit(_edge_scores, static_argnames=("metric", "step_chunk", "sender_chunk"))
+    program = model.jit(_edge_scores, static_argnames=("metric", "step_chunk", "sender_chunk"), what="edge attribution")
     senders = tuple(jnp.asarray(a) for a in _sender_table(L, H))
     scores = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model), jnp.asarray(alphas, jnp.float32),
                      senders, metric=static_metric(metric), step_chunk=items_per_chunk(step_bytes, len(alphas)),
@@ -382,7 +429,7 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     B, T = clean_inputs.shape
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
         _stream_bytes(model, clean_inputs)
-    program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"))
+    program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"), what="circuit patching")
     patched, corrupt, plain = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
                                       jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
                                       chunk=items_per_chunk(run_bytes, len(cuts)))
@@ -392,11 +439,11 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
 
 @dataclasses.dataclass
 class Faithfulness:
-    """m(C) of each circuit with its size (edges kept), m(full graph) = `clean`, m(empty graph) = `empty` and
-    the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted)). `direction`:
-    the edges outside a circuit are patched from the corrupted run into the clean one."""
+    """m(C) of each circuit with its size (edges kept, Python ints), m(full graph) = `clean`, m(empty graph) =
+    `empty` and the corrupted run's `corrupted`; `values` = (m(C) − m(corrupted)) / (m(clean) − m(corrupted)).
+    `direction`: the edges outside a circuit are patched from the corrupted run into the clean one."""
 
-    sizes: np.ndarray
+    sizes: list[int]
     metrics: np.ndarray
     clean: float
     corrupted: float
@@ -465,7 +512,7 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
         raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
                             f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "
                             f"over that difference, is undefined; pick pairs whose metric differs.")
-    return Faithfulness(np.array([c.size for c in circuits]), patched[:-2], float(patched[-2]), corrupted,
+    return Faithfulness([c.size for c in circuits], patched[:-2], float(patched[-2]), corrupted,
                         float(patched[-1]))
 
 

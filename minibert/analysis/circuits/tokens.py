@@ -218,7 +218,7 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
     forward_bytes = activation_bytes(model.config, B, T, itemsize=jnp.dtype(model.dtype).itemsize)
     if method == "occlusion":
         masks = _unit_masks(units, (B, T)) & ~special[None]  # specials and padding are never occluded
-        program = model.jit(_occluded, static_argnames=("metric", "chunk"))
+        program = model.jit(_occluded, static_argnames=("metric", "chunk"), what="token attribution (occlusion)")
         changes, full, at_baseline = program(model.state, inputs, embedded, base, jnp.asarray(masks), metric=keyed,
                                              chunk=items_per_chunk(forward_bytes, len(masks)))
         # a unit with nothing occluded (a special token, a row's missing words) is 0 exactly, not F(x) − F(x)
@@ -229,7 +229,7 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
         if method == "gradient_x_input":
             alphas, weights = [1.0], [1.0]
         start = base if method == "integrated_gradients" else jnp.zeros_like(embedded)
-        program = model.jit(_integrated, static_argnames=("metric", "chunk"))
+        program = model.jit(_integrated, static_argnames=("metric", "chunk"), what="token attribution (gradients)")
         step_bytes = forward_bytes * model.config.num_hidden_layers * 2  # a backward keeps every block's values
         token_scores, full, at_baseline = program(
             model.state, inputs, start, embedded, base, jnp.asarray(alphas, jnp.float32),

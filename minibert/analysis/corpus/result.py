@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from minibert.analysis import heads
-from minibert.errors import AnalysisError, DataFileError, DataFileMissing
+from minibert.errors import AnalysisError, DataFileError, DataFileMissing, refuse_existing
 
 # Settings that change the numbers: parts of a merge must agree on them. "weights" (the weights' hash) tells
 # apart two checkpoints saved at the same path, which "model" (the path) cannot.
@@ -61,16 +61,18 @@ class SurveyResult:
         counts = {key: sum(r.counts.get(key, 0) for r in results) for key in results[0].counts}
         return cls(mean, documents, js, _merged_settings([r.settings for r in results]), counts)
 
-    def save(self, path: str | Path, broad: str = "relative") -> tuple[Path, Path]:
+    def save(self, path: str | Path, broad: str = "relative", *, overwrite: bool = False) -> tuple[Path, Path]:
         """Write `path.npz` (arrays) and `path.json` (settings, documents, tidy per-head table, its "broad"
         labels judged by `broad` as in table()). A suffix .npz, .json or .csv on `path` is dropped; any other
-        dot stays part of the name.
+        dot stays part of the name. Either file existing is refused, before anything is written, unless
+        overwrite=True.
         A result every process of a reduce="global" run holds is written by process 0 only (the others
         return the same paths and write nothing)."""
         if self.settings.get("reduce") == "global" and self.settings.get("processes", 1) > 1 \
                 and jax.process_index() != 0:
             return output_paths(path)  # not checked here: the folder may exist on process 0's host only
         npz, js = writable_output_paths(path)
+        refuse_existing([npz, js], overwrite, DataFileError)
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence

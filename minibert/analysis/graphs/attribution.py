@@ -241,7 +241,7 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     T = inputs.shape[1]
     chunk = power_of_two(chunk or items_per_chunk(row_bytes(model, len(padded), T), n + len(targets)))
     items = row_items(active, len(targets), chunk, len(padded))
-    program = model.jit(graph_rows, static_argnames=("chunk",))
+    program = model.jit(graph_rows, static_argnames=("chunk",), what="the attribution graph")
     parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
                     items, unlabelled(targets), chunk=chunk)
     parts = {k: np.asarray(v) for k, v in parts.items()}

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from minibert.analysis.graphs.pruning import prune, unpruned
-from minibert.errors import AnalysisError
+from minibert.errors import AnalysisError, refuse_existing
 
 
 def _cantor(x: int, y: int) -> int:
@@ -91,8 +91,7 @@ def write_json(graph, path, *, slug: str, overwrite: bool = False, **options) ->
     path = Path(path)
     if path.is_dir():  # overwrite=True could not replace it
         raise AnalysisError(f"{path} is a directory; write to a file path such as {path / 'graph.json'}.")
-    if path.exists() and not overwrite:
-        raise AnalysisError(f"{path} exists; pass overwrite=True to replace it, or another path.")
+    refuse_existing(path, overwrite, AnalysisError)
     text = json.dumps(graph_json(graph, slug=slug, **options), indent=2)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

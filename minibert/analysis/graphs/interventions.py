@@ -145,7 +145,7 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
     captured, _, _, errors, clean = run(model.state, inputs, tc.params, targets, configs=tc.configs,
                                         names=tuple(record_names(s)))
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
-    program = model.jit(_intervened, static_argnames=("configs", "freeze"))
+    program = model.jit(_intervened, static_argnames=("configs", "freeze"), what="the intervention")
     after = program(model.state, inputs, tc.params, targets, frozen, errors, steer, mask, value,
                     configs=tc.configs, freeze=bool(freeze))
     clean, after = np.asarray(clean), np.asarray(after)

@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure, SubFigure
 
-from minibert.errors import refuse_unless_flag
+from minibert.errors import refuse_existing
 from minibert.viz._check import VizError, file_path
 
 SUFFIXES = (".png", ".svg", ".pdf")
@@ -24,14 +24,13 @@ NEURON_CMAP = LinearSegmentedColormap.from_list("minibert_neuron", ["#e66101", "
 def figure_path(path, overwrite: bool = False) -> Path:
     """`path` checked as a figure file to write: a str or pathlib.Path ending in .png, .svg or .pdf, not a folder,
     and free unless overwrite=True (figure writers call it before drawing, save again before writing)."""
-    path, overwrite = file_path(path, "figure.png"), refuse_unless_flag("overwrite", overwrite, VizError)
+    path = file_path(path, "figure.png")
     if path.suffix.lower() not in SUFFIXES:
         raise VizError(f"path {str(path)!r} must end in .png, .svg or .pdf (the format follows the suffix); "
                        f"got {path.suffix or 'no suffix'!r}.")
     if path.is_dir():
         raise VizError(f"{path} is a folder; save to a file path such as {path / 'figure.png'}.")
-    if path.exists() and not overwrite:
-        raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    refuse_existing(path, overwrite, VizError)
     return path
 
 
