@@ -18,7 +18,7 @@ from minibert.viz.features import HISTOGRAM_EDGES, feature_browser
 
 SITE = "blocks.1.hook_resid_post"
 NAMES = ("<b>base</b>", "tuned & co")  # a user's labels, markup included
-TEXTS = ["ab cd ef gh", "a b c <script>", "de fg & hi", "c d e f g h", "h g f e"]  # generated; one holds markup
+TEXTS = ["ab cd ef gh", "a b c <script>", "de fg & hi", "c d e f g h"]  # generated; one holds markup
 
 
 @pytest.fixture(scope="module")
