@@ -493,3 +493,73 @@ def test_paired_activations_refuse_a_batch_size_that_is_no_whole_number(mlm_pair
     model_a, model_b, _, _ = mlm_pair
     with pytest.raises(AnalysisError, match=f"batch_size={batch_size!r} must be a whole number ≥ 1"):
         diffing.paired_activations(model_a, model_b, TEXTS, SITE, batch_size=batch_size)
+
+
+def test_what_changed_refuses_a_site_the_crosscoder_was_not_trained_at(mlm_pair):
+    """A tester's finding: what_changed read whatever hook_name it was given or the config held — an edited
+    config, or one whose trainer streamed another site, gave latents of another site with no word. Now a
+    hook_name= other than the config's, a config other than its trainer's record (source), a site of another
+    width, models other than the config's or the record's (or the two swapped) are refused by name."""
+    import dataclasses
+
+    model_a, model_b, _, _ = mlm_pair
+    config = diffing.CrosscoderConfig(d_in=32, d_sae=8, k=2, hook_name=SITE)
+    params = diffing.init_params(config)
+    source = diffing.pairs.pair_source(model_a, model_b, SITE)  # what CrosscoderTrainer.train records
+    with pytest.raises(AnalysisError, match="hook_name='blocks.0.hook_resid_post' but the crosscoder's config reads"):
+        diffing.what_changed(model_a, model_b, TEXTS, config, params, hook_name="blocks.0.hook_resid_post")
+    edited = dataclasses.replace(config, hook_name="blocks.0.hook_resid_post")  # same width: nothing else notices
+    with pytest.raises(AnalysisError, match="reads 'blocks.0.hook_resid_post' but it was trained on 'blocks.1"):
+        diffing.what_changed(model_a, model_b, TEXTS, edited, params, source=source)
+    with pytest.raises(AnalysisError, match=r"'blocks.1.mlp.hook_post' gives 37-wide vectors .* d_in=32"):
+        diffing.what_changed(model_a, model_b, TEXTS, dataclasses.replace(config, hook_name="blocks.1.mlp.hook_post"),
+                             params)
+    with pytest.raises(AnalysisError, match="is not a hook of this model"):
+        diffing.what_changed(model_a, model_b, TEXTS, dataclasses.replace(config, hook_name="blocks.9.hook_x"), params)
+    with pytest.raises(AnalysisError, match="the same two models, swapped: pass A"):
+        diffing.what_changed(model_b, model_a, TEXTS, config, params, source=source)
+    named = dataclasses.replace(config, model_names=tuple(source["models"]))
+    with pytest.raises(AnalysisError, match=r"these models are .* \(swapped: pass A first\)"):
+        diffing.what_changed(model_b, model_a, TEXTS, named, params)
+    assert diffing.checked_site(model_a, model_b, named, source=source) == SITE
+
+
+def _sheet_report(names, examples_per_latent):
+    """A DiffReport made by hand (2 layers × 4 heads, 4 latents with examples_per_latent examples each)."""
+    config = diffing.CrosscoderConfig(d_in=6, d_sae=4, architecture="l1")
+    x = np.random.default_rng(0).normal(size=(50, 2, 6)).astype(np.float32)
+    table = diffing.latent_table(config, diffing.init_params(config), x)
+    heads = {name: np.full((2, 4), 0.05) for name in ("W_Q", "W_K", "W_V", "W_O")}
+    examples = {i: [diffing.Example(0, 1, "tok", "a b c [tok] d e f g", 1.0, (0.5, 0.5))] * examples_per_latent
+                for i in range(4)}
+    return diffing.DiffReport(names, diffing.WeightChange({}, heads), np.array([1.0, 0.9, 0.8]), table, examples,
+                              SITE)
+
+
+def test_a_fine_tune_is_named_apart_from_its_base_and_the_sheet_ends_at_its_last_line(mlm_pair, tmp_path):
+    """A tester's findings: a fine-tune made in the session keeps its base's `source`, so the sheet named one
+    path twice; and the sheet's text panel was sized at 0.16 in a line for 8 pt lines of 0.133 in (1.2 × 8 pt),
+    leaving a blank band under the examples (a third of a 3324 px sheet). Now two models named alike are told
+    apart by their weights' digests (or by names=), and the sheet ends within bbox_inches='tight''s 0.1 in pad
+    and 0.1 in of rounding (0.2 in = 40 px at 200 dpi) of its last line of text."""
+    from matplotlib.image import imread
+
+    from minibert.analysis.corpus.result import weights_digest
+    from minibert.viz import figures
+
+    model_a, model_b, _, _ = mlm_pair
+    tuned = type(model_b).from_parameters(model_b.config, model_b.named_parameters(), model_b.tokenizer,
+                                          source=model_a.source)  # what finetune returns: the base's source
+    names = diffing.pair_names(model_a, tuned)
+    assert names == (f"{model_a.source} (A, weights {weights_digest(model_a)[:8]})",
+                     f"{model_a.source} (B, weights {weights_digest(tuned)[:8]})") and names[0] != names[1]
+    assert diffing.pair_names(model_a, model_b) == (str(model_a.source), str(model_b.source))
+    assert diffing.pair_names(model_a, tuned, ("base", "fine-tuned")) == ("base", "fine-tuned")
+    for bad in (("base", "base"), ("base",), "base", ("base", "")):
+        with pytest.raises(AnalysisError, match="pass two different labels"):
+            diffing.pair_names(model_a, tuned, bad)
+    for lines in (1, 12):
+        path = tmp_path / f"sheet-{lines}.png"
+        figures.what_changed(_sheet_report(names, lines), path=path)
+        ink = np.flatnonzero((imread(path)[..., :3] < 0.95).any(axis=(1, 2)))
+        assert len(imread(path)) - 1 - ink.max() <= 40, lines

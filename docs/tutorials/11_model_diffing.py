@@ -33,7 +33,7 @@ import random
 import numpy as np
 
 import minibert
-from minibert import training
+from minibert import training, viz
 from minibert.analysis import diffing
 from minibert.app.tutorials import expect
 from minibert.core.config import head_label
@@ -155,7 +155,9 @@ expect(table.count()["shared"] > table.count()["A-only"] + table.count()["B-only
 # own vector contributes to the latent (A | B). We count how many of those tokens are aspect words.
 
 # %%
-report = diffing.what_changed(base, finetuned, texts, config, trainer.params, top=4, examples=5)
+# `finetuned` keeps the base's `source` (where it was loaded from), so we name the two ourselves.
+report = diffing.what_changed(base, finetuned, texts, config, trainer.params, top=4, examples=5,
+                              names=("base", "fine-tuned"))
 for latent, examples in report.examples.items():
     on_aspect = np.mean([e.token in ASPECTS for e in examples]) if examples else 0
     print(f"latent {latent}: ν_error {table.nu['error'][latent]:.2f}, {100 * on_aspect:.0f}% of its top tokens "
@@ -175,3 +177,16 @@ if not report.examples:
 
 # %%
 figures.what_changed(report)
+
+# %% [markdown]
+# ## Every latent, in both models
+#
+# The feature browser takes the crosscoder and the two models: for each latent, its top held-out contexts with
+# what the base's and the fine-tune's vectors each contribute at the peak, its relative decoder norm and its
+# latent-scaling label. `browser.save("crosscoder.html")` writes the page.
+
+# %%
+browser = viz.features.feature_browser((base, finetuned), config, trainer.params, texts, names=("base", "fine-tuned"))
+print("labels on the browsed tokens:", {label: sum(latent["label"] == label for latent in browser.data["latents"])
+                                         for label in diffing.LABELS})
+browser

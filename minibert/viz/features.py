@@ -13,6 +13,13 @@ set with textContent, never as markup.
 
 A transcoder's latents (analysis.transcoders: config a TranscoderConfig) are found the same way, on its MLP's
 input (the hook it reads); its decoder directions, which write the MLP's output, give the nearest tokens.
+
+A crosscoder's latents (analysis.diffing: config a CrosscoderConfig) read two models at once, so it is browsed
+over both: `feature_browser((base, tuned), config, params, texts)` runs each batch through A and B and encodes the
+paired vectors. Each top context then shows, beside the latent's activation, what each model's own vector
+contributes to its pre-activation at the peak (x_A · W_enc[A]_i | x_B · W_enc[B]_i, as diffing.top_examples
+does), and each latent its relative decoder norm, decoder cosine and latent-scaling class (diffing.latent_table
+on the browsed tokens); the nearest tokens are given in each model's embeddings.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis import transcoders
+from minibert.analysis import diffing, transcoders
 from minibert.analysis.sae.model import SAEConfig, encode
 from minibert.errors import VizError
 from minibert.viz._html import _safe_json, page, write_page
@@ -35,18 +42,26 @@ from minibert.viz._html import _safe_json, page, write_page
 HISTOGRAM_EDGES = np.linspace(-3.0, 2.0, 17)  # log10 of the activation: 16 bins from 0.001 to 100
 
 
+ENCODERS = {SAEConfig: encode, transcoders.TranscoderConfig: transcoders.encode,
+            diffing.CrosscoderConfig: diffing.encode}  # x [N, D], or [N, 2, D] for a crosscoder
+
+
 @functools.partial(jax.jit, static_argnames=("config", "top", "window"))
 def _chunk_summary(params, x, *, config, top, window):
-    """Latents of x [N, D] (a chunk's real tokens, text after text): the top values [S, top], their token
-    indices [S, top], the latent's activations on the window around each [S, top, 2·window + 1], and the
-    histogram counts [S, bins]."""
-    latents = (transcoders.encode if isinstance(config, transcoders.TranscoderConfig) else encode)(config, params, x)
+    """Latents of x [N, D] ([N, 2, D] paired, for a crosscoder: a chunk's real tokens, text after text): the top
+    values [S, top], their token indices [S, top], the latent's activations on the window around each
+    [S, top, 2·window + 1], the histogram counts [S, bins], and for a crosscoder each model's contribution to
+    the pre-activation at each top token [S, top, 2] (else None)."""
+    latents = ENCODERS[type(config)](config, params, x)
     values, index = jax.lax.top_k(latents.T, top)
     around = jnp.clip(index[..., None] + jnp.arange(-window, window + 1), 0, x.shape[0] - 1)
     windows = latents[around, jnp.arange(config.d_sae)[:, None, None]]
     bins = jnp.digitize(jnp.log10(jnp.maximum(latents, 1e-30)), jnp.asarray(HISTOGRAM_EDGES[1:-1]))
     counts = jnp.stack([jnp.sum((bins == b) & (latents > 0), axis=0) for b in range(len(HISTOGRAM_EDGES) - 1)], -1)
-    return values, index, windows, counts
+    parts = None
+    if isinstance(config, diffing.CrosscoderConfig):
+        parts = jnp.take_along_axis(diffing.contributions(params, x).transpose(2, 0, 1), index[..., None], axis=1)
+    return values, index, windows, counts, parts
 
 
 def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
@@ -88,24 +103,43 @@ class FeatureBrowser:
 
 
 
-def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig, params, texts, *, pairs=None,
-                    hook_name: str | None = None, top: int = 5, window: int = 4, nearest: int = 5,
-                    max_length: int = 128, batch_size: int = 32, title: str | None = None) -> FeatureBrowser:
-    """Browse every latent of an SAE or a transcoder over `texts` (see the module docstring); window: tokens each
-    side of a peak. texts, pairs: as sae.text_rows reads them — one text (a str), a list, pairs, (text, pair)
-    tuples or a corpus file — so the browser can show the very rows the SAE was trained on. A transcoder reads
-    its MLP's input at its layer (transcoders.checked_site: one for another model or site is refused)."""
+def _crosscoder_pair(model) -> tuple:
+    if not isinstance(model, tuple | list) or len(model) != 2:
+        raise VizError(f"a crosscoder's latents read two models, but {type(model).__name__} was passed; pass the "
+                       f"pair it was trained on, A (the base) first: feature_browser((base, tuned), config, "
+                       f"params, texts).")
+    return tuple(model)
+
+
+def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | diffing.CrosscoderConfig, params,
+                    texts, *, pairs=None, hook_name: str | None = None, top: int = 5, window: int = 4,
+                    nearest: int = 5, max_length: int = 128, batch_size: int = 32, title: str | None = None,
+                    source: dict | None = None, names: tuple[str, str] | None = None) -> FeatureBrowser:
+    """Browse every latent of an SAE, a transcoder or a crosscoder over `texts` (see the module docstring);
+    window: tokens each side of a peak. texts, pairs: as sae.text_rows reads them — one text (a str), a list,
+    pairs, (text, pair) tuples or a corpus file — so the browser can show the very rows the SAE was trained on. A
+    transcoder reads its MLP's input at its layer (transcoders.checked_site: one for another model or site is
+    refused). A crosscoder takes model = (A, B), the pair it was trained on; source (its trainer's .source) and
+    names are what diffing.what_changed takes, and its site is checked as what_changed checks it."""
     from minibert.analysis.sae.source import hook_width, text_rows
 
-    if isinstance(config, transcoders.TranscoderConfig):
-        hook_name = hook_name or transcoders.checked_site(model, config)[0]
-        title = title or f"transcoder features (block {config.layer}'s MLP)"
+    crosscoder = isinstance(config, diffing.CrosscoderConfig)
+    if crosscoder:
+        models = _crosscoder_pair(model)
+        hook_name = diffing.checked_site(*models, config, hook_name, source)
+        names = diffing.pair_names(*models, names)
+        title = title or f"crosscoder features (A = {names[0]}, B = {names[1]})"
     else:
-        hook_name = hook_name or config.hook_name
-    title = title or "SAE features"
-    if hook_name is None or hook_width(model, hook_name) != config.d_in:
-        raise VizError(f"hook {hook_name!r} does not give {config.d_in}-wide vectors; pass the hook_name the SAE "
-                       f"was trained on.")
+        models = (model,)
+        if isinstance(config, transcoders.TranscoderConfig):
+            hook_name = hook_name or transcoders.checked_site(model, config)[0]
+            title = title or f"transcoder features (block {config.layer}'s MLP)"
+        else:
+            hook_name = hook_name or config.hook_name
+        title = title or "SAE features"
+        if hook_name is None or hook_width(model, hook_name) != config.d_in:
+            raise VizError(f"hook {hook_name!r} does not give {config.d_in}-wide vectors; pass the hook_name the "
+                           f"SAE was trained on.")
     for name, value, least in (("top", top, 1), ("window", window, 0), ("nearest", nearest, 0),
                                ("batch_size", batch_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -125,16 +159,20 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig, par
     S, span = config.d_sae, np.arange(-window, window + 1)
     best = {"value": np.zeros((S, 0), np.float32), "acts": np.zeros((S, 0, len(span)), np.float32),
             "ids": np.zeros((S, 0, len(span)), np.int64)}  # ids −1: outside the peak's text
-    counts, tokens_seen = np.zeros((S, len(HISTOGRAM_EDGES) - 1), np.int64), 0
+    if crosscoder:
+        best["parts"] = np.zeros((S, 0, 2), np.float32)
+    counts, tokens_seen, paired = np.zeros((S, len(HISTOGRAM_EDGES) - 1), np.int64), 0, []
     for start in range(0, len(texts), batch_size):
-        batch = model.tokenize(texts[start:start + batch_size],
-                               None if pairs is None else pairs[start:start + batch_size], max_length=max_length)
-        _, cache = model.run_with_cache(batch, names=[hook_name])
+        batch = models[0].tokenize(texts[start:start + batch_size],
+                                   None if pairs is None else pairs[start:start + batch_size], max_length=max_length)
         real = np.asarray(batch.attention_mask) > 0
-        x = np.asarray(cache[hook_name], np.float32).reshape(*real.shape, -1)[real]
+        x = np.stack([np.asarray(each.run_with_cache(batch, names=[hook_name])[1][hook_name], np.float32)
+                      .reshape(*real.shape, -1)[real] for each in models], axis=1)  # [N, models, D]
+        x = x if crosscoder else x[:, 0]
+        paired += [x] if crosscoder else []
         ids, text_of = np.asarray(batch.input_ids)[real], np.nonzero(real)[0]
         tokens_seen += len(ids)
-        values, index, windows, chunk_counts = (np.asarray(a) for a in _chunk_summary(
+        values, index, windows, chunk_counts, parts = (None if a is None else np.asarray(a) for a in _chunk_summary(
             params, x, config=config, top=min(top, len(ids)), window=window))
         around = index[..., None] + span
         inside = (around >= 0) & (around < len(ids))
@@ -142,11 +180,14 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig, par
         counts += chunk_counts
         candidates = {"value": values, "acts": np.where(inside, windows, 0.0),
                       "ids": np.where(inside, ids[np.clip(around, 0, len(ids) - 1)], -1)}
+        if crosscoder:
+            candidates["parts"] = parts
         merged = {key: np.concatenate([best[key], candidates[key]], axis=1) for key in best}
         keep = np.argsort(-merged["value"], axis=1, kind="stable")[:, :top]
         best = {key: np.take_along_axis(value, keep.reshape(keep.shape + (1,) * (value.ndim - 2)), 1)
                 for key, value in merged.items()}
-    neighbours = _nearest_tokens(model, np.asarray(params["W_dec"]), nearest)
+    W_dec = np.asarray(params["W_dec"]).reshape(len(models), S, -1)  # [models, S, D]
+    neighbours = [_nearest_tokens(each, W_dec[m], nearest) for m, each in enumerate(models)]
     used: dict[int, int] = {}
 
     def token(i) -> int:
@@ -159,9 +200,31 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig, par
                     for value, ids, acts in zip(best["value"][j], best["ids"][j], best["acts"][j]) if value > 0]
         latents.append({"max": float(f"{peak:.6g}"), "fires": int(counts[j].sum()), "contexts": contexts,
                         "histogram": counts[j].tolist(),
-                        "nearest": [] if neighbours is None else [token(i) for i in neighbours[j]]})
-    return FeatureBrowser({"tokens": model.tokenizer.convert_ids_to_tokens(list(used)), "latents": latents,
-                           "tokens_seen": tokens_seen, "hook": hook_name, "edges": HISTOGRAM_EDGES.tolist()}, title)
+                        "nearest": [[] if found is None else [token(i) for i in found[j]] for found in neighbours]})
+    data = {"tokens": models[0].tokenizer.convert_ids_to_tokens(list(used)), "latents": latents,
+            "tokens_seen": tokens_seen, "hook": hook_name, "edges": HISTOGRAM_EDGES.tolist()}
+    if crosscoder:
+        _add_crosscoder_columns(data, diffing.latent_table(config, params, np.concatenate(paired)), best, names)
+    else:
+        for latent in latents:
+            latent["nearest"] = latent["nearest"][0]
+    return FeatureBrowser(data, title)
+
+
+def _number(value) -> float | None:
+    """A float for the page's JSON at 6 significant digits; None where it is not finite (a dead latent's ν)."""
+    return float(f"{value:.6g}") if np.isfinite(value) else None
+
+
+def _add_crosscoder_columns(data: dict, table, best: dict, names: tuple[str, str]) -> None:
+    """Per latent: its relative decoder norm, decoder cosine, latent-scaling label and ν (error, reconstruction),
+    and each top context's two models' contributions at the peak (A, B); the models' names."""
+    data["models"] = list(names)
+    for j, latent in enumerate(data["latents"]):
+        latent |= {"relative_norm": _number(table.relative_norm[j]), "cosine": _number(table.cosine[j]),
+                   "label": str(table.labels[j]), "nu": [_number(table.nu[v][j]) for v in ("error", "reconstruction")],
+                   "parts": [[_number(a), _number(b)] for (a, b), value in zip(best["parts"][j], best["value"][j])
+                             if value > 0]}
 
 
 _STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1100px;color:#1f2328}"
@@ -171,7 +234,8 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;max-width:1100px;co
           ".near span{border:1px solid #d0d7de;border-radius:4px;padding:1px 4px;margin-right:4px}"
           ".ticks{position:relative;height:16px;font-size:11px;color:#57606a}.tick{position:absolute;"
           "transform:translateX(-50%)}.axis{font-size:12px;color:#57606a;margin-top:2px}"
-          "#fb-overview td,#fb-overview th{padding:2px 8px;text-align:left;font-size:13px}")
+          "#fb-overview td,#fb-overview th{padding:2px 8px;text-align:left;font-size:13px}"
+          ".parts{color:#57606a}")
 
 OVERVIEW_ROWS = 20  # latents the overview table lists, most frequent first
 BAR_WIDTH = 15  # px: a histogram bar's 14 px and its 1 px margin (.bar), so tick i sits at i × 15 px
@@ -187,8 +251,11 @@ _SCRIPT = r"""
     if (cls) e.className = cls; return e; };
   const view = document.getElementById("fb-view"), pick = document.getElementById("fb-pick");
   const order = document.getElementById("fb-order");
-  document.getElementById("fb-meta").textContent =
-    data.latents.length + " latents at " + data.hook + ", over " + data.tokens_seen + " tokens";
+  const pair = data.models !== undefined, num = (v) => v === null ? "–" : v.toFixed(2);
+  const signed = (v) => v === null ? "–" : (v >= 0 ? "+" : "") + v.toFixed(2);
+  document.getElementById("fb-meta").textContent = data.latents.length + " latents at " + data.hook + ", over " +
+    data.tokens_seen + " tokens" + (pair ? "; a crosscoder between A = " + data.models[0] + " and B = " +
+    data.models[1] : "");
   pick.max = data.latents.length - 1;
   const ranked = data.latents.map((l, i) => i).sort((a, b) => data.latents[b].fires - data.latents[a].fires);
   const heading = el("option", "most frequent first"); heading.value = "";  // no number: the pick is left alone
@@ -197,8 +264,8 @@ _SCRIPT = r"""
     o.value = i; order.appendChild(o); }
   order.onchange = () => { if (order.value !== "") { pick.value = order.value; show(); } };
   const overview = document.getElementById("fb-overview"), head = el("tr");
-  for (const name of ["latent", "fires on", "share of tokens", "max activation", "top token"])
-    head.appendChild(el("th", name));
+  for (const name of ["latent", "fires on", "share of tokens", "max activation", "top token"].concat(
+      pair ? ["relative norm", "latent scaling"] : [])) head.appendChild(el("th", name));
   overview.appendChild(head);
   for (const i of ranked.slice(0, OVERVIEW_ROWS)) { const l = data.latents[i], row = el("tr"), open = el("button",
       "latent " + i);
@@ -207,18 +274,25 @@ _SCRIPT = r"""
     const topToken = peak ? data.tokens[peak[0][peak[1].indexOf(255)]] : "";
     row.appendChild(el("td")).appendChild(open);
     for (const cell of [String(l.fires), (100 * l.fires / Math.max(1, data.tokens_seen)).toFixed(2) + "%",
-                        String(l.max), topToken]) row.appendChild(el("td", cell));
+                        String(l.max), topToken].concat(pair ? [num(l.relative_norm), l.label] : []))
+      row.appendChild(el("td", cell));
     overview.appendChild(row); }
   function show() {
     const i = Math.max(0, Math.min(data.latents.length - 1, Number(pick.value) || 0)), l = data.latents[i];
     view.replaceChildren(el("h2", "latent " + i), el("p", "fires on " + l.fires + " of " + data.tokens_seen +
       " tokens; max activation " + l.max));
-    view.appendChild(el("h3", "top contexts"));
-    for (const [ids, acts] of l.contexts) { const line = el("div", undefined, "ctx");
+    if (pair) view.appendChild(el("p", "relative decoder norm ‖d_B‖ / (‖d_A‖ + ‖d_B‖) = " + num(l.relative_norm) +
+      ", decoder cosine " + num(l.cosine) + "; latent scaling: " + l.label + " (ν error " + num(l.nu[0]) +
+      ", ν reconstruction " + num(l.nu[1]) + ")"));
+    view.appendChild(el("h3", pair ? "top contexts, with what A's and B's vectors contribute at the peak" :
+      "top contexts"));
+    l.contexts.forEach(([ids, acts], c) => { const line = el("div", undefined, "ctx");
+      if (pair) line.appendChild(el("span", "A " + signed(l.parts[c][0]) + " | B " + signed(l.parts[c][1]) + "  ",
+        "parts"));
       ids.forEach((t, k) => { const s = el("span", data.tokens[t] + " ", "tok");
         s.style.background = "rgba(255,140,0," + (acts[k] / 255).toFixed(3) + ")";
         s.title = String(acts[k] / 255 * l.max);
-        line.appendChild(s); }); view.appendChild(line); }
+        line.appendChild(s); }); view.appendChild(line); });
     if (!l.contexts.length) view.appendChild(el("p", "never fires on these texts (dead here)"));
     const last = data.edges[data.edges.length - 1];
     view.appendChild(el("h3", "activations (log10 bins " + data.edges[0] + " to " + last + ")"));
@@ -233,10 +307,12 @@ _SCRIPT = r"""
       t.style.left = ((p - lo) / (last - lo) * bins * BAR_WIDTH) + "px"; ticks.appendChild(t); }
     view.appendChild(ticks);
     view.appendChild(el("p", "activation (log scale); the tallest bar is " + top + " tokens", "axis"));
-    if (l.nearest.length) { view.appendChild(el("h3", "nearest token embeddings to its decoder direction"));
+    (pair ? l.nearest : [l.nearest]).forEach((found, m) => { if (!found.length) return;
+      view.appendChild(el("h3", "nearest token embeddings to its decoder direction" +
+        (pair ? " in " + "AB"[m] + " (" + data.models[m] + ")" : "")));
       const near = el("div", undefined, "near");
-      for (const t of l.nearest) near.appendChild(el("span", data.tokens[t]));
-      view.appendChild(near); }
+      for (const t of found) near.appendChild(el("span", data.tokens[t]));
+      view.appendChild(near); });
   }
   pick.oninput = show; show();
 })();

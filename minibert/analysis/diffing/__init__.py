@@ -16,6 +16,7 @@
 from minibert.analysis.diffing.crosscoder import (
     ARCHITECTURES,
     CrosscoderConfig,
+    contributions,
     decode,
     decoder_norms,
     encode,
@@ -31,8 +32,8 @@ from minibert.analysis.diffing.diffs import (
     weight_change,
 )
 from minibert.analysis.diffing.latents import LABELS, LatentTable, latent_table, norm_labels
-from minibert.analysis.diffing.pairs import check_pair, paired_activations, paired_token_activations
-from minibert.analysis.diffing.report import DiffReport, Example, top_examples, what_changed
+from minibert.analysis.diffing.pairs import check_pair, pair_names, paired_activations, paired_token_activations
+from minibert.analysis.diffing.report import DiffReport, Example, checked_site, top_examples, what_changed
 from minibert.analysis.diffing.training import CrosscoderTrainer
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "WeightChange",
     "attention_change",
     "check_pair",
+    "checked_site",
+    "contributions",
     "decode",
     "decoder_norms",
     "difference_lens",
@@ -55,6 +58,7 @@ __all__ = [
     "latent_table",
     "norm_labels",
     "output_change",
+    "pair_names",
     "paired_activations",
     "paired_token_activations",
     "representation_similarity",

@@ -121,6 +121,12 @@ def encode(config: CrosscoderConfig, params, x):
     return jnp.where(_scores(params, relu_pre) > params["threshold"], relu_pre, 0.0)
 
 
+def contributions(params, x):
+    """[N, M, S] what each model's own vector adds to each latent's pre-activation, x_M · W_enc[M]_i, of paired
+    activations x [N, M, D]: a latent the fine-tune added is driven from B's side."""
+    return jnp.einsum("NMD,MDS->NMS", x, params["W_enc"])
+
+
 def decode(params, latents):
     """[N, M, D] each model's reconstruction from latents [N, S]."""
     return jnp.einsum("NS,MSD->NMD", latents, params["W_dec"]) + params["b_dec"]

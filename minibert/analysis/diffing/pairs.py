@@ -35,6 +35,22 @@ def model_name(model) -> str:
     return str(getattr(model, "source", None) or "an unnamed model")
 
 
+def pair_names(model_a, model_b, names: tuple[str, str] | None = None) -> tuple[str, str]:
+    """How a report names A and B: `names` (two different non-empty labels, e.g. ("base", "fine-tuned")), or
+    where each was loaded from. A fine-tune made in this session keeps its base's source, so two models named
+    alike are told apart by their weights' digests ("… (A, weights 1a2b…)")."""
+    if names is not None:
+        if isinstance(names, str) or len(names) != 2 or not all(isinstance(n, str) and n.strip() for n in names) \
+                or names[0] == names[1]:
+            raise AnalysisError(f"names={names!r}: pass two different labels, (A, B), e.g. ('base', 'fine-tuned').")
+        return tuple(names)
+    found = model_name(model_a), model_name(model_b)
+    if found[0] != found[1]:
+        return found
+    return tuple(f"{name} ({which}, weights {weights_digest(model)[:8]})"
+                 for name, which, model in zip(found, "AB", (model_a, model_b), strict=True))
+
+
 def check_pair(model_a, model_b, hook_name: str | None = None) -> int:
     """Two distinct models sharing a tokenizer and, at `hook_name`, a width; the width, or an AnalysisError naming
     what differs."""

@@ -13,6 +13,9 @@ from minibert.viz._check import VizError
 from minibert.viz.figures._base import NotebookFigure, _legend, _one_based_ticks, figure_path, save
 
 LABEL_COLOURS = {"shared": "0.6", "A-only": "#e66101", "B-only": "#2166ac"}  # dead latents have no decoder to show
+TEXT_POINTS = 8
+LINE_INCHES = TEXT_POINTS * 1.2 / 72  # one monospace line: matplotlib's line spacing is 1.2 × the font size
+TITLE_INCHES = 0.35  # the examples panel's 9 pt title and the gap under it
 
 
 def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
@@ -33,7 +36,7 @@ def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
                      f"fires on {100 * table.frequency[latent]:.1f}% of tokens")
         lines += [f"    {e.activation:6.2f}  (A {e.contributions[0]:+.2f} | B {e.contributions[1]:+.2f})  {e.context}"
                   for e in examples]
-    text_height = 0.6 + 0.16 * max(len(lines), 1)  # inches: one monospace line at 8 pt
+    text_height = TITLE_INCHES + LINE_INCHES * max(len(lines), 1)  # the examples' own height: no blank below
     fig = NotebookFigure(figsize=(13, 4.5 + text_height), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=(4.5, text_height))
     ax_heads, ax_cka, ax_norms = top.subplots(1, 3)
@@ -65,7 +68,7 @@ def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     ax_text.set_title(f"top fine-tune-only latents (B = {names[1]}; A = {names[0]}): strongest tokens, and each "
                       f"model's contribution to the pre-activation (A | B)", fontsize=9, loc="left", parse_math=False)
     ax_text.text(0, 1, "\n".join(lines) or "no latent was labelled fine-tune-only.", va="top", family="monospace",
-                 fontsize=8, parse_math=False, transform=ax_text.transAxes)
+                 fontsize=TEXT_POINTS, parse_math=False, transform=ax_text.transAxes)
     if path is not None:
         save(fig, path, overwrite=overwrite)
     return fig
