@@ -431,8 +431,6 @@ def test_only_the_runtime_compiles_a_model_and_the_exceptions_are_stated():
 LONG_MODULES = {
     "minibert.core.encoder": "the forward read top to bottom next to its equations, every hook site inline "
                              "(one sitting, as nanoGPT's model.py): splitting it would scatter one computation",
-    "minibert.runtime.model": "the Model's forwards, stages and their hooks around one compiled program each; "
-                              "compile management is to leave it for model.programs (issue 42, step 5)",
 }
 MAX_LINES = 600
 
@@ -492,10 +490,10 @@ def test_a_user_patch_setter_runs_through_the_public_sweep_engine():
         first = out.last_hidden_state[:, 0]
         return first @ direction / jnp.linalg.norm(first, axis=-1)
 
-    before = model.traces
+    before = model.programs.traces
     grid = attention_knockout(model, batch, metric)
-    assert model.traces - before == 2
-    assert np.array_equal(attention_knockout(model, batch, metric), grid) and model.traces - before == 2
+    assert model.programs.traces - before == 2
+    assert np.array_equal(attention_knockout(model, batch, metric), grid) and model.programs.traces - before == 2
     L, T = TINY["num_hidden_layers"], batch["input_ids"].shape[1]
     expected = np.zeros((L, T))
     for layer in range(L):
