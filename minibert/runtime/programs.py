@@ -10,7 +10,6 @@ import collections
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import jax
 
@@ -19,9 +18,6 @@ from minibert.core.contract import StaticFn
 from minibert.core.hooks import HookContext, HookFn, layer_of
 from minibert.errors import InputError, is_whole
 from minibert.runtime import buckets
-
-if TYPE_CHECKING:
-    from minibert.runtime.model import Model
 
 MAX_PROGRAMS = 32  # programs a Model keeps resident (a few MB each for a small model, tens for a large one)
 
@@ -97,7 +93,8 @@ class Programs:
     `padded_length`, and `attention_backend`, the kernel a batch so padded runs). `model.jit(fn)` makes its programs.
     """
 
-    def __init__(self, model: Model):
+    def __init__(self, model):
+        """`model`: the runtime.model.Model whose programs these are (not imported here: the Model imports this)."""
         self._model = model
         self._traces = 0  # programs traced (compiled) so far, by Model.jit's programs and forward_fn's functions
         self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
