@@ -74,6 +74,25 @@ def test_a_removed_name_is_gone_and_listed(module, name):
     assert re.search(rf"\b{name}\b", _removed_table()), f"CHANGELOG.md's removed table does not list {name}"
 
 
+# A Model's compile management, moved behind model.programs with no alias left (CHANGELOG.md, the rings layout)
+MOVED_TO_PROGRAMS = {"traces": "traces", "max_programs": "limit", "compiled_programs": "count",
+                     "clear_compiled": "clear", "bucket_rule": "bucket_rule", "length_buckets": "length_buckets",
+                     "padded_length": "padded_length", "attention_backend": "attention_backend"}
+
+
+def test_compile_management_is_on_model_programs_only_and_listed():
+    """Each moved member is gone from the Model, present on model.programs, and in CHANGELOG.md's old → new row."""
+    model = minibert.Model(Config(**TINY))
+    text = (ROOT / "CHANGELOG.md").read_text()
+    rings = text[text.index("## Unreleased: the rings layout"):text.index("## 0.4.0")]
+    for old, new in MOVED_TO_PROGRAMS.items():
+        assert not hasattr(model, old), f"Model.{old} is still there: it moved to model.programs.{new}"
+        assert hasattr(model.programs, new)
+        assert re.search(rf"\| `model\.{old}\b[^|]*\| `model\.programs\.{new}\b", rings), old
+    with pytest.raises(AttributeError):  # the count is read, never written: a trace is what adds one
+        model.programs.traces += 1
+
+
 def test_the_old_hook_names_are_unknown_and_listed():
     from minibert.core.hooks import HookError, resolve_names
     from minibert.core.sites import all_hook_names
