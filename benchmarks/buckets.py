@@ -37,7 +37,7 @@ from minibert.runtime.accounting import flops_per_token  # noqa: E402
 from minibert.runtime.buckets import bucket_length, length_buckets  # noqa: E402
 
 RULES = {  # name → (smallest, per_octave) of buckets.length_buckets
-    "buckets.COARSE (Model.length_buckets): 16, then 2 per octave": (16, 2),
+    "buckets.COARSE (model.programs.length_buckets): 16, then 2 per octave": (16, 2),
     "8 per octave": (1, 8),
     "buckets.FINE: 16 per octave": (1, 16),
 }

@@ -87,7 +87,7 @@ def core(settings: Settings) -> tuple[str, dict]:
     batch = random_ids(B, T)
     tokens, shape = B * T, f"{B}×{T}"
     _, first = timed(lambda: block(model.run(batch)[0]))
-    traces = model.traces
+    traces = model.programs.traces
     eager = hf_model(bundled_dir(), "eager")
     torch_batch = {k: torch.tensor(v.astype(np.int64)) for k, v in batch.items()}
     with torch.inference_mode():

@@ -5,8 +5,8 @@
     python benchmarks/gpu.py --smoke [--quick]                  # tiny sizes on any machine (a test runs this)
 
 --quick (random bert-base, bf16): inference at 64×512 with nothing captured (the fused path: which attention kernel
-model.attention_backend names, and whether the compiled program holds a cuDNN custom call) and with every pattern
-captured, next to transformers' sdpa in bf16; one training step at 32×512 (finetune's, bf16 compute, fp32 master
+model.programs.attention_backend names, and whether the compiled program holds a cuDNN custom call) and with every
+pattern captured, next to transformers' sdpa in bf16; one training step at 32×512 (finetune's, bf16 compute, fp32 master
 weights) with dropout 0 and with finetune's default 0.1, each next to PyTorch AMP at the same rate; MFU against the
 card's dense bf16 peak; the top 10 ops of the minibert step's profile. Each row is printed as it is measured, and
 what would not fit the time budget is skipped with a row saying so.
@@ -262,7 +262,7 @@ def quick_inference(directory: Path, sizes: dict, device: str, peak, budget: Bud
     batch = harness.random_ids(B, T, vocab=model.config.vocab_size)
     inputs = model.inputs(batch)
     flops = accounting.flops_per_token(model.config, T)
-    yield {"section": "inference", "case": "attention kernel", "note": str(model.attention_backend(batch))}
+    yield {"section": "inference", "case": "attention kernel", "note": str(model.programs.attention_backend(batch))}
     for case, names in (("minibert bf16, nothing captured (fused)", ()), ("minibert bf16, every pattern captured",
                                                                           PATTERNS)):
         if not budget.fits(30):
@@ -317,7 +317,7 @@ def quick_training(directory: Path, sizes: dict, device: str, peak, budget: Budg
             yield quick_row("training", f"minibert bf16 step, dropout {dropout}", B, T,
                             timed_case(run, sizes["repeats"][1]), flops, peak, compile_s=compile_s,
                             cudnn=has_cudnn_call(compiled.as_text()),
-                            attention=model.attention_backend(rows).name if not dropout else "—")
+                            attention=model.programs.attention_backend(rows).name if not dropout else "—")
             if not dropout and budget.fits(compile_guess + 20):
                 yield from profile_top(run, compiled.as_text(), device)
             del compiled, run

@@ -261,7 +261,7 @@ def minibert_cases(work: dict, d) -> tuple[dict, dict, dict]:
     from minibert.runtime.buckets import FINE
 
     model, fine = minibert.load(), minibert.load()
-    fine.bucket_rule = FINE
+    fine.programs.bucket_rule = FINE
     d = jnp.asarray(d)
 
     def metric(out):
@@ -277,7 +277,7 @@ def minibert_cases(work: dict, d) -> tuple[dict, dict, dict]:
             cases[name] = patterns
             outputs[name] = lambda f=patterns: np.stack([np.asarray(v) for v in f().values()])
             patterns()  # the shape's first call: from its second on, it runs at its tight bucket
-            lengths[name] = which.padded_length(T, B)
+            lengths[name] = which.programs.padded_length(T, B)
         elif name.startswith("ablation"):
             cases[name] = outputs[name] = lambda batch=batch: interventions.ablation_sweep(model, batch, metric)
         elif name.startswith("patching"):

@@ -8,13 +8,13 @@ with transformers eager, each in a fresh process.
    eager does the same with output_attentions=True and a forward pre-hook zeroing the head's slice of the input
    to layer 3's attention output projection. minibert runs cold (a fresh process, an empty persistent compilation
    cache) and warm (a second process on that cache); transformers runs in a fresh process before each. Times are
-   wall seconds of the session after loading; programs: the model's traces (model.traces) and XLA compilations
+   wall seconds of the session after loading; programs: the model's traces (model.programs.traces) and XLA compilations
    (JAX's cache-miss events: with the cache on, every compilation is one); memory: resident set growth over the
    session (/proc/self/statm).
 2. The long session: 500 calls of random lengths (1-128 tokens) mixing plain calls, pattern captures and a head
    ablation in a random layer (HookFn, traced head); resident memory growth along the way, at the last call that
    traced a new program (the end of the warm-up) and since then, and the programs the model holds (at most
-   Model.max_programs).
+   model.programs.limit).
 3. Fine-tuning: all-MiniLM-L6-v2 with a new classifier, 3 epochs on 2,000 synthetic examples of lognormal
    lengths (median 25 tokens) — quick: 1 epoch on 400 — in a fresh process with an empty cache: the step programs
    (result.step_lengths) and the share of the wall time spent tracing, lowering and compiling (JAX's own duration
@@ -122,7 +122,8 @@ def notebook_minibert(texts: list[str], smoke: bool, dump: str) -> dict:
         first = first or (hidden, patterns, ablated)
     seconds = time.perf_counter() - start
     np.savez(dump, hidden=first[0], patterns=first[1], ablated=first[2])
-    return {"seconds": seconds, "programs": model.traces, "xla_compiles": events.misses, "cache_hits": events.hits,
+    return {"seconds": seconds, "programs": model.programs.traces, "xla_compiles": events.misses,
+            "cache_hits": events.hits,
             "growth_mb": rss_mb() - before}
 
 
@@ -163,19 +164,19 @@ def _zero_head(z, ctx, head):
     return jnp.where(jnp.arange(z.shape[2])[None, None, :, None] == head, 0.0, z)
 
 
-def long_session(calls: int, smoke: bool, max_programs: int | None = None) -> dict:
+def long_session(calls: int, smoke: bool, program_limit: int | None = None) -> dict:
     import jax.numpy as jnp
 
     import minibert
 
     model = load_minibert(smoke)
-    if max_programs is not None:  # fewer than the session needs: the least recently used are dropped and traced again
-        model.max_programs = max_programs
+    if program_limit is not None:  # fewer than the session needs: the least recently used are dropped and traced again
+        model.programs.limit = program_limit
     rng = np.random.default_rng(0)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     rss, start, warmed = {}, rss_mb(), (0, 0.0)
     for call in range(calls):
-        traces = model.traces
+        traces = model.programs.traces
         ids = {"input_ids": rng.integers(1996, 30000, size=(1, int(rng.integers(1, 129))))}
         kind = call % 3
         if kind == 0:
@@ -186,12 +187,12 @@ def long_session(calls: int, smoke: bool, max_programs: int | None = None) -> di
             hook = minibert.HookFn(_zero_head, head=jnp.int32(rng.integers(heads)))
             np.asarray(model.run_with_hooks(ids, {f"blocks.{rng.integers(layers)}.attn.hook_z": hook})
                        .last_hidden_state)
-        if model.traces > traces:  # the last call that traced a program ends the warm-up
+        if model.programs.traces > traces:  # the last call that traced a program ends the warm-up
             warmed = (call + 1, rss_mb() - start)
         if call + 1 in (calls // 5, calls // 2, calls):
             rss[call + 1] = rss_mb() - start
-    return {"rss_growth_mb": rss, "programs": model.traces, "resident": model.compiled_programs,
-            "max_programs": model.max_programs, "warm_after_calls": warmed[0], "rss_growth_at_warm_mb": warmed[1]}
+    return {"rss_growth_mb": rss, "programs": model.programs.traces, "resident": model.programs.count,
+            "program_limit": model.programs.limit, "warm_after_calls": warmed[0], "rss_growth_at_warm_mb": warmed[1]}
 
 
 def finetune(examples: int, epochs: int, smoke: bool) -> dict:
@@ -221,7 +222,7 @@ def worker(args) -> None:
     elif args.worker == "transformers":
         report = notebook_transformers(texts, args.smoke, args.dump)
     elif args.worker == "long":
-        report = long_session(args.calls, args.smoke, args.max_programs)
+        report = long_session(args.calls, args.smoke, args.program_limit)
     else:
         report = finetune(args.examples, args.epochs, args.smoke)
     print(json.dumps(report))
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", choices=("minibert", "transformers", "long", "finetune"), help=argparse.SUPPRESS)
     parser.add_argument("--sentences", type=int, default=20, help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=500, help=argparse.SUPPRESS)
-    parser.add_argument("--max-programs", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--program-limit", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--examples", type=int, default=2000, help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=int, default=3, help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
@@ -316,7 +317,7 @@ def report(numbers: dict, args) -> str:
           *[f"{long['rss_growth_mb'][c]:.0f} MB" for c in calls],
           f"call {long['warm_after_calls']} ({long['rss_growth_at_warm_mb']:.0f} MB)",
           f"{long['rss_growth_mb'][calls[-1]] - long['rss_growth_at_warm_mb']:+.0f} MB", str(long["programs"]),
-          f"{long['resident']} ({long['max_programs']})"]]), ""]
+          f"{long['resident']} ({long['program_limit']})"]]), ""]
     lines += [harness.markdown_table(
         ["fine-tuning", "wall", "tracing + lowering + compiling", "share", "step programs (row lengths)",
          "median tokens"],
@@ -339,7 +340,7 @@ def check(numbers: dict) -> None:
                                                             "transformers_warm")})
     assert max(numbers["largest_gap"].values()) < 1e-3, numbers["largest_gap"]  # fp32 parity, far below a bug's size
     assert numbers["warm"]["xla_compiles"] == 0 < numbers["cold"]["xla_compiles"], (numbers["cold"], numbers["warm"])
-    assert numbers["long"]["resident"] <= numbers["long"]["max_programs"]
+    assert numbers["long"]["resident"] <= numbers["long"]["program_limit"]
     assert numbers["finetune"]["step_programs"] == len(numbers["finetune"]["step_lengths"]) > 0
 
 

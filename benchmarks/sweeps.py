@@ -200,10 +200,10 @@ def main(argv=None) -> int:
     for name, fn in (("ablation", lambda: interventions.ablation_sweep(model, clean, metric)),
                      ("patching", lambda: interventions.patch_activations(model, clean, corrupted, metric)),
                      ("attribution", lambda: interventions.attribution_patching(model, clean, corrupted, metric))):
-        traces = model.traces
+        traces = model.programs.traces
         start = time.perf_counter()
         fn()
-        first[name] = (time.perf_counter() - start, model.traces - traces)
+        first[name] = (time.perf_counter() - start, model.programs.traces - traces)
     rss_after = rss_gib()
 
     hf = hf_model(bundled_dir(), "eager")

@@ -174,19 +174,19 @@ def test_ablation_sweep_compiles_once_for_every_layer_and_chunks_agree(bundled, 
     batch = bundled_pair[0]
     metric = pooled_metric(bundled, bundled_pair[1])
     whole = interventions.ablation_sweep(bundled, batch, metric)  # compiles the capture and the suffix
-    before = bundled.traces
+    before = bundled.programs.traces
     assert np.array_equal(interventions.ablation_sweep(bundled, batch, metric), whole)
-    assert bundled.traces == before, "a repeated sweep recompiled"
+    assert bundled.programs.traces == before, "a repeated sweep recompiled"
 
     def other_metric(out):
         return metric(out) * 2
 
     doubled = interventions.ablation_sweep(bundled, batch, other_metric)
-    assert bundled.traces == before + 1, "one compiled program must serve all six layers"
+    assert bundled.programs.traces == before + 1, "one compiled program must serve all six layers"
     np.testing.assert_allclose(doubled, 2 * whole, atol=2 * metric_atol(bundled, batch))
     # 12 heads in chunks of 5 (5, 5, 2 padded to 5): one more compilation, for the chunk's shape.
     chunked = interventions.ablation_sweep(bundled, batch, metric, chunk=5)
-    assert bundled.traces == before + 2
+    assert bundled.programs.traces == before + 2
     np.testing.assert_allclose(chunked, whole, atol=metric_atol(bundled, batch))
 
 
@@ -215,27 +215,28 @@ def test_ablating_heads_runs_on_padded_rows_without_the_probe(tiny, monkeypatch)
     monkeypatch.setattr(minibert.runtime.buckets, "pads_safely", lambda *args: pytest.fail("the probe ran"))
     inputs = tiny.inputs({"input_ids": np.random.default_rng(3).integers(5, 99, size=(1, 6))})
     hooks = interventions.ablate_heads(interventions.head_mask(1, 2, 3, 4))
-    before, verdicts, programs = tiny.traces, dict(tiny._pads_safely), set(tiny._resident._programs)
+    before, verdicts = tiny.programs.traces, dict(tiny.programs._pads_safely)
+    programs = set(tiny.programs._resident._programs)
     padded = tiny.run_with_hooks(inputs, hooks).last_hidden_state
-    new = set(tiny._resident._programs) - programs  # the module's model has run other tests' programs
+    new = set(tiny.programs._resident._programs) - programs  # the module's model has run other tests' programs
     rows = {aval.shape for key in new for aval in key[-1] if aval.dtype == jnp.int32}
-    assert tiny._pads_safely == verdicts and tiny.traces == before + 1
-    assert rows == {(1, tiny.padded_length(6))} != {(1, 6)}
+    assert tiny.programs._pads_safely == verdicts and tiny.programs.traces == before + 1
+    assert rows == {(1, tiny.programs.padded_length(6))} != {(1, 6)}
     exact = jax.jit(tiny.forward_fn(hooks=hooks))(tiny.state, inputs)[0].last_hidden_state
     assert padded.shape == exact.shape == (1, 6, 32)
-    assert_close_to_scale(padded, exact, forward_rtol(tiny.config, S=tiny.padded_length(6)), "ablated")
+    assert_close_to_scale(padded, exact, forward_rtol(tiny.config, S=tiny.programs.padded_length(6)), "ablated")
 
 
 def test_a_loop_of_single_head_ablations_compiles_once(bundled):
     batch = bundled.tokenize(TEXTS)
     outputs = []
     bundled.run_with_hooks(batch, interventions.ablate_heads(interventions.head_mask(0, 0, 6, 12)))
-    before = bundled.traces
+    before = bundled.programs.traces
     for layer in range(6):
         for head in range(12):
             hooks = interventions.ablate_heads(interventions.head_mask(layer, head, 6, 12))
             outputs.append(np.asarray(bundled.run_with_hooks(batch, hooks).pooler_output))
-    assert bundled.traces == before, "the head sweep recompiled"
+    assert bundled.programs.traces == before, "the head sweep recompiled"
     assert len({o.tobytes() for o in outputs}) == 72  # every head made a different change
 
 
@@ -300,10 +301,10 @@ def test_patching_per_head_matches_a_loop_and_both_patchings_agree_on_shapes(tin
 def test_patch_activations_grid_bundled(bundled, bundled_pair):
     clean, corrupted = bundled_pair
     metric = pooled_metric(bundled, clean)
-    before = bundled.traces
+    before = bundled.programs.traces
     grid = interventions.patch_activations(bundled, clean, corrupted, metric)
     assert grid.shape == (6, 9)
-    assert bundled.traces - before <= 3  # the clean and corrupted captures and the one suffix program
+    assert bundled.programs.traces - before <= 3  # the clean and corrupted captures and the one suffix program
     atol = metric_atol(bundled, clean)
     np.testing.assert_allclose(grid, patching_loop(bundled, clean, corrupted, metric, "hook_resid_pre"), atol=atol)
     # At block 0 the stream is the embeddings: patching the differing word (position 2 in both rows) turns the

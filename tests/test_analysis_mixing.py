@@ -359,11 +359,11 @@ def test_attention_attribution_compiles_one_program_for_every_layer(tiny):
     batch = tiny_batch()
     mixing.attention_attribution(tiny, batch, readout(tiny), steps=2)  # compiles the capture of patterns and streams
     target_fn = readout(tiny)  # a new function, so its gradient program is traced afresh
-    before = tiny.traces
+    before = tiny.programs.traces
     mixing.attention_attribution(tiny, batch, target_fn, steps=2)
-    assert tiny.traces == before + 1, "one compiled program must serve every layer"
+    assert tiny.programs.traces == before + 1, "one compiled program must serve every layer"
     mixing.attention_attribution(tiny, batch, target_fn, steps=2)
-    assert tiny.traces == before + 1, "a repeated attribution recompiled"
+    assert tiny.programs.traces == before + 1, "a repeated attribution recompiled"
 
 
 FEATURE = 0  # read by target_from_global: changing it must give a new program, not the old answer

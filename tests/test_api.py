@@ -93,10 +93,10 @@ def test_sentence_embeddings_default_to_the_checkpoints_setting(bundled, tiny):
 
 
 def test_unknown_pooling_mode_fails_before_running(tiny):
-    traces = tiny.traces
+    traces = tiny.programs.traces
     with pytest.raises(InputError, match="pooling mode 'first' is not one of 'cls', 'max', 'mean'"):
         tiny.sentence_embeddings({"input_ids": IDS[:, :3]}, mode="first")  # a new shape: a run would trace
-    assert tiny.traces == traces
+    assert tiny.programs.traces == traces
 
 
 # ---- the boundary: prepared inputs, positions, stages, compiled programs ------------------------------------
@@ -175,12 +175,12 @@ def test_one_traced_suffix_program_serves_every_layer(tiny):
     out, cache = tiny.run_with_cache(batch, names="blocks.*.hook_resid_pre")
     inputs, resid = tiny.inputs(batch), cache.stack("hook_resid_pre")
     program = tiny.jit(lambda model, state, layer, resid, inputs: model.suffix(state, layer, resid, inputs))
-    before = tiny.traces
+    before = tiny.programs.traces
     for layer in range(2):
         got = program(tiny.state, jnp.int32(layer), resid[layer], inputs).last_hidden_state
         assert_close_to_scale(got, out.last_hidden_state, forward_rtol(tiny.config, S=IDS.shape[1]), f"layer {layer}",
                               MASK.astype(bool))
-    assert tiny.traces == before + 1
+    assert tiny.programs.traces == before + 1
 
 
 def test_a_forward_fn_traced_inside_a_model_jit_counts_once(tiny):
@@ -189,13 +189,13 @@ def test_a_forward_fn_traced_inside_a_model_jit_counts_once(tiny):
     def mean_resid(model, state, inputs):
         return forward(state, inputs)[1]["blocks.0.hook_resid_post"].mean()
 
-    before = tiny.traces
+    before = tiny.programs.traces
     inputs = tiny.inputs({"input_ids": IDS[:, :5]})
     tiny.jit(mean_resid)(tiny.state, inputs)
     tiny.jit(mean_resid)(tiny.state, inputs)  # the same program, kept on the model
-    assert tiny.traces == before + 1
+    assert tiny.programs.traces == before + 1
     jax.jit(forward)(tiny.state, inputs)  # traced alone, it counts itself
-    assert tiny.traces == before + 2
+    assert tiny.programs.traces == before + 2
 
 
 def test_named_parameters_rebuild_the_same_model(tiny):

@@ -74,6 +74,25 @@ def test_a_removed_name_is_gone_and_listed(module, name):
     assert re.search(rf"\b{name}\b", _removed_table()), f"CHANGELOG.md's removed table does not list {name}"
 
 
+# A Model's compile management, moved behind model.programs with no alias left (CHANGELOG.md, the rings layout)
+MOVED_TO_PROGRAMS = {"traces": "traces", "max_programs": "limit", "compiled_programs": "count",
+                     "clear_compiled": "clear", "bucket_rule": "bucket_rule", "length_buckets": "length_buckets",
+                     "padded_length": "padded_length", "attention_backend": "attention_backend"}
+
+
+def test_compile_management_is_on_model_programs_only_and_listed():
+    """Each moved member is gone from the Model, present on model.programs, and in CHANGELOG.md's old → new row."""
+    model = minibert.Model(Config(**TINY))
+    text = (ROOT / "CHANGELOG.md").read_text()
+    rings = text[text.index("## Unreleased: the rings layout"):text.index("## 0.4.0")]
+    for old, new in MOVED_TO_PROGRAMS.items():
+        assert not hasattr(model, old), f"Model.{old} is still there: it moved to model.programs.{new}"
+        assert hasattr(model.programs, new)
+        assert re.search(rf"\| `model\.{old}\b[^|]*\| `model\.programs\.{new}\b", rings), old
+    with pytest.raises(AttributeError):  # the count is read, never written: a trace is what adds one
+        model.programs.traces += 1
+
+
 def test_the_old_hook_names_are_unknown_and_listed():
     from minibert.core.hooks import HookError, resolve_names
     from minibert.core.sites import all_hook_names
@@ -431,8 +450,6 @@ def test_only_the_runtime_compiles_a_model_and_the_exceptions_are_stated():
 LONG_MODULES = {
     "minibert.core.encoder": "the forward read top to bottom next to its equations, every hook site inline "
                              "(one sitting, as nanoGPT's model.py): splitting it would scatter one computation",
-    "minibert.runtime.model": "the Model's forwards, stages and their hooks around one compiled program each; "
-                              "compile management is to leave it for model.programs (issue 42, step 5)",
 }
 MAX_LINES = 600
 
@@ -492,10 +509,10 @@ def test_a_user_patch_setter_runs_through_the_public_sweep_engine():
         first = out.last_hidden_state[:, 0]
         return first @ direction / jnp.linalg.norm(first, axis=-1)
 
-    before = model.traces
+    before = model.programs.traces
     grid = attention_knockout(model, batch, metric)
-    assert model.traces - before == 2
-    assert np.array_equal(attention_knockout(model, batch, metric), grid) and model.traces - before == 2
+    assert model.programs.traces - before == 2
+    assert np.array_equal(attention_knockout(model, batch, metric), grid) and model.programs.traces - before == 2
     L, T = TINY["num_hidden_layers"], batch["input_ids"].shape[1]
     expected = np.zeros((L, T))
     for layer in range(L):

@@ -293,7 +293,7 @@ def test_attention_dropout_on_cuda_is_cudnns_fused_dropout(cudnn_lowerable):
 
 
 def test_model_attention_backend_names_the_kernel_for_this_batch(tmp_path):
-    """model.attention_backend(batch): on this CPU the unwatched kernel; asked for CUDA, a bf16 model's
+    """model.programs.attention_backend(batch): on this CPU the unwatched kernel; asked for CUDA, a bf16 model's
     right-padded batch gets cuDNN, the same model in float32 XLA, and a left-padded batch XLA, naming its rows."""
     import minibert
     from tests.conftest import make_hf_model
@@ -303,19 +303,19 @@ def test_model_attention_backend_names_the_kernel_for_this_batch(tmp_path):
     right = {"input_ids": np.full((2, 6), 7), "token_type_ids": np.zeros((2, 6), int),
              "attention_mask": np.array([[1] * 6, [1, 1, 1, 0, 0, 0]])}
     left = right | {"attention_mask": np.array([[1] * 6, [0, 0, 0, 1, 1, 1]])}
-    assert bf16.attention_backend(right).name == "unwatched"  # this machine is a CPU
-    assert bf16.attention_backend(right, platform="cuda").name == "cudnn"
-    assert minibert.load(tmp_path).attention_backend(right, platform="cuda").name == "xla"
-    backend = bf16.attention_backend(left, platform="cuda")
+    assert bf16.programs.attention_backend(right).name == "unwatched"  # this machine is a CPU
+    assert bf16.programs.attention_backend(right, platform="cuda").name == "cudnn"
+    assert minibert.load(tmp_path).programs.attention_backend(right, platform="cuda").name == "xla"
+    backend = bf16.programs.attention_backend(left, platform="cuda")
     assert backend.name == "xla" and "rows [1]" in backend.reason
-    assert bf16.attention_backend(right, platform="CUDA").name == "cudnn"  # a platform's name in any case
+    assert bf16.programs.attention_backend(right, platform="CUDA").name == "cudnn"  # a platform's name in any case
     from minibert.errors import InputError
 
     with pytest.raises(InputError, match="'gpu' is JAX's name for NVIDIA and AMD GPUs alike.*pass 'cuda'"):
-        bf16.attention_backend(right, platform="gpu")
+        bf16.programs.attention_backend(right, platform="gpu")
     for bogus in ("bogus", 5, ""):  # issue 40: answered as a platform without cuDNN
         with pytest.raises(InputError, match="pass one of 'cpu', 'cuda', 'rocm', 'tpu', or None"):
-            bf16.attention_backend(right, platform=bogus)
+            bf16.programs.attention_backend(right, platform=bogus)
 
 
 def test_the_kernel_this_machine_picks_matches_float32_explicit():

@@ -34,7 +34,7 @@ SMOKED = {  # script → a line its report must hold
     "run": "### Hook machinery with nothing active",
     "scale_out": "| workers (1 core each) |",
     "session": "| notebook session, cold (fresh process, empty cache) |",
-    "survey": "| workload | programs traced (model.traces) |",
+    "survey": "| workload | programs traced (model.programs.traces) |",
     "views": "| neuron | 128 |",
     "walks": "| `run_with_cache(batch, every pattern)` | 9 |",
 }

@@ -112,9 +112,9 @@ def test_each_head_part_is_its_removal_along_the_frozen_skip_path(request, famil
     share: only the skip path carries the removal. With a metric linear in h_F the drop is DA exactly."""
     model, batch = request.getfixturevalue(family)
     metric = linear_readout(model)
-    before = model.traces
+    before = model.programs.traces
     result = direct_attribution(model, batch, metric)
-    assert model.traces - before <= 1  # one program (none new where an earlier test compiled it)
+    assert model.programs.traces - before <= 1  # one program (none new where an earlier test compiled it)
     norms = scale_names(model) + ([] if model.config.family.norm == "post" else ["ln_final.hook_scale"])
     sites = ["blocks.*.hook_attn_out", "blocks.*.hook_mlp_out", "blocks.*.attn.hook_result"]
     out, cache = model.run_with_cache(batch, norms + sites)

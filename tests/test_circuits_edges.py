@@ -191,10 +191,10 @@ def test_a_single_patched_edge_is_its_receivers_change(classifier):
 @pytest.mark.slow
 def test_faithfulness_of_full_and_empty_graphs(classifier, tmp_path):
     model = classifier
-    before = model.traces
+    before = model.programs.traces
     graph = edge_attribution(model, CLEAN, CORRUPTED, logit_difference)
     result = circuit_faithfulness(model, CLEAN, CORRUPTED, logit_difference, graph.sweep([0, 5, graph.edges.sum()]))
-    assert model.traces - before <= 2  # one program each (none new if an earlier test compiled them)
+    assert model.programs.traces - before <= 2  # one program each (none new if an earlier test compiled them)
     assert result.values[-1] == 1.0  # the full graph is the clean run: no edge patched, nothing added
     clean, corrupt = aligned(model)
     plain = float(np.asarray(logit_difference(model(clean))).mean())

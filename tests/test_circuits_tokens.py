@@ -128,10 +128,10 @@ def test_word_scores_sum_their_pieces(classifier):
 @pytest.mark.slow
 def test_one_program_per_method(classifier):
     model, _ = classifier
-    before = model.traces
+    before = model.programs.traces
     token_attribution(model, ["a b", "c"], logit_one, steps=7, baseline="zero")
     token_attribution(model, ["a b", "c"], logit_one, method="occlusion")
-    assert model.traces - before == 2
+    assert model.programs.traces - before == 2
 
 
 def test_bad_arguments_are_named(classifier):

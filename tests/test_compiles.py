@@ -1,7 +1,7 @@
-"""How many programs a Model compiles (its trace counter, Model.traces) for given call sequences, as
+"""How many programs a Model compiles (its trace counter, model.programs.traces) for given call sequences, as
 docs/compiled.md's policy says: a fresh but identical lambda reuses its program, hooks that do not read the row
 length share the length buckets with plain calls, one warning when a hook's code keeps compiling, the resident
-programs stay under Model.max_programs; and hooks that return something other than an array are refused."""
+programs stay under model.programs.limit; and hooks that return something other than an array are refused."""
 
 from __future__ import annotations
 
@@ -54,14 +54,14 @@ def test_fresh_identical_lambdas_share_one_program(model):
     """40 lambdas written anew (as in a loop or a re-run notebook cell) compile once; a lambda reading another
     value, or a bound method of another object, compiles its own program and gives its own result."""
     inputs = batch(7)
-    before = model.traces
+    before = model.programs.traces
     runs = [model.run_with_hooks(inputs, {Z: lambda z, ctx: z * 0.5}).last_hidden_state for _ in range(40)]
-    assert model.traces == before + 1
+    assert model.programs.traces == before + 1
     first = runs[0]
     np.testing.assert_array_equal(runs[-1], first)
     factor = 0.25
     other = model.run_with_hooks(inputs, {Z: lambda z, ctx: z * factor}).last_hidden_state
-    assert model.traces == before + 2 and not np.array_equal(other, first)
+    assert model.programs.traces == before + 2 and not np.array_equal(other, first)
     halves = model.run_with_hooks(inputs, {Z: Scaler(0.5).hook}).last_hidden_state
     quarters = model.run_with_hooks(inputs, {Z: Scaler(0.25).hook}).last_hidden_state
     np.testing.assert_array_equal(halves, first)  # the same computation as the first lambda, its own program
@@ -87,23 +87,24 @@ def test_hooks_that_do_not_read_the_length_share_the_length_buckets(model):
     the whole forward: tolerances.forward_rtol, at the padded length). A hook that reads the row length (a mean
     over positions) fails the probe and compiles one program per length, with the exact-length values."""
     lengths = (5, 17, 30, 33, 40, 60)  # 5 rows: buckets 32, 32, 32, 64, 64, 64 (buckets.INTERACTIVE: 32, 64, …)
-    before = model.traces
+    before = model.programs.traces
     padded = [model.run_with_hooks(batch(n, rows=5), {Z: _zero_head_1}).last_hidden_state for n in lengths]
-    assert model.traces - before == len({model.padded_length(n, 5) for n in lengths}) == 2
+    assert model.programs.traces - before == len({model.programs.padded_length(n, 5) for n in lengths}) == 2
     for n, got in zip(lengths, padded):
         exact = exact_forward(model, batch(n, rows=5), {Z: _zero_head_1})
         assert got.shape == exact.shape == (5, n, 32)
-        assert_close_to_scale(got, exact, forward_rtol(model.config, S=model.padded_length(n, 5)), f"length {n}")
-    before = model.traces  # 2 rows (at most buckets.FEW_ROWS): every length runs at 64, one more program
+        rtol = forward_rtol(model.config, S=model.programs.padded_length(n, 5))
+        assert_close_to_scale(got, exact, rtol, f"length {n}")
+    before = model.programs.traces  # 2 rows (at most buckets.FEW_ROWS): every length runs at 64, one more program
     for n in lengths:
         model.run_with_hooks(batch(n), {Z: _zero_head_1})
-    assert model.traces - before == len({model.padded_length(n, 2) for n in lengths}) == 1
+    assert model.programs.traces - before == len({model.programs.padded_length(n, 2) for n in lengths}) == 1
     exact = [exact_forward(model, batch(n), {Z: _mean_over_positions}) for n in lengths[:3]]
-    before = model.traces
+    before = model.programs.traces
     for n, want in zip(lengths[:3], exact):
         got = model.run_with_hooks(batch(n), {Z: _mean_over_positions}).last_hidden_state
         assert_close_to_scale(got, want, forward_rtol(model.config, S=n), f"mean over positions, length {n}")
-    assert model.traces - before == 3
+    assert model.programs.traces - before == 3
 
 
 def exact_forward(model, batch, hooks):
@@ -119,27 +120,27 @@ def exact_forward(model, batch, hooks):
 def test_the_probe_pads_exactly_the_hooks_whose_positions_do_not_read_the_length(model, hook, padded):
     """buckets.pads_safely: a hook at hook_z runs padded (one program for lengths 17 and 20, both in bucket 32)
     exactly when its first positions do not depend on how many follow."""
-    before = model.traces
+    before = model.programs.traces
     for n in (17, 20):
         model.run_with_hooks(batch(n), {Z: hook})
-    assert model.traces - before == (1 if padded else 2)
+    assert model.programs.traces - before == (1 if padded else 2)
 
 
 def test_swapping_the_head_a_hook_zeroes_reuses_the_program(model):
     """The head as a traced argument (HookFn): twelve ablations at lengths of one bucket, one program."""
-    before = model.traces
+    before = model.programs.traces
     for head, n in zip(range(4), (17, 18, 20, 24)):
         model.run_with_hooks(batch(n), {Z: minibert.HookFn(_zero_head, head=jnp.int32(head))})
-    assert model.traces - before == 1
+    assert model.programs.traces - before == 1
 
 
 def test_hooks_at_sites_without_positions_are_bucketed(model):
     """The pooler's [B, D] has no T axis: a hook there cannot see the row length, so it needs no mark."""
     model = Model(BertConfig(**TINY, architecture="BertForPreTraining"), seed=1)
-    before = model.traces
+    before = model.programs.traces
     for n in (33, 34):  # one bucket, 64
         model.run_with_hooks(batch(n), {"pooler.hook_pooler_out": lambda pooled, ctx: pooled * 2})
-    assert model.traces - before == 1
+    assert model.programs.traces - before == 1
 
 
 def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
@@ -196,15 +197,15 @@ def test_a_hook_at_every_layer_with_a_traced_layer_moves_without_compiling(model
     layer it acts in a HookFn array. Both layers and two heads run one program, and each run equals the hook placed
     at that layer alone (another program: two fp32 programs, tolerances.forward_rtol)."""
     inputs = batch(9)
-    before = model.traces
+    before = model.programs.traces
     moved = {(layer, head): model.run_with_hooks(inputs, {"blocks.*.attn.hook_z": minibert.HookFn(
         _zero_head_in_layer, head=jnp.int32(head), layer=jnp.int32(layer))}).last_hidden_state
         for layer in range(2) for head in (1, 3)}
-    assert model.traces - before == 1
+    assert model.programs.traces - before == 1
     for (layer, head), got in moved.items():
         placed = model.run_with_hooks(inputs, {f"blocks.{layer}.attn.hook_z": minibert.HookFn(
             _zero_head, head=jnp.int32(head))}).last_hidden_state
-        assert_close_to_scale(got, placed, forward_rtol(model.config, S=model.padded_length(9, 2)),
+        assert_close_to_scale(got, placed, forward_rtol(model.config, S=model.programs.padded_length(9, 2)),
                               f"layer {layer}, head {head}")
 
 
@@ -231,21 +232,22 @@ def test_fine_buckets_pad_no_length_by_more_than_a_sixteenth():
 def test_interactive_buckets_are_few_and_pad_by_at_most_twice():
     """buckets.INTERACTIVE, Model.run's default: 32, 64, 128, 256, 512 — one program per doubling, so texts of 1 to
     128 tokens touch 3; past 32 tokens a row pads to under twice its length; a batch of at most buckets.FEW_ROWS
-    rows starts at 64 (Model.padded_length), so a single text of 1 to 128 tokens touches 2. buckets.COARSE (16, 24,
-    32, 48, …), two per doubling, pads by under half its length, touching 6 lengths for texts of 1 to 96 tokens."""
+    rows starts at 64 (model.programs.padded_length), so a single text of 1 to 128 tokens touches 2. buckets.COARSE
+    (16, 24, 32, 48, …), two per doubling, pads by under half its length, touching 6 lengths for texts of 1 to 96
+    tokens."""
     model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
-    assert model.length_buckets == length_buckets(512, *INTERACTIVE) == (32, 64, 128, 256, 512)
-    assert len({bucket_length(T, model.length_buckets) for T in range(1, 129)}) == 3
-    assert all(bucket_length(T, model.length_buckets) < T * 2 for T in range(33, 513))
+    assert model.programs.length_buckets == length_buckets(512, *INTERACTIVE) == (32, 64, 128, 256, 512)
+    assert len({bucket_length(T, model.programs.length_buckets) for T in range(1, 129)}) == 3
+    assert all(bucket_length(T, model.programs.length_buckets) < T * 2 for T in range(33, 513))
     # A batch of at most FEW_ROWS rows starts at 64 (run pads it there): texts of 1 to 128 tokens touch 2 lengths.
-    assert [model.padded_length(T, rows) for T in (1, 32, 33, 64, 65) for rows in (1, 4, 5)] == [
+    assert [model.programs.padded_length(T, rows) for T in (1, 32, 33, 64, 65) for rows in (1, 4, 5)] == [
         64, 64, 32, 64, 64, 32, 64, 64, 64, 64, 64, 64, 128, 128, 128]
-    assert len({model.padded_length(T, 1) for T in range(1, 129)}) == 2
-    model.bucket_rule = COARSE  # another rule is run as it says, whatever the rows
-    assert model.padded_length(1, 1) == 16 and model.padded_length(17, 1) == 24
+    assert len({model.programs.padded_length(T, 1) for T in range(1, 129)}) == 2
+    model.programs.bucket_rule = COARSE  # another rule is run as it says, whatever the rows
+    assert model.programs.padded_length(1, 1) == 16 and model.programs.padded_length(17, 1) == 24
     tiny = Model(BertConfig(**TINY | {"max_position_embeddings": 40}))  # fewer positions than 64: its last bucket
-    assert [tiny.padded_length(T, 1) for T in (1, 33, 40)] == [40, 40, 40]
-    assert model.padded_length(np.int64(17), np.int64(1)) == 24
+    assert [tiny.programs.padded_length(T, 1) for T in (1, 33, 40)] == [40, 40, 40]
+    assert model.programs.padded_length(np.int64(17), np.int64(1)) == 24
 
 
 @pytest.mark.parametrize("length, rows, which", [
@@ -257,7 +259,7 @@ def test_padded_length_refuses_what_is_not_a_batch_shape(length, rows, which):
     a TypeError: each is one InputError naming the argument and the range it takes."""
     model = Model(BertConfig(**TINY | {"max_position_embeddings": 512}))
     with pytest.raises(minibert.InputError, match=f"padded_length: {which}=.*pass a whole number"):
-        model.padded_length(length, rows)
+        model.programs.padded_length(length, rows)
     coarse = length_buckets(512, *COARSE)
     assert coarse[:8] == (16, 24, 32, 48, 64, 96, 128, 192)
     assert len({bucket_length(T, coarse) for T in range(1, 97)}) == 6
@@ -284,11 +286,11 @@ def test_grad_is_one_program_per_length_and_loss(model):
     """Model.grad (loss, shifts and their gradient) is one compiled program per exact length, loss function and
     hooks: a length again reuses it, a new loss or length adds one."""
     loss = lambda out: out.last_hidden_state.sum()  # noqa: E731
-    before = (model.traces, model.compiled_programs)
+    before = (model.programs.traces, model.programs.count)
     for n in (5, 6, 6, 7):
         model.grad(batch(n), loss, Z)
     model.grad(batch(7), lambda out: out.pooler_output.sum(), Z)
-    assert (model.traces - before[0], model.compiled_programs - before[1]) == (3 + 1, 3 + 1)
+    assert (model.programs.traces - before[0], model.programs.count - before[1]) == (3 + 1, 3 + 1)
 
 
 def test_minibert_own_hooks_never_warn(model, monkeypatch):
@@ -310,10 +312,10 @@ def test_a_long_session_of_random_lengths_compiles_the_policys_count_and_no_more
     sites) = 4 programs,
     all resident under the cap of 32: every program is traced once, and calls past the warm-up trace none."""
     rng = np.random.default_rng(0)
-    before, calls_after_warmup = model.traces, 0
+    before, calls_after_warmup = model.programs.traces, 0
     for call in range(60):
         ids = {"input_ids": rng.integers(5, 99, size=(1, int(rng.integers(1, 65))))}
-        traces = model.traces
+        traces = model.programs.traces
         if call % 3 == 0:
             model(ids)
         elif call % 3 == 1:
@@ -321,8 +323,8 @@ def test_a_long_session_of_random_lengths_compiles_the_policys_count_and_no_more
         else:
             hook = minibert.HookFn(_zero_head, head=jnp.int32(rng.integers(4)))
             model.run_with_hooks(ids, {f"blocks.{rng.integers(2)}.attn.hook_z": hook})
-        calls_after_warmup = 0 if model.traces > traces else calls_after_warmup + 1
-    assert model.traces - before == model.compiled_programs == 1 * (1 + 1 + 2)
+        calls_after_warmup = 0 if model.programs.traces > traces else calls_after_warmup + 1
+    assert model.programs.traces - before == model.programs.count == 1 * (1 + 1 + 2)
     assert calls_after_warmup > 0
 
 
@@ -346,7 +348,7 @@ def test_a_scanned_run_returns_each_captured_site_as_one_stacked_buffer(model):
     for layer in range(2):
         assert_close_to_scale(cache[f"blocks.{layer}.attn.hook_pattern"],
                               stacked["blocks.0,1.attn.hook_pattern"][layer],
-                              forward_rtol(model.config, S=model.padded_length(7, 2)), f"layer {layer}")
+                              forward_rtol(model.config, S=model.programs.padded_length(7, 2)), f"layer {layer}")
 
 
 def test_unstacked_splits_each_buffer_into_its_layers_values():
@@ -364,36 +366,36 @@ def test_unstacked_splits_each_buffer_into_its_layers_values():
     assert hooks.stacked_name("blocks.*.attn.hook_z", (0, 2, 5)) == "blocks.0,2,5.attn.hook_z"
 
 
-# ---- resident programs: at most Model.max_programs, least recently used out --------------------------------------
+# ---- resident programs: at most model.programs.limit, least recently used out --------------------------------------
 
-def test_the_resident_programs_stay_under_max_programs(model):
+def test_the_resident_programs_stay_under_the_program_limit(model):
     """Five buckets' programs through a model that keeps three: never more than three resident; the two least
     recently used went, so running their lengths again compiles again, while the most recent runs as it is."""
-    model.max_programs = 3
-    model.bucket_rule = COARSE  # five lengths, five buckets
+    model.programs.limit = 3
+    model.programs.bucket_rule = COARSE  # five lengths, five buckets
     lengths = (10, 20, 30, 40, 60)  # buckets 16, 24, 32, 48, 64
     for n in lengths:
         model(batch(n))
-        assert model.compiled_programs <= 3
-    assert model.compiled_programs == 3
-    before = model.traces
+        assert model.programs.count <= 3
+    assert model.programs.count == 3
+    before = model.programs.traces
     model(batch(60))  # the most recent: resident
-    assert model.traces == before
+    assert model.programs.traces == before
     model(batch(10))  # the oldest: dropped, compiled again (and now the most recent)
-    assert model.traces == before + 1 and model.compiled_programs == 3
+    assert model.programs.traces == before + 1 and model.programs.count == 3
     model(batch(40))  # used before 60 and 10, so still resident
-    assert model.traces == before + 1
+    assert model.programs.traces == before + 1
 
 
-def test_clear_compiled_drops_every_program(model):
+def test_programs_clear_drops_every_program(model):
     model(batch(10))
     model.run_with_cache(batch(10), names="blocks.*.attn.hook_pattern")
-    assert model.compiled_programs == 2
-    model.clear_compiled()
-    assert model.compiled_programs == 0
-    before = model.traces
+    assert model.programs.count == 2
+    model.programs.clear()
+    assert model.programs.count == 0
+    before = model.programs.traces
     model(batch(10))
-    assert model.traces == before + 1 and model.compiled_programs == 1
+    assert model.programs.traces == before + 1 and model.programs.count == 1
 
 
 def _scaled(model, state, x, *, k):
@@ -420,7 +422,7 @@ def test_a_named_program_says_when_it_compiles_and_not_when_it_is_reused(model, 
     assert said == [1, 0, 1, 1, 0]
     monkeypatch.setenv(programs.QUIET, "1")
     program(model.state, np.ones(5), k=2.0)
-    assert compile_lines(capsys, "the scaling") == [] and model.traces  # it compiled, silently
+    assert compile_lines(capsys, "the scaling") == [] and model.programs.traces  # it compiled, silently
     monkeypatch.setenv(programs.QUIET, "0")
     model.jit(lambda model, state, x: x + 1)(model.state, np.ones(6))
     assert capsys.readouterr().err == ""  # an unnamed program (the forward's) never speaks
@@ -437,13 +439,13 @@ def test_an_analysis_says_it_compiles_on_its_first_call_only(model, capsys, monk
     assert len(compile_lines(capsys, "direct attribution")) == 1
 
 
-def test_max_programs_must_be_a_positive_count(model):
-    with pytest.raises(minibert.InputError, match="max_programs=0: pass a whole number"):
-        model.max_programs = 0
-    with pytest.raises(minibert.InputError, match="max_programs=True: pass a whole number"):
-        model.max_programs = True
-    model.max_programs = np.int64(3)  # a NumPy whole number is a whole number
-    assert model.max_programs == 3 and type(model.max_programs) is int
+def test_the_program_limit_must_be_a_positive_count(model):
+    with pytest.raises(minibert.InputError, match="programs.limit=0: pass a whole number"):
+        model.programs.limit = 0
+    with pytest.raises(minibert.InputError, match="programs.limit=True: pass a whole number"):
+        model.programs.limit = True
+    model.programs.limit = np.int64(3)  # a NumPy whole number is a whole number
+    assert model.programs.limit == 3 and type(model.programs.limit) is int
 
 
 @pytest.mark.parametrize("rule", [(0, 1), (-1, 1), (32, 0), (16, 2.5), "fine", None, (8, 100), (1, 2, 3), (True, 1)])
@@ -451,11 +453,11 @@ def test_a_bucket_rule_that_cannot_be_is_refused_when_set(model, rule):
     """A tester's (0, 1) made length_buckets loop for ever at the next call; (32, 0) divided by zero, (8, 100)
     made 377 buckets: each is refused at once, naming the rules to choose from, and the model keeps its rule."""
     with pytest.raises(minibert.InputError, match=r"bucket_rule=.*pass \(smallest, per_octave\).*INTERACTIVE"):
-        model.bucket_rule = rule
-    assert model.bucket_rule == INTERACTIVE
-    model.bucket_rule = [np.int64(16), 2]  # a list of NumPy whole numbers is a rule
-    assert model.bucket_rule == COARSE
-    assert model.length_buckets == length_buckets(TINY["max_position_embeddings"], *COARSE)
+        model.programs.bucket_rule = rule
+    assert model.programs.bucket_rule == INTERACTIVE
+    model.programs.bucket_rule = [np.int64(16), 2]  # a list of NumPy whole numbers is a rule
+    assert model.programs.bucket_rule == COARSE
+    assert model.programs.length_buckets == length_buckets(TINY["max_position_embeddings"], *COARSE)
 
 
 # ---- the persistent compilation cache (minibert.runtime.cache) ------------------------------------------------------
@@ -472,7 +474,7 @@ for n in (4, 20, 40):  # batches of 5 rows: more than buckets.FEW_ROWS, so lengt
     model(ids)
     model.run_with_cache(ids, names="blocks.*.attn.hook_pattern")
     model.run_with_hooks(ids, {{"blocks.1.attn.hook_z": lambda z, ctx: z.at[:, :, 2].set(0.0)}})
-print(json.dumps({{"dir": jax.config.jax_compilation_cache_dir, "traces": model.traces,
+print(json.dumps({{"dir": jax.config.jax_compilation_cache_dir, "traces": model.programs.traces,
                   "hits": events["/jax/compilation_cache/cache_hits"],
                   "misses": events["/jax/compilation_cache/cache_misses"]}}))
 """

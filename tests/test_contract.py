@@ -86,4 +86,4 @@ def test_a_hook_over_an_array_changed_in_place_runs_its_new_value():
     changed = model.run_with_hooks(batch, {Z: hook}).last_hidden_state
     fresh = model.run_with_hooks(batch, {Z: closing_over(np.array([[1], [0], [1], [1]], np.float32))})
     assert np.array_equal(np.asarray(changed), np.asarray(fresh.last_hidden_state))  # the same program, same inputs
-    assert model.compiled_programs == 2  # the program for all ones, then one for the new value (shared by fresh)
+    assert model.programs.count == 2  # the program for all ones, then one for the new value (shared by fresh)

@@ -164,10 +164,10 @@ def test_segment_ids_zeros_matches_brute_force(bundled):
 def test_second_survey_compiles_nothing_and_streams(bundled, texts_result, monkeypatch):
     """The compiled step is cached per model, and a generator streamed in small chunks (documents
     waiting across chunks) gives the same numbers as the list."""
-    traces = bundled.traces
+    traces = bundled.programs.traces
     monkeypatch.setattr(corpus.reading, "CHUNK", 7)
     again = corpus.survey(bundled, (text for text in TEXTS), **SETTINGS)
-    assert bundled.traces == traces
+    assert bundled.programs.traces == traces
     assert again.documents == len(TEXTS)
     # Other chunks pack other rows: the same program, documents at other offsets (sums in other orders).
     assert_same_statistics(again.mean, texts_result.mean, survey_statistic_tolerances(bundled, TEXTS, row_length=64))

@@ -35,9 +35,9 @@ def test_resume_gives_identical_totals(bundled, tmp_path, monkeypatch):
     with pytest.raises(Crash):
         corpus.survey(bundled, crashing(TEXTS, 13), resume=tmp_path / "resumed.ckpt", **settings)
     resumed = corpus.survey(bundled, TEXTS, resume=tmp_path / "resumed.ckpt", **settings)
-    traces = bundled.traces
+    traces = bundled.programs.traces
     again = corpus.survey(bundled, TEXTS, resume=tmp_path / "resumed.ckpt", **settings)
-    assert bundled.traces == traces and again.counts == resumed.counts
+    assert bundled.programs.traces == traces and again.counts == resumed.counts
     for result in (resumed, again):
         assert result.documents == whole.documents == len(TEXTS) and result.counts == whole.counts
         for name in STATISTICS:

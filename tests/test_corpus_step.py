@@ -32,10 +32,10 @@ def test_one_step_adds_each_documents_statistics_as_if_run_alone(tiny_mlm):
     # Row 0 packs the three documents, row 1 holds the first one alone, row 2 is empty (a batch's padding rows).
     arrays = packing.packed_rows(model, ROW, [documents, documents[:1]], 3, "real")
     step = survey_step(model, js=False, sep_normalization="clark")
-    traces = model.traces
+    traces = model.programs.traces
     first = step(model.state, zeros(model, js=False), arrays)
     again = step(model.state, first, arrays)
-    assert model.traces == traces + 1  # one program for the shape, reused with the totals carried in
+    assert model.programs.traces == traces + 1  # one program for the shape, reused with the totals carried in
     for name, value in first.items():  # the same sums added to themselves: doubling is exact in floating point
         np.testing.assert_array_equal(again[name], 2 * np.asarray(value), err_msg=name)
     assert float(first["documents"]) == 4

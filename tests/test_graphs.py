@@ -56,9 +56,9 @@ def bert(tmp_path_factory):
     transcoders = random_transcoders(model)
     targets = [graphs.mlm_target(model, batch, token=7, minus=9),
                graphs.direction_target(np.random.default_rng(3).normal(size=model.config.hidden_size))]
-    before = model.traces
+    before = model.programs.traces
     graph = graphs.attribute(model, batch, transcoders, targets)
-    assert model.traces - before == 2  # the run, and every row of the graph: two compiled programs
+    assert model.programs.traces - before == 2  # the run, and every row of the graph: two compiled programs
     return model, batch, transcoders, targets, graph
 
 
@@ -216,9 +216,9 @@ def test_the_direction_target_has_no_remainder_and_the_mlm_one_does(bert):
 def test_new_tokens_reuse_the_programs(bert):
     """Two programs per graph, compiled once: another target token or direction compiles nothing."""
     model, batch, transcoders, targets, _ = bert
-    before = model.traces
+    before = model.programs.traces
     graphs.attribute(model, batch, transcoders, [graphs.mlm_target(model, batch, token=12, minus=13), targets[1]])
-    assert model.traces == before
+    assert model.programs.traces == before
 
 
 # ---- pruning and scores against a graph computed by hand ----------------------------------------------------

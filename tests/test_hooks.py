@@ -340,9 +340,9 @@ def test_hook_reading_a_global_sees_its_new_value(bundled, reference):
         _, cache = bundled.run(batch, names=[name], hooks={name: _zero_global_head})
         z[HEAD] = np.asarray(cache[name])
         if HEAD == 5 and len(z) == 2:
-            traces = bundled.traces
+            traces = bundled.programs.traces
     assert np.all(z[5][:, :, 5] == 0) and np.all(z[5][:, :, 4] != 0), "the hook kept HEAD = 4"
-    assert bundled.traces == traces, "an unchanged hook (same function, same HEAD) compiled again"
+    assert bundled.programs.traces == traces, "an unchanged hook (same function, same HEAD) compiled again"
 
 
 def test_hook_closing_over_a_rebound_array_sees_the_new_array(bundled, reference):
@@ -365,12 +365,12 @@ def test_lengths_share_bucketed_programs_and_values(bundled):
     texts = [" ".join(words[:n]) for n in range(30, 42)]  # 12 lengths: 32 … 43 tokens, one row each: all run at 64
     batches = [bundled.tokenize([t]) for t in texts]
     lengths = {b.input_ids.shape[1] for b in batches}
-    buckets = {bundled.padded_length(n, rows=1) for n in lengths}
+    buckets = {bundled.programs.padded_length(n, rows=1) for n in lengths}
     bundled(batches[0])  # warm: the plain program of the first bucket
-    before = bundled.traces
+    before = bundled.programs.traces
     for batch in batches:
         bundled.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
-    assert len(lengths) == 12 and bundled.traces - before == len(buckets) == 1
+    assert len(lengths) == 12 and bundled.programs.traces - before == len(buckets) == 1
     # The padded run against an unpadded one (a writer hook keeps runs unpadded): equal up to fp32 rounding.
     batch = batches[-1]
     padded, cache = bundled.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
@@ -378,7 +378,7 @@ def test_lengths_share_bucketed_programs_and_values(bundled):
     plain, plain_cache = bundled.run(batch, names="blocks.*.attn.hook_pattern", hooks=identity)
     T = batch.input_ids.shape[1]
     assert padded.last_hidden_state.shape == (1, T, 384) and cache["pattern", 0].shape == (1, 12, T, T)
-    rtol = forward_rtol(bundled.config, S=bundled.padded_length(T, rows=1))
+    rtol = forward_rtol(bundled.config, S=bundled.programs.padded_length(T, rows=1))
     assert_close_to_scale(padded.last_hidden_state, plain.last_hidden_state, rtol, "last hidden state")
     assert_close_to_scale(cache.stack("hook_pattern"), plain_cache.stack("hook_pattern"), rtol, "patterns")
 

@@ -265,7 +265,7 @@ module = nnx.merge(model.graphdef, model.state)
 table = state["embed"]["position"]
 W_O = model.params["blocks"][0]["attn"]["W_O"]
 gamma = model.block_params(0)["ln1"]["scale"]
-model.traces += 1
+model.programs.traces += 1
 out = model._forward_jit(model.state, inputs)
 points = hooks.HookPoints(names, writers, 12, 64)
 """
@@ -276,7 +276,7 @@ points = hooks.HookPoints(names, writers, 12, 64)
                      "HookPoints(...) by hand"):
         assert any(expected in f for f in found), (expected, found)
     public = ("out = model.suffix(model.state, layer, resid, inputs, hooks)\nW = model.layer_weights('attn.W_O')\n"
-              "before = model.traces\nrows = model.position_ids(ids)\npoints = model.hook_points(hooks)\n")
+              "before = model.programs.traces\nrows = model.position_ids(ids)\npoints = model.hook_points(hooks)\n")
     assert boundary_violations(public) == []
 
 

@@ -1,7 +1,7 @@
 """The tiered length policy (buckets.run_length): a batch of at least buckets.TIGHT_ROWS rows whose shape recurs
 runs at its tight bucket (buckets.TIGHT: at most 1/8 above its length) from the shape's second call, the first call
-served by the rule's program. Counted, never timed: the programs each call sequence compiles (Model.traces) equal
-the policy's count worked out by hand, and every policy gives the exact-length forward's values."""
+served by the rule's program. Counted, never timed: the programs each call sequence compiles (model.programs.traces)
+equal the policy's count worked out by hand, and every policy gives the exact-length forward's values."""
 
 from __future__ import annotations
 
@@ -38,14 +38,14 @@ def test_a_recurring_batch_gets_its_tight_program_at_its_second_call(model):
     """8 rows of 37 tokens: the first call runs at INTERACTIVE's 64 (one program), the second at the tight 40
     (32, 36, 40, …: one more program, 40 / 37 = 1.08×), the third and later reuse it."""
     assert RECURS_AT == 2
-    assert [model.padded_length(37, 8, calls=c) for c in (1, 2, 3)] == [64, 40, 40]
+    assert [model.programs.padded_length(37, 8, calls=c) for c in (1, 2, 3)] == [64, 40, 40]
     traces = []
     for _ in range(4):
-        before = model.traces
+        before = model.programs.traces
         model(batch(37))
-        traces.append(model.traces - before)
+        traces.append(model.programs.traces - before)
     assert traces == [1, 1, 0, 0]
-    assert model.padded_length(37, 8) == 40  # the next call's length, counting this model's calls
+    assert model.programs.padded_length(37, 8) == 40  # the next call's length, counting this model's calls
 
 
 def test_mixed_lengths_compile_the_policys_count(model):
@@ -54,10 +54,10 @@ def test_mixed_lengths_compile_the_policys_count(model):
     lengths = (33, 37, 50, 37, 50, 60, 37)
     padded = []
     for n in lengths:
-        padded.append(model.padded_length(n, 8))
+        padded.append(model.programs.padded_length(n, 8))
         model(batch(n))
     assert padded == [64, 64, 64, 40, 52, 64, 40]
-    assert model.traces == model.compiled_programs == 3
+    assert model.programs.traces == model.programs.count == 3
 
 
 def test_a_few_rows_keep_the_notebook_policy(model):
@@ -67,8 +67,8 @@ def test_a_few_rows_keep_the_notebook_policy(model):
         model(batch(n, rows=1))
     for _ in range(3):
         model(batch(37, rows=7))
-    assert model.traces == 2  # [1, 64] and [7, 64]
-    assert run_length(37, 7, model.bucket_rule, 128, calls=5) == 64
+    assert model.programs.traces == 2  # [1, 64] and [7, 64]
+    assert run_length(37, 7, model.programs.bucket_rule, 128, calls=5) == 64
 
 
 def test_results_are_the_exact_lengths_under_every_policy(model):
@@ -78,8 +78,8 @@ def test_results_are_the_exact_lengths_under_every_policy(model):
     data = batch(37)
     exact = jax.jit(model.forward_fn())(model.state, model.inputs(data))[0].last_hidden_state
     runs = [model(data).last_hidden_state, model(data).last_hidden_state]
-    model.bucket_rule = FINE
-    assert model.padded_length(37, 8, calls=1) == 38
+    model.programs.bucket_rule = FINE
+    assert model.programs.padded_length(37, 8, calls=1) == 38
     runs.append(model(data).last_hidden_state)
     for got, length in zip(runs, (64, 40, 38)):
         assert got.shape == exact.shape == (8, 37, 32)

@@ -255,7 +255,7 @@ def test_programs_counted_are_no_more_than_unrolled():
                 lambda value, ctx, head: value.at[:, :, head].set(0.0), head=jnp.int32(head))})
         model.grad(data, lambda out: out.logits.sum(axis=(1, 2)), "blocks.*.hook_resid_pre")
         model.run_with_cache(data, names="blocks.0.hook_resid_post", offload=True)
-        counts.append(model.traces)
+        counts.append(model.programs.traces)
     assert counts[0] == counts[1]
 
 

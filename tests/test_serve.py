@@ -281,13 +281,13 @@ def test_one_program_per_length_bucket(mlm, client):
     post(client, "run", first)
     for method in ("value_zeroing", "alti"):
         post(client, "mixing", {**first, "method": method})
-    traces = mlm.traces
+    traces = mlm.programs.traces
     for body in ({"text": "c d e f", "ablate": [[1, 3]]}, {"text": "e f", "ablate": [[0, 2], [1, 1]], "mode": "mean"},
                  {"text": "f g h"}):
         assert post(client, "run", body).status_code == 200
         for method in ("value_zeroing", "alti"):
             assert post(client, "mixing", {**body, "method": method}).status_code == 200
-    assert mlm.traces == traces
+    assert mlm.programs.traces == traces
 
 
 def test_warm_up_compiles_every_program_a_request_runs(tmp_path):
@@ -303,19 +303,19 @@ def test_warm_up_compiles_every_program_a_request_runs(tmp_path):
     serve.warm_up([workbench], step=said.append)
     assert said == [f"model 0: compiling for {rows}-token rows (texts of up to {rows} tokens)… ({n}/3)"
                     for n, rows in enumerate((64, 128, 256), 1)] + ["ready"]
-    assert model.traces == 3
+    assert model.programs.traces == 3
     for mode in ("zero", "mean"):
         for text in (f"a b {mode} d", "a " * 100):  # 102 tokens: the 128-token program
             body = {"text": text, "pair": "e", "ablate": [[1, 2]], "mode": mode}
             workbench.answer("run", body)
             workbench.answer("step", {**body, "layer": 1, "head": 0, "query": 2})
-    assert model.traces == 3
+    assert model.programs.traces == 3
     for method in ("value_zeroing", "alti"):
         workbench.answer("mixing", {"text": "a b c d", "method": method})
-    traces = model.traces
+    traces = model.programs.traces
     for method in ("value_zeroing", "alti"):
         workbench.answer("mixing", {"text": "a b e d", "pair": "c", "ablate": [[0, 1]], "method": method})
-    assert model.traces == traces
+    assert model.programs.traces == traces
 
 
 def test_runs_are_answered_while_a_mixing_map_compiles(tiny_mlm):

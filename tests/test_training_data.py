@@ -63,7 +63,7 @@ def test_batches_mask_real_tokens_only_and_rebuild_alone():
         assert maskable[0] == 0 and maskable[-1] == 0 and ids[0] in special and ids[-1] in special
         assert maskable[1:-1].all()
     mask_id = int(model.tokenize([model.tokenizer.mask_token]).input_ids[0, 1])
-    settings = dict(batch_size=8, task="masked-lm", buckets=model.length_buckets, pad_id=0, mask_id=mask_id,
+    settings = dict(batch_size=8, task="masked-lm", buckets=model.programs.length_buckets, pad_id=0, mask_id=mask_id,
                     vocab_size=model.config.vocab_size, mask_seed=(3, 1))
     order = np.arange(len(encoded))
     every = list(data_.batches(encoded, order, **settings))

@@ -127,20 +127,20 @@ print(f"head {head_label(LAYER, HEAD)} (L-H, 1-indexed) zeroed: similarity {floa
 # compiled program: it runs the unablated model once, keeps the residual stream entering each
 # block, and for the heads of layer l runs only blocks l…L−1, batched over the heads. The metric
 # runs inside that program, so it is written with `jax.numpy` and returns one value per batch
-# row, or one scalar as `similarity` does; the grid holds its mean over rows. `model.traces`
+# row, or one scalar as `similarity` does; the grid holds its mean over rows. `model.programs.traces`
 # counts compilations.
 #
 # The sweep must agree with the hand-written ablation above: its cell [LAYER, HEAD] is the same
 # intervention, and in mean mode the same as `ablate_heads(..., mean=mean_z(model, pair))`.
 
 # %%
-before = model.traces
+before = model.programs.traces
 zero_grid = ablation_sweep(model, pair, similarity)  # [L, H]
 mean_grid = ablation_sweep(model, pair, similarity, mode="mean")
-print(f"compilations for {2 * L * H} ablated runs: {model.traces - before}")
+print(f"compilations for {2 * L * H} ablated runs: {model.programs.traces - before}")
 # Per mode: one capture of the inputs it reuses (the residual streams, shared; mean_z's capture of z)
 # and one program for all the heads — never one per head.
-expect(model.traces - before <= 4, "the whole sweep compiled at most four programs, never one per head",
+expect(model.programs.traces - before <= 4, "the whole sweep compiled at most four programs, never one per head",
        "more compilations mean a hook or metric changed between runs (see the hooks section of the README).")
 # Two fp32 programs that sum in different orders. The similarity (≤ 1) ends in a dot product over
 # D = 384: pairwise summation, depth log2(384) ≈ 9 roundings of ≤ 6e-8 each, ≤ 5.4e-7; 1e-6 leaves the

@@ -74,6 +74,7 @@ from minibert.analysis.interventions import (
     head_importance,
     head_mask,
     mean_z,
+    paired_inputs,
     patch_activations,
     scale_attention,
 )
@@ -183,6 +184,7 @@ __all__ = [  # by topic, one name per line
     "block_attention",
     "ablation_sweep",
     "patch_activations",
+    "paired_inputs",
     "attribution_patching",
     "head_importance",
     # the sweep engine: an intervention of your own, as ablation and patching run

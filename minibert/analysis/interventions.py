@@ -167,10 +167,12 @@ def _positional_site(model, site: str, per: str = "position") -> str:
     return site
 
 
-def _paired_inputs(model, clean, corrupted):
-    """The clean and corrupted batches as Inputs of one shape [B, T]: texts of different token lengths
-    ("great" / "not great") are aligned by padding the shorter on the right, so position t is the t-th token
-    of both, counted from [CLS] (see patch_activations)."""
+def paired_inputs(model, clean, corrupted) -> tuple[Inputs, Inputs]:
+    """The clean and corrupted batches as Inputs of one shape [B, T], row b of one paired with row b of the other:
+    texts of different token lengths ("great" / "not great") are aligned by padding the shorter on the right, so
+    position t is the t-th token of both, counted from [CLS]. What every clean/corrupted analysis runs on
+    (patch_activations, attribution_patching, the circuits' edge scores); batches of different row counts are an
+    AnalysisError."""
     clean_inputs, corrupt_inputs = model.inputs(clean), model.inputs(corrupted)
     if clean_inputs.shape[0] != corrupt_inputs.shape[0]:
         raise AnalysisError(f"clean and corrupted batches must have as many rows to patch (row b of one pairs with "
@@ -232,7 +234,7 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     path_patching patch the other way, corrupted into clean.
     """
     _positional_site(model, site, per)
-    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)
     clean_values = _clean_where_real(model, clean_inputs, corrupt_inputs, _site_values(model, clean_inputs, site),
                                      site)  # [L, B, T, ...]
     grid = sweep_streams(model, corrupt_inputs, residual_streams(model, corrupt_inputs),
@@ -271,7 +273,7 @@ def attribution_patching(model, clean, corrupted, metric: Callable, site: str = 
     under- or overestimated.
     """
     _positional_site(model, site, per)
-    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)  # aligned as in patch_activations
+    clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)  # aligned as in patch_activations
     clean_values = _site_values(model, clean_inputs, site)
     gradient = model.jit(_metric_and_site_gradient, static_argnames=("site", "metric"), what="attribution patching")
     corrupt_values, grads = gradient(model.state, corrupt_inputs, jnp.zeros_like(clean_values), site=site,

@@ -13,7 +13,7 @@ this jax has cuDNN. It returns a Backend, one of
     cudnn      cuDNN flash attention on NVIDIA GPUs in bf16/fp16 (head width a multiple of 8 up to 128, even
                lengths), its padding mask given as key lengths; attention dropout fused in the kernel.
 
-and the reason in words, which `Model.attention_backend(batch)` reports and model.attend logs once.
+and the reason in words, which `model.programs.attention_backend(batch)` reports and model.attend logs once.
 
 Key lengths describe a mask only when every row's real tokens come first (right padding, what Model.inputs and
 training batches hold) and at least one is real. That is a property of the values, not the shapes, so the cudnn
@@ -94,7 +94,7 @@ def _cudnn_refusal(platform: str, dtype: str, T: int, S: int, K: int, form: str,
         return f"cuDNN flash attention needs a head width that is a multiple of 8, ≤ {CUDNN_MAX_HEAD_DIM}; K={K}"
     if T % 2 or S % 2:
         # jax's rule for the differentiated kernel (check_is_flash_attention) counts its empty placeholder bias as
-        # a bias, and a bias needs even lengths; Model.length_buckets' lengths from 32 up are even.
+        # a bias, and a bias needs even lengths; model.programs.length_buckets' lengths from 32 up are even.
         return f"jax's cuDNN rule asks even lengths where it differentiates; T={T}, S={S}"
     if form != "keys":
         return "a per-query mask [B, 1, T, S] (local window, packed documents) has no key-length form"

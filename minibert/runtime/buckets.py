@@ -41,10 +41,10 @@ from minibert.core.sites import site_axes
 from minibert.errors import InputError, is_whole
 from minibert.runtime.device import host_view, on_device
 
-INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (Model.bucket_rule)
+INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (model.programs.bucket_rule)
 FEW_ROWS, FEW_ROWS_SMALLEST = 4, 64  # under INTERACTIVE, a batch of at most 4 rows pads to at least 64 tokens
 COARSE = (16, 2)  # half the padding, twice the programs
-FINE = (1, 16)  # where throughput pays for programs: Model.bucket_rule = FINE
+FINE = (1, 16)  # where throughput pays for programs: model.programs.bucket_rule = FINE
 MOST_PER_OCTAVE = 16  # FINE's: more lengths per doubling save under 1/16 of a row and compile a program each
 TIGHT = (1, 8)  # a recurring batch shape's buckets: at most 1/8 above its length (≤ 1.125× its tokens)
 TIGHT_ROWS = 8  # a batch of at least 8 rows runs at its TIGHT bucket once its shape recurs
@@ -56,8 +56,8 @@ def checked_rule(rule) -> tuple[int, int]:
     less would never reach max_length), 1 ≤ per_octave ≤ MOST_PER_OCTAVE."""
     if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not all(map(is_whole, rule)) or rule[0] < 1
             or not 1 <= rule[1] <= MOST_PER_OCTAVE):
-        raise InputError(f"bucket_rule={rule!r}: pass (smallest, per_octave), two whole numbers with smallest ≥ 1 "
-                         f"and 1 ≤ per_octave ≤ {MOST_PER_OCTAVE} — e.g. "
+        raise InputError(f"programs.bucket_rule={rule!r}: pass (smallest, per_octave), two whole numbers with "
+                         f"smallest ≥ 1 and 1 ≤ per_octave ≤ {MOST_PER_OCTAVE} — e.g. "
                          f"minibert.runtime.buckets.INTERACTIVE {INTERACTIVE}, "
                          f"COARSE {COARSE} or FINE {FINE}.")
     return int(rule[0]), int(rule[1])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import collections
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -12,13 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from minibert.core import attention
 from minibert.core.config import Config
 from minibert.core.contract import StaticFn, metric_function, metric_values, traced_call
 from minibert.core.encoder import NO_DROPOUT, Bert, Dropout, Output, position_rows, unrolled_stack
 from minibert.core.hooks import (
     Cache,
-    HookContext,
     HookError,
     HookFn,
     HookPoints,
@@ -26,11 +22,10 @@ from minibert.core.hooks import (
     add_delta,
     count_compile,
     count_compiles,
-    layer_of,
     resolve_names,
     writers_for,
 )
-from minibert.errors import InputError, is_whole
+from minibert.errors import InputError
 from minibert.io import checkpoint, sources
 from minibert.io.config_json import read_config
 from minibert.io.tokenizer import BaseTokenizer, Batch, is_text
@@ -153,14 +148,8 @@ class Model(Weights):
         else:
             self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype, scan=scan)))
             nnx.replace_by_pure_dict(self.state, params)
-        self.traces = 0  # programs traced (compiled) so far, counted by Model.jit and forward_fn; read, never write
-        self.bucket_rule = buckets.INTERACTIVE
+        self.programs = programs.Programs(self)  # compile management: traces, limit, buckets (docs/compiled.md)
         self._hook_compiles: dict = {}  # programs compiled per hook code (hooks.count_compiles warns on many)
-        self._tracing = 0  # counted traces in progress: a counted function traced inside another counts once
-        self._programs: dict = {}  # Model.jit's Programs, by (fn, static_argnames)
-        self._resident = programs.Resident()  # their compiled programs, least recently used out first
-        self._pads_safely: dict = {}  # (hook name, hook fn, its arrays' shapes, B) → whether it may run padded
-        self._shape_calls: collections.Counter = collections.Counter()  # Model.run's calls per [B, T] (run_length)
         self._forward_jit = self.jit(Model._forward, static_argnames=("capture", "writer_def"))
         self._stage_jit = self.jit(Model._stage, static_argnames=("stage", "capture", "writer_def"))
         self._grad_jit = self.jit(Model._grad, static_argnames=("writer_def", "names", "loss_fn"))
@@ -316,65 +305,15 @@ class Model(Weights):
     # ---- compiled programs ----------------------------------------------------------------------------
 
     def jit(self, fn: Callable, *, static_argnames: Sequence[str] = (), what: str | None = None) -> Callable:
-        """`fn(model, *args, **kwargs)` compiled with jax.jit for this model, each trace counted in `traces`.
+        """`fn(model, *args, **kwargs)` compiled with jax.jit for this model, each trace counted in
+        `model.programs.traces`.
 
         Made once per (fn, static_argnames) and kept on the model, so repeated calls reuse the compiled
         programs; pass `model.state` as an argument (weights traced, not baked into the program). `what` (an
         analysis's name): each call that compiles a program says "minibert: compiling {what} (first use for these
         shapes) …" on stderr (programs.say_compiling; MINIBERT_QUIET_COMPILES=1 silences it).
         """
-        static = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)  # as jax.jit
-        key = (fn, static)
-        if key not in self._programs:
-            self._programs[key] = programs.Program(self._counted(functools.partial(fn, self)), static, self._resident,
-                                                   what)
-        return self._programs[key]
-
-    @property
-    def max_programs(self) -> int:
-        """How many compiled programs this model keeps at most (default programs.MAX_PROGRAMS); past it, the least
-        recently used is dropped with its memory, and compiles again (or loads from the persistent cache) when
-        next needed."""
-        return self._resident.limit
-
-    @max_programs.setter
-    def max_programs(self, limit: int) -> None:
-        if not is_whole(limit) or limit < 1:
-            raise InputError(f"max_programs={limit!r}: pass a whole number of programs, at least 1.")
-        self._resident.resize(int(limit))
-
-    @property
-    def bucket_rule(self) -> tuple[int, int]:
-        """(smallest, per_octave) of the length buckets plain calls, captures and hooks pad to
-        (buckets.length_buckets): buckets.INTERACTIVE by default, COARSE or FINE to choose (docs/compiled.md)."""
-        return self._bucket_rule
-
-    @bucket_rule.setter
-    def bucket_rule(self, rule) -> None:
-        self._bucket_rule = buckets.checked_rule(rule)
-
-    @property
-    def compiled_programs(self) -> int:
-        """How many compiled programs this model holds now (at most max_programs)."""
-        return len(self._resident)
-
-    def clear_compiled(self) -> None:
-        """Drop every compiled program this model holds, and their memory; the next calls compile again (or load
-        from the persistent compilation cache)."""
-        self._resident.clear()
-        self._pads_safely.clear()
-
-    def _counted(self, fn: Callable) -> Callable:
-        """fn, with each trace of it counted in `traces`; traced inside another counted function, it counts once."""
-        @functools.wraps(fn)
-        def counted(*args, **kwargs):
-            self.traces += self._tracing == 0
-            self._tracing += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._tracing -= 1
-        return counted
+        return self.programs.program(fn, static_argnames, what)
 
     # ---- forward passes -------------------------------------------------------------------------------
 
@@ -431,7 +370,7 @@ class Model(Weights):
             out, captured = self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop, first_token_only)
             return out, captured if stacked else unstacked(captured, host=False)
 
-        return self._counted(forward)
+        return self.programs.counted(forward)
 
     # ---- stages: pure functions of (state, ...) to compose inside a jit, vmap or grad -----------------------
 
@@ -473,9 +412,9 @@ class Model(Weights):
         # Rows are padded to a bucket length (docs/compiled.md) where the hooks cannot tell, so that a new sentence
         # length rarely compiles a new program; outputs and captures are cut back to the real length.
         length = inputs.shape[1]
-        self._shape_calls[inputs.shape] += 1  # a recurring batch shape gets its tight bucket (buckets.run_length)
-        if buckets.every_row_real(inputs.attention_mask) and self._pads_safely_under(writers, inputs.shape[0]):
-            padded = self.padded_length(length, inputs.shape[0], calls=self._shape_calls[inputs.shape])
+        calls = self.programs.called(inputs.shape)  # a recurring batch shape gets its tight bucket
+        if buckets.every_row_real(inputs.attention_mask) and self.programs.pads_safely_under(writers, inputs.shape[0]):
+            padded = self.programs.padded_length(length, inputs.shape[0], calls=calls)
             inputs = inputs.padded_to(padded, self.config.pad_token_id)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
@@ -492,61 +431,6 @@ class Model(Weights):
         if not offload:
             captured = {n: on_device(v) if isinstance(v, np.ndarray) else v for n, v in captured.items()}
         return out, Cache(captured, self.hook_names)
-
-    def _pads_safely_under(self, writers: Mapping[str, tuple[HookFn, ...]], rows: int) -> bool:
-        """Whether every hook may run on rows padded to a bucket length: it sits at a site without a T or S axis
-        (the pooler, sequence logits), is marked `any_length`, or passes buckets.pads_safely's probe (once per
-        hook, site and shapes of its arrays). Otherwise the run keeps the exact length."""
-        def safe(name: str, hook: HookFn) -> bool:
-            shape, dtype = self.hook_sites[name]
-            if hook.any_length or not buckets.has_positions(name, len(shape)):
-                return True
-            arrays = tuple((k, jax.typeof(v)) for k, v in sorted(hook.arrays.items()))
-            key = (name, StaticFn(hook.fn), arrays, rows)
-            if key not in self._pads_safely:
-                ctx = HookContext(name, layer_of(name), self.config.num_attention_heads, self.config.head_dim)
-                self._pads_safely[key] = buckets.pads_safely(hook, name, (rows, *shape[1:]), dtype, ctx)
-            return self._pads_safely[key]
-
-        return all(safe(name, hook) for name, hooks in writers.items() for hook in hooks)
-
-    @property
-    def length_buckets(self) -> tuple[int, ...]:
-        """The row lengths run, model(batch), run_with_cache and run_with_hooks pad to, up to the model's positions:
-        buckets.length_buckets under `bucket_rule` — buckets.INTERACTIVE (32, 64, 128, 256, 512) unless set to
-        buckets.COARSE (16, 24, 32, 48, …) or buckets.FINE for throughput (docs/compiled.md). A batch of at most 4
-        rows starts at 64 under INTERACTIVE (padded_length)."""
-        return buckets.length_buckets(self.config.max_tokens, *self.bucket_rule)
-
-    def padded_length(self, length: int, rows: int = 1, *, calls: int | None = None) -> int:
-        """The row length run pads a batch of `rows` rows of `length` tokens to (buckets.run_length): its length
-        bucket, under buckets.INTERACTIVE at least 64 tokens for a batch of at most 4 rows, and for a batch of at
-        least 8 rows whose shape recurs its tight bucket (≤ 1.125× its tokens) from the shape's second call. `calls`:
-        which call of this shape (default: the next run's, counting this model's calls so far)."""
-        if not is_whole(length) or not 1 <= length <= self.config.max_tokens:
-            raise InputError(f"padded_length: length={length!r}; pass a whole number of tokens from 1 to this "
-                             f"model's {self.config.max_tokens} positions (a batch's is batch.input_ids.shape[1]).")
-        if not is_whole(rows) or rows < 1:
-            raise InputError(f"padded_length: rows={rows!r}; pass a whole number of rows, at least 1 (a batch's is "
-                             f"batch.input_ids.shape[0]).")
-        if calls is None:
-            calls = self._shape_calls[(int(rows), int(length))] + 1
-        return buckets.run_length(int(length), int(rows), self.bucket_rule, self.config.max_tokens, calls)
-
-    def attention_backend(self, batch, *, platform: str | None = None) -> attention.Backend:
-        """Which attention kernel model(batch) runs, and why (minibert.core.attention; docs/accelerators.md): on the
-        default device's platform, or on `platform` ("cpu", "cuda", "rocm", "tpu"; any case; JAX's "gpu" is refused
-        as ambiguous, as is any other name), for this batch padded to its
-        bucket as run pads it. Hooks that read the scores or pattern, and training's attention dropout, change
-        the answer as attention.choose says."""
-        inputs = self.inputs(batch)
-        length = self.padded_length(inputs.shape[1], inputs.shape[0])
-        if not buckets.every_row_real(inputs.attention_mask):  # run keeps such a batch at its own length
-            length = inputs.shape[1]
-        mask = inputs.padded_to(length, self.config.pad_token_id).attention_mask
-        platform = attention.platform() if platform is None else attention.checked_platform(platform)
-        return attention.for_mask(platform, self.dtype, self.config.num_attention_heads, self.config.head_dim, mask,
-                                  cudnn=platform == "cuda")
 
     def __call__(self, batch) -> Output:
         return self.run(batch)[0]

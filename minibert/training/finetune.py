@@ -369,7 +369,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                           mask_id=_mask_id(model, task), vocab_size=cfg.vocab_size, rows=devices.rows(batch_size))
     evaluator = compiled_eval(step) if eval_data is not None else None
     # The eval batches pad to the step's lengths where they fit (the longer ones to the model's buckets past them).
-    eval_buckets = lengths + tuple(b for b in model.length_buckets if b > lengths[-1])
+    eval_buckets = lengths + tuple(b for b in model.programs.length_buckets if b > lengths[-1])
     eval_encoded = data_.encode(model, data_.examples(eval_data, task=task), task, names,
                                  data_.source_name(eval_data, "the eval data")) if evaluator else None
 

@@ -228,8 +228,9 @@ class Workbench:
 
     def program_length(self, length: int, rows: int = 1) -> int:
         """The row length `rows` rows of `length` tokens run at: padded to their bucket here, then further by
-        Model.run (model.padded_length: from 64 tokens for a few rows), so that several buckets share one program."""
-        return self.model.padded_length(bucket_length(length, self.buckets), rows)
+        Model.run (model.programs.padded_length: from 64 tokens for a few rows), so that several buckets share one
+        program."""
+        return self.model.programs.padded_length(bucket_length(length, self.buckets), rows)
 
     def warm_up_lengths(self) -> tuple[int, ...]:
         """One text length per program a run or similarity compiles (the longest bucket it serves), shortest first:

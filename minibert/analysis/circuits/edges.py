@@ -37,7 +37,7 @@ import numpy as np
 from minibert.analysis.circuits._checks import check_choice, check_count, check_finite, check_model, metric_of
 from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
-from minibert.analysis.interventions import _paired_inputs
+from minibert.analysis.interventions import paired_inputs
 from minibert.analysis.sweeps import chunked_map, chunked_sum
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
@@ -326,7 +326,7 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     check_model(model)
     alphas = _check_method(method, steps)
     layout(model)
-    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)
     paired = [bool(np.any(np.asarray(i.token_type_ids) * np.asarray(i.attention_mask))) for i in (clean_inputs,
                                                                                                   corrupt_inputs)]
     if paired[0] != paired[1]:
@@ -424,7 +424,7 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     """(the metric of every cut [N], the corrupted run's, the plain clean run's: the full graph's twin, computed
     by the plain forward rather than the patched one)."""
     layout(model)
-    clean_inputs, corrupt_inputs = _paired_inputs(model, clean, corrupted)
+    clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)
     cfg = model.config
     B, T = clean_inputs.shape
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
@@ -549,6 +549,6 @@ def path_patching(model, clean, corrupted, metric: Callable, sender: str, receiv
 
 def _same_inputs(model, clean, corrupted) -> bool:
     """Whether the two batches, aligned as patching aligns them, hold the same rows."""
-    a, b = _paired_inputs(model, clean, corrupted)
+    a, b = paired_inputs(model, clean, corrupted)
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
         (a.input_ids, a.token_type_ids, a.attention_mask), (b.input_ids, b.token_type_ids, b.attention_mask)))

@@ -26,7 +26,7 @@ def zeros(model, js: bool) -> dict[str, np.ndarray]:
 
 def survey_step(model, js: bool, sep_normalization: str) -> Callable:
     """The step compiled for this model (model.jit: made once per model, one program per batch shape and
-    setting, each counted in model.traces): (state, totals, arrays) → new totals."""
+    setting, each counted in model.programs.traces): (state, totals, arrays) → new totals."""
     step = model.jit(_step, static_argnames=("js", "sep_normalization"))
     return functools.partial(step, js=js, sep_normalization=sep_normalization)
 
