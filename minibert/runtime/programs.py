@@ -27,8 +27,8 @@ QUIET = "MINIBERT_QUIET_COMPILES"  # set to 1 (any value but "" and "0"), the an
 
 
 def say_compiling(what: str) -> None:
-    """One stderr line as a named program is compiled: a cold analysis spends most of its time compiling (20 of
-    a cold EAP-IG's 37 s on a CPU), and would otherwise look hung. Silenced by MINIBERT_QUIET_COMPILES=1, read at
+    """One stderr line as a named program is compiled: a cold analysis spends most of its time compiling on a
+    CPU, and would otherwise look hung. Silenced by MINIBERT_QUIET_COMPILES=1, read at
     each compile (a notebook's os.environ[...] = "1" takes effect at once)."""
     if os.environ.get(QUIET, "") not in ("", "0"):
         return
@@ -50,6 +50,9 @@ class Resident:
 
     def __len__(self) -> int:
         return len(self._programs)
+
+    def __contains__(self, key) -> bool:
+        return key in self._programs
 
     def get(self, key, make: Callable[[], Callable]) -> Callable:
         """The program under `key`, made by make() if absent; it becomes the most recently used."""
