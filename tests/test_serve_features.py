@@ -42,6 +42,7 @@ def ask(client, body):
     return response.json()
 
 
+@pytest.mark.slow  # the module's fixture and the features' program: past 10 s on a loaded 2-core machine
 def test_the_features_are_the_transcoders_latents_of_the_text(planted):
     model, pairs, _, client = planted
     answer = ask(client, {"text": TEXT})

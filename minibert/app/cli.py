@@ -185,13 +185,18 @@ def _hooks(args) -> int:
 
 
 def _panel_resources(args, models, step) -> dict:
-    """What the main model's panels read (viz/panels.py): --transcoder's transcoders, each checked against it."""
-    from minibert.viz import feature_panel
+    """What the main model's panels read (viz/panels.py): --transcoder's transcoders, each checked against it, and
+    --crosscoder's crosscoder, checked against it and --compare's model."""
+    from minibert.viz import changed, feature_panel
 
     resources = {}
     if args.transcoder:
         step(f"loading {len(args.transcoder)} transcoder{'s' if len(args.transcoder) > 1 else ''}")
         resources["transcoders"] = feature_panel.load_transcoders(models[0], args.transcoder)
+    if args.crosscoder:
+        step("loading the crosscoder")
+        resources["crosscoder"] = changed.load_crosscoder(models[0], models[1] if len(models) > 1 else None,
+                                                          args.crosscoder)
     return resources
 
 
@@ -413,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--transcoder", action="append", metavar="DIR",
                        help="a transcoder of the main model (transcoders.save's directory); repeat it, one per layer, "
                             "for the features panel")
+    serve.add_argument("--crosscoder", metavar="FILE",
+                       help="a crosscoder of --model and --compare (a CrosscoderTrainer.save checkpoint), for the "
+                            "\"what changed\" panel")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; another warns)")
     serve.add_argument("--port", type=int, default=8765, metavar="N", help="port (default 8765; 0: a free one)")

@@ -14,13 +14,13 @@ Tests register a toy one (`register`, `unregister`).
 from __future__ import annotations
 
 from minibert.errors import InputError
-from minibert.viz import feature_panel, why
+from minibert.viz import changed, feature_panel, why
 from minibert.viz._panel import Panel
 
 __all__ = ["Panel", "constructors_script", "register", "scripts", "table", "unregister"]
 
 
-PANELS = (why.PANEL, feature_panel.PANEL)  # one line per panel, in the page's order
+PANELS = (why.PANEL, feature_panel.PANEL, changed.PANEL)  # one line per panel, in the page's order
 
 _registered: dict[str, Panel] = {panel.name: panel for panel in PANELS}
 
