@@ -221,6 +221,58 @@ def test_a_view_packs_its_data_and_escapes_user_text():
         toy_view(["a", "b", "c", "d"], [1.0])
 
 
+def toy_panel_answer(workbench, body):
+    """A toy panel as docs/architecture.md says to write one: the Workbench's public API only — the checked
+    request, its cached run, its padded inputs, its program run under `compiling` — and a JSON-ready answer: the
+    largest attention weight of each query of layer 0, head 0, and the row length its program ran at."""
+    request = workbench.request(body)
+    run = workbench.cached_run(request)
+    padded = workbench.padded_inputs(request)
+    with workbench.compiling("toy", padded["input_ids"].shape[1]):
+        largest = run.stack("attn.hook_pattern")[0, 0].max(-1)
+    return {"tokens": run.tokens, "largest": [float(v) for v in largest], "row_length": padded["input_ids"].shape[1],
+            "unit": workbench.resource("toy unit")}
+
+
+def test_a_workbench_panel_is_its_module_plus_its_registry_line(tiny_mlm):
+    """A toy panel registered from here is answered over the HTTP API by a workbench built afterwards (its values
+    the model's own pattern, its row length the text's bucket, its resource the one it was given), refuses bad
+    input as every action does, names only the programs it declared, and is gone once unregistered."""
+    from starlette.testclient import TestClient
+    from test_serve import PORT, TOKEN, post
+
+    from minibert.app import serve
+    from minibert.runtime.buckets import bucket_length, length_buckets
+    from minibert.viz import _html, panels
+    from minibert.viz.workbench import Workbench
+
+    model = tiny_mlm[0]
+    panels.register(panels.Panel("toy", answer=toy_panel_answer, programs=("toy",)))
+    try:
+        workbench = Workbench(model, max_tokens=32, resources={"toy unit": "probability"})
+        client = TestClient(serve.create_app([workbench], TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}")
+        answer = post(client, "toy", {"text": "a b c d"}).json()
+        _, cache = model.run_with_cache(model.tokenize(["a b c d"]), names=["blocks.0.attn.hook_pattern"])
+        reference = np.asarray(cache["blocks.0.attn.hook_pattern"])[0, 0].max(-1)
+        assert answer["tokens"] == model.tokenize(["a b c d"]).tokens[0] and answer["unit"] == "probability"
+        # padded keys get weight 0 exactly; the real keys' softmax sums one more (zero) term per padded key, and a
+        # float32 softmax over S keys is within S rounding errors of its unpadded self
+        np.testing.assert_allclose(answer["largest"], reference, rtol=answer["row_length"] * 2.0 ** -24)
+        assert answer["row_length"] == bucket_length(len(answer["tokens"]), length_buckets(32))
+        assert "toy" in workbench.actions and workbench.programs[-1] == "toy"
+        refused = post(client, "toy", {"text": "   "})
+        assert refused.status_code == 400 and refused.json()["error"] == "the text is empty; type a sentence."
+        with pytest.raises(minibert.InputError, match="'other' is not a program of this workbench's"):
+            workbench.compiling("other", 8)
+        with pytest.raises(minibert.InputError, match="'why' exists already"):
+            panels.register(panels.Panel("why", answer=toy_panel_answer))
+        assert "toy" not in panels.constructors_script()  # no page part: nothing in the page's script
+    finally:
+        panels.unregister("toy")
+    assert "toy" not in Workbench(model).actions
+    assert "var MINIBERT_PANELS = [minibertWhy" in _html.workbench_script()
+
+
 def toy_figure(values, tokens, *, title: str = "", ax=None, path=None):
     """A toy figure as docs/architecture.md says to write one: arrays checked with viz/_check, an Axes of the
     caller's or a new NotebookFigure, user text drawn literally, saved by suffix."""

@@ -38,11 +38,13 @@ START_HANG_GUARD_S = 300  # uvicorn's start in its thread takes well under a sec
 class Server:
     """uvicorn serving the workbench app on a free local port, in a thread; a context manager that stops it."""
 
-    def __init__(self, models, tour: bool = False):
+    def __init__(self, models, tour: bool = False, resources: dict | None = None):
+        """resources: the main model's panels' (Workbench(resources=…)), as minibert serve's flags give them."""
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self.workbenches = [Workbench(model, max_tokens=64) for model in models]
+        self.workbenches = [Workbench(model, max_tokens=64, resources=resources if n == 0 else None)
+                            for n, model in enumerate(models)]
         app = serve.create_app(self.workbenches, TOKEN, port=self.port, tour=tour)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -190,6 +190,22 @@ def _hooks(args) -> int:
     return 0
 
 
+def _panel_resources(args, models, step) -> dict:
+    """What the main model's panels read (viz/panels.py): --transcoder's transcoders, each checked against it, and
+    --crosscoder's crosscoder, checked against it and --compare's model."""
+    from minibert.viz import changed, feature_panel
+
+    resources = {}
+    if args.transcoder:
+        step(f"loading {len(args.transcoder)} transcoder{'s' if len(args.transcoder) > 1 else ''}")
+        resources["transcoders"] = feature_panel.load_transcoders(models[0], args.transcoder)
+    if args.crosscoder:
+        step("loading the crosscoder")
+        resources["crosscoder"] = changed.load_crosscoder(models[0], models[1] if len(models) > 1 else None,
+                                                          args.crosscoder)
+    return resources
+
+
 def _serve(args) -> int:
     try:  # starlette and uvicorn are the serve extra; minibert.app.serve imports them only when serving
         for extra in ("starlette", "uvicorn"):
@@ -208,7 +224,7 @@ def _serve(args) -> int:
                          f"model's positions.")
     step = _steps("serve")
     names = [args.model] + ([args.compare] if args.compare else [])
-    workbenches = []
+    models = []
     for name in names:
         step(f"loading {name or 'the bundled model'}")
         model = _load(name, args.download)
@@ -216,7 +232,11 @@ def _serve(args) -> int:
         if args.max_tokens is not None and args.max_tokens > positions:  # the workbench would cut it, silently
             raise InputError(f"--max-tokens {args.max_tokens}: the model has {positions} positions; pass at most "
                              f"{positions}.")
-        workbenches.append(Workbench(model, **({} if args.max_tokens is None else {"max_tokens": args.max_tokens})))
+        models.append(model)
+    resources = _panel_resources(args, models, step)
+    workbenches = [Workbench(model, resources=resources if n == 0 else None,
+                             **({} if args.max_tokens is None else {"max_tokens": args.max_tokens}))
+                   for n, model in enumerate(models)]
     serve.serve(workbenches, host=args.host, port=args.port, open_browser=not args.no_browser, tour=args.tour,
                 step=step)
     return 0
@@ -403,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "first line and opens it; the JSON API is in docs/serve.md. Ctrl-C stops it.")
     model_option(serve)
     serve.add_argument("--compare", metavar="NAME", help="a second checkpoint shown side by side (e.g. fine-tuned)")
+    serve.add_argument("--transcoder", action="append", metavar="DIR",
+                       help="a transcoder of the main model (transcoders.save's directory); repeat it, one per layer, "
+                            "for the features panel")
+    serve.add_argument("--crosscoder", metavar="FILE",
+                       help="a crosscoder of --model and --compare (a CrosscoderTrainer.save checkpoint), for the "
+                            "\"what changed\" panel")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; another warns)")
     serve.add_argument("--port", type=int, default=8765, metavar="N", help="port (default 8765; 0: a free one)")

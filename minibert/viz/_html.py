@@ -48,14 +48,18 @@ def views_script() -> str:
     return "\n".join(_static(name) for name in VIEW_SCRIPTS)
 
 
-# The workbench's own scripts (after the views'): the step-through, the tour and the "why" panel, then the page that
-# builds them.
-WORKBENCH_SCRIPTS = ("step_through.js", "tour.js", "why_view.js", "workbench.js")
+# The workbench's own scripts (after the views'): the step-through and the tour, then its panels' (viz/panels.py's
+# table) and the line handing workbench.js their constructors, then the page that builds them.
+WORKBENCH_SCRIPTS = ("step_through.js", "tour.js", "workbench.js")
 
 
 def workbench_script() -> str:
-    """The workbench page's code as one script (WORKBENCH_SCRIPTS joined): minibert serve's page and the widget."""
-    return "\n".join(_static(name) for name in WORKBENCH_SCRIPTS)
+    """The workbench page's code as one script: minibert serve's page and the widget."""
+    from minibert.viz import panels
+
+    *before, page = WORKBENCH_SCRIPTS
+    return "\n".join([*(_static(name) for name in (*before, *panels.scripts())), panels.constructors_script(),
+                      _static(page)])
 
 
 Packing = Literal["unit_byte", "float32"]

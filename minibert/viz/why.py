@@ -25,6 +25,7 @@ import numpy as np
 
 from minibert.analysis.circuits import direct_attribution, token_attribution
 from minibert.core.config import head_label
+from minibert.viz._panel import Panel
 from minibert.viz._request import index
 
 STEPS = 16  # integration points: the completeness gap the answer reports says how good that is for this text
@@ -79,18 +80,17 @@ def why(workbench, body: Mapping) -> dict:
     completeness_gap, method, steps, heads: [{layer, head, label, value}], linear, hint}; for a sentence model
     only {target: None, tokens, hint}. `query` (0-indexed, default 0) is the token a token classifier's target
     reads."""
-    request = workbench._request({**body, "ablate": []})
-    run = workbench._run(request)
+    request = workbench.request({**body, "ablate": []})
+    run = workbench.cached_run(request)
     query = index(body, "query", len(run.tokens), "tokens here", 0)
     metric, described, hint = target(workbench.model, run, query)
     if metric is None:
         if hint == SIMILARITY_HINT and str(body.get("pair") or "").strip():
             hint = SIMILARITY_SHOWN_HINT
         return {"target": None, "tokens": run.tokens, "hint": hint}
-    batch = workbench._batch(request)
-    padded = workbench._padded(batch.input_ids, batch.token_type_ids)  # one program per bucket, as the runs
+    padded = workbench.padded_inputs(request)  # one program per bucket, as the runs
     length = len(run.tokens)
-    with workbench._programs.first("why", padded["input_ids"].shape[1]):
+    with workbench.compiling("why", padded["input_ids"].shape[1]):
         tokens = token_attribution(workbench.model, padded, metric, steps=STEPS)
         direct = direct_attribution(workbench.model, padded, metric)
     order = np.argsort(-np.abs(direct.heads), axis=None, kind="stable")[:TOP_HEADS]
@@ -101,3 +101,6 @@ def why(workbench, body: Mapping) -> dict:
             "scores": [float(s) for s in tokens.scores[0, :length]], "baseline_value": float(tokens.baseline_metric[0]),
             "completeness_gap": float(tokens.completeness_gap[0]), "method": tokens.method, "steps": STEPS,
             "heads": top, "linear": direct.linear, "hint": hint}
+
+
+PANEL = Panel("why", answer=why, script="why_view.js", constructor="minibertWhy", programs=("why",))

@@ -37,7 +37,7 @@ from minibert.errors import InputError
 from minibert.runtime.buckets import bucket_length, length_buckets
 from minibert.runtime.buckets import cut as cut_to_length
 from minibert.runtime.pooling import pooled_tokens
-from minibert.viz import views, why
+from minibert.viz import panels, views
 from minibert.viz._request import index as _index
 from minibert.viz.steps import SHOWN, hook_name, steps
 
@@ -116,7 +116,9 @@ def _text(body: Mapping, key: str, required: bool) -> str | None:
 class Workbench:
     """Answers the workbench's requests for one model (fixed at construction; no request names a path)."""
 
-    def __init__(self, model, *, max_tokens: int = MAX_TOKENS):
+    def __init__(self, model, *, max_tokens: int = MAX_TOKENS, resources: Mapping | None = None):
+        """resources: what panels read besides the model, by name (`resource`): --transcoder's transcoders,
+        --compare's model and --crosscoder's crosscoder."""
         cfg = model.config
         if model.tokenizer is None:
             raise InputError("the workbench needs a model with a tokenizer (minibert.load gives one).")
@@ -134,28 +136,76 @@ class Workbench:
         # One answer of each kind at a time: memory stays flat under concurrent clients (an answer holds its run's
         # captures and packed views, a few MB each at 128 tokens). A mixing map that compiles for seconds does not
         # hold up the runs and steps an edit asks for; info, tokenize and status wait for nothing.
+        # Each panel (viz/panels.py) answers under its own lock, or one it shares with panels naming the same lock.
         answering, mixing_one = threading.Lock(), threading.Lock()
-        self._answer_locks = {"run": answering, "step": answering, "mixing": mixing_one, "why": threading.Lock()}
+        self._panels = panels.table()
+        clash = sorted(set(self._panels) & set(CORE_ACTIONS))
+        if clash:
+            raise InputError(f"the panel {clash[0]!r} is named as one of the workbench's own actions; rename it.")
+        shared = {name: threading.Lock() for name in dict.fromkeys(p.lock or p.name for p in self._panels.values())}
+        self._answer_locks = {"run": answering, "step": answering, "mixing": mixing_one,
+                              **{p.name: shared[p.lock or p.name] for p in self._panels.values()}}
+        self._actions = {**CORE_ACTIONS, **{p.name: p.answer for p in self._panels.values()}}
+        self._resources = dict(resources or {})
         self._programs = Programs()
         self._drawing = ThreadPoolExecutor(1, thread_name_prefix="workbench-views")  # see _built_views
 
     # ---- requests -------------------------------------------------------------------------------------
 
     def answer(self, action: str, body: Mapping) -> dict:
-        """The answer to one API request: action in ACTIONS, body its JSON object."""
-        if action not in ACTIONS:
-            raise InputError(f"unknown action {action!r}; the workbench answers {', '.join(ACTIONS)}.")
+        """The answer to one API request: action one of `actions`, body its JSON object."""
+        if action not in self._actions:
+            raise InputError(f"unknown action {action!r}; the workbench answers {', '.join(self._actions)}.")
         if not isinstance(body, Mapping):
             raise InputError("the request body must be a JSON object, e.g. {\"text\": \"The cat sat.\"}.")
         lock = self._answer_locks.get(action)
         if lock is None:
-            return ACTIONS[action](self, body)
+            return self._actions[action](self, body)
         with lock:
-            return ACTIONS[action](self, body)
+            return self._actions[action](self, body)
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The actions this workbench answers: CORE_ACTIONS, then its panels' (viz/panels.py)."""
+        return tuple(self._actions)
+
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """What `status` may name: the compiled programs this workbench runs, its panels' included."""
+        return (*CORE_PROGRAMS, *(what for p in self._panels.values() for what in p.programs))
+
+    # ---- what a panel reads (viz/panels.py): the public side of the run cache and the programs ----------
+
+    def request(self, body: Mapping) -> Request:
+        """The body's text, sentence B, ablated heads and mode, checked (InputError naming a bad field)."""
+        return self._request(body)
+
+    def cached_run(self, request: Request) -> Run:
+        """The run of this request, from the run cache when the page has just asked for it (the usual case: a
+        panel asks after "run"), else run now and cached."""
+        return self._run(request)
+
+    def padded_inputs(self, request: Request) -> dict:
+        """The request's one-row batch {input_ids, token_type_ids, attention_mask} padded to its length bucket,
+        as the runs are: a panel's program then compiles once per bucket, not once per text length."""
+        batch = self._batch(request)
+        return self._padded(batch.input_ids, batch.token_type_ids)
+
+    def compiling(self, what: str, length: int):
+        """The context a panel's program `what` (one of its Panel.programs) runs in for rows of `length`: a
+        first run compiles, and `status` says so meanwhile."""
+        if what not in self.programs:
+            raise InputError(f"{what!r} is not a program of this workbench's ({', '.join(self.programs)}): name it "
+                             f"in the panel's programs.")
+        return self._programs.first(what, length)
+
+    def resource(self, name: str):
+        """What the workbench was given for its panels under `name` (Workbench(resources=…)), or None."""
+        return self._resources.get(name)
 
     def status(self, body: Mapping | None = None) -> dict:
         """What is compiling now (the page says "compiling for 64-token texts…" while it waits): [{what, tokens}],
-        `what` one of PROGRAMS' keys, `tokens` the row length the program runs at (`program_length`)."""
+        `what` one of `programs`, `tokens` the row length the program runs at (`program_length`)."""
         return {"compiling": self._programs.compiling()}
 
     def info(self, body: Mapping | None = None) -> dict:
@@ -450,15 +500,16 @@ class Workbench:
         return outputs
 
 
-ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": Workbench.run, "step": Workbench.step,
-           "mixing": Workbench.mixing, "status": Workbench.status, "why": why.why}  # why: viz/why.py's panel
-# what `status` names: the compiled programs a workbench runs
-PROGRAMS = ("run", "similarity", *MIXING_METHODS[2:], "why")
+# The actions every workbench answers; its panels (viz/panels.py) add theirs.
+CORE_ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": Workbench.run,
+                "step": Workbench.step, "mixing": Workbench.mixing, "status": Workbench.status}
+# what `status` names: the compiled programs every workbench runs (Workbench.programs adds its panels')
+CORE_PROGRAMS = ("run", "similarity", *MIXING_METHODS[2:])
 
 
 class Programs:
-    """Which of a workbench's programs (PROGRAMS, per bucket length) have run, and which run for the first time
-    now: a first run compiles, seconds on a CPU, and the page says so. Two first runs of one program wait for one
+    """Which of a workbench's programs (Workbench.programs, per bucket length) have run, and which run for the first
+    time now: a first run compiles, seconds on a CPU, and the page says so. Two first runs of one program wait for one
     another (the second then finds it compiled) instead of compiling it twice."""
 
     def __init__(self):

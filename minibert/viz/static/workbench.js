@@ -1,6 +1,7 @@
 /* minibert workbench (minibert serve's page, and viz.explore's widget): text in, tokens, the views (drawn by
    views.js's render), the outputs before and after ablating heads, and a step-through of one head (step_through.js)
-   with its tour (tour.js) and the "why this output" panel (why_view.js); _html.WORKBENCH_SCRIPTS joins them.
+   with its tour (tour.js) and the panels of viz/panels.py's table (why_view.js, …: MINIBERT_PANELS, their
+   constructors); _html.workbench_script joins them.
    minibertWorkbench(app, config, options) builds one workbench inside the element `app`; everything it
    keeps is in that call (no globals), its element ids start with options.prefix, and it finds its
    elements through `app`: a notebook page holds as many as it likes. It talks through options.send(action,
@@ -89,8 +90,10 @@ function minibertWorkbench(app, config, options) {
 
   var columns = el("div", {"class": "wb-columns"});
   app.appendChild(columns);
-  var why = minibertWhy({prefix: prefix, state: state, send: send, body: body, el: el, number: number,
-                         choose: choose});  // why_view.js: the "why this output" panel
+  // The panels (viz/panels.py's table: why_view.js and the others), each built on the same page object.
+  var extras = MINIBERT_PANELS.map(function (make) {
+    return make({prefix: prefix, state: state, send: send, body: body, el: el, number: number, choose: choose});
+  });
   var panels = config.models.map(function (info, n) { return modelPanel(info, n); });
 
   function section(parent, title, id) {
@@ -126,7 +129,7 @@ function minibertWorkbench(app, config, options) {
     panel.tokens = section(column, "Tokens", prefix + "tokens-" + n);
     panel.heads = section(column, "Heads (L-H, 1-indexed; click to ablate)", prefix + "heads-" + n);
     panel.outputs = section(column, "Outputs", prefix + "outputs-" + n);
-    why.section(column, panel);
+    extras.forEach(function (extra) { extra.section(column, panel); });
     panel.step = section(column, "Step through one head", prefix + "step-" + n);
     panel.views = section(column, "Views", prefix + "views-" + n);
     panel.headButtons = [];
@@ -210,7 +213,8 @@ function minibertWorkbench(app, config, options) {
           showViews(panel, compared.sides, answer.ablated);
           if (answer.change) showChange(panel, answer.change);
         });
-        return Promise.all([shown, stepThrough(panel, ticket), why.show(panel, ticket)]);
+        var more = extras.map(function (extra) { return extra.show(panel, ticket); });
+        return Promise.all([shown, stepThrough(panel, ticket)].concat(more));
       });
     });
     Promise.all(work).then(function () {
