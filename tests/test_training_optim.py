@@ -17,6 +17,7 @@ import transformers
 from minibert.errors import InputError
 from minibert.io import checkpoint
 from minibert.io.config_json import read_config
+from minibert.runtime import cache
 from minibert.training import optim
 from tests.tolerances import U32, sum_rtol
 
@@ -167,6 +168,8 @@ def test_progress_says_whether_a_step_was_compiled_or_loaded_from_the_cache(caps
     """Docs-only tester (compile 3) item 6: a warm run said "compiling" while it loaded each step from the persistent
     cache. A program no process compiled before (a constant of this moment in it) is compiled; the same program in a
     new jit function, which JAX traces again, is read from the cache; a length seen before says nothing."""
+    # the cache as a Model's first build sets it up: this file may be the first a test process runs (pytest-xdist)
+    assert cache.use_persistent_cache() is not None
     moment = float(time.time_ns() % 1_000_003)
 
     def step():
