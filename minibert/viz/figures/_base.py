@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure, SubFigure
 
-from minibert.errors import refuse_unless_flag
+from minibert.io.files import output_path, write_output
 from minibert.viz._check import VizError
 
 SUFFIXES = (".png", ".svg", ".pdf")
@@ -24,20 +24,8 @@ NEURON_CMAP = LinearSegmentedColormap.from_list("minibert_neuron", ["#e66101", "
 def save(fig: Figure, path, overwrite: bool = False) -> Path:
     """Write `fig` to `path` in the format its suffix names (.png at 200 dpi, .svg, .pdf); returns the path. A file
     already there is the user's: it is replaced only with overwrite=True, as every minibert writer does."""
-    path, overwrite = Path(path), refuse_unless_flag("overwrite", overwrite, VizError)
-    if path.suffix.lower() not in SUFFIXES:
-        raise VizError(f"path {str(path)!r} must end in .png, .svg or .pdf (the format follows the suffix); "
-                       f"got {path.suffix or 'no suffix'!r}.")
-    if path.is_dir():
-        raise VizError(f"{path} is a folder; save to a file path such as {path / 'figure.png'}.")
-    if path.exists() and not overwrite:
-        raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
-    except OSError as error:
-        raise VizError(f"cannot write {path} ({error.strerror or error}); save to another path.") from None
-    return path
+    path = output_path(path, SUFFIXES, VizError, overwrite=overwrite)  # the rule of every minibert writer
+    return write_output(path, lambda p: fig.savefig(p, dpi=PNG_DPI, bbox_inches="tight"), VizError)
 
 
 class NotebookFigure(Figure):

@@ -4,15 +4,13 @@ label, and the top fine-tune-only latents with their top examples and what each 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from matplotlib.figure import Figure
 
-from minibert.errors import refuse_unless_flag
+from minibert.io.files import output_path
 from minibert.viz import _check
 from minibert.viz._check import VizError
-from minibert.viz.figures._base import NotebookFigure, _legend, _one_based_ticks, save
+from minibert.viz.figures._base import SUFFIXES, NotebookFigure, _legend, _one_based_ticks, save
 
 LABEL_COLOURS = {"shared": "0.6", "A-only": "#e66101", "B-only": "#2166ac"}  # dead latents have no decoder to show
 
@@ -20,9 +18,8 @@ LABEL_COLOURS = {"shared": "0.6", "A-only": "#e66101", "B-only": "#2166ac"}  # d
 def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     """One figure sheet of a DiffReport (analysis.diffing.what_changed); saved to `path` (.png, .svg, .pdf) where
     given — an existing file only with overwrite=True."""
-    refuse_unless_flag("overwrite", overwrite, VizError)
-    if path is not None and Path(path).exists() and not overwrite:  # before drawing; save() checks it again
-        raise VizError(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    if path is not None:  # before drawing; save() checks it again
+        output_path(path, SUFFIXES, VizError, overwrite=overwrite)
     per_head = [_check.matrix(f"weights.per_head[{name!r}]", value, 2, "[L, H]")
                 for name, value in report.weights.per_head.items()]
     heads = np.mean(per_head, axis=0)
