@@ -200,7 +200,12 @@ def _serve(args) -> int:
         raise InputError(f"minibert serve needs {error.name}: pip install 'minibert[serve]'.") from None
     from minibert.viz.workbench import Workbench
 
-    if args.host not in serve.LOCAL_HOSTS:
+    if args.host in serve.ALL_ADDRESSES:
+        print(f"minibert serve: warning: listening on every address ({args.host}), but the Host check accepts only "
+              f"local names and the --host given, so another machine's requests are refused: to serve a network, "
+              f"pass the address they will use (--host 192.168.x.y); the URL printed is this machine's own.",
+              file=sys.stderr)
+    elif args.host not in serve.LOCAL_HOSTS:
         print(f"minibert serve: warning: listening on {args.host}: anyone who can reach it and has the URL's token "
               f"can use the workbench.", file=sys.stderr)
     serve.checked_port(args.port)  # before the loading, which takes a while
