@@ -234,7 +234,8 @@ class Model(Weights):
             batch = self.tokenize(batch)
         if not isinstance(batch, (Batch, Mapping)):
             pairs = isinstance(batch, (list, tuple)) and bool(batch) and all(
-                isinstance(row, (list, tuple)) and len(row) == 2 and all(isinstance(t, str) for t in row) for row in batch)
+                isinstance(row, (list, tuple)) and len(row) == 2 and all(isinstance(t, str) for t in row)
+                for row in batch)
             hint = (" (sentence pairs as (A, B) tuples: pass model.tokenize([a for a, b in pairs], "
                     "pairs=[b for a, b in pairs]))" if pairs else "")
             raise InputError(f"a batch is a text, a list of texts, a Batch (model.tokenize) or a dict of id arrays; "
