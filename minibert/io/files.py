@@ -40,8 +40,8 @@ def output_path(path, suffixes: tuple[str, ...], error: type[Exception], *, over
     """`path` checked as the file a writer may create (pages, figures, graphs, notebooks, the command's --out):
 
     - a str or os.PathLike, not empty; `~` is expanded;
-    - ending in one of `suffixes` (case-insensitive; the first names the format in the message);
     - not a folder, even with overwrite=True;
+    - ending in one of `suffixes` (case-insensitive; the first is the example in the message);
     - nothing there yet — a file, or a symbolic link, dangling or not (a link is never written through) —
       unless overwrite=True; then a link is replaced by the file, never the file it points to (write_output);
     - missing parent folders are created when the file is written (write_output), as `mkdir -p` would.
@@ -54,12 +54,12 @@ def output_path(path, suffixes: tuple[str, ...], error: type[Exception], *, over
     if not str(os.fspath(path)).strip():
         raise error(f"the {what} is empty; pass a file name such as 'out{suffixes[0]}'.")
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise error(f"{path} is a folder; pass a file path inside it, such as {path / ('out' + suffixes[0])}.")
     if path.suffix.lower() not in suffixes:
         names = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
         raise error(f"{path} must end in {names} (what is written follows the suffix); got "
-                    f"{path.suffix or 'no suffix'!r}: for example {path.with_suffix(suffixes[0]).name}.")
-    if path.is_dir():
-        raise error(f"{path} is a folder; pass a file path inside it, such as {path / ('out' + suffixes[0])}.")
+                    f"{path.suffix or 'no suffix'!r}: for example {path.stem or 'out'}{suffixes[0]}.")
     if path.is_symlink() and not overwrite:
         raise error(f"{path} is a symbolic link (to {os.readlink(path)}) and is not written through; "
                     f"{replace_hint} (the link, not what it points to), or pass another path.")
