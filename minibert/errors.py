@@ -114,7 +114,7 @@ def refuse_existing(paths, overwrite, error: type[MinibertError] = InputError) -
     (refuse_unless_flag)."""
     overwrite = refuse_unless_flag("overwrite", overwrite, error)
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        if Path(path).exists() and not overwrite:
+        if (Path(path).exists() or Path(path).is_symlink()) and not overwrite:  # a dangling link counts too
             raise error(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
     return overwrite
 

@@ -525,3 +525,24 @@ def test_scaling_attention_doubles_the_odds(bundled):
     cfg = bundled.config
     atol = 2 * block_rtol(cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, a.shape[-1])
     np.testing.assert_allclose(b[..., 1], expected, atol=atol)
+
+
+# ---- what a docs-only tester found (issue 40, round 5) --------------------------------------------------------
+
+def divided_by_zero(out):
+    return out.last_hidden_state[:, 0, 0] / 0.0
+
+
+def test_sweeps_and_patching_refuse_a_metric_that_is_not_finite(tiny, tiny_pair):
+    """Before: ablation_sweep and patch_activations returned grids of ±inf for a metric dividing by zero, while
+    the circuits functions refused it; now every sweep goes through the one check and names the cells."""
+    clean, corrupted = tiny_pair
+    with pytest.raises(AnalysisError, match=r"not finite \(NaN or ±inf\) at layer 0, head 0, layer 0, head 1.*"
+                                            r"check the metric for a division by zero"):
+        interventions.ablation_sweep(tiny, clean, divided_by_zero)
+    with pytest.raises(AnalysisError, match=r"at layer 0, position 0, .*division by zero"):
+        interventions.patch_activations(tiny, clean, corrupted, divided_by_zero)
+    with pytest.raises(AnalysisError, match=r"at layer 0, head 0, .*division by zero"):
+        interventions.patch_activations(tiny, clean, corrupted, divided_by_zero, site="attn.hook_z", per="head")
+    with pytest.raises(AnalysisError, match=r"at layer 0, item 0, .*division by zero"):
+        minibert.analysis.sweep(tiny, clean, lambda layer, item, shared: {}, 2, divided_by_zero)

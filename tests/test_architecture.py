@@ -576,3 +576,35 @@ def test_a_user_patch_setter_runs_through_the_public_sweep_engine():
     np.testing.assert_allclose(grid, expected, atol=atol)
     assert np.ptp(expected) > 10 * atol  # the knockouts matter: the comparison is not of constants
     assert interventions.sweep_streams is sweeps.sweep_streams
+
+
+def toy_writer(text: str, path, *, overwrite: bool = False):
+    """A toy file writer as docs/architecture.md says to write one: io.files.output_path, then write_output."""
+    from minibert.errors import InputError
+    from minibert.io.files import output_path, write_output
+
+    path = output_path(path, (".txt",), InputError, overwrite=overwrite)
+    return write_output(path, lambda p: p.write_text(text), InputError)
+
+
+def test_a_file_writer_follows_the_one_rule(tmp_path, monkeypatch):
+    from minibert.errors import InputError
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert toy_writer("a", "~/new/folder/a.TXT").read_text() == "a"  # ~ expanded, folders created, any case
+    (tmp_path / "kept.txt").write_text("kept")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "kept.txt")
+    (tmp_path / "dangling.txt").symlink_to(tmp_path / "nowhere.txt")
+    (tmp_path / "dir.txt").mkdir()
+    for path, message in [(7, "path must be a str or pathlib.Path"), ("  ", "the path is empty"),
+                          (tmp_path / "a.csv", r"must end in \.txt"), (tmp_path / "kept.txt", "already exists"),
+                          (tmp_path / "link.txt", "is a symbolic link"), (tmp_path / "dangling.txt", "symbolic link"),
+                          (tmp_path / "dir.txt", "is a folder")]:
+        with pytest.raises(InputError, match=message):
+            toy_writer("b", path)
+    with pytest.raises(InputError, match="is a folder"):
+        toy_writer("b", tmp_path / "dir.txt", overwrite=True)
+    toy_writer("b", tmp_path / "dangling.txt", overwrite=True)
+    toy_writer("b", tmp_path / "link.txt", overwrite=True)
+    assert not (tmp_path / "nowhere.txt").exists() and (tmp_path / "kept.txt").read_text() == "kept"
+    assert (tmp_path / "link.txt").read_text() == "b" and not (tmp_path / "link.txt").is_symlink()

@@ -320,3 +320,13 @@ def test_a_pair_against_single_sentences_warns_and_each_result_names_its_directi
     _, baselines = interventions.patch_activations(model, CLEAN, CORRUPTED, logit_difference, baselines=True)
     assert baselines.direction == "clean into corrupted"
     assert interventions.ablation_sweep(model, CLEAN, logit_difference, baselines=True)[1].direction is None
+
+
+def test_edge_attribution_refuses_identical_batches_and_warns_on_a_constant_metric(classifier):
+    """Before (issue 40, round 5): both gave an all-zero graph without a word, where circuit_faithfulness refuses
+    the same batches. A score is (corrupted − clean) · ∂metric, so either makes every one exactly 0."""
+    with pytest.raises(minibert.errors.AnalysisError, match="the corrupted batch is the clean batch"):
+        edge_attribution(classifier, CLEAN, list(CLEAN), logit_difference)
+    with pytest.warns(AnalysisWarning, match="every edge scores exactly 0") as caught:
+        graph = edge_attribution(classifier, CLEAN, CORRUPTED, lambda out: jnp.ones(out.logits.shape[0]))
+    assert caught[0].filename == __file__ and not graph.scores.any()

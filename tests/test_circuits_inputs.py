@@ -332,3 +332,15 @@ def test_a_metric_reading_a_field_the_output_lacks_is_told_which(headless, metri
                  lambda: headless.grad(TEXTS, metric, "blocks.0.hook_resid_post")):
         with pytest.raises(AnalysisError, match=message):
             call()
+
+
+def test_pairs_as_tuples_point_to_tokenize_with_pairs(classifier):
+    """Issue 40, round 5: edge_attribution(model, clean, [("the film was", "awful")], m) said only "a batch is a
+    text, a list of texts…"; (A, B) tuples now get the call that makes them sentence pairs."""
+    with pytest.raises(minibert.errors.InputError, match=re.escape(
+            "got list (sentence pairs as (A, B) tuples: pass model.tokenize([a for a, b in pairs], "
+            "pairs=[b for a, b in pairs]))")):
+        edge_attribution(classifier, [("the film was", "great")], [("the film was", "awful")], logit_one)
+    with pytest.raises(minibert.errors.InputError, match=r"a Batch \(model.tokenize\) or a dict of id arrays; got "
+                                                         r"list\.$"):
+        classifier.inputs([1.5, 2.5])  # not pairs: no pairs hint

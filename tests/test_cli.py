@@ -417,6 +417,31 @@ def test_view_checks_its_output_before_running(tmp_path):
     assert_one_line_error(run("view", "Hello.", "--out", tmp_path / "a_file" / "v.html"), "view", "cannot write into")
 
 
+def test_view_refuses_an_existing_page_or_link_unless_overwrite(tmp_path, bundled_load):
+    """Issue 40, round 5 (a docs-only tester): `minibert view --out FILE` replaced an existing file, and the file
+    a link points to, with no --overwrite to ask for it. Now the one rule of every writer (io.files.output_path):
+    refused before the model is loaded, the file kept; --overwrite replaces the file or the link itself."""
+    mine, target = tmp_path / "exists.html", tmp_path / "target.txt"
+    mine.write_text("keep")
+    target.write_text("keep")
+    (tmp_path / "link.html").symlink_to(target)
+    assert_one_line_error(run("view", "hi", "--out", mine), "view",
+                          f"{mine} already exists; pass --overwrite to replace it")
+    assert_one_line_error(run("view", "hi", "--out", tmp_path / "link.html"), "view", "is a symbolic link")
+    assert_one_line_error(run("view", "hi", "--out", tmp_path / "v.png"), "view", "must end in .html or .htm")
+    assert mine.read_text() == "keep" and target.read_text() == "keep"
+    assert run("view", "hi", "--kind", "model", "--out", tmp_path / "link.html", "--overwrite")[0] == 0
+    assert target.read_text() == "keep" and not (tmp_path / "link.html").is_symlink()
+    assert len(view_data((tmp_path / "link.html").read_text(encoding="utf-8"))) == 1
+
+
+def test_view_of_a_long_text_names_the_option(tmp_path, bundled_load):
+    """The tokenizer's advice "pass max_length=512" reads as the command's option on the command line."""
+    status, _, stderr = run("view", "word " * 3000, "--out", tmp_path / "v.html")
+    assert status == cli.USER_ERROR and "pass --max-length 512 to truncate it" in stderr
+    assert "max_length=" not in stderr and not (tmp_path / "v.html").exists()
+
+
 def test_ctrl_c_is_one_line_and_status_130(tmp_path, bundled_load, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -462,7 +462,7 @@ def test_pruning_and_scores_match_circuit_tracer(bert):
 def test_write_json_refuses_paths_it_cannot_write(bert, tmp_path):
     graph = bert[4]
     (tmp_path / "adir").mkdir()
-    with pytest.raises(AnalysisError, match="is a directory") as refused:
+    with pytest.raises(AnalysisError, match="is a folder") as refused:
         graphs.write_json(graph, tmp_path / "adir", slug="tiny")
     assert "overwrite" not in str(refused.value)  # overwrite=True cannot replace a directory
     (tmp_path / "afile").write_text("x")

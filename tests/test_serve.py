@@ -15,6 +15,7 @@ import queue
 import subprocess
 import sys
 import threading
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -549,6 +550,34 @@ def test_another_host_is_served_with_a_warning(mlm, monkeypatch, capsys):
                         base_url=f"http://192.168.1.20:{PORT}")
     assert post(remote, "info", {}, origin=f"http://192.168.1.20:{PORT}").status_code == 200
     assert post(client_for(mlm), "info", {}, host=f"192.168.1.20:{PORT}").status_code == 403
+
+
+def test_host_names_are_case_insensitive(mlm):
+    """Issue 40, round 5: `Host: LOCALHOST:port` was refused; host names are case-insensitive (RFC 4343)."""
+    client = client_for(mlm)
+    assert post(client, "info", {}, host=f"LOCALHOST:{PORT}").status_code == 200
+    remote = TestClient(serve.create_app([Workbench(mlm, max_tokens=16)], TOKEN, host="MyBox.Local", port=PORT),
+                        base_url=f"http://mybox.local:{PORT}")
+    assert post(remote, "info", {}, host=f"MYBOX.local:{PORT}").status_code == 200
+    assert post(remote, "info", {}, host=f"otherbox.local:{PORT}").status_code == 403
+
+
+def test_every_address_prints_a_url_that_works_and_advises_the_real_one(mlm, monkeypatch, capsys):
+    """Issue 40, round 5: --host 0.0.0.0 printed http://0.0.0.0:PORT/?token=…, which the Host check refuses, and
+    warned only that anyone could reach it. Now the URL names 127.0.0.1 and the warning says to pass the address
+    other machines will use."""
+    import uvicorn
+
+    from minibert.app import cli
+
+    monkeypatch.setattr(cli, "_load", lambda name, download: mlm)
+    monkeypatch.setattr(serve, "warm_up", lambda workbenches, step: None)
+    monkeypatch.setattr(uvicorn, "Config", lambda app, **options: None)  # its logging setup outlives capsys
+    monkeypatch.setattr(uvicorn, "Server", lambda config: types.SimpleNamespace(run=lambda sockets: None))
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "0", "--no-browser", "--max-tokens", "16"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith("http://127.0.0.1:") and "/?token=" in printed.out
+    assert "the Host check accepts only local names" in printed.err and "--host 192.168.x.y" in printed.err
 
 
 def first_line(process: subprocess.Popen, timeout: float) -> str:

@@ -366,8 +366,8 @@ def test_saving_a_page_never_replaces_a_users_file_unasked(tmp_path):
     assert replaced.startswith("<!DOCTYPE html>") and data in replaced
     with pytest.raises(viz.VizError, match="is a folder"):
         view.save(tmp_path, overwrite=True)
-    with pytest.raises(viz.VizError, match="cannot write"):
-        view.save(tmp_path / "no" / "such" / "folder.html")
+    with pytest.raises(viz.VizError, match="cannot write"):  # a file where a folder should be
+        view.save(mine / "such" / "folder.html", overwrite=True)
 
 
 def test_dark_theme_is_applied(browser):
@@ -533,3 +533,33 @@ def test_512_token_views_draw_and_follow_clicks(browser, long_doc, long_views, t
     np.testing.assert_allclose([lines[5, 300, j] for _, _, j in lines], weights[[j for _, _, j in lines]],
                                rtol=0, atol=(len(weights) + 8) * np.finfo(np.float64).eps)
     assert neuron.problems == []
+
+
+def test_every_page_writer_follows_the_one_rule_for_its_path(tmp_path, monkeypatch):
+    """Issue 40, round 5 (a docs-only tester): View.save wrote through a dangling link, said "… already exists"
+    for "", wrote HTML into x.png, raised pathlib's TypeError for 5, refused a missing folder where the figures
+    created one, and took "~" literally. Now io.files.output_path decides for every writer."""
+    _, _, attention = hand_arrays()
+    view = viz.head_view(TOKENS, attention)
+    target, dangling = tmp_path / "target.txt", tmp_path / "dangling.html"
+    target.write_text("keep")
+    (tmp_path / "link.html").symlink_to(target)
+    dangling.symlink_to(tmp_path / "nothing_here.txt")
+    with pytest.raises(viz.VizError, match=r"link\.html is a symbolic link .*overwrite=True"):
+        view.save(tmp_path / "link.html")
+    with pytest.raises(viz.VizError, match=r"dangling\.html is a symbolic link"):
+        view.save(dangling)
+    assert not (tmp_path / "nothing_here.txt").exists() and target.read_text() == "keep"
+    view.save(tmp_path / "link.html", overwrite=True)  # the link is replaced by the page; its target is left
+    assert not (tmp_path / "link.html").is_symlink() and target.read_text() == "keep"
+    assert (tmp_path / "link.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    for path, message in [(5, "path must be a str or pathlib.Path, such as 'out.html'; got int 5"),
+                          ("", "the path is empty"), (tmp_path / "x.png", r"must end in \.html or \.htm .*'\.png'")]:
+        with pytest.raises(viz.VizError, match=message):
+            view.save(path)
+    assert not (tmp_path / "x.png").exists()
+    assert view.save(tmp_path / "out" / "nope" / "x.HTM").is_file()  # missing folders are created, as figures do
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert view.save("~/views/v.html") == tmp_path / "home" / "views" / "v.html"
+    assert (tmp_path / "home" / "views" / "v.html").is_file() and not (tmp_path / "~").exists()

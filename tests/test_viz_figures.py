@@ -408,3 +408,34 @@ ERRORS = [
 def test_bad_input_raises_an_error_naming_the_argument(draw, message):
     with pytest.raises(VizError, match=message):
         draw()
+
+
+def test_figures_follow_the_one_rule_for_their_path_and_check_their_numbers(tmp_path, monkeypatch):
+    """Issue 40, round 5 (a docs-only tester): head_grid wrote through a dangling link, raised pathlib's TypeError
+    for path=3 and NumPy's ValueError for attention="abc", took "~" literally, and drew vmax=-1 and center=nan."""
+    attention = _attention()
+    (tmp_path / "dangling.png").symlink_to(tmp_path / "nothing_here.png")
+    with pytest.raises(VizError, match=r"dangling\.png is a symbolic link"):
+        figures.head_grid(attention, TOKENS, path=tmp_path / "dangling.png")
+    assert not (tmp_path / "nothing_here.png").exists()
+    with pytest.raises(VizError, match="path must be a str or pathlib.Path, such as 'out.png'; got int 3"):
+        figures.head_grid(attention, TOKENS, path=3)
+    with pytest.raises(VizError, match=r"attention must be a numeric array .*got str 'abc'"):
+        figures.head_grid("abc", TOKENS)
+    with pytest.raises(VizError, match=r"values must be a numeric array .*got str 'x'"):
+        figures.sweep_heatmap("x", "m")
+    with pytest.raises(VizError, match=r"vmax must be a finite number > 0; got -1"):
+        figures.head_grid(attention, TOKENS, vmax=-1)
+    with pytest.raises(VizError, match=r"vmax must be a finite number > 0; got 0"):
+        figures.attention_heatmap(attention[0, 0], TOKENS, vmax=0)
+    with pytest.raises(VizError, match=r"center must be a finite number; got nan"):
+        figures.sweep_heatmap(np.zeros((6, 12)), "m", center=float("nan"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    figures.head_grid(attention, TOKENS, layers=[0], heads=[0], path="~/figs/g.png")
+    _assert_valid(tmp_path / "home" / "figs" / "g.png")
+    assert not (tmp_path / "~").exists()
+    mine = tmp_path / "stat.png"
+    mine.write_bytes(b"mine")  # statistic_heatmap dropped overwrite=True on its way to sweep_heatmap
+    figures.statistic_heatmap(np.ones((2, 3)), "m", path=mine, overwrite=True)
+    _assert_valid(mine)

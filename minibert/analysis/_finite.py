@@ -31,3 +31,15 @@ def refuse_nonfinite(values, wording: Callable[[NonFinite], str]) -> np.ndarray:
         first = tuple(int(i) for i in np.unravel_index(flat[0], values.shape))
         raise AnalysisError(wording(NonFinite(int(flat.size), first, values.flat[flat[0]], flat)))
     return values
+
+
+def check_finite(values, what: str, names: list[str] | None = None) -> np.ndarray:
+    """A metric's values (or what is computed from them) as a NumPy array, or one AnalysisError naming where they
+    are NaN or infinite: the rows, or the entries by `names` (the flattened values' labels). The one check of a
+    metric's values every analysis makes: attributions, edge scores, sweeps and patching grids."""
+    def wording(bad: NonFinite) -> str:
+        where = [names[i] if names is not None else f"row {i}" for i in bad.flat[:5]]
+        return (f"{what}: not finite (NaN or ±inf) at {', '.join(where)}{' …' if bad.count > 5 else ''}; check the "
+                f"metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
+
+    return refuse_nonfinite(values, wording)

@@ -144,7 +144,7 @@ def ablation_sweep(model, batch, metric: Callable, mode: str = "zero", chunk: in
         raise AnalysisError(f"mode must be 'zero' or 'mean'; got {mode!r}.")
     inputs = model.inputs(batch)
     grid = sweep_streams(model, inputs, residual_streams(model, batch), cfg.num_attention_heads, _ablating,
-                         replacement, metric, chunk)
+                         replacement, metric, chunk, item="head")
     return (grid, Baselines(_plain_metric(model, inputs, metric))) if baselines else grid
 
 
@@ -238,7 +238,8 @@ def patch_activations(model, clean, corrupted, metric: Callable, site: str = "ho
     clean_values = _clean_where_real(model, clean_inputs, corrupt_inputs, _site_values(model, clean_inputs, site),
                                      site)  # [L, B, T, ...]
     grid = sweep_streams(model, corrupt_inputs, residual_streams(model, corrupt_inputs),
-                         clean_values.shape[SWEPT_AXIS[per]], _patching(site, per), clean_values, metric, chunk)
+                         clean_values.shape[SWEPT_AXIS[per]], _patching(site, per), clean_values, metric, chunk,
+                         item=per)
     if not baselines:
         return grid
     return grid, Baselines(_plain_metric(model, clean_inputs, metric), _plain_metric(model, corrupt_inputs, metric))

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis._finite import check_finite
 from minibert.core.contract import metric_values, static_metric, traced_call
 from minibert.errors import AnalysisError
 from minibert.runtime import accounting
@@ -83,9 +84,11 @@ def items_per_call(model, batch_shape, n_items: int, chunk: int | None) -> int:
     return min(int(chunk), n_items)
 
 
-def sweep_streams(model, inputs, resids, n_items: int, patch: Callable, shared, metric, chunk=None) -> np.ndarray:
+def sweep_streams(model, inputs, resids, n_items: int, patch: Callable, shared, metric, chunk=None,
+                  item: str = "item") -> np.ndarray:
     """`patch` at every layer × item → the metric grid [L, n_items], `chunk` items per program call, from the
-    residual streams `resids` [L, B, T, D] entering each block (residual_streams) of the run `inputs`.
+    residual streams `resids` [L, B, T, D] entering each block (residual_streams) of the run `inputs`. A grid
+    cell that is NaN or ±inf is refused, named "layer l, {item} i" (a metric dividing by zero).
 
     The last chunk is padded with repeats of item 0 (its results are dropped) so every call has one shape and
     reuses one compilation.
@@ -100,7 +103,9 @@ def sweep_streams(model, inputs, resids, n_items: int, patch: Callable, shared, 
         rows.append([program(model.state, inputs, jnp.int32(layer), resids[layer], part, shared,
                              patch=patch, metric=static_metric(metric))
                      for part in jnp.asarray(items.reshape(n_chunks, size))])
-    return np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
+    grid = np.stack([np.concatenate([np.asarray(r) for r in row])[:n_items] for row in rows])
+    cells = [f"layer {layer}, {item} {i}" for layer in range(grid.shape[0]) for i in range(n_items)]
+    return check_finite(grid.ravel(), "the metric after each intervention", cells).reshape(grid.shape)
 
 
 def sweep(model, batch, patch: Callable, n_items: int, metric: Callable, *, shared=None,

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from minibert import __version__
-from minibert.errors import DataFileError, DistributedError, InputError, MinibertError
+from minibert.errors import DataFileError, DistributedError, InputError, MinibertError, TokenizerError
+from minibert.io.files import output_path, write_output
 
 USER_ERROR = 2  # argparse's status for a bad command line; ours for bad input the command line names
 INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
@@ -110,14 +111,19 @@ def _checked_index(option: str, value: int | None, count: int, what: str) -> int
 def _view(args) -> int:
     from minibert import viz
     from minibert.viz import report
+    from minibert.viz._html import PAGE_SUFFIXES
 
-    out = args.out or Path(VIEW_FILES[args.kind])
+    out = output_path(VIEW_FILES[args.kind] if args.out is None else args.out, PAGE_SUFFIXES, DataFileError,
+                      overwrite=args.overwrite, replace_hint="pass --overwrite to replace it", what="--out path")
     _checked_outputs([out])
     model = _load(args.model, args.download)
     cfg = model.config
     layer = _checked_index("--layer", args.layer, cfg.num_hidden_layers, "layers") or 0
     head = _checked_index("--head", args.head, cfg.num_attention_heads, "heads")
-    doc = viz.document(model, args.text, args.pair, max_length=args.max_length)
+    try:
+        doc = viz.document(model, args.text, args.pair, max_length=args.max_length)
+    except TokenizerError as error:  # the library's advice in the command's words
+        raise TokenizerError(str(error).replace("pass max_length=", "pass --max-length ")) from None
     query = _checked_index("--query", args.query, len(doc.tokens), "tokens here")
     query = min(1, len(doc.tokens) - 1) if query is None else query
     quoted = repr(args.text if len(args.text) <= MAX_TITLE_CHARS else args.text[:MAX_TITLE_CHARS - 1] + "…")
@@ -129,7 +135,8 @@ def _view(args) -> int:
                                           title=f"Neuron view: {quoted}"),
     }
     kinds = list(make) if args.kind == "all" else [args.kind]
-    out.write_text(report.views_page(f"minibert: {quoted}", [make[kind]() for kind in kinds]), encoding="utf-8")
+    page = report.views_page(f"minibert: {quoted}", [make[kind]() for kind in kinds])
+    write_output(out, lambda path: path.write_text(page, encoding="utf-8"), DataFileError)
     print(out)
     return 0
 
@@ -215,7 +222,12 @@ def _serve(args) -> int:
         raise InputError(f"minibert serve needs {error.name}: pip install 'minibert[serve]'.") from None
     from minibert.viz.workbench import Workbench
 
-    if args.host not in serve.LOCAL_HOSTS:
+    if args.host in serve.ALL_ADDRESSES:
+        print(f"minibert serve: warning: listening on every address ({args.host}), but the Host check accepts only "
+              f"local names and the --host given, so another machine's requests are refused: to serve a network, "
+              f"pass the address they will use (--host 192.168.x.y); the URL printed is this machine's own.",
+              file=sys.stderr)
+    elif args.host not in serve.LOCAL_HOSTS:
         print(f"minibert serve: warning: listening on {args.host}: anyone who can reach it and has the URL's token "
               f"can use the workbench.", file=sys.stderr)
     serve.checked_port(args.port)  # before the loading, which takes a while
@@ -364,8 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "view's head (default: all heads on; neuron view head 0)")
     view.add_argument("--query", type=int, metavar="I", help="the neuron view's query token position, 0-indexed "
                                                              "with [CLS] at 0 (default 1, the first word)")
-    view.add_argument("--out", type=Path, metavar="FILE", help="the page to write (default: view.html, or "
-                                                               "head_view.html, model_view.html, neuron_view.html)")
+    view.add_argument("--out", metavar="FILE", help="the page to write, .html or .htm (default: view.html, or "
+                                                    "head_view.html, model_view.html, neuron_view.html)")
+    view.add_argument("--overwrite", action="store_true",
+                      help="replace the page if it is there (without it, an existing file or link is refused)")
     view.add_argument("--max-length", type=int, metavar="N", help="truncate to N tokens (default: no limit)")
     model_option(view)
 

@@ -38,6 +38,9 @@ from minibert.viz.workbench import Workbench
 
 TOKEN_HEADER = "X-Minibert-Token"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Every address of this machine: the Host check cannot accept "0.0.0.0" (no client sends it), so the URL printed
+# names the loopback address in its place, and another machine needs --host with the address it will use.
+ALL_ADDRESSES = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 MAX_BODY_BYTES = 64 * 1024  # two texts of MAX_CHARS and the controls fit many times over
 RATE = 20.0  # requests a second per client, sustained: a person typing and clicking never reaches it
 BURST = 40  # requests a client may send at once (the page sends a handful per edit)
@@ -67,10 +70,11 @@ class RateLimiter:
 
 
 def _hostname(authority: str) -> str:
-    """"127.0.0.1:8765" → "127.0.0.1"; "[::1]:8765" → "::1"."""
+    """"127.0.0.1:8765" → "127.0.0.1"; "[::1]:8765" → "::1"; "LOCALHOST" → "localhost" (names are
+    case-insensitive)."""
     if authority.startswith("["):
-        return authority[1:].split("]", 1)[0]
-    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+        return authority[1:].split("]", 1)[0].lower()
+    return (authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority).lower()
 
 
 def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127.0.0.1", port: int = 8765,
@@ -83,7 +87,7 @@ def create_app(workbenches: Sequence[Workbench], token: str, *, host: str = "127
     from starlette.responses import HTMLResponse
     from starlette.routing import Route
 
-    hosts = {*LOCAL_HOSTS, host}
+    hosts = {*LOCAL_HOSTS, host.lower()}
     origins = {f"http://{name}:{port}" for name in hosts} | {f"http://[{name}]:{port}" for name in hosts}
     limiter = limiter or RateLimiter()
 
@@ -298,7 +302,8 @@ def serve(workbenches: Sequence[Workbench], *, host: str = "127.0.0.1", port: in
     sock.listen(128)
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
-    shown = f"[{host}]" if ":" in host else host
+    shown = ALL_ADDRESSES.get(host, host)
+    shown = f"[{shown}]" if ":" in shown else shown
     url = f"http://{shown}:{port}/?token={token}" + ("&tour=1" if tour else "")
     print(url, flush=True)
     app = create_app(workbenches, token, host=host, port=port, tour=tour)

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from minibert.errors import DataFileError, InputError
+from minibert.io.files import output_path, write_output
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 STRICT = "MINIBERT_TUTORIAL_CHECKS"  # set to "strict" (the test suite does): a failed expect() raises
@@ -106,20 +107,13 @@ def notebook(script: str) -> dict:
 def write_notebook(name: str, output: Path | None = None) -> Path:
     """Write tutorial `name` as a notebook to `output` (default: ./NAME.ipynb); refuses to overwrite a file."""
     source = find(name)
-    output = Path(output) if output is not None else Path(source.stem + ".ipynb")
-    if output.suffix != ".ipynb":  # Jupyter opens a notebook by its suffix: d.txt would open as text
-        raise InputError(f"--output {output} must end in .ipynb (Jupyter opens a notebook by its suffix); "
-                         f"for example {output.with_suffix('.ipynb')}.")
-    if output.exists():
-        raise InputError(f"{output} exists; pass another --output or remove it first (a notebook you edited "
-                         f"is never overwritten).")
+    # The rule of every minibert writer (io.files.output_path), with no overwrite: a notebook you edited is never
+    # replaced. Jupyter opens a notebook by its suffix: d.txt would open as text.
+    output = output_path(source.stem + ".ipynb" if output is None else output, (".ipynb",), InputError,
+                         replace_hint="remove it first (a notebook you edited is never overwritten)",
+                         what="--output path")
     blocked = next((folder for folder in output.parents if folder.is_file()), None)
     if blocked is not None:
         raise DataFileError(f"{blocked} is a file, so {output} cannot be written inside it; pass another --output.")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(notebook(source.read_text(encoding="utf-8")), indent=1, ensure_ascii=False)
-                          + "\n", encoding="utf-8")
-    except OSError as error:  # permissions, a read-only disk, a full one
-        raise DataFileError(f"cannot write {output} ({error.strerror or error}); pass another --output.") from None
-    return output
+    text = json.dumps(notebook(source.read_text(encoding="utf-8")), indent=1, ensure_ascii=False) + "\n"
+    return write_output(output, lambda path: path.write_text(text, encoding="utf-8"), DataFileError)

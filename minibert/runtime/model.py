@@ -222,8 +222,13 @@ class Model(Weights):
         if is_text(batch):
             batch = self.tokenize(batch)
         if not isinstance(batch, (Batch, Mapping)):
+            pairs = isinstance(batch, (list, tuple)) and bool(batch) and all(
+                isinstance(row, (list, tuple)) and len(row) == 2 and all(isinstance(t, str) for t in row)
+                for row in batch)
+            hint = (" (sentence pairs as (A, B) tuples: pass model.tokenize([a for a, b in pairs], "
+                    "pairs=[b for a, b in pairs]))" if pairs else "")
             raise InputError(f"a batch is a text, a list of texts, a Batch (model.tokenize) or a dict of id arrays; "
-                             f"got {type(batch).__name__}.")
+                             f"got {type(batch).__name__}{hint}.")
         fields = batch.to_dict() if isinstance(batch, Batch) else dict(batch)
         if "input_ids" not in fields:
             raise InputError("a batch needs input_ids; pass model.tokenize(texts) or a dict with input_ids [B, T].")

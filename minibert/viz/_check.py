@@ -42,9 +42,15 @@ def _drop_batch(array: np.ndarray, name: str, axis: int) -> np.ndarray:
 
 
 def _as_float(value, name: str) -> np.ndarray:
-    if isinstance(value, (list, tuple)):  # per-layer outputs, e.g. transformers' `attentions`
-        value = np.stack([np.asarray(v) for v in value])
-    array = np.asarray(value, dtype=np.float64)
+    try:
+        if isinstance(value, str):  # np.asarray("0.5", float) would read a number out of the text
+            raise TypeError
+        if isinstance(value, (list, tuple)):  # per-layer outputs, e.g. transformers' `attentions`
+            value = np.stack([np.asarray(v) for v in value])
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise VizError(f"{name} must be a numeric array (NumPy, JAX or nested lists of numbers); got "
+                       f"{type(value).__name__} {str(value)[:40]!r}.") from None
     if not np.all(np.isfinite(array)):
         raise VizError(f"{name} contains NaN or infinite values; views and figures need finite numbers.")
     return array
@@ -125,6 +131,15 @@ def theme(value: str) -> str:
     if value not in ("light", "dark"):
         raise VizError(f"theme must be 'light' or 'dark'; got {value!r}.")
     return value
+
+
+def number(name: str, value, *, positive: bool = False) -> float:
+    """A finite real number (not a bool), > 0 where `positive`: a colour scale's end or centre."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not np.isfinite(value) or (positive and value <= 0):
+        wanted = "a finite number > 0" if positive else "a finite number"
+        raise VizError(f"{name} must be {wanted}; got {value!r}.")
+    return float(value)
 
 
 def matrix(name: str, value, ndim: int, shape_hint: str) -> np.ndarray:

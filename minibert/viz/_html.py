@@ -29,8 +29,8 @@ from typing import Literal
 
 import numpy as np
 
-from minibert.errors import VizError, refuse_existing
-from minibert.viz._check import file_path
+from minibert.errors import VizError
+from minibert.io.files import output_path, write_output
 
 
 @cache
@@ -106,17 +106,14 @@ def page(title: str, body: str, style: str = PAGE_STYLE) -> str:
             f"<body>{body}</body></html>\n")
 
 
+PAGE_SUFFIXES = (".html", ".htm")
+
+
 def write_page(path: str | Path, text: str, overwrite: bool) -> Path:
-    """Write the page `text` to `path`; a file already there is the user's, so it is replaced only when asked."""
-    path = file_path(path, "view.html")
-    refuse_existing(path, overwrite, VizError)
-    if path.is_dir():
-        raise VizError(f"{path} is a folder; save to a file path such as {path / 'view.html'}.")
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise VizError(f"cannot write {path} ({error.strerror or error}); save to another path.") from None
-    return path
+    """Write the page `text` to `path` (.html or .htm), by the rule of every minibert writer (io.files.output_path):
+    a file already there is the user's, so it is replaced only when asked."""
+    path = output_path(path, PAGE_SUFFIXES, VizError, overwrite=overwrite)
+    return write_output(path, lambda p: p.write_text(text, encoding="utf-8"), VizError)
 
 
 class View:

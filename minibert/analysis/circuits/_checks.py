@@ -5,7 +5,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from minibert.analysis._finite import NonFinite, refuse_nonfinite
 from minibert.core.contract import StaticFn, metric_values, traced_call
 from minibert.errors import AnalysisError
 
@@ -36,13 +35,3 @@ def metric_of(metric: StaticFn, out, n_rows: int) -> jax.Array:
     not have (None: no head, no pooler) is told which, not left to fail with 'NoneType' inside the trace."""
     return metric_values(traced_call(metric.fn, out), n_rows)
 
-
-def check_finite(values, what: str, names: list[str] | None = None) -> np.ndarray:
-    """values as a NumPy array, or one AnalysisError naming where they are NaN or infinite: the rows, or the
-    entries by `names` (the flattened values' labels)."""
-    def wording(bad: NonFinite) -> str:
-        where = [names[i] if names is not None else f"row {i}" for i in bad.flat[:5]]
-        return (f"{what}: not finite (NaN or ±inf) at {', '.join(where)}{' …' if bad.count > 5 else ''}; check the "
-                f"metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
-
-    return refuse_nonfinite(values, wording)

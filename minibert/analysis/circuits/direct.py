@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis.circuits._checks import check_count, check_finite, check_model, metric_of
+from minibert.analysis._finite import check_finite
+from minibert.analysis.circuits._checks import check_count, check_model, metric_of
 from minibert.analysis.circuits.frozen import point_names, readout_hooks, scale_names, skip_path, skip_weights
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis.circuits._checks import check_choice, check_count, check_finite, check_model, metric_of
+from minibert.analysis._finite import check_finite
+from minibert.analysis.circuits._checks import check_choice, check_count, check_model, metric_of
 from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
 from minibert.analysis.interventions import paired_inputs
@@ -326,6 +327,7 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     check_model(model)
     alphas = _check_method(method, steps)
     layout(model)
+    _refuse_same_inputs(model, clean, corrupted, "every edge's score, a product with the difference, is 0")
     clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)
     paired = [bool(np.any(np.asarray(i.token_type_ids) * np.asarray(i.attention_mask))) for i in (clean_inputs,
                                                                                                   corrupt_inputs)]
@@ -350,6 +352,11 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     senders, receivers = sender_labels(L, H), receiver_labels(L, H)
     scores = check_finite(np.where(edges, np.asarray(scores), 0.0).ravel(), "the edge scores (the metric's gradient)",
                           [f"{u} → {v}" for u in senders for v in receivers])
+    if not scores.any():  # a score is (corrupted − clean) · ∂metric: a metric that reads nothing has no gradient
+        warnings.warn("edge_attribution: every edge scores exactly 0: the metric's gradient is 0 everywhere (a "
+                      "constant metric, or one that reads nothing the edges change); a circuit of this graph means "
+                      "nothing: check that the metric is computed from the output it is given.",
+                      AnalysisWarning, stacklevel=outside_minibert())
     return CircuitGraph(scores.reshape(edges.shape), senders, receivers, edges, L, H, method)
 
 
@@ -499,10 +506,7 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
     for c in circuits:
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
-    if _same_inputs(model, clean, corrupted):
-        raise AnalysisError("the corrupted batch is the clean batch (the same tokens, types and mask): m(clean) − "
-                            "m(corrupted) is 0 for any metric and faithfulness, a ratio over it, is undefined; "
-                            "pass corrupted inputs that differ from the clean ones.")
+    _refuse_same_inputs(model, clean, corrupted, "faithfulness, a ratio over it, is undefined")
     patched, corrupted, plain = _patched_metrics(model, clean, corrupted, metric, cuts)
     difference, scale = abs(patched[-2] - corrupted), max(abs(patched[-2]), abs(corrupted))
     # The full graph and the plain clean run compute one value by two programs: their gap is this metric's own
@@ -545,6 +549,14 @@ def path_patching(model, clean, corrupted, metric: Callable, sender: str, receiv
     cut = np.zeros((len(senders), len(readers)), bool)
     cut[u, [readers.index(r) for r in receivers]] = True
     return float(_patched_metrics(model, clean, corrupted, metric, cut[None])[0][0])
+
+
+def _refuse_same_inputs(model, clean, corrupted, consequence: str) -> None:
+    """One AnalysisError where the corrupted batch is the clean one: every difference between the runs is 0."""
+    if _same_inputs(model, clean, corrupted):
+        raise AnalysisError(f"the corrupted batch is the clean batch (the same tokens, types and mask): m(clean) − "
+                            f"m(corrupted) is 0 for any metric and {consequence}; pass corrupted inputs that differ "
+                            f"from the clean ones.")
 
 
 def _same_inputs(model, clean, corrupted) -> bool:

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minibert.analysis.circuits._checks import check_choice, check_finite, check_model, metric_of
+from minibert.analysis._finite import check_finite
+from minibert.analysis.circuits._checks import check_choice, check_model, metric_of
 from minibert.analysis.gradients import _special_ids
 from minibert.analysis.sweeps import chunked_map, chunked_sum
 from minibert.analysis.words import word_groups, word_labels

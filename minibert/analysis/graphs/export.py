@@ -13,13 +13,13 @@ circuit-tracer writes it for its own.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from minibert.analysis.graphs.pruning import prune, unpruned
-from minibert.errors import AnalysisError, refuse_existing
+from minibert.errors import AnalysisError
+from minibert.io.files import output_path, write_output
 
 
 def _cantor(x: int, y: int) -> int:
@@ -85,17 +85,6 @@ def graph_json(graph, *, slug: str, scan: str = "minibert", prompt: str | None =
 def write_json(graph, path, *, slug: str, overwrite: bool = False, **options) -> Path:
     """graph_json(graph, slug=…, **options) written to `path` (missing folders created); an existing file is
     refused unless overwrite=True."""
-    if not isinstance(path, str | os.PathLike):
-        raise AnalysisError(f"path is the file to write the graph to, a str or pathlib.Path such as 'graph.json'; "
-                            f"got {type(path).__name__} {path!r}.")
-    path = Path(path)
-    if path.is_dir():  # overwrite=True could not replace it
-        raise AnalysisError(f"{path} is a directory; write to a file path such as {path / 'graph.json'}.")
-    refuse_existing(path, overwrite, AnalysisError)
+    path = output_path(path, (".json",), AnalysisError, overwrite=overwrite)  # the rule of every minibert writer
     text = json.dumps(graph_json(graph, slug=slug, **options), indent=2)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as error:
-        raise AnalysisError(f"cannot write {path} ({error.strerror or error}); write to another path.") from None
-    return path
+    return write_output(path, lambda p: p.write_text(text), AnalysisError)

@@ -12,8 +12,8 @@ from matplotlib.axes import Axes
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure, SubFigure
 
-from minibert.errors import refuse_existing
-from minibert.viz._check import VizError, file_path
+from minibert.io.files import output_path, write_output
+from minibert.viz._check import VizError
 
 SUFFIXES = (".png", ".svg", ".pdf")
 PNG_DPI = 200
@@ -22,28 +22,16 @@ NEURON_CMAP = LinearSegmentedColormap.from_list("minibert_neuron", ["#e66101", "
 
 
 def figure_path(path, overwrite: bool = False) -> Path:
-    """`path` checked as a figure file to write: a str or pathlib.Path ending in .png, .svg or .pdf, not a folder,
-    and free unless overwrite=True (figure writers call it before drawing, save again before writing)."""
-    path = file_path(path, "figure.png")
-    if path.suffix.lower() not in SUFFIXES:
-        raise VizError(f"path {str(path)!r} must end in .png, .svg or .pdf (the format follows the suffix); "
-                       f"got {path.suffix or 'no suffix'!r}.")
-    if path.is_dir():
-        raise VizError(f"{path} is a folder; save to a file path such as {path / 'figure.png'}.")
-    refuse_existing(path, overwrite, VizError)
-    return path
+    """`path` checked as a figure file to write (.png, .svg or .pdf) by the rule of every minibert writer
+    (io.files.output_path): figure writers call it before drawing, save() again before writing."""
+    return output_path(path, SUFFIXES, VizError, overwrite=overwrite)
 
 
 def save(fig: Figure, path, overwrite: bool = False) -> Path:
     """Write `fig` to `path` in the format its suffix names (.png at 200 dpi, .svg, .pdf); returns the path. A file
     already there is the user's: it is replaced only with overwrite=True, as every minibert writer does."""
     path = figure_path(path, overwrite)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
-    except OSError as error:
-        raise VizError(f"cannot write {path} ({error.strerror or error}); save to another path.") from None
-    return path
+    return write_output(path, lambda p: fig.savefig(p, dpi=PNG_DPI, bbox_inches="tight"), VizError)
 
 
 class NotebookFigure(Figure):

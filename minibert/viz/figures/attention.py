@@ -34,8 +34,9 @@ def attention_heatmap(attention, tokens: Sequence[str], tokens_to: Sequence[str]
     if a.shape != (len(rows), len(cols)):
         raise VizError(f"attention has shape {a.shape} but there are {len(rows)} query and {len(cols)} key tokens; "
                        f"pass [T, S] = [{len(rows)}, {len(cols)}] (drop padding: attention[:n, :n]).")
+    top = a.max() if vmax is None else _check.number("vmax", vmax, positive=True)
     fig, ax = _axes(ax, _heatmap_size(*a.shape))
-    image = ax.imshow(a, cmap=cmap, vmin=0.0, vmax=a.max() if vmax is None else vmax)
+    image = ax.imshow(a, cmap=cmap, vmin=0.0, vmax=top)
     _tick_labels(ax, "x", cols, rotation=90)
     _tick_labels(ax, "y", rows)
     ax.set_xlabel("key (attended to)")
@@ -60,7 +61,7 @@ def head_grid(attention, tokens: Sequence[str], *, layers: Sequence[int] | None 
     fig = NotebookFigure(figsize=(1.6 * len(cols) + 1.5, 1.6 * len(rows) + 0.8), layout="constrained")
     # Not sharex/sharey: shared tick machinery costs time quadratic in the panels (seconds for 12 × 12).
     grid = fig.subplots(len(rows), len(cols), squeeze=False)
-    norm = Normalize(0.0, shown.max() if vmax is None else vmax)
+    norm = Normalize(0.0, shown.max() if vmax is None else _check.number("vmax", vmax, positive=True))
     for (i, layer), (j, head) in product(enumerate(rows), enumerate(cols)):
         image = grid[i, j].imshow(a[layer, head], cmap=cmap, norm=norm)
         grid[i, j].set_title(head_label(layer, head), fontsize=9)

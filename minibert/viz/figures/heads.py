@@ -149,7 +149,8 @@ def statistic_heatmap(values, name: str, *, cmap=STATISTIC_CMAP, annotate: bool 
     values: [L, H]; name: what it is, for the colour bar (e.g. "attention to [SEP]").
     annotate: write each value in its cell.
     """
-    return sweep_heatmap(values, name, cmap=cmap, annotate=annotate, title=title, ax=ax, path=path)
+    return sweep_heatmap(values, name, cmap=cmap, annotate=annotate, title=title, ax=ax, path=path,
+                         overwrite=overwrite)
 
 
 def sweep_heatmap(values, name: str, *, tokens: Sequence[str] | None = None, center: float | None = None,
@@ -164,6 +165,7 @@ def sweep_heatmap(values, name: str, *, tokens: Sequence[str] | None = None, cen
     effect); default: one sequential scale. annotate: write each value in its cell.
     """
     v = _check.matrix("values", values, 2, "[L, H] (layers × heads) or, with tokens, [L, T] (layers × positions)")
+    center = None if center is None else _check.number("center", center)
     columns = None if tokens is None else _strings("tokens", tokens, v.shape[1], "columns")
     fig, ax = _axes(ax, _heatmap_size(*v.shape))
     if center is None:
