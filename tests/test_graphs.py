@@ -549,7 +549,7 @@ def test_a_figure_path_that_is_no_path_is_refused(bert, tmp_path):
     from minibert.viz import VizError
 
     pruned = graphs.prune(bert[4], node_threshold=0.9)
-    with pytest.raises(VizError, match=r"a str or pathlib.Path such as 'figure.png'; got int 5"):
+    with pytest.raises(VizError, match=r"must be a str or pathlib.Path, such as 'out.png'; got int 5"):
         viz.graphs.graph_figure(pruned, path=5)
     with pytest.raises(VizError, match=r"must end in .png, .svg or .pdf"):
         viz.graphs.graph_figure(pruned, path=tmp_path / "g.txt")
