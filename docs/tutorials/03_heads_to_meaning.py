@@ -123,9 +123,9 @@ for r, text in enumerate(groups["mistake"]):
     if r not in kept:
         print(f"note: {text!r} has no word 'mistake'; it is left out of the attention to 'mistake' below.")
 if not kept:
-    print("note: no sentence of the group has the word 'mistake'; using 'I made the mistake.' for this part.")
-mistake_texts = [groups["mistake"][r] for r in kept] or ["I made the mistake."]
-mistake_properties = [properties["mistake"][r] for r in kept] or ["made the …"]
+    print("note: no sentence of the group has the word 'mistake'; using 'It was a mistake.' for this part.")
+mistake_texts = [groups["mistake"][r] for r in kept] or ["It was a mistake."]
+mistake_properties = [properties["mistake"][r] for r in kept] or ["a …"]
 mistake = words.attention_to_word(model, mistake_texts, "mistake")  # [N, L]
 with_sorry = [text for text in groups["apology"] if "sorry" in text.lower()]
 sorry = words.attention_to_word(model, with_sorry, "sorry")
