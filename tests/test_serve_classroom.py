@@ -50,6 +50,26 @@ def test_an_ablated_head_is_marked_in_the_step_through(open_page, tiny_mlm):
     assert page.problems == []
 
 
+def test_an_ablated_head_button_is_struck_through_and_offers_to_restore(open_page):
+    """docs/teaching.md says the ablated head is struck through; its button was only red, and its tooltip still
+    said "click to ablate" (lecturer, finding 7)."""
+    page = open_page()
+    page.type("a b c d e")
+    button = "#wb-head-0-0-2"
+    assert page.page.get_attribute(button, "title").endswith(": click to ablate")
+    page.page.click(button)
+    page.page.wait_for_selector(f'{button}[aria-pressed="true"]')
+    page.settle()
+    assert page.page.get_attribute(button, "title").endswith(": ablated, click to restore")
+    style = page.page.eval_on_selector(button, "b => getComputedStyle(b).textDecorationLine")
+    assert "line-through" in style, style
+    page.page.click(button)
+    page.page.wait_for_selector(f'{button}[aria-pressed="false"]')
+    page.settle()
+    assert page.page.get_attribute(button, "title").endswith(": click to ablate")
+    assert page.problems == []
+
+
 def test_too_long_text_says_how_short_to_make_it(open_page):
     """A text over the limit (64 tokens here, [CLS] and [SEP] included) says how many word pieces to keep; the limit
     is only named in parentheses, after what a student can do (here the model's own 64 positions: no server flag

@@ -376,6 +376,8 @@ function minibertWorkbench(app, config, options) {
       var layer = Number(button.dataset.layer), head = Number(button.dataset.head);
       var on = state.ablate[panel.n].some(function (p) { return p[0] === layer && p[1] === head; });
       button.setAttribute("aria-pressed", String(on));
+      button.title = "head " + labelBoth(panel.n, layer, head) + (on ? ": ablated, click to restore"
+                                                                    : ": click to ablate");
     });
   }
 
