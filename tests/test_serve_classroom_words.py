@@ -216,6 +216,26 @@ def test_an_ablation_says_where_the_attention_first_changes(open_page, bundled_s
         assert page.problems == []
 
 
+def test_the_change_line_says_it_is_about_raw_attention_under_a_mixing_map(open_page):
+    """Under rollout / value zeroing / ALTI the line kept describing raw attention as if it were the map on screen
+    (value zeroing changes at the ablated head's own layer); one identical layer read "layers 1–1" (finding 2)."""
+    page = open_page()
+    page.type("a b c d e")
+    page.page.click("#wb-head-0-0-1")  # layer 1 (1-indexed): the raw attention first changes at layer 2
+    page.page.wait_for_selector("#wb-change-0")
+    page.settle()
+    said = page.page.text_content("#wb-change-0")
+    assert "first changes at layer 2" in said and "layer 1 is identical" in said and "layers 1–1" not in said, said
+    assert "raw attention" not in said, said
+    page.page.select_option("#wb-mixing", "rollout")
+    page.page.wait_for_function("() => (document.querySelector('#wb-change-0') || {}).textContent"
+                                "?.includes('raw attention')")
+    page.settle()
+    said = page.page.text_content("#wb-change-0")
+    assert "about the raw attention α, not the rollout maps the views show" in said, said
+    assert page.problems == []
+
+
 def test_context_mixing_maps_are_named_by_their_method_not_head_1(open_page):
     """The rollout / value-zeroing / ALTI maps, one per layer, were labelled "Head 1" (the views draw a map as a
     single head): their column and swatch now name the method."""

@@ -484,11 +484,14 @@ function minibertWorkbench(app, config, options) {
       line.appendChild(document.createTextNode("after − before: no layer's attention changes (the ablated heads are "
         + "in the last layer, or write nothing later layers read)."));
     } else {
-      var peak = change.per_layer[first];
+      var peak = change.per_layer[first], shown = mixing.node.options[mixing.node.selectedIndex];
+      var same = first === 1 ? "; layer 1 is identical" : "; layers 1–" + first + " are identical";
       line.appendChild(document.createTextNode("after − before: the attention first changes at layer " + (first + 1)
         + " (1-indexed; 0-indexed: " + first + "), by up to " + number(peak) + " (largest |Δα|)"
-        + (first > 0 ? "; layers 1–" + first + " are identical before and after" : "") + ". Largest |Δα| per layer: "
-        + change.per_layer.map(number).join(", ") + ". "));
+        + (first > 0 ? same + " before and after" : "") + ". Largest |Δα| per layer: "
+        + change.per_layer.map(number).join(", ") + ". "
+        + (mixing.node.value === "attention" ? "" : "This line and the map are about the raw attention α, not the "
+           + shown.text + " maps the views show: those can change at an earlier layer. ")));
       var go = el("button", {type: "button", id: prefix + "change-show-" + panel.n}, "Show layer " + (first + 1));
       go.addEventListener("click", function () { choose({layer: first}); });
       line.appendChild(go);
