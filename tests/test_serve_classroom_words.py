@@ -307,6 +307,7 @@ def test_the_sqrt_k_switch_shows_the_softmax_without_the_division(open_page):
     assert page.problems == []
 
 
+@pytest.mark.slow  # a server of its own and an ablation: ~14 s on a loaded 2-core machine
 def test_the_handout_answers_the_room_questions_with_the_pages_own_numbers(open_page, bundled_shape):
     """A printable handout generated from the page's state: the lab's steps, the three room questions answered with
     the student's numbers (the step-through's softmax, its scores, the similarity before and after the ablation
@@ -326,10 +327,17 @@ def test_the_handout_answers_the_room_questions_with_the_pages_own_numbers(open_
         K = bundled_shape.config.head_dim
         assert f"puts {max(weights):.3f} of its attention" in said, said
         assert f"from {before:.3f} to {after:.3f}" in said and "with 1-3 ablated" in said, said
+        # the difference of the numbers printed (0.704 → 0.710 read "+0.005", the unrounded difference)
+        change = round(after, 3) - round(before, 3)
+        assert f"to {after:.3f} ({'+' if change >= 0 else '−'}{abs(change):.3f})".replace("−", "-") in said, said
+        assert "numbers below are those of the run with 1-3 ablated" in said, said  # the step-through's, ablated
+        assert "[CLS] and [SEP] included, sentence B's counted too?" in said, said  # f.tokens holds A and B
         assert f"{len(tokens)} tokens: {' '.join(tokens)}" in said, said
         assert f"√{K} = {np.sqrt(K):.3f}" in said and f"1 (here {sum(weights):.3f})" in said, said
         for heading in ("The lab", "Questions, with your answers", "Quiz", "Answer key"):
             assert heading in said, heading
         page.page.emulate_media(media="print")  # printing shows the handout alone
         assert page.page.is_visible("#wb-handout") and not page.page.is_visible("#wb-text")
+        key = page.page.eval_on_selector("#wb-handout .wb-handout-key", "h => getComputedStyle(h).breakBefore")
+        assert key == "page", key  # the answer key prints on a page of its own, not under the quiz
         assert page.problems == []
