@@ -286,6 +286,38 @@ def test_the_url_carries_the_pages_state_to_another_laptop(open_page, browser, s
     assert page.problems == []
 
 
+def test_a_link_the_page_cannot_follow_says_what_it_did_instead(open_page, server, tiny_mlm):
+    """&layer=2&head=4 was ignored, &head=7-1&query=99&ablate=1-13,0-0 dropped or clamped without a word while the
+    address kept them, and the Projector button left no projector=1 in it (finding 9)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    cfg = tiny_mlm[0].config
+    page = open_page(url=f"{server.url}&text=a b c&layer=2&head=4")
+    page.settle()
+    assert "Head 2-4" in page.page.text_content("#wb-step-title-0")
+    said = page.page.text_content("#wb-url-note")
+    assert "layer=2&head=4 is read as head=2-4" in said, said
+    state = parse_qs(urlsplit(page.page.url).query)
+    assert state["head"] == ["2-4"] and "layer" not in state, state
+    bad_layer = cfg.num_hidden_layers + 1
+    too_far = f"1-{cfg.num_attention_heads + 1}"
+    page = open_page(url=f"{server.url}&text=a b c&head={bad_layer}-1&query=99&ablate={too_far},0-0")
+    page.settle()
+    said = page.page.text_content("#wb-url-note")
+    assert f"head={bad_layer}-1 is not a head of this model ({cfg.num_hidden_layers} layers" in said, said
+    assert "query=99 is past the text's last token (position 4, 0-indexed)" in said, said  # [CLS] a b c [SEP]
+    assert f"ablate: {too_far} left out" in said and "ablate: 0-0 not read" in said, said
+    state = parse_qs(urlsplit(page.page.url).query)
+    assert state["query"] == ["4"] and state["head"] == ["1-1"] and "ablate" not in state, state
+    page.page.click("#wb-projector")
+    page.settle()
+    assert parse_qs(urlsplit(page.page.url).query).get("projector") == ["1"]
+    page.page.click("#wb-projector")
+    page.settle()
+    assert "projector" not in parse_qs(urlsplit(page.page.url).query)
+    assert page.problems == []
+
+
 def test_the_sqrt_k_switch_shows_the_softmax_without_the_division(open_page):
     """"Why divide by √K?" could not be shown: the step-through's ÷√K switch, off, adds softmax(q·k) without the
     division under the model's softmax — the softmax of the q·k row's own numbers — and it is at least as peaked
