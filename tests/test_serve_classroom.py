@@ -232,6 +232,11 @@ def test_projector_mode_enlarges_and_darkens_every_text(open_page, twelve_heads)
             f"{neuron} .mbv-help, {neuron} .mbv-sub, #wb-views-0 .mbv svg text.mbv-colhead, #wb-views-0 .mbv-help",
             "ns => ns.map(n => n.tagName === 'text' ? getComputedStyle(n).fill : getComputedStyle(n).color)")
         assert len(captions) > 4 and all(contrast_on_white(c) >= 7 for c in captions), captions
+        # the views' captions ("Hover a token…") and head swatches (1…12) as large as the page's 18–20 px text: they
+        # stayed at 14–15 px (lecturer, finding 10)
+        sizes = page.page.eval_on_selector_all("#wb-views-0 .mbv-help, #wb-views-0 .mbv-swatch",
+                                               "ns => ns.map(n => parseFloat(getComputedStyle(n).fontSize))")
+        assert len(sizes) > 12 and min(sizes) >= 18, sizes
         margins = page.page.eval_on_selector_all(
             "#wb-heads-0 .wb-head", "ns => ns.map(n => { const r = document.createRange(); r.selectNodeContents(n); "
             "const t = r.getBoundingClientRect(), b = n.getBoundingClientRect(); "
