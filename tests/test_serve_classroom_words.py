@@ -86,6 +86,25 @@ def test_the_last_stop_shows_its_buttons_and_what_it_names(open_page, bundled_sh
         assert page.problems == []
 
 
+@pytest.mark.slow  # a server of its own, two page loads: ~15 s on a loaded 2-core machine
+def test_every_view_fits_the_window_at_150_percent(open_page, bundled_shape):
+    """At 150 % scaling (a 1366×768 screen is a 910×512 window) with the lecturer's link, the head view's "after" ran
+    past the window (its labels under "after" in both modes; finding 1): every view's drawing now lies inside it."""
+    url = ("&text=The cat sat on the mat because it was tired.&pair=A tired cat was lying on the mat."
+           "&head=1-3&query=2&ablate=1-3")
+    with Server([bundled_shape]) as running:
+        for projector in ("", "&projector=1"):
+            page = open_page(running, url=running.url + url + projector)
+            page.page.set_viewport_size({"width": 910, "height": 512})
+            page.page.reload()  # drawn anew in the small window: the views measure their room when drawn
+            page.settle()
+            past = page.page.evaluate("() => [...document.querySelectorAll('#wb-views-0 svg')].filter(n => "
+                                      "n.getBoundingClientRect().right > 910).map(n => n.closest('.mbv').id)")
+            assert past == [], (projector, past)
+            assert page.page.evaluate("document.documentElement.scrollWidth") <= 910, projector
+            assert page.problems == []
+
+
 def test_mean_ablation_averages_z_over_the_texts_the_similarity_encodes(bundled_shape):
     """Mean ablation gave 0.9018 on the page and 0.9021 in tutorial 4 for the same pair and head: the page averaged
     z over `[CLS] A [SEP] B [SEP]`, the tutorial over A and B encoded apart. One definition now: with a similarity
