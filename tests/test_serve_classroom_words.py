@@ -52,8 +52,9 @@ def bundled_shape(tmp_path_factory):
                                 num_hidden_layers=6)
 
 
-@pytest.mark.parametrize("size, projector", [((1366, 768), True), ((1366, 768), False), ((910, 512), True)],
-                         ids=["projector", "standard", "150-percent-projector"])
+@pytest.mark.parametrize("size, projector", [((1366, 768), True), ((1366, 768), False), ((910, 512), True),
+                                             ((910, 512), False)],
+                         ids=["projector", "standard", "150-percent-projector", "150-percent"])
 def test_the_last_stop_shows_its_buttons_and_what_it_names(open_page, bundled_shape, size, projector, tmp_path):
     """The last stop cut off its own Back/Done/Close in projector mode (349 px of content in a 323 px box), covered
     the token row, and asked for sentence B with that field scrolled away; in standard mode it covered "Clear
