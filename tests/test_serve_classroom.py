@@ -50,6 +50,26 @@ def test_an_ablated_head_is_marked_in_the_step_through(open_page, tiny_mlm):
     assert page.problems == []
 
 
+def test_an_ablated_head_button_is_struck_through_and_offers_to_restore(open_page):
+    """docs/teaching.md says the ablated head is struck through; its button was only red, and its tooltip still
+    said "click to ablate" (lecturer, finding 7)."""
+    page = open_page()
+    page.type("a b c d e")
+    button = "#wb-head-0-0-2"
+    assert page.page.get_attribute(button, "title").endswith(": click to ablate")
+    page.page.click(button)
+    page.page.wait_for_selector(f'{button}[aria-pressed="true"]')
+    page.settle()
+    assert page.page.get_attribute(button, "title").endswith(": ablated, click to restore")
+    style = page.page.eval_on_selector(button, "b => getComputedStyle(b).textDecorationLine")
+    assert "line-through" in style, style
+    page.page.click(button)
+    page.page.wait_for_selector(f'{button}[aria-pressed="false"]')
+    page.settle()
+    assert page.page.get_attribute(button, "title").endswith(": click to ablate")
+    assert page.problems == []
+
+
 def test_too_long_text_says_how_short_to_make_it(open_page):
     """A text over the limit (64 tokens here, [CLS] and [SEP] included) says how many word pieces to keep; the limit
     is only named in parentheses, after what a student can do (here the model's own 64 positions: no server flag
@@ -212,6 +232,11 @@ def test_projector_mode_enlarges_and_darkens_every_text(open_page, twelve_heads)
             f"{neuron} .mbv-help, {neuron} .mbv-sub, #wb-views-0 .mbv svg text.mbv-colhead, #wb-views-0 .mbv-help",
             "ns => ns.map(n => n.tagName === 'text' ? getComputedStyle(n).fill : getComputedStyle(n).color)")
         assert len(captions) > 4 and all(contrast_on_white(c) >= 7 for c in captions), captions
+        # the views' captions ("Hover a token…") and head swatches (1…12) as large as the page's 18–20 px text: they
+        # stayed at 14–15 px (lecturer, finding 10)
+        sizes = page.page.eval_on_selector_all("#wb-views-0 .mbv-help, #wb-views-0 .mbv-swatch",
+                                               "ns => ns.map(n => parseFloat(getComputedStyle(n).fontSize))")
+        assert len(sizes) > 12 and min(sizes) >= 18, sizes
         margins = page.page.eval_on_selector_all(
             "#wb-heads-0 .wb-head", "ns => ns.map(n => { const r = document.createRange(); r.selectNodeContents(n); "
             "const t = r.getBoundingClientRect(), b = n.getBoundingClientRect(); "

@@ -52,8 +52,9 @@ def bundled_shape(tmp_path_factory):
                                 num_hidden_layers=6)
 
 
-@pytest.mark.parametrize("size, projector", [((1366, 768), True), ((1366, 768), False), ((910, 512), True)],
-                         ids=["projector", "standard", "150-percent-projector"])
+@pytest.mark.parametrize("size, projector", [((1366, 768), True), ((1366, 768), False), ((910, 512), True),
+                                             ((910, 512), False)],
+                         ids=["projector", "standard", "150-percent-projector", "150-percent"])
 def test_the_last_stop_shows_its_buttons_and_what_it_names(open_page, bundled_shape, size, projector, tmp_path):
     """The last stop cut off its own Back/Done/Close in projector mode (349 px of content in a 323 px box), covered
     the token row, and asked for sentence B with that field scrolled away; in standard mode it covered "Clear
@@ -84,6 +85,25 @@ def test_the_last_stop_shows_its_buttons_and_what_it_names(open_page, bundled_sh
             assert 0 <= b["y"] and b["y"] + b["height"] <= height, named
         assert page.page.evaluate("document.documentElement.scrollWidth") <= width
         assert page.problems == []
+
+
+@pytest.mark.slow  # a server of its own, two page loads: ~15 s on a loaded 2-core machine
+def test_every_view_fits_the_window_at_150_percent(open_page, bundled_shape):
+    """At 150 % scaling (a 1366×768 screen is a 910×512 window) with the lecturer's link, the head view's "after" ran
+    past the window (its labels under "after" in both modes; finding 1): every view's drawing now lies inside it."""
+    url = ("&text=The cat sat on the mat because it was tired.&pair=A tired cat was lying on the mat."
+           "&head=1-3&query=2&ablate=1-3")
+    with Server([bundled_shape]) as running:
+        for projector in ("", "&projector=1"):
+            page = open_page(running, url=running.url + url + projector)
+            page.page.set_viewport_size({"width": 910, "height": 512})
+            page.page.reload()  # drawn anew in the small window: the views measure their room when drawn
+            page.settle()
+            past = page.page.evaluate("() => [...document.querySelectorAll('#wb-views-0 svg')].filter(n => "
+                                      "n.getBoundingClientRect().right > 910).map(n => n.closest('.mbv').id)")
+            assert past == [], (projector, past)
+            assert page.page.evaluate("document.documentElement.scrollWidth") <= 910, projector
+            assert page.problems == []
 
 
 def test_mean_ablation_averages_z_over_the_texts_the_similarity_encodes(bundled_shape):
@@ -216,6 +236,26 @@ def test_an_ablation_says_where_the_attention_first_changes(open_page, bundled_s
         assert page.problems == []
 
 
+def test_the_change_line_says_it_is_about_raw_attention_under_a_mixing_map(open_page):
+    """Under rollout / value zeroing / ALTI the line kept describing raw attention as if it were the map on screen
+    (value zeroing changes at the ablated head's own layer); one identical layer read "layers 1–1" (finding 2)."""
+    page = open_page()
+    page.type("a b c d e")
+    page.page.click("#wb-head-0-0-1")  # layer 1 (1-indexed): the raw attention first changes at layer 2
+    page.page.wait_for_selector("#wb-change-0")
+    page.settle()
+    said = page.page.text_content("#wb-change-0")
+    assert "first changes at layer 2" in said and "layer 1 is identical" in said and "layers 1–1" not in said, said
+    assert "raw attention" not in said, said
+    page.page.select_option("#wb-mixing", "rollout")
+    page.page.wait_for_function("() => (document.querySelector('#wb-change-0') || {}).textContent"
+                                "?.includes('raw attention')")
+    page.settle()
+    said = page.page.text_content("#wb-change-0")
+    assert "about the raw attention α, not the rollout maps the views show" in said, said
+    assert page.problems == []
+
+
 def test_context_mixing_maps_are_named_by_their_method_not_head_1(open_page):
     """The rollout / value-zeroing / ALTI maps, one per layer, were labelled "Head 1" (the views draw a map as a
     single head): their column and swatch now name the method."""
@@ -266,6 +306,38 @@ def test_the_url_carries_the_pages_state_to_another_laptop(open_page, browser, s
     assert page.problems == []
 
 
+def test_a_link_the_page_cannot_follow_says_what_it_did_instead(open_page, server, tiny_mlm):
+    """&layer=2&head=4 was ignored, &head=7-1&query=99&ablate=1-13,0-0 dropped or clamped without a word while the
+    address kept them, and the Projector button left no projector=1 in it (finding 9)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    cfg = tiny_mlm[0].config
+    page = open_page(url=f"{server.url}&text=a b c&layer=2&head=4")
+    page.settle()
+    assert "Head 2-4" in page.page.text_content("#wb-step-title-0")
+    said = page.page.text_content("#wb-url-note")
+    assert "layer=2&head=4 is read as head=2-4" in said, said
+    state = parse_qs(urlsplit(page.page.url).query)
+    assert state["head"] == ["2-4"] and "layer" not in state, state
+    bad_layer = cfg.num_hidden_layers + 1
+    too_far = f"1-{cfg.num_attention_heads + 1}"
+    page = open_page(url=f"{server.url}&text=a b c&head={bad_layer}-1&query=99&ablate={too_far},0-0")
+    page.settle()
+    said = page.page.text_content("#wb-url-note")
+    assert f"head={bad_layer}-1 is not a head of this model ({cfg.num_hidden_layers} layers" in said, said
+    assert "query=99 is past the text's last token (position 4, 0-indexed)" in said, said  # [CLS] a b c [SEP]
+    assert f"ablate: {too_far} left out" in said and "ablate: 0-0 not read" in said, said
+    state = parse_qs(urlsplit(page.page.url).query)
+    assert state["query"] == ["4"] and state["head"] == ["1-1"] and "ablate" not in state, state
+    page.page.click("#wb-projector")
+    page.settle()
+    assert parse_qs(urlsplit(page.page.url).query).get("projector") == ["1"]
+    page.page.click("#wb-projector")
+    page.settle()
+    assert "projector" not in parse_qs(urlsplit(page.page.url).query)
+    assert page.problems == []
+
+
 def test_the_sqrt_k_switch_shows_the_softmax_without_the_division(open_page):
     """"Why divide by √K?" could not be shown: the step-through's ÷√K switch, off, adds softmax(q·k) without the
     division under the model's softmax — the softmax of the q·k row's own numbers — and it is at least as peaked
@@ -287,6 +359,7 @@ def test_the_sqrt_k_switch_shows_the_softmax_without_the_division(open_page):
     assert page.problems == []
 
 
+@pytest.mark.slow  # a server of its own and an ablation: ~14 s on a loaded 2-core machine
 def test_the_handout_answers_the_room_questions_with_the_pages_own_numbers(open_page, bundled_shape):
     """A printable handout generated from the page's state: the lab's steps, the three room questions answered with
     the student's numbers (the step-through's softmax, its scores, the similarity before and after the ablation
@@ -306,10 +379,17 @@ def test_the_handout_answers_the_room_questions_with_the_pages_own_numbers(open_
         K = bundled_shape.config.head_dim
         assert f"puts {max(weights):.3f} of its attention" in said, said
         assert f"from {before:.3f} to {after:.3f}" in said and "with 1-3 ablated" in said, said
+        # the difference of the numbers printed (0.704 → 0.710 read "+0.005", the unrounded difference)
+        change = round(after, 3) - round(before, 3)
+        assert f"to {after:.3f} ({'+' if change >= 0 else '−'}{abs(change):.3f})".replace("−", "-") in said, said
+        assert "numbers below are those of the run with 1-3 ablated" in said, said  # the step-through's, ablated
+        assert "[CLS] and [SEP] included, sentence B's counted too?" in said, said  # f.tokens holds A and B
         assert f"{len(tokens)} tokens: {' '.join(tokens)}" in said, said
         assert f"√{K} = {np.sqrt(K):.3f}" in said and f"1 (here {sum(weights):.3f})" in said, said
         for heading in ("The lab", "Questions, with your answers", "Quiz", "Answer key"):
             assert heading in said, heading
         page.page.emulate_media(media="print")  # printing shows the handout alone
         assert page.page.is_visible("#wb-handout") and not page.page.is_visible("#wb-text")
+        key = page.page.eval_on_selector("#wb-handout .wb-handout-key", "h => getComputedStyle(h).breakBefore")
+        assert key == "page", key  # the answer key prints on a page of its own, not under the quiz
         assert page.problems == []

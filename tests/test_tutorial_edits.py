@@ -1,4 +1,4 @@
-"""The lab's tutorials (1, 2 and 4: docs/teaching.md) against the edits students make in the room — one sentence,
+"""The lab's tutorials (1 to 4: docs/teaching.md) against the edits students make in the room — one sentence,
 three sentences, texts of different lengths, another layer and head, a word the text no longer has, punctuation
 only, non-English text. docs/teaching.md promises "✗ no longer true" lines for such edits, never a crash, and a
 claim printed with ✓ only where there was something to test.
@@ -20,7 +20,7 @@ import pytest
 from minibert.app import tutorials
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = {page.stem[:2]: page for page in (ROOT / "docs" / "tutorials").glob("0[124]_*.py")}
+PAGES = {page.stem[:2]: page for page in (ROOT / "docs" / "tutorials").glob("0[1234]_*.py")}
 
 # A cell is left out when it contains one of these (the sweeps over every head, their figures, the loop over
 # layers): each reads only [L, H] grids, whatever the text.
@@ -56,9 +56,10 @@ def run_edited(number: str, edits: list[tuple[str, str]], monkeypatch) -> str:
 
 
 def code_cells_of(source: str) -> list[str]:
-    """The code cells of a percent script's text, in order."""
+    """The code cells of a percent script's text, in order, without IPython's magics (`%matplotlib inline`)."""
     notebook = tutorials.notebook(source)
-    return ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    cells = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    return ["".join(line for line in cell.splitlines(keepends=True) if not line.startswith("%")) for cell in cells]
 
 
 # Each run combines edits that touch different cells, so that every edit of the list is run and the runs stay few.
@@ -118,6 +119,44 @@ T4 = {
 def test_tutorial_four_survives_a_students_edit(edit, monkeypatch):
     printed = run_edited("04", T4[edit], monkeypatch)
     assert "similarity to the probe" in printed and "∂similarity/∂pattern" in printed, printed
+
+
+@pytest.mark.slow  # the tutorial's cells but its sweeps: ~20 s on a loaded 2-core machine
+def test_tutorial_four_with_no_difference_tests_nothing_about_patching(monkeypatch):
+    """Corrupted = clean: every patching claim is about a zero difference, so none may print ✓ or ✗ (the lecturer
+    saw ✓ "patching the changed position gives the clean run's value" with both values equal)."""
+    printed = run_edited("04", [(CORRUPT, CLEAN)], monkeypatch)
+    assert "✗ no longer true: the clean and corrupted texts differ in at least one token" in printed, printed
+    for claim in ("at layer 0, patching the changed position gives the clean run's value",
+                  "at layer 0, patching any other position leaves the corrupted value",
+                  "attribution patching ranks hook_attn_out's cells as real patching does",
+                  "on the one large change the first-order estimate misses ≥ 30%"):
+        assert f"– not tested: {claim}" in printed, (claim, printed)
+        assert f"✓ {claim}" not in printed and f"✗ no longer true: {claim}" not in printed, (claim, printed)
+
+
+@pytest.mark.slow  # tutorial 3's cells on the bundled checkpoint: ~15 s on a loaded 2-core machine
+def test_tutorial_three_leaves_out_a_sentence_without_its_word(monkeypatch):
+    """docs/teaching.md: a word the tutorial looks for and no longer finds gives a note, never a traceback."""
+    printed = run_edited("03", [('"I made the mistake.", ', '"I made the error.", ')], monkeypatch)
+    assert "note: 'I made the error.' has no word 'mistake'" in printed, printed
+    assert "attention to 'mistake' spreads out" in printed, printed  # the cells after it ran
+
+
+FIRST = ('first = ["The cat sat on the mat.", "She bought three apples at the market.", '
+         '"The train left the station late.",\n         "He wrote a long letter to his aunt.", '
+         '"Rain fell on the quiet town all night.",\n         "The children played football in the park."]')
+SECOND = ('second = ["It was warm in the sun.", "They were fresh and cheap.", "Everyone missed the meeting.",\n'
+          '          "She never answered it.", "By morning the streets were flooded.", '
+          '"Their parents watched from a bench."]')
+
+
+@pytest.mark.slow  # tutorial 2's cells on the bundled checkpoint: ~15 s on a loaded 2-core machine
+def test_tutorial_two_pairs_lists_of_different_lengths_with_a_note(monkeypatch):
+    """The lab plan's edit (minutes 32-41): three sentences A and two B were a TokenizerError traceback."""
+    printed = run_edited("02", [(FIRST, 'first = ["The cat sat.", "She bought apples.", "The train left late."]'),
+                                (SECOND, 'second = ["It was warm.", "They were cheap."]')], monkeypatch)
+    assert "note: `first` has 3 sentences and `second` 2; using the first 2 pairs." in printed, printed
 
 
 def test_teaching_installs_clean_notebooks_and_states_measured_times():

@@ -60,6 +60,10 @@ first = ["The cat sat on the mat.", "She bought three apples at the market.", "T
          "The children played football in the park."]
 second = ["It was warm in the sun.", "They were fresh and cheap.", "Everyone missed the meeting.",
           "She never answered it.", "By morning the streets were flooded.", "Their parents watched from a bench."]
+if len(first) != len(second):  # each A needs its B: the extra sentences of the longer list are left out
+    n = min(len(first), len(second))
+    print(f"note: `first` has {len(first)} sentences and `second` {len(second)}; using the first {n} pairs.")
+    first, second = first[:n], second[:n]
 batch = model.tokenize(first, second)
 stats = heads.attention_statistics(model, batch)
 print(batch.tokens[0])

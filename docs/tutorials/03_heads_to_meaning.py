@@ -26,6 +26,8 @@
 
 # %%
 # %matplotlib inline
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -115,7 +117,16 @@ expect(all(checks.values()), "every check above holds", "the lines marked 'no' a
 # chosen word is each sentence's own adjective.
 
 # %%
-mistake = words.attention_to_word(model, groups["mistake"], "mistake")  # [N, L]
+# A sentence you edited so that it no longer has the whole word "mistake" is left out here, with a note.
+kept = [r for r, text in enumerate(groups["mistake"]) if re.search(r"\bmistake\b", text.lower())]
+for r, text in enumerate(groups["mistake"]):
+    if r not in kept:
+        print(f"note: {text!r} has no word 'mistake'; it is left out of the attention to 'mistake' below.")
+if not kept:
+    print("note: no sentence of the group has the word 'mistake'; using 'It was a mistake.' for this part.")
+mistake_texts = [groups["mistake"][r] for r in kept] or ["It was a mistake."]
+mistake_properties = [properties["mistake"][r] for r in kept] or ["a …"]
+mistake = words.attention_to_word(model, mistake_texts, "mistake")  # [N, L]
 with_sorry = [text for text in groups["apology"] if "sorry" in text.lower()]
 sorry = words.attention_to_word(model, with_sorry, "sorry")
 adjectives = [text.split()[-1].rstrip(".") for text in groups["good"]]
@@ -123,7 +134,7 @@ good = np.concatenate([words.attention_to_word(model, [text], word)
                        for text, word in zip(groups["good"], adjectives)])
 
 fig, axes = plt.subplots(1, 3, figsize=(19, 4.6), constrained_layout=True)
-figures.attention_to_word_plot(mistake, groups["mistake"], word="mistake", groups=properties["mistake"], ax=axes[0])
+figures.attention_to_word_plot(mistake, mistake_texts, word="mistake", groups=mistake_properties, ax=axes[0])
 figures.attention_to_word_plot(sorry, with_sorry, word="sorry", ax=axes[1])
 figures.attention_to_word_plot(good, groups["good"], word="the adjective", groups=properties["good"], ax=axes[2])
 plt.show()
@@ -158,7 +169,7 @@ for text, value in zip(with_sorry, sorry[:, -1]):
 # "mistake". Each head is scored by its mean over the sentences.
 
 # %%
-batch = model.tokenize(groups["mistake"])
+batch = model.tokenize(mistake_texts)
 _, cache = model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")
 patterns = np.asarray(cache.stack("attn.hook_pattern"))  # [L, B, H, T, S]
 

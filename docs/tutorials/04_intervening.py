@@ -211,6 +211,8 @@ changed = differ[0] if differ else 1  # the first position where the texts diffe
 expect(differ, "the clean and corrupted texts differ in at least one token",
        "they tokenize alike (words outside the model's vocabulary all become [UNK]): patching has no difference "
        "to carry, and the fractions restored below are set to 0.")
+# With no difference every claim about what patching carries is about nothing: those lines say "not tested".
+no_difference = None if differ else "the clean and corrupted texts tokenize alike: patching has nothing to carry."
 probe = np.asarray(model.sentence_embeddings(model.tokenize(["I loved this movie."])))[0]
 # the patched run is the corrupted text: pool its real tokens (padded to T when the clean text is longer)
 corrupted_real = jnp.asarray(np.arange(T) < n_corrupted, jnp.float32)[None, :, None]
@@ -237,11 +239,13 @@ resid = patch_activations(model, clean, corrupted, probe_similarity, site="hook_
 # %%
 expect(np.isclose(resid[0, changed], clean_value, rtol=0, atol=1e-5),
        "at layer 0, patching the changed position gives the clean run's value",
-       "the embeddings of the changed position are the whole difference only when the texts have one length.")
+       "the embeddings of the changed position are the whole difference only when the texts have one length.",
+       untested=no_difference)
 others = np.delete(resid[0], changed)
 expect(np.allclose(others, corrupted_value, rtol=0, atol=1e-5),
        "at layer 0, patching any other position leaves the corrupted value",
-       "the texts differ at more than one position (or in length): each changed position moves the metric.")
+       "the texts differ at more than one position (or in length): each changed position moves the metric.",
+       untested=no_difference)
 print(f"layer 0: patched at {changed} → {resid[0, changed]:.4f}; elsewhere → {others.min():.4f}…{others.max():.4f}")
 
 # %% [markdown]
@@ -302,9 +306,11 @@ print(f"the swapped word at layer 0: patching {swapped:+.3f}, estimate {estimate
 
 # %%
 expect(correlation["hook_attn_out"] > 0.95, "attribution patching ranks hook_attn_out's cells as real patching does",
-       f"the correlations are {correlation}: the linear estimate is less reliable for this pair.")
+       f"the correlations are {correlation}: the linear estimate is less reliable for this pair.",
+       untested=no_difference)
 expect(abs(estimated - swapped) > 0.3 * abs(swapped), "on the one large change the first-order estimate misses ≥ 30%",
-       "this pair's change is small enough for the linearisation: try a bigger edit of the text.")
+       "this pair's change is small enough for the linearisation: try a bigger edit of the text.",
+       untested=no_difference)
 
 # %% [markdown]
 # ## Gradients with respect to attention

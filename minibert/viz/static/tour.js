@@ -247,9 +247,11 @@ function minibertTour(page) {
     var unscaledMax = 1 / weights.reduce(function (a, b) { return a + b; }, 0);  // the top key's weight: e^0 / Σ
     var before = outputs && outputs.before && outputs.before.similarity, after = outputs && outputs.after &&
       outputs.after.similarity;
+    var change = before != null && after != null ? Number(number(after)) - Number(number(before)) : null;
+    var pairText = document.getElementById(prefix + "pair").value.trim();
     var ablated = state.ablate[0].map(function (p) { return label(0, p[0], p[1]); }).join(", ");
-    function section(title, items, ordered) {
-      box.appendChild(el("h2", {}, title));
+    function section(title, items, ordered, attributes) {
+      box.appendChild(el("h2", attributes || {}, title));
       var list = el(ordered ? "ol" : "ul", {});
       items.forEach(function (item) { list.appendChild(el("li", {}, item)); });
       box.appendChild(list);
@@ -258,7 +260,8 @@ function minibertTour(page) {
     box.appendChild(el("p", {}, "Text: “" + document.getElementById(prefix + "text").value + "”" +
       (document.getElementById(prefix + "pair").value.trim() ? "; sentence B: “" +
         document.getElementById(prefix + "pair").value + "”" : "") + ". Head " + f.both + ", query “" + f.query +
-      "” (position " + f.t + ", 0-indexed)."));
+      "” (position " + f.t + ", 0-indexed)." + (ablated ? " The step-through's numbers below are those of the run " +
+      "with " + ablated + " ablated, as the page shows them now (clear the ablations for the unablated run's)." : "")));
     section("The lab", ["Type a sentence; follow the tour (Next) through q, q·k, ÷√K, the softmax, z and W_O.",
       "Type a sentence B, click head 1-3 to ablate it, read the similarity before and after.",
       "Tutorial 1 (one head by hand), tutorial 2 (patterns), tutorial 4 (intervening): Run All, then change the " +
@@ -273,13 +276,15 @@ function minibertTour(page) {
         ": larger scores make the softmax more peaked.",
       "Which head, ablated, changes the similarity most? — " + (before != null && after != null && ablated
         ? "with " + ablated + " ablated the similarity went from " + number(before) + " to " + number(after) +
-          " (" + (after - before >= 0 ? "+" : "") + number(after - before) + "); tutorial 4 sweeps every head."
+          " (" + (change >= 0 ? "+" : "") + number(change) + "); tutorial 4 sweeps every head."
         : "type a sentence B and ablate a head, then make the handout again; tutorial 4 sweeps every head.")], true);
-    section("Quiz", ["How many tokens does your text have, [CLS] and [SEP] included?",
+    section("Quiz", ["How many tokens does your text have, [CLS] and [SEP] included" +
+      (pairText ? ", sentence B's counted too?" : "?"),
       "What do the softmax row's weights add up to?", "What is √K for this model's heads?"], true);
     section("Answer key", [String(f.tokens.length) + " tokens: " + f.tokens.join(" "),
       "1 (here " + number(sum) + "): the softmax makes a probability distribution over the keys.",
-      "√" + f.K + " = " + number(Math.sqrt(f.K)) + " (K = " + f.K + " dimensions per head)."], true);
+      "√" + f.K + " = " + number(Math.sqrt(f.K)) + " (K = " + f.K + " dimensions per head)."], true,
+      {"class": "wb-handout-key"});  // printed on a page of its own (workbench.css)
     return box;
   }
 

@@ -168,22 +168,44 @@ function minibertWorkbench(app, config, options) {
   function remember() {
     if (options.remember) {
       options.remember({text: text.value, pair: pair.value, layer: state.layer, head: state.head, query: state.query,
-                        ablate: state.ablate[0], mode: mode.node.value});
+                        ablate: state.ablate[0], mode: mode.node.value, projector: projecting()});
     }
   }
 
-  /** Start from `config.initial` (the URL's state: the same fields as remember's), within the model's sizes. */
+  /** Start from `config.initial` (the URL's state: the same fields as remember's), within the model's sizes; what
+      is left out is said in the note under the controls (initial.notes: what the URL's reader could not read). */
   function restore(initial) {
     var info = config.models[0], inside = function (v, n) { return v != null && v >= 0 && v < n; };
+    var notes = (initial.notes || []).slice(), sizes = info.layers + " layers of " + info.heads + " heads";
     if (typeof initial.text === "string") text.value = initial.text;
     if (typeof initial.pair === "string") pair.value = initial.pair;
     if (inside(initial.layer, info.layers)) state.layer = initial.layer;
     if (inside(initial.head, info.heads)) state.head = initial.head;
-    if (initial.query != null && initial.query >= 0) state.query = initial.query;
+    if ((initial.layer != null && !inside(initial.layer, info.layers))
+        || (initial.head != null && !inside(initial.head, info.heads))) {
+      notes.push("head=" + (initial.layer + 1) + "-" + (initial.head + 1) + " is not a head of this model (" + sizes
+                 + "): showing " + label(0, state.layer, state.head));
+    }
+    if (initial.query != null && initial.query >= 0) state.query = state.urlQuery = initial.query;
+    var dropped = [];
     (initial.ablate || []).forEach(function (p) {
       if (inside(p[0], info.layers) && inside(p[1], info.heads)) state.ablate[0].push([p[0], p[1]]);
+      else dropped.push((p[0] + 1) + "-" + (p[1] + 1));
     });
+    if (dropped.length) notes.push("ablate: " + dropped.join(", ") + " left out, not heads of this model (" + sizes
+                                   + ")");
     if (info.ablation_modes.indexOf(initial.mode) >= 0) mode.node.value = initial.mode;
+    showUrlNotes(notes);
+  }
+
+  var urlNote = el("p", {"class": "wb-hint wb-url-note", id: prefix + "url-note", hidden: "hidden"});
+  status.after(urlNote);
+  var urlNotes = [];
+  function showUrlNotes(notes) {  // added to those said before
+    urlNotes = urlNotes.concat(notes);
+    if (!urlNotes.length) return;
+    urlNote.hidden = false;
+    urlNote.textContent = "The link's " + urlNotes.join("; ") + ". The address now says what the page shows.";
   }
 
   function body(n, extra) {
@@ -204,7 +226,13 @@ function minibertWorkbench(app, config, options) {
     var work = panels.map(function (panel) {
       return send("run", body(panel.n)).then(function (answer) {
         if (ticket !== state.runs) return null;
-        state.query = Math.min(state.query, answer.tokens.length - 1);
+        if (state.urlQuery != null && state.urlQuery > answer.tokens.length - 1) {  // the link's query=99
+          showUrlNotes(["query=" + state.urlQuery + " is past the text's last token (position "
+                        + (answer.tokens.length - 1) + ", 0-indexed): showing that one"]);
+        }
+        state.urlQuery = null;
+        var clamped = Math.min(state.query, answer.tokens.length - 1);
+        if (clamped !== state.query) { state.query = clamped; remember(); }
         showTokens(panel, answer);
         showHeads(panel);
         var shown = comparison(panel, answer).then(function (compared) {
@@ -376,6 +404,8 @@ function minibertWorkbench(app, config, options) {
       var layer = Number(button.dataset.layer), head = Number(button.dataset.head);
       var on = state.ablate[panel.n].some(function (p) { return p[0] === layer && p[1] === head; });
       button.setAttribute("aria-pressed", String(on));
+      button.title = "head " + labelBoth(panel.n, layer, head) + (on ? ": ablated, click to restore"
+                                                                    : ": click to ablate");
     });
   }
 
@@ -482,11 +512,14 @@ function minibertWorkbench(app, config, options) {
       line.appendChild(document.createTextNode("after − before: no layer's attention changes (the ablated heads are "
         + "in the last layer, or write nothing later layers read)."));
     } else {
-      var peak = change.per_layer[first];
+      var peak = change.per_layer[first], shown = mixing.node.options[mixing.node.selectedIndex];
+      var same = first === 1 ? "; layer 1 is identical" : "; layers 1–" + first + " are identical";
       line.appendChild(document.createTextNode("after − before: the attention first changes at layer " + (first + 1)
         + " (1-indexed; 0-indexed: " + first + "), by up to " + number(peak) + " (largest |Δα|)"
-        + (first > 0 ? "; layers 1–" + first + " are identical before and after" : "") + ". Largest |Δα| per layer: "
-        + change.per_layer.map(number).join(", ") + ". "));
+        + (first > 0 ? same + " before and after" : "") + ". Largest |Δα| per layer: "
+        + change.per_layer.map(number).join(", ") + ". "
+        + (mixing.node.value === "attention" ? "" : "This line and the map are about the raw attention α, not the "
+           + shown.text + " maps the views show: those can change at an earlier layer. ")));
       var go = el("button", {type: "button", id: prefix + "change-show-" + panel.n}, "Show layer " + (first + 1));
       go.addEventListener("click", function () { choose({layer: first}); });
       line.appendChild(go);
@@ -656,8 +689,21 @@ if (document.getElementById("wb-config")) {
     var initial = {text: query.get("text"), pair: query.get("pair"), mode: query.get("mode"),
                    query: /^\d+$/.test(query.get("query") || "") ? Number(query.get("query")) : null,
                    ablate: (query.get("ablate") || "").split(",").map(labelled).filter(Boolean)};
-    var chosen = labelled(query.get("head") || "");
+    var head = (query.get("head") || "").trim(), layer = (query.get("layer") || "").trim(), notes = [];
+    var chosen = labelled(head);
+    if (!chosen && /^\d+$/.test(head) && /^\d+$/.test(layer)) {  // layer=2&head=4: the form head=L-H asks for
+      chosen = labelled(layer + "-" + head);
+      if (chosen) notes.push("layer=" + layer + "&head=" + head + " is read as head=" + layer + "-" + head
+                             + " (the address names a head as head=L-H, 1-indexed)");
+    }
+    if (!chosen && (head || layer)) {
+      notes.push((head ? "head=" + head : "layer=" + layer) + " is not read: the address names a head as head=L-H, "
+                 + "1-indexed (head=1-3)");
+    }
     if (chosen) { initial.layer = chosen[0]; initial.head = chosen[1]; }
+    var unread = (query.get("ablate") || "").split(",").filter(function (w) { return w.trim() && !labelled(w); });
+    if (unread.length) notes.push("ablate: " + unread.join(", ") + " not read (heads as L-H, 1-indexed: 1-3,2-5)");
+    initial.notes = notes;
     config.initial = initial;
     function remember(now) {
       var next = new URLSearchParams(window.location.search);
@@ -666,6 +712,8 @@ if (document.getElementById("wb-config")) {
       // the URL names heads as the page labels them, "L-H" 1-indexed
       next.set("head", (now.layer + 1) + "-" + (now.head + 1));
       next.set("query", String(now.query));
+      next.delete("layer");  // read into head= (restore)
+      if (now.projector) next.set("projector", "1"); else next.delete("projector");
       if (now.ablate.length) {
         // 1-indexed "L-H" labels, as the head grid shows them
         next.set("ablate", now.ablate.map(function (p) { return (p[0] + 1) + "-" + (p[1] + 1); }).join(","));
