@@ -7,7 +7,8 @@ table that the Workbench (its actions, locks and program names), the server and 
 A panel is one module in viz/ (its `answer(workbench, body) → dict`, on the Workbench's public API only:
 `request`, `cached_run`, `padded_inputs`, `compiling`, `resource`) beside its drawing in viz/static/ (a function
 `constructor(page) → {section(column, panel), show(panel, ticket)}`, workbench.js's `page` object: prefix,
-state, send, body, el, number, choose), plus one line in `PANELS` below (the record, `Panel`, is viz/_panel.py's).
+state, send, body, el, number, choose, clear, and lazySection, which builds the section that asks when opened),
+plus one line in `PANELS` below (the record, `Panel`, is viz/_panel.py's).
 Tests register a toy one (`register`, `unregister`).
 """
 

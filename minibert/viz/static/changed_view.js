@@ -3,26 +3,17 @@
    typed, each token's share of the latent from A and from B. It asks only while it is open, after the run's answer
    has drawn the tokens and views; a failure shows in the panel. User text reaches the page through textContent only.
    minibertChanged(page) → {section(column, panel), show(panel, ticket)}; only the first model's column has it. */
-/** page: {prefix, state, send, body, el, number, choose}. */
+/** page: {prefix, state, send, body, el, number, choose, clear, lazySection}. */
 function minibertChanged(page) {
   "use strict";
-  var el = page.el, prefix = page.prefix, state = page.state, number = page.number;
-
-  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  var el = page.el, state = page.state, number = page.number, clear = page.clear;
 
   function section(column, panel) {
     if (panel.n !== 0) return null;  // one crosscoder reads both models: it is shown once, beside A
-    var part = el("section", {"class": "wb-section wb-changed", id: prefix + "changed-" + panel.n,
-                              "aria-label": "What changed", "aria-busy": "false"});
-    var details = el("details", {id: prefix + "changed-open-" + panel.n});
-    details.appendChild(el("summary", {}, "What changed (crosscoder latents, A vs B)"));
-    var shown = el("div", {"class": "wb-changed-body", id: prefix + "changed-body-" + panel.n});
-    details.appendChild(shown);
-    part.appendChild(details);
-    column.appendChild(part);
-    panel.changed = {part: part, details: details, shown: shown};
-    details.addEventListener("toggle", function () { if (details.open) show(panel, state.runs); });
-    return part;
+    panel.changed = page.lazySection(column, panel, {key: "changed", label: "What changed",
+                                                     summary: "What changed (crosscoder latents, A vs B)",
+                                                     show: show});
+    return panel.changed.part;
   }
 
   function show(panel, ticket) {

@@ -3,28 +3,20 @@
    the attribution graph of the "why" panel's target. It asks only while it is open, after the run's answer has drawn
    the tokens and views; a failure shows in the panel. User text (tokens) reaches the page through textContent only.
    minibertFeatures(page) → {section(column, panel), show(panel, ticket)}. */
-/** page: {prefix, state, send, body, el, number, choose}. */
+/** page: {prefix, state, send, body, el, number, choose, clear, lazySection}. */
 function minibertFeatures(page) {
   "use strict";
-  var el = page.el, prefix = page.prefix, state = page.state, number = page.number;
-
-  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  var el = page.el, prefix = page.prefix, state = page.state, number = page.number, clear = page.clear;
 
   function section(column, panel) {
-    var part = el("section", {"class": "wb-section wb-features", id: prefix + "features-" + panel.n,
-                              "aria-label": "Features", "aria-busy": "false"});
-    var details = el("details", {id: prefix + "features-open-" + panel.n});
-    details.appendChild(el("summary", {}, "Features (transcoder latents) and what they feed"));
-    var shown = el("div", {"class": "wb-features-body", id: prefix + "features-body-" + panel.n});
-    var feeds = el("div", {"class": "wb-features-feeds", id: prefix + "features-feeds-" + panel.n,
-                           "aria-live": "polite"});
-    details.appendChild(shown);
-    details.appendChild(feeds);
-    part.appendChild(details);
-    column.appendChild(part);
-    panel.features = {part: part, details: details, shown: shown, feeds: feeds};
-    details.addEventListener("toggle", function () { if (details.open) show(panel, state.runs); });
-    return part;
+    var parts = page.lazySection(column, panel, {key: "features", label: "Features",
+                                                 summary: "Features (transcoder latents) and what they feed",
+                                                 show: show});
+    parts.feeds = el("div", {"class": "wb-features-feeds", id: prefix + "features-feeds-" + panel.n,
+                             "aria-live": "polite"});
+    parts.details.appendChild(parts.feeds);
+    panel.features = parts;
+    return parts.part;
   }
 
   function failed(node, error) {

@@ -4,25 +4,17 @@
    tokens and views, so it never delays them; a failure shows in the panel, not over the page. User text (tokens,
    class labels) reaches the page through textContent only. The workbench builds it:
    minibertWhy(page) → {section(column, panel), show(panel, ticket)}. */
-/** page: {prefix, state, send, body, el, number, choose}. */
+/** page: {prefix, state, send, body, el, number, choose, clear, lazySection}. */
 function minibertWhy(page) {
   "use strict";
-  var el = page.el, prefix = page.prefix, state = page.state, number = page.number;
+  var el = page.el, state = page.state, number = page.number, clear = page.clear;
   var RAISES = [31, 111, 235], LOWERS = [207, 34, 46];  // viz.circuits' colours: raises the target, lowers it
 
   /** The panel's section in a model's column: a <details> whose opening asks for the current text's answer. */
   function section(column, panel) {
-    var part = el("section", {"class": "wb-section wb-why", id: prefix + "why-" + panel.n,
-                              "aria-label": "Why this output", "aria-busy": "false"});
-    var details = el("details", {id: prefix + "why-open-" + panel.n});
-    details.appendChild(el("summary", {}, "Why this output (tokens and heads)"));
-    var shown = el("div", {"class": "wb-why-body", id: prefix + "why-body-" + panel.n});
-    details.appendChild(shown);
-    part.appendChild(details);
-    column.appendChild(part);
-    panel.why = {part: part, details: details, shown: shown};
-    details.addEventListener("toggle", function () { if (details.open) show(panel, state.runs); });
-    return part;
+    panel.why = page.lazySection(column, panel, {key: "why", label: "Why this output",
+                                                 summary: "Why this output (tokens and heads)", show: show});
+    return panel.why.part;
   }
 
   /** Ask for and draw the answer while the panel is open (a promise that never rejects: its errors stay inside). */
@@ -48,7 +40,6 @@ function minibertWhy(page) {
     });
   }
 
-  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
 
   /** A background as strong as |value| is large against `largest`: blue where it raises the target, red where not. */
   function colour(value, largest) {

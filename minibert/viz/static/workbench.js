@@ -90,9 +90,31 @@ function minibertWorkbench(app, config, options) {
 
   var columns = el("div", {"class": "wb-columns"});
   app.appendChild(columns);
+  /** Empty a node (a panel's body before it draws again). */
+  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+
+  /** A panel's part of a model's column, asked for only while open: <section id=PREFIX+key-n class="wb-section
+      wb-KEY" aria-label=label> holding <details id=PREFIX+key-open-n> with its <summary> and a body div
+      (id PREFIX+key-body-n, class wb-KEY-body); opening it calls show(panel, state.runs). → {part, details, shown};
+      a panel adds its own nodes to `details` after `shown`. */
+  function lazySection(column, panel, spec) {
+    var n = panel.n;
+    var part = el("section", {"class": "wb-section wb-" + spec.key, id: prefix + spec.key + "-" + n,
+                              "aria-label": spec.label, "aria-busy": "false"});
+    var details = el("details", {id: prefix + spec.key + "-open-" + n});
+    details.appendChild(el("summary", {}, spec.summary));
+    var shown = el("div", {"class": "wb-" + spec.key + "-body", id: prefix + spec.key + "-body-" + n});
+    details.appendChild(shown);
+    part.appendChild(details);
+    column.appendChild(part);
+    details.addEventListener("toggle", function () { if (details.open) spec.show(panel, state.runs); });
+    return {part: part, details: details, shown: shown};
+  }
+
   // The panels (viz/panels.py's table: why_view.js and the others), each built on the same page object.
   var extras = MINIBERT_PANELS.map(function (make) {
-    return make({prefix: prefix, state: state, send: send, body: body, el: el, number: number, choose: choose});
+    return make({prefix: prefix, state: state, send: send, body: body, el: el, number: number, choose: choose,
+                 clear: clear, lazySection: lazySection});
   });
   var panels = config.models.map(function (info, n) { return modelPanel(info, n); });
 
