@@ -16,6 +16,7 @@ from tolerances import assert_close_to_scale, dot_rtol, forward_rtol
 
 import minibert
 from minibert.analysis import diffing
+from minibert.analysis.diffing.pairs import pair_source
 from minibert.app import serve
 from minibert.viz import changed
 from minibert.viz.workbench import Workbench
@@ -113,6 +114,17 @@ def test_a_crosscoder_of_other_models_or_no_compare_is_refused_at_start_up(pair,
         changed.load_crosscoder(model_a, model_b, tmp_path / "elsewhere.npz")
     with pytest.raises(minibert.InputError, match="the same model"):
         changed.load_crosscoder(model_a, model_a, path)
+
+
+def test_a_crosscoder_of_the_two_models_swapped_is_refused_at_start_up(pair, tmp_path):
+    # the trainer's record of its pair (pair_source: A's weights, then B's), kept by save: serving B as --model and
+    # A as --compare is what_changed's "swapped" refusal, not a panel with A and B reversed
+    model_a, model_b, (config, params), _, _ = pair
+    source = pair_source(model_a, model_b, SITE)
+    path = diffing.CrosscoderTrainer(config, params=params, source=source).save(tmp_path / "recorded.npz")
+    assert changed.load_crosscoder(model_a, model_b, path).config.hook_name == SITE
+    with pytest.raises(minibert.InputError, match="the same two models, swapped: pass A \\(the base\\) first"):
+        changed.load_crosscoder(model_b, model_a, path)
 
 
 def test_the_serve_command_refuses_a_crosscoder_without_compare_in_one_line(pair, capsys, monkeypatch):
