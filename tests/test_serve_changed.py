@@ -114,6 +114,12 @@ def test_a_crosscoder_of_other_models_or_no_compare_is_refused_at_start_up(pair,
         changed.load_crosscoder(model_a, model_b, tmp_path / "elsewhere.npz")
     with pytest.raises(minibert.InputError, match="the same model"):
         changed.load_crosscoder(model_a, model_a, path)
+    broken = {name: np.array(value) for name, value in params.items()}
+    broken["W_enc"][0, 1, 2] = np.inf
+    diffing.CrosscoderTrainer(planted_crosscoder(32, SITE)[0], params=broken).save(tmp_path / "inf.npz")
+    with pytest.raises(minibert.InputError, match=r"--crosscoder: params\['W_enc'\] is not finite at index "
+                                                  r"\(0, 1, 2\) \(value inf; 1 such entry\)"):
+        changed.load_crosscoder(model_a, model_b, tmp_path / "inf.npz")
 
 
 def test_a_crosscoder_of_the_two_models_swapped_is_refused_at_start_up(pair, tmp_path):

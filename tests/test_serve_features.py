@@ -112,6 +112,18 @@ def test_transcoders_of_another_model_or_a_missing_file_are_refused_at_start_up(
         feature_panel.load_transcoders(model, [tmp_path / "elsewhere"])
     with pytest.raises(minibert.InputError, match="two transcoders for layer 0"):
         feature_panel.load_transcoders(model, [paths[0], paths[0] / "cfg.json"])
+    # a file of NaN weights (transcoders.save refuses to write one; another writer, or a damaged file, need not)
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(paths[0], tmp_path / "nan")
+    weights = load_file(tmp_path / "nan" / "sae_weights.safetensors")
+    weights["W_dec"][1, 2] = np.nan
+    save_file(weights, tmp_path / "nan" / "sae_weights.safetensors")
+    with pytest.raises(minibert.InputError, match=r"--transcoder .*nan: the transcoder: params\['W_dec'\] is not "
+                                                  r"finite at index \(1, 2\)"):
+        feature_panel.load_transcoders(model, [tmp_path / "nan"])
 
 
 def test_bad_clicks_and_hostile_text_get_messages(planted):

@@ -516,6 +516,20 @@ def test_a_config_of_numpy_numbers_holds_python_numbers_and_saves(tmp_path):
     assert tc.load(tmp_path / "saved")[0] == config
 
 
+def test_nan_parameters_are_refused_by_save_and_evaluate_naming_the_array_and_index(tmp_path):
+    """A tester's finding: save wrote, and evaluate scored, a transcoder whose weights are NaN (a diverged run)."""
+    config = _config("relu")
+    params = {name: np.asarray(value).copy() for name, value in tc.init_params(config).items()}
+    params["b_enc"][2] = np.nan
+    with pytest.raises(AnalysisError, match=r"transcoders.save: params\['b_enc'\] is not finite at index \(2,\) "
+                                            r"\(value nan; 1 such entry\)"):
+        tc.save(tmp_path / "saved", config, params)
+    assert not (tmp_path / "saved").exists()
+    x = np.ones((4, D_IN), np.float32)
+    with pytest.raises(AnalysisError, match=r"evaluate: the transcoder: params\['b_enc'\] is not finite at index"):
+        tc.evaluate(config, params, x, np.ones((4, D_OUT), np.float32))
+
+
 def test_load_of_a_non_path_is_refused():
     with pytest.raises(DataFileError, match="path"):
         tc.load(3)

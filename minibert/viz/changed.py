@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import diffing
+from minibert.analysis._finite import check_finite_params
 from minibert.errors import AnalysisError, DataFileError, InputError
 from minibert.runtime.buckets import cut as cut_to_length
 from minibert.viz._panel import Panel
@@ -53,6 +54,10 @@ class LoadedCrosscoder:
             diffing.checked_site(model_a, model_b, config, source=source)
         except AnalysisError as error:
             raise InputError(f"--model/--compare: {error}") from None
+        try:
+            check_finite_params(params, "--crosscoder")
+        except AnalysisError as error:
+            raise InputError(str(error)) from None
         self.model_b, self.config = model_b, config
         self.params = {name: jnp.asarray(value) for name, value in params.items()}
 

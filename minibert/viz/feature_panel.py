@@ -25,6 +25,7 @@ import numpy as np
 
 from minibert.analysis import graphs
 from minibert.analysis import transcoders as tc
+from minibert.analysis._finite import check_finite_params
 from minibert.errors import AnalysisError, InputError
 from minibert.runtime.buckets import cut as cut_to_length
 from minibert.viz._panel import Panel
@@ -73,6 +74,7 @@ def load_transcoders(model, paths: Sequence) -> LoadedTranscoders:
                              f"wrote (cfg.json and sae_weights.safetensors).")
         try:
             pairs.append(tc.load(path))
+            check_finite_params(pairs[-1][1], "the transcoder")
         except AnalysisError as error:
             raise InputError(f"--transcoder {path}: {error}") from None
     try:

@@ -16,6 +16,7 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis._finite import check_finite_params
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.sae.metrics import fidelity
 from minibert.analysis.sae.model import checked_finite
@@ -49,6 +50,7 @@ def evaluate(config: TranscoderConfig, params, x, y=None, dense_above: float = 0
                             f"{tuple(x.shape)} and {tuple(y.shape)}. Pass transcoders.token_pairs of its layer.")
     for name, values in (("x", x), ("y", y)):
         checked_finite(values, name, "every score would be NaN")
+    check_finite_params(params, "evaluate: the transcoder")
     x, y = jnp.asarray(x), jnp.asarray(y)
     latents = encode(config, params, x)
     error = y - forward(config, params, x)
