@@ -103,6 +103,14 @@ def test_a_crosscoder_of_other_models_or_no_compare_is_refused_at_start_up(pair,
         changed.load_crosscoder(model_a, None, path)
     with pytest.raises(minibert.InputError, match=r"--crosscoder .*nowhere.npz: no such file"):
         changed.load_crosscoder(model_a, model_b, tmp_path / "nowhere.npz")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(minibert.InputError, match=r"--crosscoder .*runs is a folder; pass the .npz file "
+                                                  r"CrosscoderTrainer.save wrote, e.g. .*runs/run.npz\.$"):
+        changed.load_crosscoder(model_a, model_b, tmp_path / "runs")
+    (tmp_path / "text.npz").write_text("abcd")  # 4 bytes, no zip: numpy's words would be "pickled data"
+    with pytest.raises(minibert.InputError, match=r"text.npz is not a whole crosscoder checkpoint \(it is not an .npz "
+                                                  r"archive: a checkpoint is a zip of arrays, this file is not one\)"):
+        changed.load_crosscoder(model_a, model_b, tmp_path / "text.npz")
     narrow, params = planted_crosscoder(16, SITE)
     diffing.CrosscoderTrainer(narrow, params=params).save(tmp_path / "narrow.npz")
     with pytest.raises(minibert.InputError, match=r"reads 16-wide vectors at 'blocks.1.hook_resid_post', where these "

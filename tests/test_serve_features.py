@@ -112,6 +112,13 @@ def test_transcoders_of_another_model_or_a_missing_file_are_refused_at_start_up(
         feature_panel.load_transcoders(model, [tmp_path / "elsewhere"])
     with pytest.raises(minibert.InputError, match="two transcoders for layer 0"):
         feature_panel.load_transcoders(model, [paths[0], paths[0] / "cfg.json"])
+    import dataclasses
+
+    theirs = dataclasses.replace(config, weights="ab12")  # a transcoder trained on other weights (the CLI has no
+    with pytest.raises(minibert.InputError, match=r"trained on the model weights ab12, and --model's are .*: the "
+                                                  r"workbench serves a transcoder only with the model it was trained "
+                                                  r"on; pass that model as --model"):  # other_weights=True)
+        feature_panel.LoadedTranscoders(model, [(theirs, params)])
     # a file of NaN weights (transcoders.save refuses to write one; another writer, or a damaged file, need not)
     import shutil
 

@@ -68,6 +68,11 @@ def load_crosscoder(model_a, model_b, path) -> LoadedCrosscoder:
         raise InputError("--crosscoder needs --compare: the crosscoder reads two models, --model (A) and --compare "
                          "(B).")
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.npz"))
+        raise InputError(f"--crosscoder {path} is a folder; pass the .npz file CrosscoderTrainer.save wrote, e.g. "
+                         f"{path / (inside[0] if inside else 'run.npz')}"
+                         f"{f' (this folder holds {len(inside)}: ' + ', '.join(inside[:5]) + ')' if inside else ''}.")
     if not path.is_file():
         raise InputError(f"--crosscoder {path}: no such file; pass the .npz a CrosscoderTrainer.save wrote.")
     try:

@@ -28,6 +28,7 @@ import numpy as np
 from minibert.analysis import graphs
 from minibert.analysis import transcoders as tc
 from minibert.analysis._finite import check_finite_params
+from minibert.analysis.corpus.result import weights_digest
 from minibert.errors import AnalysisError, InputError
 from minibert.runtime.buckets import cut as cut_to_length
 from minibert.viz._panel import Panel
@@ -49,7 +50,13 @@ class LoadedTranscoders:
     def __init__(self, model, pairs: Sequence[tuple]):
         by_layer: dict[int, tuple] = {}
         for config, params in pairs:
-            tc.checked_site(model, config)  # another family's site, other widths or other weights: refused here
+            if config.weights is not None and weights_digest(model) != config.weights:  # the CLI has no other_weights
+                raise InputError(f"the transcoder of layer {config.layer} was trained on the model weights "
+                                 f"{config.weights}, and --model's are {weights_digest(model)}: the workbench serves "
+                                 f"a transcoder only with the model it was trained on; pass that model as --model "
+                                 f"(or, in Python, graphs.attribute(..., other_weights=True) splices it into these "
+                                 f"weights on purpose).")
+            tc.checked_site(model, config)  # another family's site or other widths: refused here
             if config.layer in by_layer:
                 raise InputError(f"two transcoders for layer {config.layer}: pass one --transcoder per layer.")
             by_layer[config.layer] = (config, params)
