@@ -524,6 +524,20 @@ def test_what_changed_refuses_a_site_the_crosscoder_was_not_trained_at(mlm_pair)
     assert diffing.checked_site(model_a, model_b, named, source=source) == SITE
 
 
+def test_a_crosscoder_of_nan_or_inf_parameters_is_refused_naming_the_array_and_index(mlm_pair):
+    """A tester's finding: what_changed of a diverged crosscoder (NaN weights) drew a report of NaN norms."""
+    model_a, model_b, _, _ = mlm_pair
+    config = diffing.CrosscoderConfig(d_in=32, d_sae=8, k=2, hook_name=SITE)
+    params = {name: np.asarray(value).copy() for name, value in diffing.init_params(config).items()}
+    params["W_dec"][1, 3, 5] = np.nan
+    params["W_dec"][1, 4, 0] = np.inf
+    with pytest.raises(AnalysisError, match=r"what_changed: the crosscoder: params\['W_dec'\] is not finite at index "
+                                            r"\(1, 3, 5\) \(value nan; 2 such entries\)"):
+        diffing.what_changed(model_a, model_b, TEXTS, config, params)
+    with pytest.raises(AnalysisError, match=r"latent_table: the crosscoder: params\['W_dec'\] .* \(1, 3, 5\)"):
+        diffing.latent_table(config, params, np.ones((3, 2, 32), np.float32))
+
+
 def _sheet_report(names, examples_per_latent):
     """A DiffReport made by hand (2 layers × 4 heads, 4 latents with examples_per_latent examples each)."""
     config = diffing.CrosscoderConfig(d_in=6, d_sae=4, architecture="l1")

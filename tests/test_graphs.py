@@ -514,6 +514,11 @@ def test_intervene_takes_the_graphs_own_labels_and_reports_the_change(bert):
             graphs.intervene(model, batch, transcoders, graph, {bad: 0.0})
     with pytest.raises(AnalysisError, match="must be a finite number"):
         graphs.intervene(model, batch, transcoders, graph, {first: np.nan})
+    for amount, mode in ((1e300, "clamp"), (-1e39, "steer")):  # finite in float64, ±inf in the model's float32
+        with pytest.raises(AnalysisError, match=r"beyond float32's range \(±3\.4e\+38\), the model's"):
+            graphs.intervene(model, batch, transcoders, graph, {first: amount}, mode=mode)
+    with pytest.raises(AnalysisError, match="overflowed float32 in the model"):  # a float32 value, inf downstream
+        graphs.intervene(model, batch, transcoders, graph, {first: 3e38}, mode="clamp")
 
 
 def test_a_target_prints_short(bert):

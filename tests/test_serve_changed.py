@@ -16,6 +16,7 @@ from tolerances import assert_close_to_scale, dot_rtol, forward_rtol
 
 import minibert
 from minibert.analysis import diffing
+from minibert.analysis.diffing.pairs import pair_source
 from minibert.app import serve
 from minibert.viz import changed
 from minibert.viz.workbench import Workbench
@@ -102,6 +103,14 @@ def test_a_crosscoder_of_other_models_or_no_compare_is_refused_at_start_up(pair,
         changed.load_crosscoder(model_a, None, path)
     with pytest.raises(minibert.InputError, match=r"--crosscoder .*nowhere.npz: no such file"):
         changed.load_crosscoder(model_a, model_b, tmp_path / "nowhere.npz")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(minibert.InputError, match=r"--crosscoder .*runs is a folder; pass the .npz file "
+                                                  r"CrosscoderTrainer.save wrote, e.g. .*runs/run.npz\.$"):
+        changed.load_crosscoder(model_a, model_b, tmp_path / "runs")
+    (tmp_path / "text.npz").write_text("abcd")  # 4 bytes, no zip: numpy's words would be "pickled data"
+    with pytest.raises(minibert.InputError, match=r"text.npz is not a whole crosscoder checkpoint \(it is not an .npz "
+                                                  r"archive: a checkpoint is a zip of arrays, this file is not one\)"):
+        changed.load_crosscoder(model_a, model_b, tmp_path / "text.npz")
     narrow, params = planted_crosscoder(16, SITE)
     diffing.CrosscoderTrainer(narrow, params=params).save(tmp_path / "narrow.npz")
     with pytest.raises(minibert.InputError, match=r"reads 16-wide vectors at 'blocks.1.hook_resid_post', where these "
@@ -113,6 +122,23 @@ def test_a_crosscoder_of_other_models_or_no_compare_is_refused_at_start_up(pair,
         changed.load_crosscoder(model_a, model_b, tmp_path / "elsewhere.npz")
     with pytest.raises(minibert.InputError, match="the same model"):
         changed.load_crosscoder(model_a, model_a, path)
+    broken = {name: np.array(value) for name, value in params.items()}
+    broken["W_enc"][0, 1, 2] = np.inf
+    diffing.CrosscoderTrainer(planted_crosscoder(32, SITE)[0], params=broken).save(tmp_path / "inf.npz")
+    with pytest.raises(minibert.InputError, match=r"--crosscoder: params\['W_enc'\] is not finite at index "
+                                                  r"\(0, 1, 2\) \(value inf; 1 such entry\)"):
+        changed.load_crosscoder(model_a, model_b, tmp_path / "inf.npz")
+
+
+def test_a_crosscoder_of_the_two_models_swapped_is_refused_at_start_up(pair, tmp_path):
+    # the trainer's record of its pair (pair_source: A's weights, then B's), kept by save: serving B as --model and
+    # A as --compare is what_changed's "swapped" refusal, not a panel with A and B reversed
+    model_a, model_b, (config, params), _, _ = pair
+    source = pair_source(model_a, model_b, SITE)
+    path = diffing.CrosscoderTrainer(config, params=params, source=source).save(tmp_path / "recorded.npz")
+    assert changed.load_crosscoder(model_a, model_b, path).config.hook_name == SITE
+    with pytest.raises(minibert.InputError, match="the same two models, swapped: pass A \\(the base\\) first"):
+        changed.load_crosscoder(model_b, model_a, path)
 
 
 def test_the_serve_command_refuses_a_crosscoder_without_compare_in_one_line(pair, capsys, monkeypatch):

@@ -112,6 +112,25 @@ def test_transcoders_of_another_model_or_a_missing_file_are_refused_at_start_up(
         feature_panel.load_transcoders(model, [tmp_path / "elsewhere"])
     with pytest.raises(minibert.InputError, match="two transcoders for layer 0"):
         feature_panel.load_transcoders(model, [paths[0], paths[0] / "cfg.json"])
+    import dataclasses
+
+    theirs = dataclasses.replace(config, weights="ab12")  # a transcoder trained on other weights (the CLI has no
+    with pytest.raises(minibert.InputError, match=r"trained on the model weights ab12, and --model's are .*: the "
+                                                  r"workbench serves a transcoder only with the model it was trained "
+                                                  r"on; pass that model as --model"):  # other_weights=True)
+        feature_panel.LoadedTranscoders(model, [(theirs, params)])
+    # a file of NaN weights (transcoders.save refuses to write one; another writer, or a damaged file, need not)
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(paths[0], tmp_path / "nan")
+    weights = load_file(tmp_path / "nan" / "sae_weights.safetensors")
+    weights["W_dec"][1, 2] = np.nan
+    save_file(weights, tmp_path / "nan" / "sae_weights.safetensors")
+    with pytest.raises(minibert.InputError, match=r"--transcoder .*nan: the transcoder: params\['W_dec'\] is not "
+                                                  r"finite at index \(1, 2\)"):
+        feature_panel.load_transcoders(model, [tmp_path / "nan"])
 
 
 def test_bad_clicks_and_hostile_text_get_messages(planted):
@@ -126,15 +145,49 @@ def test_bad_clicks_and_hostile_text_get_messages(planted):
     quiet = int(np.flatnonzero(f[1] == 0)[0])  # a latent of layer 0 silent at position 1: no node of the graph
     response = post(client, "features", {"text": TEXT, "feature": [0, 1, quiet]})
     assert response.status_code == 400
-    assert response.json()["error"] == (f"feature {quiet} of layer 0 is not active at position 1 (activation 0): "
-                                        f"click one the panel lists.")
-    listed = ask(client, {"text": TEXT})["features"]
+    assert response.json()["error"] == (f"latent not active at this token: feature {quiet} of layer 0 has "
+                                        f"activation 0 at position 1; click one the panel lists.")
     hostile = "</script><img src=x onerror=alert(1)> [MASK]"
     answer = ask(client, {"text": hostile})
     assert answer["tokens"] == model.tokenize([hostile]).tokens[0]  # as data, for the page's textContent
-    assert ask(client, {"text": "a b c d"})["features"] is not None  # no [MASK]: features still listed
-    no_mask = ask(client, {"text": "a b c d", "feature": [listed[1][0]["layer"], 1, listed[1][0]["latent"]]})
+    plain = ask(client, {"text": "a b c d"})["features"]  # no [MASK]: features still listed
+    first = plain[1][0]
+    no_mask = ask(client, {"text": "a b c d", "feature": [first["layer"], 1, first["latent"]]})
     assert no_mask["target"] is None and "Put [MASK] in the text" in no_mask["hint"]
+    assert no_mask["activation"] == first["activation"]  # the listing's program on the same text: the same number
+    long = " ".join(["a"] * 40) + " [MASK]"
+    n_tokens = len(model.tokenize([long]).tokens[0])
+    first = ask(client, {"text": long})["features"][1][0]
+    too_long = ask(client, {"text": long, "feature": [first["layer"], 1, first["latent"]]})
+    assert too_long["target"] is None and too_long["activation"] == first["activation"]
+    assert too_long["hint"] == (f"text too long for a graph: {n_tokens} > {feature_panel.GRAPH_MAX_TOKENS} tokens; "
+                                f"shorten it to see what a feature feeds.")
+
+
+@pytest.mark.slow  # a second tiny model and its graph's two programs: past 10 s on a loaded 2-core machine
+def test_a_model_without_a_head_explains_its_sentence_vectors_length(planted, tmp_path):
+    """A model with no classifier and no masked-LM head (a sentence encoder, like the bundled MiniLM): a clicked
+    feature's edges are those of graphs.direction_target(s / |s|), s the mean-pooled last hidden state."""
+    from conftest import make_hf_model
+
+    _, pairs, _, _ = planted
+    make_hf_model(tmp_path / "bare", "BertModel", seed=3)
+    model = minibert.load(tmp_path / "bare")
+    assert not model.config.heads.mlm and model.config.heads.classifier is None
+    workbench = Workbench(model, max_tokens=64, resources={"transcoders": feature_panel.LoadedTranscoders(model,
+                                                                                                          pairs)})
+    listed = workbench.answer("features", {"text": "a b c d"})["features"]
+    feature = next([x["layer"], t, x["latent"]] for t, row in enumerate(listed) for x in row if x["layer"] == 0)
+    answer = workbench.answer("features", {"text": "a b c d", "feature": feature})
+    assert answer["hint"] is None and answer["target"] == ("the sentence vector's length along its own direction "
+                                                           "(mean-pooled last hidden state)")
+    batch = model.tokenize(["a b c d"])
+    s = np.asarray(model(batch).last_hidden_state, np.float64)[0].mean(0)
+    graph = graphs.attribute(model, batch, pairs, graphs.direction_target(s / np.linalg.norm(s), "mean"))
+    column = graph.adjacency[:, graph.node_index(*feature)]
+    order = [i for i in np.argsort(-np.abs(column), kind="stable")[:feature_panel.TOP_EDGES] if column[i] != 0]
+    # the same forward and the same function on the same batch: the same programs, so the same numbers bit for bit
+    assert [e["weight"] for e in answer["edges"]] == [float(column[i]) for i in order] and order
 
 
 # ---- the panel in the page (headless chromium) --------------------------------------------------------------

@@ -516,6 +516,36 @@ def test_a_config_of_numpy_numbers_holds_python_numbers_and_saves(tmp_path):
     assert tc.load(tmp_path / "saved")[0] == config
 
 
+def test_nan_parameters_are_refused_by_save_and_evaluate_naming_the_array_and_index(tmp_path):
+    """A tester's finding: save wrote, and evaluate scored, a transcoder whose weights are NaN (a diverged run)."""
+    config = _config("relu")
+    params = {name: np.asarray(value).copy() for name, value in tc.init_params(config).items()}
+    params["b_enc"][2] = np.nan
+    with pytest.raises(AnalysisError, match=r"transcoders.save: params\['b_enc'\] is not finite at index \(2,\) "
+                                            r"\(value nan; 1 such entry\)"):
+        tc.save(tmp_path / "saved", config, params)
+    assert not (tmp_path / "saved").exists()
+    x = np.ones((4, D_IN), np.float32)
+    with pytest.raises(AnalysisError, match=r"evaluate: the transcoder: params\['b_enc'\] is not finite at index"):
+        tc.evaluate(config, params, x, np.ones((4, D_OUT), np.float32))
+
+
+def test_pairs_of_another_layer_are_refused_naming_both_layers_and_no_other_weights():
+    """A tester's finding: "… for layer 2 (layer 2); …, or other_weights=True" for pairs of another layer, which
+    other_weights never lets through. The check on a source record as token_pairs makes it (source_of's keys)."""
+    from minibert.analysis.transcoders.source import check_source
+
+    config = tc.TranscoderConfig(d_in=D_IN, d_sae=S, d_out=D_OUT, layer=2, architecture="relu", weights="ab12")
+    source = {"layer": 0, "hook_in": "blocks.0.ln1.hook_out", "hook_out": "blocks.0.hook_mlp_out", "weights": "cd34"}
+    with pytest.raises(AnalysisError, match=r"^these pairs are of layer 0 but the transcoder is for layer 2; pass "
+                                            r"the pairs of layer 2\.$"):
+        check_source(config, source, "pass the pairs of layer 2.", weights_fix=", or other_weights=True.")
+    with pytest.raises(AnalysisError, match=r"weights 'cd34' .* for weights 'ab12' \(layer 2\); pass the pairs of "
+                                            r"layer 2, or other_weights=True\.$"):
+        check_source(config, source | {"layer": 2}, "pass the pairs of layer 2.",
+                     weights_fix=", or other_weights=True.")
+
+
 def test_load_of_a_non_path_is_refused():
     with pytest.raises(DataFileError, match="path"):
         tc.load(3)
@@ -543,11 +573,13 @@ def test_pairs_carry_their_site_and_evaluate_and_training_check_it(bert, other_b
     assert tc.evaluate(config, params, held_out)["fvu"] == tc.evaluate(config, params, x, y)["fvu"]
     bare = tc.TranscoderConfig(d_in=24, d_sae=16, d_out=24, layer=1, architecture="relu", skip=True)
     for named in (config, bare):
-        with pytest.raises(AnalysisError, match=r"layer 0 but the transcoder is for layer 1.*token_pairs\(model, "
-                                                r"texts, 1\)"):
+        with pytest.raises(AnalysisError, match=r"^these pairs are of layer 0 but the transcoder is for layer 1; pass "
+                                                r"transcoders.token_pairs\(model, texts, 1\) of the model it was "
+                                                r"trained on\.$"):
             tc.evaluate(named, params, tc.token_pairs(bert, TEXTS, 0))
     theirs = tc.token_pairs(other_bert, TEXTS, 1)
-    with pytest.raises(AnalysisError, match="weights .*other_weights=True"):
+    with pytest.raises(AnalysisError, match="weights .*or other_weights=True to score it on these weights "
+                                            r"\(other_weights is for other weights only"):
         tc.evaluate(config, params, theirs)
     assert np.isfinite(tc.evaluate(config, params, theirs, other_weights=True)["fvu"])
     with pytest.raises(AnalysisError, match="token_pairs gives, or x and y"):

@@ -43,3 +43,16 @@ def check_finite(values, what: str, names: list[str] | None = None) -> np.ndarra
                 f"metric for a division by zero (a norm of 0, an empty mask) or a log of 0.")
 
     return refuse_nonfinite(values, wording)
+
+
+def check_finite_params(params, what: str) -> None:
+    """Nothing, or one AnalysisError naming the first parameter array of `params` ({name: array}) that holds NaN or
+    ±inf and its first bad index: the one check of a trained dictionary's weights (a crosscoder's, a
+    transcoder's) before it is used, saved or served. what: whose parameters, as the message names them."""
+    for name, value in params.items():
+        def wording(bad: NonFinite, name=name) -> str:
+            return (f"{what}: params[{name!r}] is not finite at index {bad.first} (value {bad.value}; {bad.count} "
+                    f"such entr{'y' if bad.count == 1 else 'ies'}); the training diverged or the file is damaged: "
+                    f"retrain (a lower learning rate), or load an earlier checkpoint.")
+
+        refuse_nonfinite(value, wording)

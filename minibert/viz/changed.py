@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis import diffing
+from minibert.analysis._finite import check_finite_params
 from minibert.errors import AnalysisError, DataFileError, InputError
 from minibert.runtime.buckets import cut as cut_to_length
 from minibert.viz._panel import Panel
@@ -35,7 +36,7 @@ HINT = ("Start the workbench with two models and a crosscoder trained on them (d
 class LoadedCrosscoder:
     """A crosscoder checked against the two models at start-up: its config, params and the site it reads."""
 
-    def __init__(self, model_a, model_b, config, params):
+    def __init__(self, model_a, model_b, config, params, source: dict | None = None):
         if config.hook_name is None:
             raise InputError("the crosscoder's config names no site (hook_name): train it on a paired stream "
                              "(diffing.paired_activations), which records it.")
@@ -49,6 +50,14 @@ class LoadedCrosscoder:
         if width != config.d_in:
             raise InputError(f"the crosscoder reads {config.d_in}-wide vectors at {config.hook_name!r}, where these "
                              f"models have {width}; pass one trained on these models.")
+        try:  # the library's own check (what_changed's): the config's and the trainer's record of the pair
+            diffing.checked_site(model_a, model_b, config, source=source)
+        except AnalysisError as error:
+            raise InputError(f"--model/--compare: {error}") from None
+        try:
+            check_finite_params(params, "--crosscoder")
+        except AnalysisError as error:
+            raise InputError(str(error)) from None
         self.model_b, self.config = model_b, config
         self.params = {name: jnp.asarray(value) for name, value in params.items()}
 
@@ -59,13 +68,18 @@ def load_crosscoder(model_a, model_b, path) -> LoadedCrosscoder:
         raise InputError("--crosscoder needs --compare: the crosscoder reads two models, --model (A) and --compare "
                          "(B).")
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.npz"))
+        raise InputError(f"--crosscoder {path} is a folder; pass the .npz file CrosscoderTrainer.save wrote, e.g. "
+                         f"{path / (inside[0] if inside else 'run.npz')}"
+                         f"{f' (this folder holds {len(inside)}: ' + ', '.join(inside[:5]) + ')' if inside else ''}.")
     if not path.is_file():
         raise InputError(f"--crosscoder {path}: no such file; pass the .npz a CrosscoderTrainer.save wrote.")
     try:
         trainer = diffing.CrosscoderTrainer.resume(path)
     except (AnalysisError, DataFileError) as error:
         raise InputError(f"--crosscoder {path}: {error}") from None
-    return LoadedCrosscoder(model_a, model_b, trainer.config, trainer.params)
+    return LoadedCrosscoder(model_a, model_b, trainer.config, trainer.params, trainer.source)
 
 
 def paired(workbench, loaded: LoadedCrosscoder, request) -> np.ndarray:

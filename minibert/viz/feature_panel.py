@@ -9,7 +9,9 @@ length bucket captures every such x), the TOP_FEATURES largest per position over
 its column of graphs.attribute's adjacency (the direct effect of its write on every later feature's
 pre-activation and on the target), the TOP_EDGES largest by |weight|, each marked kept or not by graphs.prune.
 The graph needs a transcoder at every block and a target it can read: the logit of the predicted class (a
-sequence classifier) or of the top guess at the first [MASK] (a masked LM), as the "why" panel explains; one graph
+sequence classifier) or of the top guess at the first [MASK] (a masked LM), as the "why" panel explains; a model
+with neither (a sentence encoder such as MiniLM) explains its sentence vector's length along its own direction,
+⟨s, s/|s|⟩ (graphs.direction_target; s pooled as the model pools, mean where it pools otherwise); one graph
 per text is kept (GRAPHS_KEPT), and texts over GRAPH_MAX_TOKENS tokens or GRAPH_MAX_FEATURES active features get
 a message instead, so that an answer stays within seconds on a small model.
 """
@@ -25,6 +27,8 @@ import numpy as np
 
 from minibert.analysis import graphs
 from minibert.analysis import transcoders as tc
+from minibert.analysis._finite import check_finite_params
+from minibert.analysis.corpus.result import weights_digest
 from minibert.errors import AnalysisError, InputError
 from minibert.runtime.buckets import cut as cut_to_length
 from minibert.viz._panel import Panel
@@ -46,7 +50,13 @@ class LoadedTranscoders:
     def __init__(self, model, pairs: Sequence[tuple]):
         by_layer: dict[int, tuple] = {}
         for config, params in pairs:
-            tc.checked_site(model, config)  # another family's site, other widths or other weights: refused here
+            if config.weights is not None and weights_digest(model) != config.weights:  # the CLI has no other_weights
+                raise InputError(f"the transcoder of layer {config.layer} was trained on the model weights "
+                                 f"{config.weights}, and --model's are {weights_digest(model)}: the workbench serves "
+                                 f"a transcoder only with the model it was trained on; pass that model as --model "
+                                 f"(or, in Python, graphs.attribute(..., other_weights=True) splices it into these "
+                                 f"weights on purpose).")
+            tc.checked_site(model, config)  # another family's site or other widths: refused here
             if config.layer in by_layer:
                 raise InputError(f"two transcoders for layer {config.layer}: pass one --transcoder per layer.")
             by_layer[config.layer] = (config, params)
@@ -73,6 +83,7 @@ def load_transcoders(model, paths: Sequence) -> LoadedTranscoders:
                              f"wrote (cfg.json and sae_weights.safetensors).")
         try:
             pairs.append(tc.load(path))
+            check_finite_params(pairs[-1][1], "the transcoder")
         except AnalysisError as error:
             raise InputError(f"--transcoder {path}: {error}") from None
     try:
@@ -125,8 +136,16 @@ def graph_target(model, run, batch):
                 f"the top guess's logit at the first [MASK] (position {position})")
     if heads.mlm:
         return None, f"Put {tokenizer.mask_token} in the text: the graph then explains the model's top guess there."
-    return None, ("The graph explains the logit of a sequence classifier's class or of a masked-LM guess; this "
-                  "model outputs neither, so the panel lists its features only.")
+    # no head to explain (a sentence encoder): the sentence vector's length along its own direction, u = s / |s|
+    mode = (model.pooling or {}).get("mode")
+    pooling = mode if mode in ("mean", "cls") else "mean"
+    hidden = np.asarray(model(batch).last_hidden_state, np.float64)[0]
+    vector = hidden[0] if pooling == "cls" else hidden.mean(0)
+    norm = float(np.linalg.norm(vector))
+    if not norm > 0:
+        return None, "The sentence vector of this text is 0: there is no direction to explain; change the text."
+    return (graphs.direction_target(vector / norm, pooling),
+            f"the sentence vector's length along its own direction ({pooling}-pooled last hidden state)")
 
 
 def _graph(workbench, loaded: LoadedTranscoders, request, run, batch, target, described):
@@ -175,24 +194,31 @@ def _feature(body: Mapping, n_tokens: int, n_layers: int, d_sae: int) -> tuple[i
 
 def feeds(workbench, loaded: LoadedTranscoders, request, run, feature: tuple[int, int, int]) -> dict:
     """What one feature writes into: its strongest outgoing edges in the graph of the why panel's target."""
-    batch = workbench.model.tokenize([request.text], None if request.pair is None else [request.pair])
-    target, described = graph_target(workbench.model, run, batch)
-    answer = {"feature": list(feature), "target": None, "edges": [], "hint": None}
-    if target is None:
-        return {**answer, "hint": described}
+    layer, position, latent = feature
+    f = activations(workbench, loaded, request)
+    activation = float(f[layer][position, latent]) if layer in f and latent < f[layer].shape[1] else None
+    if not activation:
+        raise InputError(f"latent not active at this token: feature {latent} of layer {layer} has activation "
+                         f"{0 if layer in f else 'none (no transcoder at that layer)'} at position {position}; "
+                         f"click one the panel lists.")
+    answer = {"feature": list(feature), "target": None, "activation": activation, "edges": [], "hint": None}
+    if len(run.tokens) > GRAPH_MAX_TOKENS:
+        return {**answer, "hint": f"text too long for a graph: {len(run.tokens)} > {GRAPH_MAX_TOKENS} tokens; "
+                                  f"shorten it to see what a feature feeds."}
     if not loaded.complete:
         missing = sorted(set(range(workbench.model.config.num_hidden_layers)) - set(loaded.by_layer))
         return {**answer, "hint": f"The graph replaces every MLP: it needs a transcoder at every layer; pass "
                                   f"--transcoder for layers {', '.join(map(str, missing))} too."}
-    if len(run.tokens) > GRAPH_MAX_TOKENS:
-        return {**answer, "hint": f"The text has {len(run.tokens)} tokens; the graph is built for texts of up to "
-                                  f"{GRAPH_MAX_TOKENS}: shorten it to see what a feature feeds."}
-    active = sum(int((f > 0).sum()) for f in activations(workbench, loaded, request).values())
+    batch = workbench.model.tokenize([request.text], None if request.pair is None else [request.pair])
+    with workbench.compiling("graph", len(run.tokens)):  # a sentence encoder's target reads one forward
+        target, described = graph_target(workbench.model, run, batch)
+    if target is None:
+        return {**answer, "hint": described}
+    active = sum(int((values > 0).sum()) for values in f.values())
     if active > GRAPH_MAX_FEATURES:
         return {**answer, "hint": f"{active} features are active in this text; the graph is built over at most "
                                   f"{GRAPH_MAX_FEATURES}: shorten the text to see what a feature feeds."}
     graph, pruned = _graph(workbench, loaded, request, run, batch, target, described)
-    layer, position, latent = feature
     try:
         source = graph.node_index(layer, position, latent)
     except AnalysisError:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis._finite import check_finite_params
 from minibert.analysis.diffing.crosscoder import CrosscoderConfig, checked_pairs, decode, decoder_norms, encode
 from minibert.errors import AnalysisError
 
@@ -85,6 +86,7 @@ def latent_table(config: CrosscoderConfig, params, x, *, exclusive_below: float 
         raise AnalysisError(f"exclusive_below={exclusive_below!r} must lie in (0, 1): the largest ν = β_other / "
                             f"β_owner of a latent the other model lacks.")
     x = checked_pairs(x, config.d_in, "x")
+    check_finite_params(params, "latent_table: the crosscoder")
     params = {name: jnp.asarray(value) for name, value in params.items()}
     total = None
     for start in range(0, len(x), chunk_tokens):

@@ -16,6 +16,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis._finite import check_finite_params
 from minibert.analysis.diffing.crosscoder import CrosscoderConfig, checked_pairs, contributions, encode
 from minibert.analysis.diffing.diffs import WeightChange, representation_similarity, weight_change
 from minibert.analysis.diffing.latents import LatentTable, latent_table
@@ -110,6 +111,7 @@ def what_changed(model_a, model_b, texts, config: CrosscoderConfig, params, *, h
     and resume), checked against the config's site and the models' weights; names: how the sheet names A and B
     (pair_names: by default where they were loaded from, told apart where that is the same place)."""
     hook_name = checked_site(model_a, model_b, config, hook_name, source)
+    check_finite_params(params, "what_changed: the crosscoder")
     names = pair_names(model_a, model_b, names)
     x, where = paired_token_activations(model_a, model_b, texts, hook_name, max_length)
     table = latent_table(config, params, x)

@@ -39,6 +39,7 @@ from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError
 
 MODES = ("clamp", "steer")
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest value a change can hold in the model's float32
 
 
 @dataclasses.dataclass
@@ -134,6 +135,9 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
         if isinstance(amount, bool) or not isinstance(amount, int | float | np.number) or not np.isfinite(amount):
             raise AnalysisError(f"changes: {given!r}: {amount!r} must be a finite number (the value to "
                                 f"{'add' if mode == 'steer' else 'set'}).")
+        if abs(float(amount)) > FLOAT32_MAX:  # the model runs in float32: it would be ±inf there, and NaN after
+            raise AnalysisError(f"changes: {given!r}: {amount!r} is beyond float32's range (±{FLOAT32_MAX:.3g}), the "
+                                f"model's; pass a value within it (an activation of a few times the feature's own).")
         node = graph.node_index(*key)
         if mode == "steer":
             steer[key], by_node_steer[node] = amount, float(amount)
@@ -149,5 +153,8 @@ def intervene(model, batch, transcoders, graph, changes: dict, *, mode: str = "s
     after = program(model.state, inputs, tc.params, targets, frozen, errors, steer, mask, value,
                     configs=tc.configs, freeze=bool(freeze))
     clean, after = np.asarray(clean), np.asarray(after)
+    if not np.isfinite(after).all():
+        raise AnalysisError(f"the intervention {dict(changes)} overflowed float32 in the model (the target came out "
+                            f"{after.tolist()}); pass smaller values.")
     return InterventionResult(list(graph.target_labels), clean, after, after - clean,
                               predicted_change(graph, by_node_steer, by_node_clamp))

@@ -252,9 +252,16 @@ def read_state(path, what: str, rebuild, state_of):
             leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
         trainer = rebuild(settings)
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, AnalysisError) as error:
-        # numpy's own words for a pickled file advise loading it unsafely: never for a file of unknown origin
-        detail = "it holds pickled objects, which are never loaded" if "pickle" in str(error) else \
-            f"{type(error).__name__}: {error}"
+        # numpy's own words for a pickled file advise loading it unsafely: never for a file of unknown origin. It
+        # says so of any file that is neither .npz nor .npy; only a pickle (opcode PROTO first) or an .npy of
+        # objects holds pickled objects
+        detail = f"{type(error).__name__}: {error}"
+        if "pickle" in str(error):
+            with open(path, "rb") as file:
+                start = file.read(6)
+            pickled = start[:1] == b"\x80" or start == b"\x93NUMPY"
+            detail = "it holds pickled objects, which are never loaded" if pickled else \
+                "it is not an .npz archive: a checkpoint is a zip of arrays, this file is not one"
         raise DataFileError(f"{path} is not a whole {what} checkpoint ({detail}); pass the file Trainer.save wrote, "
                             f"uncut.") from None
     structure = jax.tree_util.tree_structure(state_of(trainer))

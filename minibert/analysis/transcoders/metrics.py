@@ -16,6 +16,7 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis._finite import check_finite_params
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.sae.metrics import fidelity
 from minibert.analysis.sae.model import checked_finite
@@ -39,9 +40,9 @@ def evaluate(config: TranscoderConfig, params, x, y=None, dense_above: float = 0
         source = getattr(x, "source", None)
         if source is not None:
             check_source(config, source, f"pass transcoders.token_pairs(model, texts, {config.layer}) of the model "
-                                         f"it was trained on" + ("." if config.weights is None else
-                                                                 ", or other_weights=True to score it on these."),
-                         other_weights=other_weights)
+                                         f"it was trained on.", other_weights=other_weights,
+                         weights_fix=", or other_weights=True to score it on these weights (other_weights is for "
+                                     "other weights only: it never lets pairs of another layer or site through).")
         x, y = x
     x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
     if x.ndim != 2 or x.shape[1] != config.d_in or y.shape != (x.shape[0], config.d_out) or not x.shape[0]:
@@ -49,6 +50,7 @@ def evaluate(config: TranscoderConfig, params, x, y=None, dense_above: float = 0
                             f"{tuple(x.shape)} and {tuple(y.shape)}. Pass transcoders.token_pairs of its layer.")
     for name, values in (("x", x), ("y", y)):
         checked_finite(values, name, "every score would be NaN")
+    check_finite_params(params, "evaluate: the transcoder")
     x, y = jnp.asarray(x), jnp.asarray(y)
     latents = encode(config, params, x)
     error = y - forward(config, params, x)

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
+from minibert.analysis._finite import check_finite_params
 from minibert.analysis.sae.saelens import (
     CFG,
     SAELENS_LAYOUT,
@@ -77,6 +78,7 @@ def _saelens_arrays(config: TranscoderConfig, params) -> dict[str, np.ndarray]:
             raise DataFileError(f"transcoders.save: {name} should be {expected} for this config; found "
                                 f"{found or 'nothing'}.")
     arrays = {name: np.asarray(params[name], np.float32) for name in ours}
+    check_finite_params(arrays, "transcoders.save")
     if "threshold" in arrays:
         if np.any(arrays["threshold"] < 0):  # SAELens' ReLU before the mask would disagree with our encode
             raise AnalysisError("transcoders.save: a JumpReLU threshold is negative; SAELens' transcoders apply ReLU "

@@ -62,15 +62,19 @@ class Pairs(tuple):
                 f"{self.source['hook_in']} → {self.source['hook_out']})")
 
 
-def check_source(config, source: dict, fix: str, *, other_weights: bool = False) -> None:
+def check_source(config, source: dict, fix: str, *, other_weights: bool = False, weights_fix: str = "") -> None:
     """Refuse pairs read at another block or site than the transcoder's `config` (its layer, and its hooks and
     weights digest once training recorded them; other weights pass with other_weights=True); `fix` says what to
-    do instead."""
-    for key, mine in (("layer", config.layer), ("hook_in", config.hook_in), ("hook_out", config.hook_out),
+    do instead, and `weights_fix` (appended to it) what else to do about pairs of other weights only."""
+    if source["layer"] != config.layer:
+        raise AnalysisError(f"these pairs are of layer {source['layer']} but the transcoder is for layer "
+                            f"{config.layer}; {fix}")
+    for key, mine in (("hook_in", config.hook_in), ("hook_out", config.hook_out),
                       ("weights", None if other_weights else config.weights)):
         if mine is not None and source[key] != mine:
+            advice = fix[:-1] + weights_fix if key == "weights" and weights_fix and fix.endswith(".") else fix
             raise AnalysisError(f"these pairs are {key} {source[key]!r} but the transcoder is for {key} {mine!r} "
-                                f"(layer {config.layer}); {fix}")
+                                f"(layer {config.layer}); {advice}")
 
 
 def source_of(model, layer: int) -> dict:
