@@ -201,7 +201,7 @@ def test_faithfulness_of_full_and_empty_graphs(classifier, tmp_path):
     rtol = forward_rtol(model.config, S=clean.shape[1]) + dot_rtol(model.config.hidden_size)
     assert abs(result.clean - plain) <= rtol * abs(plain)
     assert result.metrics[0] == result.empty  # a circuit of no edge is the empty graph
-    assert result.sizes.tolist() == [0, 5, graph.edges.sum()]
+    assert result.sizes == [0, 5, int(graph.edges.sum())] and all(type(n) is int for n in result.sizes)
 
     # pre-LN: every receiver recomputes its own layernorm, so the empty graph is the corrupted run
     make_modernbert(tmp_path, "ForMaskedLM", scale=0.2)
