@@ -205,14 +205,14 @@ function minibertWorkbench(app, config, options) {
     if (inside(initial.head, info.heads)) state.head = initial.head;
     if ((initial.layer != null && !inside(initial.layer, info.layers))
         || (initial.head != null && !inside(initial.head, info.heads))) {
-      notes.push("head=" + (initial.layer + 1) + "-" + (initial.head + 1) + " is not a head of this model (" + sizes
+      notes.push("head=" + (initial.layer + 1) + "-" + (initial.head + 1) + " is not a head of this model (" + sizes  // 1-indexed, as the URL writes heads
                  + "): showing " + label(0, state.layer, state.head));
     }
     if (initial.query != null && initial.query >= 0) state.query = state.urlQuery = initial.query;
     var dropped = [];
     (initial.ablate || []).forEach(function (p) {
       if (inside(p[0], info.layers) && inside(p[1], info.heads)) state.ablate[0].push([p[0], p[1]]);
-      else dropped.push((p[0] + 1) + "-" + (p[1] + 1));
+      else dropped.push((p[0] + 1) + "-" + (p[1] + 1));  // 1-indexed L-H, as the URL
     });
     if (dropped.length) notes.push("ablate: " + dropped.join(", ") + " left out, not heads of this model (" + sizes
                                    + ")");
