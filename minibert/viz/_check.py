@@ -6,21 +6,11 @@ K head dim. One document at a time, real tokens only (no padding).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from minibert.errors import VizError
-
-
-def file_path(path, example: str) -> Path:
-    """`path` as a Path: a str or os.PathLike (pathlib.Path), else a VizError naming what it got and an example."""
-    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
-        raise VizError(f"path is the file to write, a str or pathlib.Path such as {example!r}; got "
-                       f"{type(path).__name__} {path!r}.")
-    return Path(path)
 
 
 def token_list(tokens: Sequence[str]) -> list[str]:

@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from minibert.errors import refuse_existing
+from minibert.errors import refuse_unless_flag
 from minibert.viz._check import VizError
 from minibert.viz.circuits import NEGATIVE, POSITIVE
 from minibert.viz.figures._base import _axes, _finish, figure_path
@@ -40,7 +40,7 @@ def graph_figure(pruned, *, ax=None, path=None, overwrite: bool = False) -> Figu
     or .pdf) is refused if it exists unless overwrite=True."""
     if not all(hasattr(pruned, name) for name in ("graph", "node_mask", "edge_mask")):
         raise VizError(f"graph_figure takes a pruned graph (graphs.prune(graph)); got {type(pruned).__name__}.")
-    refuse_existing([], overwrite, VizError)  # the flag's type, also without a path
+    refuse_unless_flag("overwrite", overwrite, VizError)  # the flag's type, also without a path
     if path is not None:
         figure_path(path, overwrite)  # before drawing: a bad path or an existing file costs nothing
     graph = pruned.graph

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from minibert.errors import refuse_existing
+from minibert.errors import refuse_unless_flag
 from minibert.viz import _check
 from minibert.viz._check import VizError
 from minibert.viz.figures._base import NotebookFigure, _legend, _one_based_ticks, figure_path, save
@@ -21,7 +21,7 @@ TITLE_INCHES = 0.35  # the examples panel's 9 pt title and the gap under it
 def what_changed(report, *, path=None, overwrite: bool = False) -> Figure:
     """One figure sheet of a DiffReport (analysis.diffing.what_changed); saved to `path` (.png, .svg, .pdf) where
     given — an existing file only with overwrite=True."""
-    refuse_existing([], overwrite, VizError)  # the flag's type, also without a path
+    refuse_unless_flag("overwrite", overwrite, VizError)  # the flag's type, also without a path
     if path is not None:
         figure_path(path, overwrite)  # before drawing; save() checks it again
     per_head = [_check.matrix(f"weights.per_head[{name!r}]", value, 2, "[L, H]")
