@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -216,6 +217,14 @@ class Model(Weights):
         `position_ids` [B, T] or [1, T] (or a dict's "position_ids"): the position-table row each token reads,
         instead of the family's numbering (e.g. positions restarting at each document packed in a row).
         """
+        inputs = self._host_inputs(batch, position_ids=position_ids)
+        on_host = {field.name: on_device(getattr(inputs, field.name)) for field in dataclasses.fields(inputs)
+                   if isinstance(getattr(inputs, field.name), np.ndarray)}
+        return inputs.replace(**on_host) if on_host else inputs
+
+    def _host_inputs(self, batch, *, position_ids=None) -> Inputs:
+        """Model.inputs' checked arrays left on the host (NumPy int32), so that a call pads them there and moves the
+        batch to the device once (an Inputs given comes back with its arrays where they are)."""
         if isinstance(batch, Inputs):
             return batch if position_ids is None else batch.replace(position_ids=self._checked_positions(
                 position_ids, batch.shape))
@@ -261,9 +270,9 @@ class Model(Weights):
             raise InputError(f"token_type_ids must lie in [0, {segments}); found {types.min()}…{types.max()}.")
         positions = fields.get("position_ids") if position_ids is None else position_ids
         positions = None if positions is None else self._checked_positions(positions, ids.shape)
-        return Inputs(*(on_device(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
+        return Inputs(*(np.asarray(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
 
-    def _checked_positions(self, position_ids, shape: tuple[int, int]) -> jax.Array:
+    def _checked_positions(self, position_ids, shape: tuple[int, int]) -> np.ndarray:
         positions = np.asarray(position_ids)
         if positions.ndim != 2 or positions.shape[0] not in (1, shape[0]) or positions.shape[1] != shape[1]:
             raise InputError(f"position_ids must have shape {tuple(shape)} or (1, {shape[1]}), one row per token; "
@@ -273,7 +282,7 @@ class Model(Weights):
         if positions.min() < 0 or positions.max() >= rows:
             raise InputError(f"position_ids must lie in [0, {rows}) (the rows of the position table); found "
                              f"{positions.min()}…{positions.max()}.")
-        return on_device(positions, np.int32)
+        return np.asarray(positions, np.int32)
 
     # ---- hook points ----------------------------------------------------------------------------------
 
@@ -410,7 +419,7 @@ class Model(Weights):
         offload=True runs block by block and moves each block's captures to host memory (NumPy) as soon as
         it is produced, so capturing everything of a large batch needs one block's worth of device memory.
         """
-        inputs = self.inputs(batch)
+        inputs = self._host_inputs(batch)  # padded on the host, then moved to the device once
         capture = frozenset(self._names(names)) if names != () else frozenset()
         writers = writers_for(hooks, self.hook_names, self.config)
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
@@ -421,6 +430,7 @@ class Model(Weights):
         if buckets.every_row_real(inputs.attention_mask) and self.programs.pads_safely_under(writers, inputs.shape[0]):
             padded = self.programs.padded_length(length, inputs.shape[0], calls=calls)
             inputs = inputs.padded_to(padded, self.config.pad_token_id)
+        inputs = self.inputs(inputs)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
         else:
