@@ -164,3 +164,19 @@ def test_an_sae_holding_nan_is_refused_not_drawn_as_invalid_json(browsed):
     broken = dict(params, W_enc=np.where(np.eye(*params["W_enc"].shape, dtype=bool), np.nan, params["W_enc"]))
     with pytest.raises(VizError, match="W_enc"):
         feature_browser(model, config, broken, TEXTS, top=2)
+
+
+def test_browser_cuts_long_texts_to_max_length_and_says_how_many(browsed):
+    """A text past max_length was cut without a word; now the browse of its first max_length tokens warns once,
+    over every batch, with the count of cut texts and the fix."""
+    model, config, params, _ = browsed
+    long_texts = ["ab cd ef gh " * 3, "a b", "c d e f g h " * 2]
+    whole = np.asarray(model.tokenize(long_texts).attention_mask).sum(1)  # [CLS] and [SEP] counted
+    assert list(whole > 8) == [True, False, True]
+    with pytest.warns(UserWarning, match=r"2 of the 3 texts had more than max_length=8 tokens .* first 8 were "
+                                         r"browsed; to browse them whole, pass max_length= up to") as caught:
+        cut = feature_browser(model, config, params, long_texts, top=2, max_length=8, batch_size=1)
+    assert len([w for w in caught if "max_length" in str(w.message)]) == 1  # one warning for the three batches
+    assert cut.data["tokens_seen"] == 8 + whole[1] + 8
+    with pytest.raises(VizError, match="max_length=1 must be a whole number ≥ 2"):
+        feature_browser(model, config, params, long_texts, max_length=1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import warnings
 import zlib
 from pathlib import Path
 
@@ -36,7 +37,7 @@ import numpy as np
 
 from minibert.analysis import diffing, transcoders
 from minibert.analysis.sae.model import SAEConfig, encode
-from minibert.errors import VizError
+from minibert.errors import VizError, outside_minibert
 from minibert.viz._html import _safe_json, page, write_page
 
 HISTOGRAM_EDGES = np.linspace(-3.0, 2.0, 17)  # log10 of the activation: 16 bins from 0.001 to 100
@@ -62,6 +63,14 @@ def _chunk_summary(params, x, *, config, top, window):
     if isinstance(config, diffing.CrosscoderConfig):
         parts = jnp.take_along_axis(diffing.contributions(params, x).transpose(2, 0, 1), index[..., None], axis=1)
     return values, index, windows, counts, parts
+
+
+def _tokenized(model, texts: list[str], pairs: list[str] | None, limit: int):
+    """(the texts tokenized to at most `limit` tokens, how many of them were longer and cut): tokenized with one
+    token of room first, so that a row using it is a cut one."""
+    batch = model.tokenize(texts, pairs, max_length=limit + 1)
+    cut = int(np.sum(np.asarray(batch.attention_mask).sum(1) > limit))
+    return (model.tokenize(texts, pairs, max_length=limit) if cut else batch), cut
 
 
 def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
@@ -119,8 +128,10 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | di
     window: tokens each side of a peak. texts, pairs: as sae.text_rows reads them — one text (a str), a list,
     pairs, (text, pair) tuples or a corpus file — so the browser can show the very rows the SAE was trained on. A
     transcoder reads its MLP's input at its layer (transcoders.checked_site: one for another model or site is
-    refused). A crosscoder takes model = (A, B), the pair it was trained on; source (its trainer's .source) and
-    names are what diffing.what_changed takes, and its site is checked as what_changed checks it."""
+    refused). A text longer than max_length tokens (or the model's positions, if fewer) is browsed in its first
+    max_length, and one warning says how many were cut. A crosscoder takes model = (A, B), the pair it was trained
+    on; source (its trainer's .source) and names are what diffing.what_changed takes, and its site is checked as
+    what_changed checks it."""
     from minibert.analysis.sae.source import hook_width, text_rows
 
     crosscoder = isinstance(config, diffing.CrosscoderConfig)
@@ -141,7 +152,7 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | di
             raise VizError(f"hook {hook_name!r} does not give {config.d_in}-wide vectors; pass the hook_name the "
                            f"SAE was trained on.")
     for name, value, least in (("top", top, 1), ("window", window, 0), ("nearest", nearest, 0),
-                               ("batch_size", batch_size, 1)):
+                               ("batch_size", batch_size, 1), ("max_length", max_length, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise VizError(f"{name}={value!r} must be a whole number ≥ {least}.")
     rows, has_pairs = text_rows(texts, pairs)
@@ -162,9 +173,11 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | di
     if crosscoder:
         best["parts"] = np.zeros((S, 0, 2), np.float32)
     counts, tokens_seen, paired = np.zeros((S, len(HISTOGRAM_EDGES) - 1), np.int64), 0, []
+    limit, cut = min(max_length, models[0].config.max_tokens), 0
     for start in range(0, len(texts), batch_size):
-        batch = models[0].tokenize(texts[start:start + batch_size],
-                                   None if pairs is None else pairs[start:start + batch_size], max_length=max_length)
+        batch, cut_here = _tokenized(models[0], texts[start:start + batch_size],
+                                     None if pairs is None else pairs[start:start + batch_size], limit)
+        cut += cut_here
         real = np.asarray(batch.attention_mask) > 0
         x = np.stack([np.asarray(each.run_with_cache(batch, names=[hook_name])[1][hook_name], np.float32)
                       .reshape(*real.shape, -1)[real] for each in models], axis=1)  # [N, models, D]
@@ -186,6 +199,12 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | di
         keep = np.argsort(-merged["value"], axis=1, kind="stable")[:, :top]
         best = {key: np.take_along_axis(value, keep.reshape(keep.shape + (1,) * (value.ndim - 2)), 1)
                 for key, value in merged.items()}
+    if cut:
+        more = (f"pass max_length= up to this model's {models[0].config.max_tokens} positions" if limit <
+                models[0].config.max_tokens else "split long texts (this model reads no more tokens)")
+        warnings.warn(f"feature_browser: {cut} of the {len(texts)} texts had more than max_length={limit} tokens "
+                      f"([CLS] and [SEP] counted) and only their first {limit} were browsed; to browse them whole, "
+                      f"{more}.", stacklevel=outside_minibert())
     W_dec = np.asarray(params["W_dec"]).reshape(len(models), S, -1)  # [models, S, D]
     neighbours = [_nearest_tokens(each, W_dec[m], nearest) for m, each in enumerate(models)]
     used: dict[int, int] = {}
