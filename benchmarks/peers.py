@@ -9,7 +9,10 @@ to agree before anything is timed:
 - the head-ablation sweep (all 72 heads, 8 × 14): analysis.ablation_sweep against a loop of 72 hooked forwards;
 - residual patching over (layer, position), 4 pairs of 14 tokens: analysis.patch_activations against 6 · 14 hooked
   forwards;
-- d metric / d pattern at every layer, 8 × 14: model.grad against a backward through the captured patterns.
+- d metric / d pattern at every layer, 8 × 14: model.grad against a backward through the captured patterns;
+- the first result in a fresh process: import, load and every pattern of 8 × 128 captured, wall seconds from the
+  process's start to the result (minibert on an empty persistent cache and on the cache a first process filled),
+  each process pinned to the same core, medians of interleaved rounds.
 
 TransformerLens runs in a second process (an interpreter that has TransformerLens < 4, which still has
 HookedEncoder: harness.transformer_lens_python; its pieces here run there), pinned to the same core; its outputs
@@ -319,7 +322,9 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return report(settings, *measure(settings, core))
+        code = report(settings, *measure(settings, core))
+        fresh_report(fresh_first_results(settings, core), settings)
+        return code
     finally:  # a smoke run inside pytest leaves its process as it found it
         os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
@@ -342,6 +347,93 @@ def measure(settings, core: int):
     cases = {f"minibert {n}": f for n, f in ours.items()} | {f"transformers {n}": f for n, f in theirs.items()}
     times = cpu_medians(cases, settings.repeats, settings.warmup)
     return work, times, tl, gaps, lengths
+
+
+# ---- the first result in a fresh process --------------------------------------------------------------------------
+
+# Each peer's whole first session, run by `python -c`: what a script does from its first line to its first result.
+# The clock starts in the parent just before the process is started; the child prints time.time() at its result.
+FRESH = {
+    "minibert": """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[3])})  # before any thread pool starts
+import time, numpy as np, jax
+import minibert
+model = minibert.load(sys.argv[1])
+batch = {k: np.asarray(v) for k, v in np.load(sys.argv[2]).items()}
+jax.block_until_ready(model.run_with_cache(batch, names="blocks.*.attn.hook_pattern")[1].stack("hook_pattern"))
+print(time.time())""",
+    "transformers": """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[3])})  # before any thread pool starts
+import time, numpy as np, torch, transformers
+torch.set_num_threads(1)
+transformers.logging.set_verbosity_error()
+model = transformers.BertModel.from_pretrained(sys.argv[1], attn_implementation="eager").eval()
+batch = {k: torch.as_tensor(v.astype(np.int64)) for k, v in np.load(sys.argv[2]).items()}
+with torch.inference_mode():
+    torch.stack(model(**batch, output_attentions=True).attentions)
+print(time.time())""",
+    "TransformerLens": """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[3])})  # before any thread pool starts
+import time, numpy as np, torch
+torch.set_num_threads(1)
+import tl_worker
+model = tl_worker.load(sys.argv[1])
+batch = {k: torch.as_tensor(v.astype(np.int64)) for k, v in np.load(sys.argv[2]).items()}
+with torch.inference_mode():
+    _, cache = model.run_with_cache(batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                                    one_zero_attention_mask=batch["attention_mask"],
+                                    names_filter=lambda name: name.endswith("hook_pattern"))
+print(time.time())""",
+}
+
+
+def fresh_first_results(settings, core: int) -> dict[str, float]:
+    """Median wall seconds to the first result in a fresh process: minibert on an empty cache and on a warm one,
+    transformers eager, TransformerLens where an interpreter has it; rounds interleaved (a smoke run: one round,
+    minibert cold and transformers)."""
+    directory = harness.bundled_dir()
+    rows, tokens = (2, 16) if settings.smoke else (8, 128)
+    tl_python = None if settings.smoke else harness.transformer_lens_python()
+    samples: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        batch = Path(scratch) / "batch.npz"
+        np.savez(batch, **inputs(rows, tokens))
+        warm_cache = Path(scratch) / "warm"
+
+        def run(peer: str, python: str, env: dict) -> float:
+            start = time.time()
+            done = subprocess.run([python, "-c", FRESH[peer], str(directory), str(batch), str(core)],
+                                  capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(HERE), **env})
+            assert done.returncode == 0, f"{peer}'s fresh process failed: {done.stderr.strip()[-2000:]}"
+            return float(done.stdout.strip().splitlines()[-1]) - start
+
+        if not settings.smoke:  # a smoke run checks the cold path and the peer's (the warm one differs by a folder)
+            run("minibert", sys.executable, {"MINIBERT_CACHE_DIR": str(warm_cache)})  # fills the warm cache
+        for round_ in range(1 if settings.smoke else settings.repeats):
+            cold = Path(scratch) / f"cold{round_}"
+            samples.setdefault("minibert, empty cache", []).append(
+                run("minibert", sys.executable, {"MINIBERT_CACHE_DIR": str(cold)}))
+            if not settings.smoke:
+                samples.setdefault("minibert, warm cache", []).append(
+                    run("minibert", sys.executable, {"MINIBERT_CACHE_DIR": str(warm_cache)}))
+            samples.setdefault("transformers eager", []).append(run("transformers", sys.executable, {}))
+            if tl_python:
+                samples.setdefault("TransformerLens", []).append(run("TransformerLens", tl_python, {}))
+    return {name: statistics.median(t) for name, t in samples.items()}
+
+
+def fresh_report(times: dict[str, float], settings) -> None:
+    rows, tokens = (2, 16) if settings.smoke else (8, 128)
+    peers = [name for name in ("transformers eager", "TransformerLens") if name in times]
+    print(f"\nThe first result in a fresh process (import, load, every pattern of {rows} × {tokens} captured), wall "
+          f"seconds from the process's start, one pinned core, median of "
+          f"{1 if settings.smoke else settings.repeats} rounds:\n")
+    table = [[name, f"{t:.2f}", *(f"{times[p] / t:.2f}×" for p in peers)] for name, t in times.items()
+             if name.startswith("minibert")]
+    print(harness.markdown_table(["minibert", "seconds", *(f"vs {p} ({times[p]:.2f} s)" for p in peers)], table))
 
 
 def report(settings, work, times, tl, gaps, lengths) -> int:
