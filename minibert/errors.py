@@ -11,6 +11,7 @@ for bad values, `FileNotFoundError` for a missing file), so `except ValueError` 
 from __future__ import annotations
 
 import numbers
+import os
 import sys
 from pathlib import Path
 
@@ -108,14 +109,22 @@ def refuse_unless_flag(name: str, value, error: type[MinibertError] = InputError
     return bool(value)
 
 
-def refuse_existing(paths, overwrite, error: type[MinibertError] = InputError) -> bool:
+def refuse_existing(paths, overwrite, error: type[MinibertError] = InputError, *,
+                    replace_hint: str = "pass overwrite=True to replace it", elsewhere: str = "pass another path"
+                    ) -> bool:
     """The rule of every minibert writer, checked before it writes anything: a file already at one of `paths` (a
-    path or a list of them) is the user's, replaced only with overwrite=True. Returns `overwrite` as a bool
-    (refuse_unless_flag)."""
+    path or a list of them), or a symbolic link (dangling or not: a link is never written through), is the user's,
+    replaced only with overwrite=True. `replace_hint` says how to replace it (the command line: --overwrite),
+    `elsewhere` where else to write. Returns `overwrite` as a bool (refuse_unless_flag)."""
     overwrite = refuse_unless_flag("overwrite", overwrite, error)
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        if (Path(path).exists() or Path(path).is_symlink()) and not overwrite:  # a dangling link counts too
-            raise error(f"{path} already exists; pass overwrite=True to replace it, or save to another path.")
+    if overwrite:
+        return overwrite
+    for path in map(Path, [paths] if isinstance(paths, (str, os.PathLike)) else paths):
+        if path.is_symlink():
+            raise error(f"{path} is a symbolic link (to {os.readlink(path)}) and is not written through; "
+                        f"{replace_hint} (the link, not what it points to), or {elsewhere}.")
+        if path.exists():
+            raise error(f"{path} already exists; {replace_hint}, or {elsewhere}.")
     return overwrite
 
 

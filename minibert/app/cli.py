@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from minibert import __version__
-from minibert.errors import DataFileError, DistributedError, InputError, MinibertError, TokenizerError
+from minibert.errors import DataFileError, DistributedError, InputError, MinibertError, TokenizerError, refuse_existing
 from minibert.io.files import output_path, write_output
 
 USER_ERROR = 2  # argparse's status for a bad command line; ours for bad input the command line names
@@ -74,9 +74,8 @@ def _checked_outputs(outputs: list[Path], inputs: Sequence[Path] = (), *, overwr
         except OSError as error:
             raise DataFileError(f"cannot write into {folder} ({error.strerror or error}); choose another --out "
                                 f"or fix the folder's permissions.") from None
-    held = [output for output in outputs if output.exists()]
-    if held and not overwrite:
-        raise DataFileError(f"{held[0]} already exists; pass --overwrite to replace it, or another --out.")
+    refuse_existing(outputs, overwrite, DataFileError, replace_hint="pass --overwrite to replace it",
+                    elsewhere="another --out")
     unwritable = [output for output in outputs if output.exists() and not os.access(output, os.W_OK)]
     if unwritable:
         raise DataFileError(f"{unwritable[0]} exists and cannot be overwritten; choose another --out.")

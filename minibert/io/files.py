@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from minibert.errors import refuse_unless_flag
+from minibert.errors import refuse_existing, refuse_unless_flag
 
 MAX_CONFIG_BYTES = 10_000_000  # a config.json is a few kilobytes; refuse to read a device or a huge file
 
@@ -69,11 +69,7 @@ def output_path(path, suffixes: tuple[str, ...], error: type[Exception], *, over
         names = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
         raise error(f"{path} must end in {names} (what is written follows the suffix); got "
                     f"{path.suffix or 'no suffix'!r}: for example {path.stem or 'out'}{suffixes[0]}.")
-    if path.is_symlink() and not overwrite:
-        raise error(f"{path} is a symbolic link (to {os.readlink(path)}) and is not written through; "
-                    f"{replace_hint} (the link, not what it points to), or pass another path.")
-    if path.exists() and not overwrite:
-        raise error(f"{path} already exists; {replace_hint}, or pass another path.")
+    refuse_existing(path, overwrite, error, replace_hint=replace_hint)
     return path
 
 
