@@ -118,6 +118,23 @@ def test_write_table_refuses_an_existing_file_unless_overwrite(tmp_path):
     assert path.read_text().splitlines()[0] == ",".join(rows[0])
 
 
+def test_write_table_refuses_a_link_and_never_writes_through_one(tmp_path):
+    """The one writers' rule (errors.refuse_existing): a link where the table would go, dangling or not, is
+    refused; overwrite=True replaces the link with the table and leaves the file it pointed to alone."""
+    rows = heads.head_table(hand_statistics())
+    target, link, dangling = tmp_path / "mine.txt", tmp_path / "heads.csv", tmp_path / "gone.csv"
+    target.write_text("mine")
+    link.symlink_to(target)
+    dangling.symlink_to(tmp_path / "nowhere.csv")
+    for path in (link, dangling):
+        with pytest.raises(DataFileError, match=r"is a symbolic link \(to .*\) and is not written through; pass "
+                                                r"overwrite=True to replace it \(the link"):
+            report.write_table(rows, path)
+    report.write_table(rows, link, overwrite=True)
+    assert not link.is_symlink() and link.read_text().splitlines()[0] == ",".join(rows[0])
+    assert target.read_text() == "mine"
+
+
 def test_head_summary_names_the_tokenizers_special_tokens():
     """With a tokenizer, the [CLS] and [SEP] rows carry its own cls_token and sep_token (RoBERTa's here)."""
     roberta = dict(FAMILIES["roberta"].special_tokens)

@@ -88,6 +88,8 @@ def write_table(rows: Sequence[Mapping], path: str | Path, *, overwrite: bool = 
     is refused unless overwrite=True."""
     path = Path(path)
     refuse_existing(path, overwrite, DataFileError)
+    if path.is_symlink():  # overwrite=True replaces a link with the file, never writing through it
+        path.unlink()
     with path.open("w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -73,6 +73,9 @@ class SurveyResult:
             return output_paths(path)  # not checked here: the folder may exist on process 0's host only
         npz, js = writable_output_paths(path)
         refuse_existing([npz, js], overwrite, DataFileError)
+        for link in (npz, js):  # overwrite=True replaces a link with the file, never writing through it
+            if link.is_symlink():
+                link.unlink()
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence
