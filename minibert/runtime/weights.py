@@ -165,7 +165,8 @@ class Weights:
         einsum layout: "attn.W_Q"/"W_K"/"W_V" [L, D, H, K] (TransformerLens' model.W_Q is [L, H, D, K]: use
         model.W_Q for that order), "attn.b_Q" [L, H, K], "attn.W_O" [L, H, K, D], "attn.b_O" [L, D],
         "ln1.scale"/"ln1.bias" [L, D], "mlp.W_in" [L, D, F], "mlp.b_in" [L, F], "mlp.W_out" [L, F, D],
-        "mlp.b_out" [L, D] (ALBERT: its one shared block's, L times)."""
+        "mlp.b_out" [L, D] (ALBERT: its one shared block's, L times). By role, whatever the family fuses:
+        model.weights."""
         def weight(layer):
             value = self.block_params(layer)
             for part in name.split("."):
