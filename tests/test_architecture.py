@@ -729,6 +729,8 @@ def test_model_weights_are_the_parameter_tree_by_role(family):
     np.testing.assert_array_equal(model.W_in, np.stack([np.asarray(named[f"blocks.{b}.mlp.W_in"]) for b in blocks]))
     np.testing.assert_array_equal(model.b_in, np.stack([np.asarray(named[f"blocks.{b}.mlp.b_in"]) for b in blocks]))
     assert (weights.w_gate is None) == (family.mlp == "dense")
+    # the step-through's names of the MLP's weights, written as the stored parameter is indexed
+    assert weights.written("w_in", ":", "j") == ("W_in[:, 1, j]" if family.mlp == "glu" else "W_in[:, j]")
     with pytest.raises(minibert.InputError, match="'gate' is not a role.*w_gate"):
         weights.read("gate")
     with pytest.raises(minibert.InputError, match=f"layer {L} is not one of the model's {L} layers"):

@@ -74,6 +74,13 @@ class Part:
     index: int | None = None
     axis: int = 0
 
+    def written(self, *axes: str) -> str:
+        """An element of the role as its stored parameter is indexed, given the role's own axes: ("…", "j") of a
+        [D, F] role at index 0 of W_in's axis 1 is "W_in[:, 0, j]"; unfused, "W_in[:, j]"."""
+        if self.index is not None:
+            axes = (*axes[:self.axis], str(self.index), *axes[self.axis:])
+        return f"{self.name.rsplit('.', 1)[-1]}[{', '.join(axes)}]"
+
 
 def _role(name: str | None, shape: str, what: str):
     """A field of WeightRoles: BERT's Part (None: BERT's blocks have no such weight), the role's shape in one block

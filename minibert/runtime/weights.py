@@ -62,6 +62,15 @@ class RoleWeights:
             return None
         return jnp.stack(arrays) if self._stacked else arrays[0]
 
+    def written(self, role: str, *axes: str) -> str:
+        """How one element of `role` is written in its stored parameter, from the role's own axes (Part.written):
+        written("w_gate", ":", "j") is ModernBERT's "W_in[:, 0, j]". A role the family lacks is refused."""
+        part = getattr(self._roles, role, None) if role in ROLES else None
+        if part is None:
+            raise InputError(f"{role!r} is no role this family's blocks hold; they hold "
+                             f"{', '.join(r for r in ROLES if getattr(self._roles, r) is not None)}.")
+        return part.written(*axes)
+
     def layer(self, layer: int) -> RoleWeights:
         """Block `layer`'s weights by role, each without the L axis (q [D, H, K], …)."""
         if not self._stacked:

@@ -170,10 +170,10 @@ def dot_products(run, layer: int, head: int, d_head: int, weights, operands: Map
     ffn_in = operands.get("ffn_pre", ("",))[0]  # the step the FFN reads
     w_in, b_in, w_gate = weight("w_in"), weight("b_in"), weight("w_gate")  # [D, F], [F], [D, F]
     if w_gate is not None:  # a gated MLP: the activated half (mlp.hook_pre), then the linear half
-        dots["ffn_pre"] = dot(ffn_in, "W_in[:, 0, j]", w_gate.T, weight("b_gate"))
-        dots["ffn_linear"] = dot(ffn_in, "W_in[:, 1, j]", w_in.T, b_in)
+        dots["ffn_pre"] = dot(ffn_in, weights.written("w_gate", ":", "j"), w_gate.T, weight("b_gate"))
+        dots["ffn_linear"] = dot(ffn_in, weights.written("w_in", ":", "j"), w_in.T, b_in)
     elif w_in is not None:
-        dots["ffn_pre"] = dot(ffn_in, "W_in[:, j]", w_in.T, b_in)
+        dots["ffn_pre"] = dot(ffn_in, weights.written("w_in", ":", "j"), w_in.T, b_in)
     w_out = weight("w_out")
     if w_out is not None:  # [F, D]
         dots["ffn_out"] = dot("ffn_post", "W_out[:, j]", w_out.T, weight("b_out"))
