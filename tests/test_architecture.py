@@ -608,3 +608,155 @@ def test_a_file_writer_follows_the_one_rule(tmp_path, monkeypatch):
     toy_writer("b", tmp_path / "link.txt", overwrite=True)
     assert not (tmp_path / "nowhere.txt").exists() and (tmp_path / "kept.txt").read_text() == "kept"
     assert (tmp_path / "link.txt").read_text() == "b" and not (tmp_path / "link.txt").is_symlink()
+
+
+# ---- a family's parameter layout is declared once (Family.weight_roles); tools read weights by role --------------
+
+# Settings under which a family's blocks hold parameters its defaults leave out (the defaults, and each boolean
+# setting flipped, are tried as well): DeBERTa's own position projections W_pos_K, W_pos_Q.
+FULLEST = {"deberta-v2": (("pos_att_type", "c2p|p2c"),)}
+THE_MODEL_RINGS = ("core", "families", "io", "runtime")  # the modules that may know a family's parameter names
+
+
+def _block_parameter_names(family) -> set[str]:
+    """The names inside a block ("attn.W_QKV") of every parameter the family's blocks may hold: built by shape
+    under its defaults, each of its boolean settings flipped, and FULLEST's settings."""
+    from minibert.families.registry import config_for
+    from minibert.runtime.weights import parameter_shapes
+
+    tries = [(), FULLEST.get(family.model_type, ()),
+             *(((key, not value),) for key, value in family.settings if isinstance(value, bool))]
+    names = set()
+    for settings in tries:
+        shapes = parameter_shapes(config_for(f"{family.prefix}ForMaskedLM", **TINY, settings=settings))
+        names |= {name.split(".", 2)[2] for name in shapes if name.startswith("blocks.")}
+    return names
+
+
+def layout_readers(source: str, names) -> list[str]:
+    """The lines of `source` that name one of a family's own parameters (`names`, "W_QKV") or read a block weight by
+    its parameter name (layer_weights, block_params) rather than by role (model.weights)."""
+    pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b|\blayer_weights\(|"
+                         r"\bblock_params\(")
+    return [line.strip() for line in source.splitlines() if pattern.search(line)]
+
+
+def test_no_tool_knows_a_familys_parameter_names():
+    """Outside core/, families/, io/ and runtime/ no module names a parameter only some family's blocks hold
+    (ModernBERT's fused attn.W_QKV, DeBERTa's W_pos_K …, found by building every registered family, not listed
+    here) nor reads a block weight by parameter name: tools ask model.weights for a role (q, w_gate, …), which the
+    family's record declares. The check itself sees each kind of reader."""
+    from test_layers import SOURCES, module_name
+
+    from minibert.families.registry import FAMILIES
+
+    bert = _block_parameter_names(FAMILIES["bert"])
+    own = {name.rsplit(".", 1)[1] for family in FAMILIES.values() for name in _block_parameter_names(family) - bert}
+    assert {"W_QKV", "b_QKV", "W_pos_K", "W_pos_Q"} <= own
+    tools = [path for path in SOURCES
+             if module_name(path).removeprefix("minibert.").split(".")[0] not in THE_MODEL_RINGS]
+    assert any(module_name(path) == "minibert.viz.steps" for path in tools)
+    found = {module_name(path): lines for path in tools
+             if (lines := layout_readers(path.read_text(encoding="utf-8"), own))}
+    assert not found, f"read these weights by role (model.weights.q, .w_gate, …): {found}"
+    assert len(layout_readers("w = weights['blocks.0.attn.W_QKV'][0]\nb = p['attn.b_pos_K']\n"
+                              "model.layer_weights('attn.W_O')\nmodel.block_params(0)\nmodel.weights.q\n"
+                              "model.W_pos\n", own)) == 4
+
+
+def _role_by_hand(named: dict, block: int, role: str):
+    """Block `block`'s weight of `role`, cut from named_parameters as each family's block code lays it out: BERT's
+    one array per role, ModernBERT's q, k, v along W_QKV's first axis and its GeGLU's W_in [D, 2, F] with the
+    activated half (mlp.hook_pre) first. None where the block has no such parameter."""
+    def at(name):
+        return named.get(f"blocks.{block}.{name}")
+
+    fused = {"q": ("attn.W_QKV", 0), "k": ("attn.W_QKV", 1), "v": ("attn.W_QKV", 2), "b_q": ("attn.b_QKV", 0),
+             "b_k": ("attn.b_QKV", 1), "b_v": ("attn.b_QKV", 2)}
+    plain = {"q": "attn.W_Q", "k": "attn.W_K", "v": "attn.W_V", "b_q": "attn.b_Q", "b_k": "attn.b_K",
+             "b_v": "attn.b_V", "o": "attn.W_O", "b_o": "attn.b_O", "w_in": "mlp.W_in", "b_in": "mlp.b_in",
+             "w_out": "mlp.W_out", "b_out": "mlp.b_out", "ln1_scale": "ln1.scale", "ln1_bias": "ln1.bias",
+             "ln2_scale": "ln2.scale", "ln2_bias": "ln2.bias"}
+    if at("attn.W_QKV") is not None and role in fused:
+        name, index = fused[role]
+        return None if at(name) is None else np.asarray(at(name))[index]
+    w_in, b_in = at("mlp.W_in"), at("mlp.b_in")
+    if np.ndim(w_in) == 3:  # GeGLU: [D, 2, F], [2, F]
+        halves = {"w_gate": (w_in, 0), "w_in": (w_in, 1), "b_gate": (b_in, 0), "b_in": (b_in, 1)}
+        if role in halves:
+            value, half = halves[role]
+            return None if value is None else np.take(np.asarray(value), half, axis=np.ndim(value) - 2)
+    if role in ("w_gate", "b_gate"):
+        return None
+    return None if at(plain[role]) is None else np.asarray(at(plain[role]))
+
+
+def _tiny_of_every_family():
+    from minibert.families.registry import FAMILIES
+
+    return [pytest.param(family, id=family.model_type) for family in FAMILIES.values()]
+
+
+@pytest.mark.parametrize("family", _tiny_of_every_family())
+def test_model_weights_are_the_parameter_tree_by_role(family):
+    """model.weights gives, role by role and layer by layer, the very arrays of the parameter tree (cut by hand
+    here, fused ModernBERT's too, with every bias its settings allow): equal exactly, a slice being no computation;
+    None where the blocks have none (a dense MLP's gate, ModernBERT's ln1 that block 0 lacks). TransformerLens'
+    views read by role and stay what they were: W_Q is q with heads first, W_in the stored input weights (a
+    GeGLU's [L, D, 2, F])."""
+    from minibert.core.family import ROLES
+    from minibert.families.registry import config_for
+    from minibert.runtime.weights import parameter_shapes
+
+    settings = tuple((key, True) for key, value in family.settings if isinstance(value, bool) and "bias" in key)
+    config = config_for(f"{family.prefix}ForMaskedLM", **TINY, settings=settings)
+    rng = np.random.default_rng(1)  # from the host: a random init would compile an initialiser per shape
+    model = minibert.Model.from_parameters(config, {name: rng.standard_normal(shape.shape, np.float32)
+                                                    for name, shape in parameter_shapes(config).items()})
+    named, weights, L = model.named_parameters(), model.weights, TINY["num_hidden_layers"]
+    blocks = [0 if family.shared_layers else layer for layer in range(L)]
+    for role in ROLES:
+        by_hand = [_role_by_hand(named, block, role) for block in blocks]
+        stacked = getattr(weights, role)  # weights.read(role)
+        if any(value is None for value in by_hand):
+            assert stacked is None, role
+            continue
+        np.testing.assert_array_equal(stacked, np.stack(by_hand), err_msg=role)
+        for layer in range(L):
+            np.testing.assert_array_equal(weights.layer(layer).read(role), by_hand[layer], err_msg=role)
+    np.testing.assert_array_equal(model.W_Q, np.stack([_role_by_hand(named, b, "q") for b in blocks]).transpose(
+        0, 2, 1, 3))
+    np.testing.assert_array_equal(model.W_in, np.stack([np.asarray(named[f"blocks.{b}.mlp.W_in"]) for b in blocks]))
+    np.testing.assert_array_equal(model.b_in, np.stack([np.asarray(named[f"blocks.{b}.mlp.b_in"]) for b in blocks]))
+    assert (weights.w_gate is None) == (family.mlp == "dense")
+    # the step-through's names of the MLP's weights, written as the stored parameter is indexed
+    assert weights.written("w_in", ":", "j") == ("W_in[:, 1, j]" if family.mlp == "glu" else "W_in[:, j]")
+    with pytest.raises(minibert.InputError, match="'gate' is not a role.*w_gate"):
+        weights.read("gate")
+    with pytest.raises(minibert.InputError, match=f"layer {L} is not one of the model's {L} layers"):
+        weights.layer(L)
+
+
+def test_a_fused_familys_roles_are_what_its_forward_multiplies():
+    """ModernBERT's declared roles are its forward's: at layer 1 (block 0 has no ln1), hook_q = ln1(x)·q + b_q and
+    the GeGLU's hook_pre = ln2(r)·w_gate + b_gate, hook_pre_linear = ln2(r)·w_in + b_in, each within the float32
+    rounding of its D-term dot product and bias add: (D + 1)·2⁻²⁴·(|x|·|w| + |b|)."""
+    from minibert.families.registry import config_for
+    from minibert.runtime.weights import parameter_shapes
+
+    settings = (("attention_bias", True), ("mlp_bias", True), ("norm_bias", True))
+    config = config_for("ModernBertForMaskedLM", **TINY, settings=settings)
+    rng = np.random.default_rng(2)  # weights from the host, as in the test above
+    model = minibert.Model.from_parameters(config, {name: rng.standard_normal(shape.shape, np.float32)
+                                                    for name, shape in parameter_shapes(config).items()})
+    sites = ("ln1.hook_out", "attn.hook_q", "ln2.hook_out", "mlp.hook_pre", "mlp.hook_pre_linear")
+    _, cache = model.run_with_cache({"input_ids": np.array([[2, 7, 9, 3]])}, names=[f"blocks.1.{s}" for s in sites])
+    captured = {site: np.asarray(cache[f"blocks.1.{site}"], np.float64) for site in sites}
+    weights, D = model.weights.layer(1), TINY["hidden_size"]
+    for x, w, b, out, spec in (("ln1.hook_out", "q", "b_q", "attn.hook_q", "BTD,DHK->BTHK"),
+                               ("ln2.hook_out", "w_gate", "b_gate", "mlp.hook_pre", "BTD,DF->BTF"),
+                               ("ln2.hook_out", "w_in", "b_in", "mlp.hook_pre_linear", "BTD,DF->BTF")):
+        weight, bias = (np.asarray(weights.read(role), np.float64) for role in (w, b))
+        expected = np.einsum(spec, captured[x], weight) + bias
+        bound = (D + 1) * 2.0**-24 * (np.einsum(spec, np.abs(captured[x]), np.abs(weight)) + np.abs(bias))
+        assert np.all(np.abs(captured[out] - expected) <= bound), out

@@ -202,9 +202,9 @@ def alti(model, batch, *, per_head: bool = False, hooks=None) -> np.ndarray:
              *((f"{norm}.hook_scale", f"{norm}.hook_out") if post_norm else ("hook_resid_mid",))]
     _, cache = model.run(inputs, names=[f"blocks.*.{site}" for site in sites], hooks=hooks)
     captured = [cache.stack(site) for site in sites]
-    W_O = model.layer_weights("attn.W_O")
+    W_O = model.weights.o  # [L, H, K, D]
     if post_norm:
-        gamma = model.layer_weights(f"{norm}.scale")
+        gamma = model.weights.read(f"{norm}_scale")  # [L, D]
     else:
         gamma = jnp.ones((W_O.shape[0], W_O.shape[-1]), jnp.float32)
         captured.insert(3, jnp.ones((*captured[0].shape[:-1], 1), jnp.float32))

@@ -46,7 +46,7 @@ def attention_norms(model, batch) -> dict[str, np.ndarray]:
     """
     _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_v", PATTERNS])
     f_norms, summed_norms, patterns = [], [], []
-    W_O = model.layer_weights("attn.W_O")  # [L, H, K, D]
+    W_O = model.weights.o  # [L, H, K, D]
     for layer in range(model.config.num_hidden_layers):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
         f_norm, summed = _layer_norms(cache[f"blocks.{layer}.attn.hook_v"], pattern, W_O[layer])

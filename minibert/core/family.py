@@ -65,6 +65,61 @@ class HeadKeys:
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+    """Where one role's weight is inside a block: the parameter's dotted name ("attn.W_QKV") and, where the family
+    fuses several roles into that one array, the role's index along the fused axis (an axis of one block's
+    parameter, no layer axis)."""
+
+    name: str
+    index: int | None = None
+    axis: int = 0
+
+    def written(self, *axes: str) -> str:
+        """An element of the role as its stored parameter is indexed, given the role's own axes: ("…", "j") of a
+        [D, F] role at index 0 of W_in's axis 1 is "W_in[:, 0, j]"; unfused, "W_in[:, j]"."""
+        if self.index is not None:
+            axes = (*axes[:self.axis], str(self.index), *axes[self.axis:])
+        return f"{self.name.rsplit('.', 1)[-1]}[{', '.join(axes)}]"
+
+
+def _role(name: str | None, shape: str, what: str):
+    """A field of WeightRoles: BERT's Part (None: BERT's blocks have no such weight), the role's shape in one block
+    and what it is, which Model.weights documents."""
+    return dataclasses.field(default=None if name is None else Part(name), metadata={"shape": shape, "what": what})
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightRoles:
+    """Where each of a block's weights is, by its role: the one declaration of a family's parameter layout that
+    Model.weights (and, through it, every tool) reads. A Part, or None where the family's blocks have no such weight
+    (BERT's MLP has no gate). A gated MLP is TransformerLens' act(x·w_gate) ⊙ (x·w_in): w_gate's product is
+    mlp.hook_pre, w_in's mlp.hook_pre_linear; a dense MLP's w_in gives mlp.hook_pre. ln1 and ln2 are the block's
+    LayerNorms by their hook names (post-LN: after the attention add, after the MLP add; pre-LN: before each)."""
+
+    q: Part | None = _role("attn.W_Q", "D, H, K", "query weights")
+    k: Part | None = _role("attn.W_K", "D, H, K", "key weights")
+    v: Part | None = _role("attn.W_V", "D, H, K", "value weights")
+    b_q: Part | None = _role("attn.b_Q", "H, K", "query biases")
+    b_k: Part | None = _role("attn.b_K", "H, K", "key biases")
+    b_v: Part | None = _role("attn.b_V", "H, K", "value biases")
+    o: Part | None = _role("attn.W_O", "H, K, D", "output weights of each head")
+    b_o: Part | None = _role("attn.b_O", "D", "the attention output's bias")
+    w_in: Part | None = _role("mlp.W_in", "D, F", "the MLP's input weights (a gated MLP's linear half)")
+    b_in: Part | None = _role("mlp.b_in", "F", "the MLP's input bias (a gated MLP's linear half's)")
+    w_gate: Part | None = _role(None, "D, F", "a gated MLP's activated half (None in a dense MLP)")
+    b_gate: Part | None = _role(None, "F", "a gated MLP's activated half's bias")
+    w_out: Part | None = _role("mlp.W_out", "F, D", "the MLP's output weights")
+    b_out: Part | None = _role("mlp.b_out", "D", "the MLP's output bias")
+    ln1_scale: Part | None = _role("ln1.scale", "D", "LayerNorm ln1's gain")
+    ln1_bias: Part | None = _role("ln1.bias", "D", "LayerNorm ln1's bias")
+    ln2_scale: Part | None = _role("ln2.scale", "D", "LayerNorm ln2's gain")
+    ln2_bias: Part | None = _role("ln2.bias", "D", "LayerNorm ln2's bias")
+
+
+ROLES = tuple(field.name for field in dataclasses.fields(WeightRoles))  # q, k, v, b_q, …, ln2_bias
+
+
+@dataclasses.dataclass(frozen=True)
 class Heads:
     """What sits on top of the encoder for one architecture name of config.json."""
 
@@ -145,6 +200,9 @@ class Family:
     # Class(cfg, dtype, rngs) into model.Bert.shared, its weights stored once, and passed to each block call as
     # block(…, shared=it).
     shared: type | None = None
+    # Where each weight of its blocks is, by role (fused q, k, v; a gated MLP's halves): what Model.weights reads,
+    # so that no tool knows the block code's parameter names.
+    weight_roles: WeightRoles = WeightRoles()
 
     # ---- what it shows (sites, lens, mixing, views and the workbench read these, never the family's name) ---
     block_order: tuple[str, ...] = POST_LN_ORDER  # the groups of a block's sites, in the order it runs them

@@ -36,7 +36,7 @@ from minibert.core.encoder import (
 )
 from minibert.core.encoder import _weight as weight
 from minibert.core.encoder import _zeros as zeros
-from minibert.core.family import Family, HeadKeys, LayerKeys
+from minibert.core.family import Family, HeadKeys, LayerKeys, Part, WeightRoles
 from minibert.core.keys import Rule, identity, to_HKD, transpose
 from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
 from minibert.errors import ConfigError, InputError
@@ -284,6 +284,15 @@ class GeGLU(nnx.Module):
         return out if self.b_out is None else out + self.b_out[...]
 
 
+# Its blocks' layout by role: q, k, v fused in that order along W_QKV's first axis (ModernAttention), the GeGLU's
+# activated half W_in[:, 0] (the gate), its linear half W_in[:, 1].
+WEIGHT_ROLES = WeightRoles(
+    q=Part("attn.W_QKV", 0), k=Part("attn.W_QKV", 1), v=Part("attn.W_QKV", 2),
+    b_q=Part("attn.b_QKV", 0), b_k=Part("attn.b_QKV", 1), b_v=Part("attn.b_QKV", 2),
+    w_gate=Part("mlp.W_in", 0, axis=1), w_in=Part("mlp.W_in", 1, axis=1),
+    b_gate=Part("mlp.b_in", 0), b_in=Part("mlp.b_in", 1))
+
+
 class ModernBlock(nnx.Module):
     """x + Attn(ln1(x)), then + MLP(ln2(·)); layer 0 has no ln1 (Family.first_ln1)."""
 
@@ -409,6 +418,6 @@ FAMILIES = (Family(
     tokenizer="bpe",
     token_types=False, base_pooler=False,
     norm="pre", first_ln1=False, positions="rotary", mlp="glu", attention="local_global",
-    block=ModernBlock, embeddings=ModernEmbeddings, head=ModernHead,
+    block=ModernBlock, embeddings=ModernEmbeddings, head=ModernHead, weight_roles=WEIGHT_ROLES,
     block_order=PRE_LN_ORDER, block_output="hook_resid_post", final_norm=True, stream_norms=(),
     query_key=("attn.hook_rot_q", "attn.hook_rot_k"), steps=PRE_LN_STEPS),)

@@ -133,7 +133,8 @@ def _cut_output(out: Output, length: int, heads) -> Output:
 
 class Model(Weights):
     """A BERT encoder with its tokenizer. Every forward is jit-compiled; hooks run inside the jit. Its weights by
-    name (named_parameters, layer_weights, TransformerLens' W_Q … b_out, W_E, W_pos) are `weights.Weights`'."""
+    name (named_parameters, layer_weights), by role (weights: q, k, v, o, w_in, w_gate, …) and under
+    TransformerLens' names (W_Q … b_out, W_E, W_pos) are `weights.Weights`'."""
 
     def __init__(self, config: Config, params: Mapping | None = None, tokenizer: BaseTokenizer | None = None, *,
                  dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None,

@@ -118,7 +118,7 @@ def steps(run, layer: int, head: int, query: int, d_head: int, model) -> list[di
                      "site": name, "start": _start(run.captures[name], pick, head),
                      "views": list(DRAWN_IN.get(site, ()))})
         shown.add(step_id)
-    dots = dot_products(run, layer, head, d_head, model.named_parameters(),
+    dots = dot_products(run, layer, head, d_head, model.weights.layer(layer),
                         {step.id: step.operands for step in cfg.family.steps}, score=_score_step(model, d_head))
     for step in walk:
         dot = dots.get(step["id"])
@@ -128,24 +128,22 @@ def steps(run, layer: int, head: int, query: int, d_head: int, model) -> list[di
     return walk
 
 
-def dot_products(run, layer: int, head: int, d_head: int, weights: Mapping, operands: Mapping,
+def dot_products(run, layer: int, head: int, d_head: int, weights, operands: Mapping,
                  score: tuple[str, tuple[float, str]]) -> dict[str, dict]:
     """The operands of the steps whose values are dot products: {step id: {left: the step whose values are the
     left vector ("a|b" as in Family.steps), right: [n, len(left)] one vector per value j < n, right_name, bias: [n] or
     None, divisor}}, so that value j = (left · right[j] + bias[j]) / divisor. n is every value of a per-key row
-    (the scores), else the SHOWN values the page shows. Weights are read by name, fused ones (ModernBERT's W_QKV
-    [3, D, H, K], GeGLU's W_in [D, 2, F]) split; a family without a bias goes without. score: the step whose values
-    are q·k_s / divisor (`_score_step`); operands: {step id: its operands} of the family's steps (what q and the
-    FFN read). DeBERTa's position terms read the relative table: shown without operands."""
+    (the scores), else the SHOWN values the page shows. weights: block `layer`'s by role (model.weights.layer(i),
+    fused ones already apart); a family without a bias goes without, a gated MLP shows its gate and its linear
+    half. score: the step whose values are q·k_s / divisor (`_score_step`); operands: {step id: its operands} of
+    the family's steps (what q and the FFN read). DeBERTa's position terms read the relative table: shown without
+    operands."""
     def captured(site: str):
         return run.captures.get(hook_name(site, layer))
 
-    def weight(name: str, part: int | None = None):
-        value = weights.get(f"blocks.{layer}.{name}")
-        if value is None:
-            return None
-        value = np.asarray(value)  # sliced before dot() widens it to float64
-        return value if part is None else value[part]
+    def weight(role: str):
+        value = weights.read(role)
+        return None if value is None else np.asarray(value)  # one block's, before dot() widens it to float64
 
     def dot(left: str, right_name: str, right, bias=None, divisor: tuple[float, str] = (1.0, ""), n: int = SHOWN,
             over: str = "i") -> dict:
@@ -163,22 +161,20 @@ def dot_products(run, layer: int, head: int, d_head: int, weights: Mapping, oper
         dots[score_id] = dot(query, key, keys[:, head], divisor=divisor, n=len(keys))
     if values is not None:  # z_i = Σ_s α_s v_s,i: a sum over the key tokens s
         dots["z"] = dot("pattern", "v_s,i", values[:, head].T, over="s")
-    fused = weights.get(f"blocks.{layer}.attn.W_QKV") is not None
-    w_q = weight("attn.W_QKV", 0) if fused else weight("attn.W_Q")  # [D, H, K]
-    b_q = weight("attn.b_QKV", 0) if fused else weight("attn.b_Q")  # [H, K]
+    w_q, b_q = weight("q"), weight("b_q")  # [D, H, K], [H, K]
     if w_q is not None and "q" in operands:
         dots["q"] = dot(operands["q"][0], "W_Q[:, h, j]", w_q[:, head].T, None if b_q is None else b_q[head])
-    w_o = weight("attn.W_O")
+    w_o = weight("o")
     if w_o is not None:  # [H, K, D]: (z W_O[h])_j = z · W_O[h, :, j]
         dots["head_out"] = dot("z", "W_O[h, :, j]", w_o[head].T)
-    w_in, b_in = weight("mlp.W_in"), weight("mlp.b_in")
     ffn_in = operands.get("ffn_pre", ("",))[0]  # the step the FFN reads
-    if w_in is not None and w_in.ndim == 3:  # GeGLU [D, 2, F]: the gate half, then the linear half
-        for part, step_id in enumerate(("ffn_pre", "ffn_linear")):
-            dots[step_id] = dot(ffn_in, f"W_in[:, {part}, j]", w_in[:, part].T, None if b_in is None else b_in[part])
-    elif w_in is not None:  # [D, F]
-        dots["ffn_pre"] = dot(ffn_in, "W_in[:, j]", w_in.T, b_in)
-    w_out = weight("mlp.W_out")
+    w_in, b_in, w_gate = weight("w_in"), weight("b_in"), weight("w_gate")  # [D, F], [F], [D, F]
+    if w_gate is not None:  # a gated MLP: the activated half (mlp.hook_pre), then the linear half
+        dots["ffn_pre"] = dot(ffn_in, weights.written("w_gate", ":", "j"), w_gate.T, weight("b_gate"))
+        dots["ffn_linear"] = dot(ffn_in, weights.written("w_in", ":", "j"), w_in.T, b_in)
+    elif w_in is not None:
+        dots["ffn_pre"] = dot(ffn_in, weights.written("w_in", ":", "j"), w_in.T, b_in)
+    w_out = weight("w_out")
     if w_out is not None:  # [F, D]
-        dots["ffn_out"] = dot("ffn_post", "W_out[:, j]", w_out.T, weight("mlp.b_out"))
+        dots["ffn_out"] = dot("ffn_post", "W_out[:, j]", w_out.T, weight("b_out"))
     return dots

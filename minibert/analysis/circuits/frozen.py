@@ -13,7 +13,7 @@ affine maps; in a pre-LN block the layernorms sit inside the sublayers' own inpu
 identity up to `ln_final`, which the readout freezes (`readout_hooks`).
 
 Everything here works on values captured through hooks (`point_names`, `scale_names`) and the weights
-`Model.layer_weights` gives: no piece of the forward is rebuilt beyond the frozen layernorm itself.
+`Model.weights` gives (by role): no piece of the forward is rebuilt beyond the frozen layernorm itself.
 """
 
 from __future__ import annotations
@@ -113,9 +113,8 @@ class SkipPath:
 
 def skip_weights(model) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
     """(gains, biases) of the skip path's layernorms, [L, D] each: passed into programs as arguments."""
-    norms = layout(model).norms
-    return (tuple(model.layer_weights(f"{n}.scale") for n in norms),
-            tuple(model.layer_weights(f"{n}.bias") for n in norms))
+    norms, weights = layout(model).norms, model.weights
+    return (tuple(weights.read(f"{n}_scale") for n in norms), tuple(weights.read(f"{n}_bias") for n in norms))
 
 
 def skip_path(model, captured, weights) -> SkipPath:

@@ -2,8 +2,8 @@
 their weights, their representations, their heads' behaviour and their outputs.
 
 - weight_change: ‖W^B − W^A‖_F / ‖W^A‖_F per matrix and layer, and per head for W_Q, W_K, W_V (each head's
-  [D, K] slice) and W_O (its [K, D] slice); read through the Model's weight accessors (model.W_Q …,
-  model.layer_weights), so every family of one shape is compared the same way.
+  [D, K] slice) and W_O (its [K, D] slice); read by role (model.weights, TransformerLens' model.W_Q …), so every
+  family of one shape is compared the same way, fused or not.
 - representation_similarity: linear CKA (Kornblith et al. 2019) per stream — the embedding output, then each
   block's output — over the real tokens of a corpus:  CKA(X, Y) = ‖Yᵀ X‖²_F / (‖Xᵀ X‖_F ‖Yᵀ Y‖_F), X and Y
   centred over tokens.
@@ -29,11 +29,14 @@ from minibert.analysis.diffing.pairs import check_pair, row_length
 from minibert.analysis.gradients import require_mlm_head
 from minibert.analysis.lens import _streams
 from minibert.analysis.sae.source import text_batch
-from minibert.errors import AnalysisError, InputError
+from minibert.errors import AnalysisError
 
 HEAD_MATRICES = {"W_Q": (2, 3), "W_K": (2, 3), "W_V": (2, 3), "W_O": (2, 3)}  # [L, H, ·, ·]: a head's slice axes
-LAYER_WEIGHTS = ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "mlp.W_in", "mlp.W_out", "ln1.scale", "ln1.bias",
-                 "ln2.scale", "ln2.bias")
+# per_matrix's names → the role of model.weights each reads; "mlp.W_in" is TransformerLens' W_in, a gated MLP's two
+# halves together.
+LAYER_WEIGHTS = {"attn.W_Q": "q", "attn.W_K": "k", "attn.W_V": "v", "attn.W_O": "o", "mlp.W_in": "W_in",
+                 "mlp.W_out": "w_out", "ln1.scale": "ln1_scale", "ln1.bias": "ln1_bias", "ln2.scale": "ln2_scale",
+                 "ln2.bias": "ln2_bias"}
 
 
 def _check_shapes(model_a, model_b) -> None:
@@ -52,13 +55,9 @@ def _relative(a, b, axes) -> np.ndarray:
 
 
 def _layer_weight(model, name: str):
-    """model.layer_weights(name) in the QKV-fused families' layout too; None where the family has no such weight."""
-    if name in ("attn.W_Q", "attn.W_K", "attn.W_V"):
-        return getattr(model, name.split(".")[1])  # [L, H, D, K], from the fused weight where q, k, v are fused
-    try:
-        return model.layer_weights(name)
-    except InputError:
-        return None
+    """The [L, ...] weight per_matrix calls `name`, by role; None where the family's blocks have none."""
+    role = LAYER_WEIGHTS[name]
+    return model.W_in if role == "W_in" else model.weights.read(role)
 
 
 @dataclasses.dataclass(frozen=True)
