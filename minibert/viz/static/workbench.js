@@ -654,12 +654,19 @@ function minibertWorkbench(app, config, options) {
 
   // Dark mode follows the system's setting where the page asks to (config.follow_system_theme: the served page),
   // but never in projector mode, black on white. A change of the setting redraws the views in their other theme.
+  // The setting is kept as each change event gives it (event.matches): the list's own .matches, read in a click's
+  // handler just before a change, has been seen stale there, leaving the page dark on a light system.
   var darkQuery = config.follow_system_theme && window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)")
     : null;
-  function darkNow() { return Boolean(darkQuery && darkQuery.matches) && !projecting(); }
+  var systemDark = Boolean(darkQuery && darkQuery.matches);
+  function darkNow() { return systemDark && !projecting(); }
   if (darkQuery) {
     app.classList.toggle("wb-dark", darkNow());
-    darkQuery.addEventListener("change", function () { app.classList.toggle("wb-dark", darkNow()); refresh(); });
+    darkQuery.addEventListener("change", function (event) {
+      systemDark = event.matches;
+      app.classList.toggle("wb-dark", darkNow());
+      refresh();
+    });
   }
 
   function projecting() { return app.classList.contains("wb-projector"); }
