@@ -56,6 +56,9 @@ SAME_METRIC_RTOL = 1e-4
 # gap samples the metric's rounding error once, and a rounding error of mean zero exceeds 10 times a typical sample
 # rarely (a normal error, 10 standard deviations: never in practice).
 ROUNDING_SAMPLES = 10
+# More samples of that rounding: each run's metric again with every output value moved by one rounding (a relative
+# ±eps, signs at random): the gap of two computations alone can be 0 by chance (two programs that agree to the bit).
+RESAMPLES = 4
 QKV = "qkv"
 
 
@@ -427,13 +430,29 @@ def _circuit_metrics(model, state, clean, corrupt, weights, cuts, n_cuts, *, met
     corrupt_senders = _senders(model, corrupt_values)
     patched = live_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
                                                    metric=metric), cuts, n_cuts, chunk)
-    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean(), \
-        metric_of(metric, clean_out, clean.shape[0]).mean()
+    plain, corrupted = (metric_of(metric, out, clean.shape[0]).mean() for out in (clean_out, corrupt_out))
+    return patched, corrupted, plain, jnp.maximum(_rounding_gap(metric, clean_out, plain, clean.shape[0], 0),
+                                                  _rounding_gap(metric, corrupt_out, corrupted, clean.shape[0], 1))
 
 
-def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float, float]:
+def _rounding_gap(metric: StaticFn, out, value, n_rows: int, seed: int) -> jax.Array:
+    """The largest change of the mean metric `value` of `out` when every float output value moves by one rounding
+    (× (1 ± eps), signs at random), over RESAMPLES draws: samples of the metric's rounding error."""
+    eps = jnp.finfo(jnp.float32).eps
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    gaps = []
+    for key in jax.random.split(jax.random.key(seed), RESAMPLES):
+        signs = [jax.random.rademacher(k, v.shape, v.dtype) for k, v in zip(jax.random.split(key, len(leaves)),
+                                                                             leaves)]
+        moved = jax.tree_util.tree_unflatten(tree, [v * (1 + eps * r) for v, r in zip(leaves, signs)])
+        gaps.append(jnp.abs(metric_of(metric, moved, n_rows).mean() - value))
+    return jnp.max(jnp.stack(gaps))
+
+
+def _patched_metrics(model, clean, corrupted, metric: Callable,
+                     cuts: np.ndarray) -> tuple[np.ndarray, float, float, float]:
     """(the metric of every cut [N], the corrupted run's, the plain clean run's: the full graph's twin, computed
-    by the plain forward rather than the patched one)."""
+    by the plain forward rather than the patched one; the largest rounding gap of the two runs' metrics)."""
     layout(model)
     clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)
     cfg = model.config
@@ -441,12 +460,12 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
         _stream_bytes(model, clean_inputs)
     program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"), what="circuit patching")
-    patched, corrupt, plain = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
+    patched, corrupt, plain, gap = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
                                       jnp.asarray(padded(cuts, 0.0), jnp.float32), jnp.int32(len(cuts)),
                                       metric=static_metric(metric), chunk=live_chunk(run_bytes, len(cuts)))
     corrupt = check_finite(np.asarray([corrupt, plain]), "the corrupted run's metric")
     return check_finite(np.asarray(patched)[:len(cuts)], "the patched runs' metric"), float(corrupt[0]), \
-        float(corrupt[1])
+        float(corrupt[1]), float(gap)
 
 
 @dataclasses.dataclass
@@ -514,11 +533,12 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
     _refuse_same_inputs(model, clean, corrupted, "faithfulness, a ratio over it, is undefined")
-    patched, corrupted, plain = _patched_metrics(model, clean, corrupted, metric, cuts)
+    patched, corrupted, plain, gap = _patched_metrics(model, clean, corrupted, metric, cuts)
     difference, scale = abs(patched[-2] - corrupted), max(abs(patched[-2]), abs(corrupted))
     # The full graph and the plain clean run compute one value by two programs: their gap is this metric's own
     # rounding, which a metric that is 0 in exact arithmetic has at any scale (the relative test misses it).
-    rounding = ROUNDING_SAMPLES * abs(patched[-2] - plain)
+    # Programs that agree to the bit give a gap of 0 whatever the rounding: the runs' metrics resampled add samples.
+    rounding = ROUNDING_SAMPLES * max(abs(patched[-2] - plain), gap)
     if difference <= max(SAME_METRIC_RTOL * scale, rounding):
         raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
                             f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "
