@@ -5,8 +5,12 @@ side, so live memory stays near accounting.MEMORY_BUDGET whatever the count.
 - sweep(model, batch, patch, n_items, metric): the metric after `patch(layer, item, shared)` at every layer × item
   → [L, n_items]; the model runs once up to each block (the residual streams) and the suffix from there is
   vmapped over the items. ablation_sweep and patch_activations are two patch setters on it.
-- chunked_sum, chunked_map: Σ_k fn(items[k]) and [fn(items[k])] over many items inside one traced function
-  (integration steps, occluded words, circuits), `chunk` items vmapped at a time.
+- chunked_map: [fn(items[k])] over a fixed number of items inside one traced function (the senders of an edge
+  graph, an attribution graph's rows), `chunk` items vmapped at a time.
+- live_sum, live_map: Σ_k fn(items[k]) and [fn(items[k])] over a count the user chooses (integration points,
+  circuits, occluded words): the items padded to padded_count(n), a power of two, and only the chunks holding the
+  n live ones run (a lax.fori_loop over a traced number of chunks), live_chunk(…) items at a time — so every count
+  of a bucket shares one program, and under 1/8 of the items run are padding.
 """
 
 from __future__ import annotations
@@ -23,27 +27,80 @@ from minibert.errors import AnalysisError
 from minibert.runtime import accounting
 
 
-def chunked_sum(fn: Callable, items, chunk: int):
-    """Σ_k fn(items[k]) over the leading axis of the pytree `items`, `chunk` items vmapped at a time and added
-    into one running sum (lax.scan), the remainder apart: memory does not grow with the number of items."""
-    n = jax.tree_util.tree_leaves(items)[0].shape[0]
-    whole, rest = divmod(n, chunk)
-    summed = lambda part: jax.tree_util.tree_map(lambda v: v.sum(0), jax.vmap(fn)(part))  # noqa: E731
-    take = lambda start, stop: jax.tree_util.tree_map(lambda v: v[start:stop], items)  # noqa: E731
-    shapes = jax.eval_shape(fn, jax.tree_util.tree_map(lambda v: v[0], items))
-    total = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    if whole:
-        parts = jax.tree_util.tree_map(lambda v: v[:whole * chunk].reshape(whole, chunk, *v.shape[1:]), items)
-        total, _ = jax.lax.scan(lambda total, part: (jax.tree_util.tree_map(jnp.add, total, summed(part)), None),
-                                total, parts)
-    if rest:
-        total = jax.tree_util.tree_map(jnp.add, total, summed(take(whole * chunk, n)))
-    return total
-
-
 def chunked_map(fn: Callable, items, chunk: int):
     """[fn(items[k]) for every k], stacked: `chunk` items vmapped at a time (lax.map's batch_size)."""
     return jax.lax.map(fn, items, batch_size=chunk)
+
+
+# ---- counts of items: one program per bucket of counts --------------------------------------------------------
+
+FEWEST_PADDED = 16  # the fewest items a program is built for: EAP and EAP-IG up to 16 steps share one
+PADDING_SHARE = 8  # a live loop's chunk is at most 1/(2·PADDING_SHARE) of its bucket: under 1/8 of what runs pads
+
+
+def power_of_two(n: int) -> int:
+    """The largest power of two ≤ n (n ≥ 1): it divides every larger power of two, so chunks tile a bucket."""
+    return 1 << (int(n).bit_length() - 1)
+
+
+def padded_count(n: int) -> int:
+    """The number of items a program over n items is built for: the next power of two ≥ n, at least FEWEST_PADDED.
+    Every count of a bucket (1 to 16 steps; 33 to 64) shares one program, and its padding is not run (live_sum)."""
+    return max(FEWEST_PADDED, 1 << max(0, int(n) - 1).bit_length())
+
+
+def live_chunk(bytes_per_item: float, n: int) -> int:
+    """How many of n items a live loop runs side by side: a power of two chosen from n's bucket alone, so every
+    count of the bucket shares the program — within accounting.MEMORY_BUDGET, and at most bucket/16. The last chunk
+    run holds fewer than `chunk` padding items, and n > bucket/2 past the first bucket (which runs one at a time),
+    so under 1/8 of the items run are padding."""
+    bucket = padded_count(n)
+    return power_of_two(min(accounting.items_per_chunk(bytes_per_item, bucket), bucket // (2 * PADDING_SHARE)))
+
+
+def padded(values, fill) -> np.ndarray:
+    """`values` [n, ...] (host) followed by copies of `fill` up to padded_count(n) items: a live loop's items.
+    Fill with a valid item (α = 1, a cut of no edge) so the padding a last chunk runs computes finite values."""
+    values = np.asarray(values)
+    out = np.empty((padded_count(len(values)), *values.shape[1:]), values.dtype)
+    out[:len(values)], out[len(values):] = values, fill
+    return out
+
+
+def _chunk_at(items, start, chunk: int):
+    return jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, start, chunk), items)
+
+
+def live_sum(fn: Callable, items, live, chunk: int):
+    """Σ_{k < live} fn(items[k]) over the leading axis of the pytree `items` (padded: `padded`), `chunk` items
+    vmapped at a time into one running sum: a lax.fori_loop over the ceil(live / chunk) chunks holding a live item,
+    `live` a traced int32, so one program serves every count; the last chunk's padding is computed and left out."""
+    zeros = jax.eval_shape(fn, jax.tree_util.tree_map(lambda v: v[0], items))
+
+    def add_chunk(i, total):
+        start = i * chunk
+        keep = start + jnp.arange(chunk) < live
+        values = jax.vmap(fn)(_chunk_at(items, start, chunk))
+        return jax.tree_util.tree_map(
+            lambda t, v: t + jnp.where(keep.reshape(-1, *[1] * (v.ndim - 1)), v, 0).sum(0), total, values)
+
+    total = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+    return jax.lax.fori_loop(0, (live + chunk - 1) // chunk, add_chunk, total)
+
+
+def live_map(fn: Callable, items, live, chunk: int):
+    """[fn(items[k])] over the padded leading axis of `items`, stacked: the chunks holding an item k < live run
+    (`chunk` vmapped at a time, as live_sum), the rest stay 0 — cut them off on the host ([:n])."""
+    n = jax.tree_util.tree_leaves(items)[0].shape[0]
+    shapes = jax.eval_shape(fn, jax.tree_util.tree_map(lambda v: v[0], items))
+
+    def write_chunk(i, out):
+        values = jax.vmap(fn)(_chunk_at(items, i * chunk, chunk))
+        return jax.tree_util.tree_map(lambda o, v: jax.lax.dynamic_update_slice_in_dim(o, v, i * chunk, 0), out,
+                                      values)
+
+    out = jax.tree_util.tree_map(lambda s: jnp.zeros((n, *s.shape), s.dtype), shapes)
+    return jax.lax.fori_loop(0, (live + chunk - 1) // chunk, write_chunk, out)
 
 
 # ---- the sweep engine: prefix once, suffix vmapped over the items ---------------------------------------------

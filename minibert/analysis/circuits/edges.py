@@ -39,7 +39,7 @@ from minibert.analysis.circuits._checks import check_choice, check_count, check_
 from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
 from minibert.analysis.interventions import paired_inputs
-from minibert.analysis.sweeps import chunked_map, chunked_sum
+from minibert.analysis.sweeps import chunked_map, live_chunk, live_map, live_sum, padded
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
@@ -56,6 +56,9 @@ SAME_METRIC_RTOL = 1e-4
 # gap samples the metric's rounding error once, and a rounding error of mean zero exceeds 10 times a typical sample
 # rarely (a normal error, 10 standard deviations: never in practice).
 ROUNDING_SAMPLES = 10
+# More samples of that rounding: each run's metric again with every output value moved by one rounding (a relative
+# ±eps, signs at random): the gap of two computations alone can be 0 by chance (two programs that agree to the bit).
+RESAMPLES = 4
 QKV = "qkv"
 
 
@@ -273,10 +276,11 @@ def _written(L: int, sender, change):
             jnp.where(at & (kind == 2), mlps[layer][None], 0.0))
 
 
-def _edge_scores(model, state, clean, corrupt, weights, alphas, senders, *, metric: StaticFn, step_chunk: int,
-                 sender_chunk: int):
+def _edge_scores(model, state, clean, corrupt, weights, alphas, steps, senders, *, metric: StaticFn,
+                 step_chunk: int, sender_chunk: int):
     """Every edge's score [senders, receivers] (compiled with model.jit): the clean and corrupted runs, the
-    receivers' gradients averaged over the steps, each sender's change carried to every receiver."""
+    receivers' gradients averaged over the steps (the first `steps` of the padded alphas, steps traced: every
+    count of a bucket shares the program), each sender's change carried to every receiver."""
     cfg = model.config
     L, H = cfg.num_hidden_layers, cfg.num_attention_heads
     names = _sender_names(model) + scale_names(model)
@@ -289,7 +293,7 @@ def _edge_scores(model, state, clean, corrupt, weights, alphas, senders, *, metr
     e_clean = clean_values["hook_full_embed"]
     towards_clean = lambda alpha: _receiver_gradients(  # noqa: E731
         model, state, clean, e_clean - (1 - alpha) * (e_clean - corrupt_values["hook_full_embed"]), metric=metric)
-    grads = jax.tree_util.tree_map(lambda g: g / alphas.shape[0], chunked_sum(towards_clean, alphas, step_chunk))
+    grads = jax.tree_util.tree_map(lambda g: g / steps, live_sum(towards_clean, alphas, steps, step_chunk))
 
     def scores_of(sender):
         reached = skip.carry(*_written(L, sender, change))
@@ -323,7 +327,8 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     """Every edge's attribution score (module docstring) for `metric(output)` (one value per row, or one for the
     batch; its mean over rows) between the `clean` and `corrupted` batches → CircuitGraph. method "eap": the
     gradient at the clean run; "eap-ig": averaged over `steps` runs interpolating the embeddings. One compiled
-    program: the steps and the senders each run in chunks sized to accounting.MEMORY_BUDGET."""
+    program, shared by EAP and every `steps` of a bucket (analysis.sweeps.padded_count: 1 to 16, 17 to 32, 33 to
+    64, …): the steps and the senders each run in chunks sized to accounting.MEMORY_BUDGET."""
     check_model(model)
     alphas = _check_method(method, steps)
     layout(model)
@@ -345,8 +350,9 @@ def edge_attribution(model, clean, corrupted, metric: Callable, method: str = "e
     step_bytes = activation_bytes(cfg, B, T, blocks=L, backward=True) + (3 * L * H + L + 1) * stream
     program = model.jit(_edge_scores, static_argnames=("metric", "step_chunk", "sender_chunk"), what="edge attribution")
     senders = tuple(jnp.asarray(a) for a in _sender_table(L, H))
-    scores = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model), jnp.asarray(alphas, jnp.float32),
-                     senders, metric=static_metric(metric), step_chunk=items_per_chunk(step_bytes, len(alphas)),
+    scores = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
+                     jnp.asarray(padded(alphas, 1.0), jnp.float32), jnp.int32(len(alphas)), senders,
+                     metric=static_metric(metric), step_chunk=live_chunk(step_bytes, len(alphas)),
                      sender_chunk=items_per_chunk((2 * L + 2) * stream, len(senders[0])))
     edges = edge_mask(L, H)
     senders, receivers = sender_labels(L, H), receiver_labels(L, H)
@@ -413,23 +419,40 @@ def _patched_metric(model, state, clean, corrupt, skip, real, cut, *, metric: St
     return metric_of(metric, out, clean.shape[0]).mean()
 
 
-def _circuit_metrics(model, state, clean, corrupt, weights, cuts, *, metric: StaticFn, chunk: int):
-    """(the patched metric of every cut [N, senders, receivers] → [N], the corrupted run's metric) (model.jit)."""
+def _circuit_metrics(model, state, clean, corrupt, weights, cuts, n_cuts, *, metric: StaticFn, chunk: int):
+    """(the patched metric of the first n_cuts (traced) of the padded cuts [N, senders, receivers] → [N], 0 past
+    them; the corrupted run's metric; the plain clean run's) (model.jit)."""
     names = _sender_names(model) + scale_names(model)
     clean_out, clean_values = model.forward_fn(names)(state, clean)
     corrupt_out, corrupt_values = model.forward_fn(names)(state, corrupt)
     skip = skip_path(model, clean_values, weights)
     real = clean.attention_mask.astype(jnp.float32)[:, :, None]
     corrupt_senders = _senders(model, corrupt_values)
-    patched = chunked_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
-                                                      metric=metric), cuts, chunk)
-    return patched, metric_of(metric, corrupt_out, corrupt.shape[0]).mean(), \
-        metric_of(metric, clean_out, clean.shape[0]).mean()
+    patched = live_map(lambda cut: _patched_metric(model, state, clean, corrupt_senders, skip, real, cut,
+                                                   metric=metric), cuts, n_cuts, chunk)
+    plain, corrupted = (metric_of(metric, out, clean.shape[0]).mean() for out in (clean_out, corrupt_out))
+    return patched, corrupted, plain, jnp.maximum(_rounding_gap(metric, clean_out, plain, clean.shape[0], 0),
+                                                  _rounding_gap(metric, corrupt_out, corrupted, clean.shape[0], 1))
 
 
-def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray) -> tuple[np.ndarray, float, float]:
+def _rounding_gap(metric: StaticFn, out, value, n_rows: int, seed: int) -> jax.Array:
+    """The largest change of the mean metric `value` of `out` when every float output value moves by one rounding
+    (× (1 ± eps), signs at random), over RESAMPLES draws: samples of the metric's rounding error."""
+    eps = jnp.finfo(jnp.float32).eps
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    gaps = []
+    for key in jax.random.split(jax.random.key(seed), RESAMPLES):
+        signs = [jax.random.rademacher(k, v.shape, v.dtype) for k, v in zip(jax.random.split(key, len(leaves)),
+                                                                             leaves)]
+        moved = jax.tree_util.tree_unflatten(tree, [v * (1 + eps * r) for v, r in zip(leaves, signs)])
+        gaps.append(jnp.abs(metric_of(metric, moved, n_rows).mean() - value))
+    return jnp.max(jnp.stack(gaps))
+
+
+def _patched_metrics(model, clean, corrupted, metric: Callable,
+                     cuts: np.ndarray) -> tuple[np.ndarray, float, float, float]:
     """(the metric of every cut [N], the corrupted run's, the plain clean run's: the full graph's twin, computed
-    by the plain forward rather than the patched one)."""
+    by the plain forward rather than the patched one; the largest rounding gap of the two runs' metrics)."""
     layout(model)
     clean_inputs, corrupt_inputs = paired_inputs(model, clean, corrupted)
     cfg = model.config
@@ -437,11 +460,12 @@ def _patched_metrics(model, clean, corrupted, metric: Callable, cuts: np.ndarray
     run_bytes = activation_bytes(cfg, B, T) * (3 * cfg.num_attention_heads + 2) + cuts.shape[1] * \
         _stream_bytes(model, clean_inputs)
     program = model.jit(_circuit_metrics, static_argnames=("metric", "chunk"), what="circuit patching")
-    patched, corrupt, plain = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
-                                      jnp.asarray(cuts, jnp.float32), metric=static_metric(metric),
-                                      chunk=items_per_chunk(run_bytes, len(cuts)))
+    patched, corrupt, plain, gap = program(model.state, clean_inputs, corrupt_inputs, skip_weights(model),
+                                      jnp.asarray(padded(cuts, 0.0), jnp.float32), jnp.int32(len(cuts)),
+                                      metric=static_metric(metric), chunk=live_chunk(run_bytes, len(cuts)))
     corrupt = check_finite(np.asarray([corrupt, plain]), "the corrupted run's metric")
-    return check_finite(patched, "the patched runs' metric"), float(corrupt[0]), float(corrupt[1])
+    return check_finite(np.asarray(patched)[:len(cuts)], "the patched runs' metric"), float(corrupt[0]), \
+        float(corrupt[1]), float(gap)
 
 
 @dataclasses.dataclass
@@ -490,7 +514,9 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
                          circuit: Circuit | Sequence[Circuit]) -> Faithfulness:
     """Faithfulness of one circuit or of each of a list (graph.sweep(sizes) for a curve): the clean run with every
     edge outside the circuit patched (module docstring), against the full graph (m(clean)) and the corrupted run.
-    Every circuit, the full graph and the empty one run in one compiled program, in chunks."""
+    Every circuit, the full graph and the empty one run in one compiled program, in chunks; lists whose lengths
+    share a bucket (analysis.sweeps.padded_count: up to 14 circuits, then up to 30, …) share the program, as does
+    path_patching."""
     L, H = _graph_shape(model)
     edges = edge_mask(L, H)
     wanted = (f"circuit_faithfulness takes a Circuit (graph.circuit(top=n)) or a list of them (graph.sweep(sizes)) "
@@ -507,11 +533,12 @@ def circuit_faithfulness(model, clean, corrupted, metric: Callable,
         _check_circuit(c, edges, sender_labels(L, H), receiver_labels(L, H), wanted)
     cuts = np.stack([edges & ~c.edges for c in circuits] + [np.zeros_like(edges), edges])
     _refuse_same_inputs(model, clean, corrupted, "faithfulness, a ratio over it, is undefined")
-    patched, corrupted, plain = _patched_metrics(model, clean, corrupted, metric, cuts)
+    patched, corrupted, plain, gap = _patched_metrics(model, clean, corrupted, metric, cuts)
     difference, scale = abs(patched[-2] - corrupted), max(abs(patched[-2]), abs(corrupted))
     # The full graph and the plain clean run compute one value by two programs: their gap is this metric's own
     # rounding, which a metric that is 0 in exact arithmetic has at any scale (the relative test misses it).
-    rounding = ROUNDING_SAMPLES * abs(patched[-2] - plain)
+    # Programs that agree to the bit give a gap of 0 whatever the rounding: the runs' metrics resampled add samples.
+    rounding = ROUNDING_SAMPLES * max(abs(patched[-2] - plain), gap)
     if difference <= max(SAME_METRIC_RTOL * scale, rounding):
         raise AnalysisError(f"the clean and corrupted runs give the same metric ({patched[-2]:.6g} and "
                             f"{corrupted:.6g}, difference {difference:.2g}, within rounding): faithfulness, a ratio "

@@ -11,7 +11,9 @@ token; [CLS], [SEP] and padding keep their own embedding (docs/circuits.md):
 
 The integral is captum's Gauss–Legendre rule over `steps` points (default) or the right Riemann sum
 α = k/steps, k = 1..steps. Completeness: Σ_t IG_t = F(x) − F(x') up to the rule's error and rounding.
-Each call is one compiled program: the steps (or the occluded words) run `chunk` at a time inside it.
+Each call is one compiled program: the steps (or the occluded words) run `chunk` at a time inside it, their
+number traced, so every count of a bucket (analysis.sweeps.padded_count: 1 to 16, 17 to 32, 33 to 64, …) shares
+it; integrated gradients and gradient × input (one point) share one too.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ import numpy as np
 from minibert.analysis._finite import check_finite
 from minibert.analysis.circuits._checks import check_choice, check_model, metric_of
 from minibert.analysis.gradients import _special_ids
-from minibert.analysis.sweeps import chunked_map, chunked_sum
+from minibert.analysis.sweeps import live_chunk, live_map, live_sum, padded
 from minibert.analysis.words import word_groups, word_labels
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn
 from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert
 from minibert.io.tokenizer import Batch
-from minibert.runtime.accounting import activation_bytes, items_per_chunk
+from minibert.runtime.accounting import activation_bytes
 from minibert.runtime.model import is_text
 
 METHODS = ("integrated_gradients", "gradient_x_input", "occlusion")
@@ -112,25 +114,28 @@ def _metric_at(model, state, inputs, metric: StaticFn, embedded) -> jax.Array:
     return values
 
 
-def _integrated(model, state, inputs, start, end, baseline, alphas, weights, *, metric: StaticFn, chunk: int):
-    """(Σ_E (end − start) ⊙ Σ_k w_k ∂F(start + α_k(end − start)), F(end), F(baseline)) — IG from start = x',
-    gradient × input from start = 0 with the one point α = 1 (compiled with model.jit)."""
+def _integrated(model, state, inputs, start, end, baseline, alphas, weights, steps, *, metric: StaticFn,
+                chunk: int):
+    """(Σ_E (end − start) ⊙ Σ_k w_k ∂F(start + α_k(end − start)), F(end), F(baseline)) over the first `steps`
+    (traced) of the padded points — IG from start = x', gradient × input from start = 0 with the one point α = 1
+    (compiled with model.jit)."""
     def weighted_gradient(point):
         alpha, weight = point
         gradient = jax.grad(unrolled_stack()(lambda x: _metric_at(model, state, inputs, metric, x).sum()))
         return weight * gradient(start + alpha * (end - start))
 
-    mean_gradient = chunked_sum(weighted_gradient, (alphas, weights), chunk)
+    mean_gradient = live_sum(weighted_gradient, (alphas, weights), steps, chunk)
     return (((end - start) * mean_gradient).sum(-1), _metric_at(model, state, inputs, metric, end),
             _metric_at(model, state, inputs, metric, baseline))
 
 
-def _occluded(model, state, inputs, embedded, baseline, masks, *, metric: StaticFn, chunk: int):
-    """(F(x) − F(x with masks[k]'s positions from the baseline) [K, B], F(x), F(x')) (model.jit)."""
+def _occluded(model, state, inputs, embedded, baseline, masks, units, *, metric: StaticFn, chunk: int):
+    """(F(x) − F(x with masks[k]'s positions from the baseline) [K, B] for the first `units` (traced) of the padded
+    masks, 0 past them; F(x), F(x')) (model.jit)."""
     full = _metric_at(model, state, inputs, metric, embedded)
     occlude = lambda mask: full - _metric_at(model, state, inputs, metric,  # noqa: E731
                                              jnp.where(mask[..., None], baseline, embedded))
-    return chunked_map(occlude, masks, chunk), full, _metric_at(model, state, inputs, metric, baseline)
+    return live_map(occlude, masks, units, chunk), full, _metric_at(model, state, inputs, metric, baseline)
 
 
 def _baseline_embeddings(model, inputs, baseline: str) -> tuple[jax.Array, jax.Array]:
@@ -220,11 +225,12 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
     if method == "occlusion":
         masks = _unit_masks(units, (B, T)) & ~special[None]  # specials and padding are never occluded
         program = model.jit(_occluded, static_argnames=("metric", "chunk"), what="token attribution (occlusion)")
-        changes, full, at_baseline = program(model.state, inputs, embedded, base, jnp.asarray(masks), metric=keyed,
-                                             chunk=items_per_chunk(forward_bytes, len(masks)))
+        changes, full, at_baseline = program(model.state, inputs, embedded, base, jnp.asarray(padded(masks, False)),
+                                             jnp.int32(len(masks)), metric=keyed,
+                                             chunk=live_chunk(forward_bytes, len(masks)))
         # a unit with nothing occluded (a special token, a row's missing words) is 0 exactly, not F(x) − F(x)
         # from two programs
-        per_unit = np.where(masks.any(2), np.asarray(changes), 0.0).T  # [B, K]
+        per_unit = np.where(masks.any(2), np.asarray(changes)[:len(masks)], 0.0).T  # [B, K]
         scores = per_unit if words else np.einsum("BK,KBT->BT", per_unit, masks)
     else:
         if method == "gradient_x_input":
@@ -233,8 +239,9 @@ def token_attribution(model, batch, metric: Callable, method: str = "integrated_
         program = model.jit(_integrated, static_argnames=("metric", "chunk"), what="token attribution (gradients)")
         step_bytes = forward_bytes * model.config.num_hidden_layers * 2  # a backward keeps every block's values
         token_scores, full, at_baseline = program(
-            model.state, inputs, start, embedded, base, jnp.asarray(alphas, jnp.float32),
-            jnp.asarray(weights, jnp.float32), metric=keyed, chunk=items_per_chunk(step_bytes, len(alphas)))
+            model.state, inputs, start, embedded, base, jnp.asarray(padded(alphas, 1.0), jnp.float32),
+            jnp.asarray(padded(weights, 0.0), jnp.float32), jnp.int32(len(alphas)), metric=keyed,
+            chunk=live_chunk(step_bytes, len(alphas)))
         scores = _per_unit(np.asarray(token_scores), units) if words else np.asarray(token_scores)
     full = check_finite(full, "the metric at the input")
     at_baseline = check_finite(at_baseline, f"the metric at the {baseline!r} baseline")

@@ -38,7 +38,7 @@ from minibert.analysis.graphs.replacement import (
     writes_of,
 )
 from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
-from minibert.analysis.sweeps import chunked_map
+from minibert.analysis.sweeps import chunked_map, power_of_two
 from minibert.analysis.transcoders.model import decode
 from minibert.errors import AnalysisError, is_whole
 from minibert.io.tokenizer import Batch, is_text
@@ -182,12 +182,6 @@ def padded_features(n: int) -> int:
     return max(8, 1 << max(0, n - 1).bit_length())
 
 
-def power_of_two(chunk: int) -> int:
-    """The largest power of two ≤ chunk: with the padded feature count a power of two too, it divides row_items'
-    step, so lax.map runs whole chunks only (a remainder would compile the row a second time)."""
-    return 1 << (int(chunk).bit_length() - 1)
-
-
 def row_items(active: np.ndarray, n_targets: int, chunk: int, padded: int) -> np.ndarray:
     """[R, 4] (layer, position, latent, target): the N features' rows (target −1), then the targets' (k), then
     padding up to a multiple of max(chunk, padded / 8) — few distinct row counts per `padded`, at most 1/8 of
@@ -239,6 +233,8 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     padded[:n] = active
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
     T = inputs.shape[1]
+    # a power of two, as the padded feature count is: it divides row_items' step, so lax.map runs whole chunks only
+    # (a remainder would compile the row a second time)
     chunk = power_of_two(chunk or items_per_chunk(row_bytes(model, len(padded), T), n + len(targets)))
     items = row_items(active, len(targets), chunk, len(padded))
     program = model.jit(graph_rows, static_argnames=("chunk",), what="the attribution graph")
