@@ -72,30 +72,20 @@ class HookFn:
                                 f"jit traces (a head index, a patch), and a {type(bad).__name__} is not one; pass a "
                                 f"number or an array, or close over the value in the hook's own code "
                                 f"(functools.partial(fn, {name}=...)).")
-        self.fn = fn
-        self.arrays = arrays
-        self._key: StaticFn | None = None  # a call's copy holds its key (for_call)
+        self.fn, self.arrays, self._key = fn, arrays, None  # _key: a call's copy holds its StaticFn (for_call)
 
     def __call__(self, value, ctx: HookContext):
         return self.fn(value, ctx, **self.arrays)
 
     @property
     def key(self) -> StaticFn:
-        """`fn` as the static key of a compiled program (contract.StaticFn). A HookFn you hold is keyed anew each
-        time, since what its function reads may change between calls; the copy a call makes (`for_call`) and what
-        JAX unflattens from it carry the key computed once, which the call's flattening, padding probe and compile
-        count all read."""
+        """`fn` as a program's static key (contract.StaticFn): anew each time for a HookFn you hold (what it reads may
+        change between calls); computed once for a call's copy (`for_call`) and what JAX unflattens from it."""
         return StaticFn(self.fn) if self._key is None else self._key
 
     def for_call(self) -> HookFn:
         """This hook as one call holds it (hooks.writers_for): the same function and arrays, keyed once, now."""
-        return self._keyed(StaticFn(self.fn), self.arrays)
-
-    @classmethod
-    def _keyed(cls, key: StaticFn, arrays: dict) -> HookFn:
-        hook = object.__new__(cls)  # not __init__: JAX unflattens with tracers, axis specs or placeholders as leaves
-        hook.fn, hook.arrays, hook._key = key.fn, arrays, key
-        return hook
+        return self.tree_unflatten((StaticFn(self.fn), tuple(self.arrays)), list(self.arrays.values()))
 
     def tree_flatten(self):
         keys = tuple(sorted(self.arrays))
@@ -104,7 +94,9 @@ class HookFn:
     @classmethod
     def tree_unflatten(cls, aux, children):
         key, names = aux
-        return cls._keyed(key, dict(zip(names, children)))
+        hook = object.__new__(cls)  # not __init__: JAX unflattens with tracers, axis specs or placeholders as leaves
+        hook.fn, hook.arrays, hook._key = key.fn, dict(zip(names, children)), key
+        return hook
 
     @property
     def any_length(self) -> bool:
@@ -157,8 +149,7 @@ def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict, shap
 
 
 def count_compile(key: StaticFn, site: str, counts: dict, shape: tuple[int, ...]) -> None:
-    """count_compiles for one function, keyed (`key.fn` is the function), at one site ("loss_fn": Model.grad's
-    loss, counted by version alone with shape ())."""
+    """count_compiles for one keyed function at one site ("loss_fn": Model.grad's loss, by version alone: shape ())."""
     fn = key.fn
     if getattr(fn, "__module__", "").startswith("minibert."):
         return  # minibert's own hooks (Model.grad's shifts, the sweeps') are HookFns already
@@ -289,9 +280,8 @@ class LayerHooks:
         names = self.names(template)
         position = self.layer - self.layers.start  # traced
         written = [k for k, name in enumerate(names) if name in self.points.writers]
-        # A trace for the captured shapes runs no hook function (each keeps its value's shape and dtype: _checked),
-        # so a hook is traced once per program. Branch 0 leaves the value; j + 1 runs layer written[j]'s functions.
-        if written and not self.probing:
+        # A trace for the captured shapes runs no hook (one keeps its value's shape and dtype: _checked). Branch 0
+        if written and not self.probing:  # leaves the value; branch j + 1 runs the functions of layer written[j]
             branch = np.zeros(len(names), np.int32)
             branch[written] = np.arange(1, len(written) + 1)
             functions = [lambda value: value] + [functools.partial(self.points.write, names[k]) for k in written]
@@ -400,7 +390,6 @@ HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_h
                  "classifier": "classifier", "discriminator": "discriminator"}
 
 
-
 def resolve_names(spec, hook_names: list[str], model) -> list[str]:
     """Names, globs ("blocks.*.attn.hook_pattern") or a predicate → the matching hook names, in forward order.
 
@@ -471,8 +460,7 @@ def hook_pairs(hooks) -> list[tuple]:
 
 def writers_for(hooks, hook_names: list[str], model) -> dict[str, tuple[HookFn, ...]]:
     """{name or glob: fn} or [(name or glob, fn), ...] → {hook name: (HookFn, ...)}, several hooks on one name
-    applied in the order given; `model` as resolve_names takes it. Each hook is keyed here, once for the call
-    (HookFn.for_call): a new call keys it again, since what it reads may have changed."""
+    applied in the order given; `model` as resolve_names takes it. Each is keyed once for the call (for_call)."""
     writers: dict[str, list[HookFn]] = {}
     for pattern, fns in hook_pairs(hooks):
         if not (isinstance(pattern, str) or callable(pattern)):
