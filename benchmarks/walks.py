@@ -1,18 +1,21 @@
 """The walk of one call (issue 42): how many times its arrays cross from the host to the device, counted by JAX's own
-transfer guard (jax.transfer_guard("log_explicit") logs every host-to-device transfer, explicit ones included).
+transfer guard (jax.transfer_guard("log_explicit") logs every host-to-device transfer, explicit ones included);
+and how many times a hook function is keyed (contract.behaviour_key, counted by wrapping it) and its body runs (a
+counter in the hook: each run is a trace) in a cold call and a warm repeat.
 
     python benchmarks/walks.py [--smoke]
 
 A tiny random BERT (2 layers, D = 8, 64 positions), a batch of 2 rows of 4 and 3 tokens; each call runs twice
 first, so the count is of a warm call (no compile, no padding probe). Device-to-host moves are not counted: on a
 CPU minibert reads device arrays as NumPy views (runtime.device.host_view), which copy nothing and which JAX does
-not log. Printed as a Markdown table; benchmarks/RESULTS.md keeps it, with the machine. The model is tiny
+not log. Printed as Markdown tables; benchmarks/RESULTS.md keeps them, with the machine. The model is tiny
 already: --smoke (CI's check that the script runs) runs the same calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -48,6 +51,66 @@ def transfers(call) -> list[str]:
         return TRANSFER.findall(logged.read())
 
 
+class CountedHook:
+    """A hook z ↦ z · factor that counts the runs of its body, and the static keys computed of it while `counting`."""
+
+    def __init__(self):
+        self.runs = self.keys = 0
+
+    def hook(self, z, ctx, factor=0.5):
+        self.runs += 1
+        return z * factor
+
+    @contextlib.contextmanager
+    def counting(self):
+        from minibert.core import contract
+
+        key = contract.behaviour_key
+
+        def counted(fn):
+            self.keys += fn == self.hook  # a bound method: equal each time, not the same object
+            return key(fn)
+
+        contract.behaviour_key = counted
+        try:
+            yield
+        finally:
+            contract.behaviour_key = key
+
+
+def hook_walk(model, hook: CountedHook, call) -> tuple[int, int, int]:
+    """(keys of the hook, runs of its body, programs traced) during call()."""
+    hook.runs = hook.keys = 0
+    before = model.programs.traces
+    with hook.counting():
+        call()
+    return hook.keys, hook.runs, model.programs.traces - before
+
+
+def hook_rows() -> list[str]:
+    """A plain hook and a HookFn at blocks.1.attn.hook_z, each on a fresh model: a cold call padded to its bucket
+    (the padding probe traces the hook at two lengths), its warm repeat, and a cold call at a bucket's own length
+    (no probe: padding would change nothing)."""
+    import jax.numpy as jnp
+
+    import minibert
+    from minibert.core.config import Config
+
+    exact = {"input_ids": np.full((3, 64), 5)}  # 64: a bucket's length (the model's positions)
+    forms = {"plain function": lambda hook: hook.hook,
+             "HookFn": lambda hook: minibert.HookFn(hook.hook, factor=jnp.float32(0.5))}
+    rows = []
+    for form, wrap in forms.items():
+        model, hook, site = minibert.Model(Config(**TINY), seed=1), CountedHook(), "blocks.1.attn.hook_z"
+        calls = {"cold, padded": lambda: model.run_with_hooks(BATCH, {site: wrap(hook)}),
+                 "warm repeat": lambda: model.run_with_hooks(BATCH, {site: wrap(hook)}),
+                 "cold, at a bucket's length": lambda: model.run_with_hooks(exact, {site: wrap(hook)})}
+        for name, call in calls.items():
+            keys, runs, traces = hook_walk(model, hook, call)
+            rows.append(f"| {form} | {name} | {keys} | {runs} | {traces} |")
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CI's check that the script runs (the same calls)")
@@ -71,6 +134,9 @@ def main(argv=None) -> int:
     print(f"## The walk of one call{' (smoke run)' if args.smoke else ''}\n\nmachine: {m}\n\n"
           "| call | host→device transfers | their shapes, in order |\n| --- | --- | --- |")
     print("\n".join(rows))
+    print("\n| `run_with_hooks(batch, hook)` | call | keys of the hook | runs of its body | programs traced |\n"
+          "| --- | --- | --- | --- | --- |")
+    print("\n".join(hook_rows()))
     return 0
 
 

@@ -143,6 +143,60 @@ def test_hooks_at_sites_without_positions_are_bucketed(model):
     assert model.programs.traces - before == 1
 
 
+class Walk:
+    """A hook function that counts its own runs (its body is traced, never run on values: each run is a trace),
+    and the static keys (contract.behaviour_key) computed of it."""
+
+    def __init__(self, monkeypatch):
+        self.runs = self.keys = 0
+        key = minibert.core.contract.behaviour_key
+        monkeypatch.setattr(minibert.core.contract, "behaviour_key", self._counted(key))
+
+    def _counted(self, key):
+        def counted(fn):
+            self.keys += fn == self.hook  # a bound method: equal, not the same object
+            return key(fn)
+        return counted
+
+    def hook(self, z, ctx, factor=0.5):
+        self.runs += 1
+        return z * factor
+
+    def call(self, run) -> tuple[int, int]:
+        """(runs of the hook's body, keys of it) during run()."""
+        self.runs = self.keys = 0
+        run()
+        return self.runs, self.keys
+
+
+def test_a_hook_is_keyed_once_per_call_and_traced_once_per_program(model, monkeypatch):
+    """A plain hook: its key is computed once per call, cold or warm (the flattening, the padding probe and the
+    compile count read the call's key); its body runs 3 times on a call that pads it (the probe's two lengths,
+    buckets.PROBE_LENGTHS, and the program's trace), once where the program is new and the probe is not needed
+    (rows at a bucket's length; the verdict known; a capture, whose shape trace runs no hook; Model.grad), and
+    never on a warm repeat."""
+    walk = Walk(monkeypatch)
+    hooks = {Z: walk.hook}
+    loss = lambda out: out.last_hidden_state[:, 0, 0]  # noqa: E731
+    padded, exact = batch(7), batch(64, rows=3)  # 7 → bucket 64 (2 rows: at least 64); 64: a bucket's length
+    calls = [(lambda: model.run_with_hooks(padded, hooks), (3, 1)), (lambda: model.run_with_hooks(padded, hooks),
+                                                                     (0, 1)),
+             (lambda: model.run_with_hooks(exact, hooks), (1, 1)), (lambda: model.run_with_hooks(exact, hooks), (0, 1)),
+             (lambda: model.run(batch(9), names="blocks.*.attn.hook_pattern", hooks=hooks), (1, 1)),
+             (lambda: model.grad(padded, loss, Z, hooks), (1, 1)), (lambda: model.grad(padded, loss, Z, hooks),
+                                                                    (0, 1))]
+    before = model.programs.traces
+    assert [walk.call(run) for run, _ in calls] == [counts for _, counts in calls]
+    assert model.programs.traces - before == 4  # the padded run, the exact one, the capture, the gradient
+
+
+def test_a_hookfn_is_keyed_once_per_call(model, monkeypatch):
+    """A HookFn's function, as a plain hook: keyed once per call, run 3 times cold (the probe, the trace), 0 warm."""
+    walk = Walk(monkeypatch)
+    hooks = {Z: minibert.HookFn(walk.hook, factor=jnp.float32(0.5))}
+    assert [walk.call(lambda: model.run_with_hooks(batch(7), hooks)) for _ in range(2)] == [(3, 1), (0, 1)]
+
+
 def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
     """Lambdas closing over the head compile one program per head: one RecompileWarning when the count reaches
     RECOMPILE_WARNING_AT (3 here, 8 by default), naming HookFn as the fix; none for the HookFn sweep after."""

@@ -60,7 +60,7 @@ class HookFn:
     """A hook function with array arguments that jit traces rather than bakes in.
 
     `HookFn(fn, head=jnp.int32(3))` calls `fn(value, ctx, head=...)`. Changing `head` reuses the compiled
-    program; `fn` itself keys the program as a contract.StaticFn (its code and what it reads).
+    program; `fn` itself keys the program as a contract.StaticFn (its code and what it reads: `key`).
     """
 
     def __init__(self, fn: Callable, **arrays):
@@ -72,21 +72,30 @@ class HookFn:
                                 f"jit traces (a head index, a patch), and a {type(bad).__name__} is not one; pass a "
                                 f"number or an array, or close over the value in the hook's own code "
                                 f"(functools.partial(fn, {name}=...)).")
-        self.fn = fn
-        self.arrays = arrays
+        self.fn, self.arrays, self._key = fn, arrays, None  # _key: a call's copy holds its StaticFn (for_call)
 
     def __call__(self, value, ctx: HookContext):
         return self.fn(value, ctx, **self.arrays)
 
+    @property
+    def key(self) -> StaticFn:
+        """`fn` as a program's static key (contract.StaticFn): anew each time for a HookFn you hold (what it reads may
+        change between calls); computed once for a call's copy (`for_call`) and what JAX unflattens from it."""
+        return StaticFn(self.fn) if self._key is None else self._key
+
+    def for_call(self) -> HookFn:
+        """This hook as one call holds it (hooks.writers_for): the same function and arrays, keyed once, now."""
+        return self.tree_unflatten((StaticFn(self.fn), tuple(self.arrays)), list(self.arrays.values()))
+
     def tree_flatten(self):
         keys = tuple(sorted(self.arrays))
-        return [self.arrays[k] for k in keys], (StaticFn(self.fn), keys)
+        return [self.arrays[k] for k in keys], (self.key, keys)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        same, keys = aux
+        key, names = aux
         hook = object.__new__(cls)  # not __init__: JAX unflattens with tracers, axis specs or placeholders as leaves
-        hook.fn, hook.arrays = same.fn, dict(zip(keys, children))
+        hook.fn, hook.arrays, hook._key = key.fn, dict(zip(names, children)), key
         return hook
 
     @property
@@ -136,16 +145,16 @@ def count_compiles(writers: Mapping[str, tuple[HookFn, ...]], counts: dict, shap
     tally; `shape` the traced batch's [B, T]."""
     for name, fns in writers.items():
         for hook in fns:
-            count_compile(hook.fn, name, counts, shape)
+            count_compile(hook.key, name, counts, shape)
 
 
-def count_compile(fn: Callable, site: str, counts: dict, shape: tuple[int, ...]) -> None:
-    """count_compiles for one function at one site ("loss_fn": Model.grad's loss, counted by version alone with
-    shape ())."""
+def count_compile(key: StaticFn, site: str, counts: dict, shape: tuple[int, ...]) -> None:
+    """count_compiles for one keyed function at one site ("loss_fn": Model.grad's loss, by version alone: shape ())."""
+    fn = key.fn
     if getattr(fn, "__module__", "").startswith("minibert."):
         return  # minibert's own hooks (Model.grad's shifts, the sweeps') are HookFns already
     code = getattr(fn, "__code__", fn)
-    versions, version = counts.setdefault((code, site), set()), (StaticFn(fn), tuple(shape))
+    versions, version = counts.setdefault((code, site), set()), (key, tuple(shape))
     if version in versions:
         return
     versions.add(version)
@@ -244,7 +253,7 @@ class LayerHooks:
     - active: a site is active where it is in any layer of the run (the block's path is one for every layer).
 
     `at(layer, buffers)` is the hooks object of one step of the scan; buffers None (a trace that only looks for
-    the captured values' shapes) keeps each captured value as it is.
+    the captured values' shapes) keeps each captured value as it is and runs no hook function.
     """
 
     def __init__(self, points: HookPoints, layers: range, layer=None, buffers: dict | None = None):
@@ -271,7 +280,8 @@ class LayerHooks:
         names = self.names(template)
         position = self.layer - self.layers.start  # traced
         written = [k for k, name in enumerate(names) if name in self.points.writers]
-        if written:  # branch 0 leaves the value; branch j + 1 runs the functions of layer written[j]
+        # A trace for the captured shapes runs no hook (one keeps its value's shape and dtype: _checked). Branch 0
+        if written and not self.probing:  # leaves the value; branch j + 1 runs the functions of layer written[j]
             branch = np.zeros(len(names), np.int32)
             branch[written] = np.arange(1, len(written) + 1)
             functions = [lambda value: value] + [functools.partial(self.points.write, names[k]) for k in written]
@@ -380,7 +390,6 @@ HEAD_PREFIXES = {"pooler": "pooler", "mlm_head": "mlm", "unembed": "mlm", "nsp_h
                  "classifier": "classifier", "discriminator": "discriminator"}
 
 
-
 def resolve_names(spec, hook_names: list[str], model) -> list[str]:
     """Names, globs ("blocks.*.attn.hook_pattern") or a predicate → the matching hook names, in forward order.
 
@@ -451,7 +460,7 @@ def hook_pairs(hooks) -> list[tuple]:
 
 def writers_for(hooks, hook_names: list[str], model) -> dict[str, tuple[HookFn, ...]]:
     """{name or glob: fn} or [(name or glob, fn), ...] → {hook name: (HookFn, ...)}, several hooks on one name
-    applied in the order given; `model` as resolve_names takes it."""
+    applied in the order given; `model` as resolve_names takes it. Each is keyed once for the call (for_call)."""
     writers: dict[str, list[HookFn]] = {}
     for pattern, fns in hook_pairs(hooks):
         if not (isinstance(pattern, str) or callable(pattern)):
@@ -461,7 +470,7 @@ def writers_for(hooks, hook_names: list[str], model) -> dict[str, tuple[HookFn, 
         for fn in fns:
             if not callable(fn):
                 raise HookError(f"the hook for {pattern!r} is {type(fn).__name__}, not a function fn(value, ctx).")
-            wrapped = fn if isinstance(fn, HookFn) else HookFn(fn)
+            wrapped = (fn if isinstance(fn, HookFn) else HookFn(fn)).for_call()
             for name in resolve_names(pattern, hook_names, model):
                 writers.setdefault(name, []).append(wrapped)
     return {name: tuple(fns) for name, fns in writers.items()}

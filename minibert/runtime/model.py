@@ -422,15 +422,17 @@ class Model(Weights):
         """
         inputs = self._host_inputs(batch)  # padded on the host, then moved to the device once
         capture = frozenset(self._names(names)) if names != () else frozenset()
-        writers = writers_for(hooks, self.hook_names, self.config)
+        writers = writers_for(hooks, self.hook_names, self.config)  # each hook keyed once for this call
         leaves, writer_def = jax.tree_util.tree_flatten(writers)
         # Rows are padded to a bucket length (docs/compiled.md) where the hooks cannot tell, so that a new sentence
-        # length rarely compiles a new program; outputs and captures are cut back to the real length.
+        # length rarely compiles a new program; outputs and captures are cut back to the real length. The hooks are
+        # probed (pads_safely_under) only where the bucket is longer than the rows: a probe traces each hook twice.
         length = inputs.shape[1]
         calls = self.programs.called(inputs.shape)  # a recurring batch shape gets its tight bucket
-        if buckets.every_row_real(inputs.attention_mask) and self.programs.pads_safely_under(writers, inputs.shape[0]):
+        if buckets.every_row_real(inputs.attention_mask):
             padded = self.programs.padded_length(length, inputs.shape[0], calls=calls)
-            inputs = inputs.padded_to(padded, self.config.pad_token_id)
+            if padded != length and self.programs.pads_safely_under(writers, inputs.shape[0]):
+                inputs = inputs.padded_to(padded, self.config.pad_token_id)
         inputs = self.inputs(inputs)
         if not offload:
             out, captured = self._forward_jit(self.state, inputs, leaves, capture=capture, writer_def=writer_def)
@@ -479,7 +481,7 @@ class Model(Weights):
         position). loss_fn keys its program as a hook function does (docs/compiled.md): its code and the values it
         closes over or reads as globals, not an attribute of an object changed in place."""
         inputs = self.inputs(batch)
-        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config))
+        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config))  # keyed
         return self._grad_jit(self.state, inputs, leaves, writer_def=writer_def, names=tuple(self._names(names)),
                               loss_fn=StaticFn(metric_function(loss_fn)))
 
@@ -487,8 +489,10 @@ class Model(Weights):
         """Model.grad's program: the loss with a zero shift added at each named value (hooks.add_delta), and its
         gradient with respect to the shifts, which is the gradient with respect to the values."""
         user_writers = jax.tree_util.tree_unflatten(writer_def, writer_leaves)
-        count_compile(loss_fn.fn, "loss_fn", self._hook_compiles, ())  # its versions only: grad runs each length
-        _, shapes = jax.eval_shape(lambda: self._forward(state, inputs, writer_leaves, frozenset(names), writer_def))
+        count_compile(loss_fn, "loss_fn", self._hook_compiles, ())  # its versions only: grad runs each length
+        # The shapes of the named values, from a forward without the hooks (a hook keeps its value's shape and
+        # dtype, hooks._checked): the hooks are traced once, in the objective.
+        _, shapes = jax.eval_shape(lambda: self._forward(state, inputs, [], frozenset(names), NO_WRITERS))
         shapes = unstacked(shapes)
         deltas = {name: jnp.zeros(shapes[name].shape, shapes[name].dtype) for name in names}
 
@@ -523,6 +527,8 @@ class Model(Weights):
         """
         return pooling.sentence_embeddings(self, batch, mode, normalize, pairs, prompt, prompt_name)
 
+
+NO_WRITERS = jax.tree_util.tree_structure({})  # the writer_def of a forward without hooks
 
 DROPOUT_SITES = ("hidden", "attention", "classifier")  # model.Dropout's rates, as Hugging Face's configs name them
 

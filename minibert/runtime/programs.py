@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 
 from minibert.core import attention
-from minibert.core.contract import StaticFn
 from minibert.core.hooks import HookContext, HookFn, layer_of
 from minibert.errors import InputError, is_whole
 from minibert.runtime import buckets
@@ -235,7 +234,7 @@ class Programs:
             if hook.any_length or not buckets.has_positions(name, len(shape)):
                 return True
             arrays = tuple((k, jax.typeof(v)) for k, v in sorted(hook.arrays.items()))
-            key = (name, StaticFn(hook.fn), arrays, rows)
+            key = (name, hook.key, arrays, rows)  # the call's key (HookFn.for_call), not a second one
             if key not in self._pads_safely:
                 ctx = HookContext(name, layer_of(name), config.num_attention_heads, config.head_dim)
                 self._pads_safely[key] = buckets.pads_safely(hook, name, (rows, *shape[1:]), dtype, ctx)

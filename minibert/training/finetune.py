@@ -16,6 +16,7 @@ result.step_lengths lists them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -159,8 +160,13 @@ class Step:
         """Whether the step may compute the last block at [CLS] alone (Bert.first_token_suffices): a sequence
         classifier's loss reads nothing else, unless a hook in the last block reads or writes another position."""
         last = f"blocks.{self.model.config.num_hidden_layers - 1}."
-        return (self.task == "sequence-classification" and self.model.module.first_token_suffices
-                and not any(name.startswith(last) for name in writers))
+        return self.first_token_suffices and not any(name.startswith(last) for name in writers)
+
+    @functools.cached_property
+    def first_token_suffices(self) -> bool:
+        """A sequence classifier whose head reads [CLS] alone, asked once per Step rather than at each of its traces
+        (the model's module is merged to answer it)."""
+        return self.task == "sequence-classification" and self.model.module.first_token_suffices
 
     def loss(self, trainable, frozen, batch, key, writer_leaves):
         return task_loss(self.logits(trainable | frozen, batch, key, writer_leaves), batch, self.task)
