@@ -343,16 +343,34 @@ def test_attention_attribution_sums_its_steps_in_bounded_memory(tiny, monkeypatc
     inputs = tiny.inputs(batch)
     _, cache = tiny.run_with_cache(inputs, names=["blocks.0.attn.hook_pattern", "blocks.0.hook_resid_pre"])
     pattern, resid = cache["blocks.0.attn.hook_pattern"], cache["blocks.0.hook_resid_pre"]
-    program = tiny.jit(mixing._integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"))
-    temp = {steps: program.lower(tiny.state, inputs, resid, pattern, jnp.int32(0), target_fn=static_metric(target_fn),
-                                 steps=steps, riemann="right", chunk=3).compile().memory_analysis().temp_size_in_bytes
+    program = tiny.jit(mixing._integrated_gradient, static_argnames=("target_fn", "riemann", "chunk"))
+    temp = {steps: program.lower(tiny.state, inputs, resid, pattern, jnp.int32(0), jnp.int32(steps),
+                                 target_fn=static_metric(target_fn), riemann="right",
+                                 chunk=3).compile().memory_analysis().temp_size_in_bytes
             for steps in (6, 600)}
     assert temp[600] - temp[6] <= 2 * 600 * 4, (temp, pattern.nbytes)
-    monkeypatch.setattr(mixing, "items_per_chunk", lambda bytes_per_item, n_items: 3)
+    monkeypatch.setattr(mixing, "live_chunk", lambda bytes_per_item, n_items: 3)
     expected = reference_attribution(tiny, batch, target_fn, 7)
     got = mixing.attention_attribution(tiny, batch, target_fn, steps=7)
     scale = np.abs(expected).max()  # as in test_attention_attribution_matches_a_loop_of_gradients
     np.testing.assert_allclose(got, expected, atol=tiny.config.num_hidden_layers * block_noise(tiny) * scale, rtol=0)
+
+
+def test_attention_attribution_shares_one_program_across_the_steps_of_a_bucket(tiny):
+    """A new steps compiled the gradient program again (steps was static); now 3, 5 and 16 steps (one bucket of
+    counts, analysis.sweeps.padded_count) share one, each still equal to the loop of gradients' values."""
+    batch, target_fn = tiny_batch(), readout(tiny)
+    expected = {steps: reference_attribution(tiny, batch, target_fn, steps) for steps in (5, 16)}  # model.grad's
+    mixing.attention_attribution(tiny, batch, target_fn, steps=3)
+    before = tiny.programs.traces
+    got = {steps: mixing.attention_attribution(tiny, batch, target_fn, steps=steps) for steps in (5, 16)}
+    assert tiny.programs.traces == before, "a new steps in the same bucket compiled again"
+    for steps in (5, 16):
+        scale = np.abs(expected[steps]).max()  # as in test_attention_attribution_matches_a_loop_of_gradients
+        np.testing.assert_allclose(got[steps], expected[steps], rtol=0,
+                                   atol=tiny.config.num_hidden_layers * block_noise(tiny) * scale)
+    with pytest.raises(AnalysisError, match="steps=4294967296 is more than"):
+        mixing.attention_attribution(tiny, batch, target_fn, steps=2**32)
 
 
 def test_attention_attribution_compiles_one_program_for_every_layer(tiny):

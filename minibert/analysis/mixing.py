@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.analysis.sweeps import live_chunk
 from minibert.core.contract import StaticFn, metric_values, static_metric, traced_call
 from minibert.core.encoder import Output, unrolled_stack
 from minibert.core.hooks import HookFn, writers_for
@@ -232,25 +233,28 @@ def _suffix_target(model, state, inputs, resid, layer, target_fn: StaticFn, patt
     return values.sum()  # rows do not interact, so ∂(Σ rows)/∂pattern[b] is row b's own gradient (or the batch's F)
 
 
+MAX_STEPS = 2**31 - 2**20  # the steps' count and index are int32 in the program (a chunk past m included)
 RIEMANN_FIRST_STEP = {"right": 1, "left": 0}  # k of the first step α = k/m: the paper's sum, Hao et al.'s code
 
 
-def _integrated_gradient(model, state, inputs, resid, pattern, layer, *, target_fn: StaticFn, steps: int,
-                         riemann: str, chunk: int):
+def _integrated_gradient(model, state, inputs, resid, pattern, layer, steps, *, target_fn: StaticFn, riemann: str,
+                         chunk: int):
     """A_l ⊙ (1/m) Σ_k ∂F(k/m · A_l)/∂A_l for one layer's pattern A_l [B, H, T, S], k = 1..m ("right") or
     0..m−1 ("left"), each step run and differentiated from resid [B, T, D], the residual stream entering
-    block l (layer traced: one program, compiled with model.jit). `chunk` steps run side by side and their
-    gradients are added into one running sum, so memory does not grow with m (stacking the m gradients
-    [m, B, H, T, S] before their mean asked for terabytes at steps=10**9)."""
+    block l (layer and m = `steps` traced: one program, compiled with model.jit, for every layer and every m of
+    a bucket of counts, analysis.sweeps.live_chunk). `chunk` steps run side by side, a lax.fori_loop over the
+    ceil(m / chunk) chunks holding a step, and their gradients are added into one running sum, so memory does
+    not grow with m (stacking the m gradients [m, B, H, T, S] asked for terabytes at steps=10**9); the last
+    chunk's α past k = m are computed and left out."""
     gradient = jax.grad(unrolled_stack()(partial(_suffix_target, model, state, inputs, resid, layer, target_fn)))
     first = RIEMANN_FIRST_STEP[riemann]
-    alphas = jnp.arange(first, first + steps, dtype=pattern.dtype) / steps
-    summed = lambda part: jax.vmap(lambda alpha: gradient(alpha * pattern))(part).sum(0)  # noqa: E731
-    whole, rest = divmod(steps, chunk)
-    total, _ = jax.lax.scan(lambda total, part: (total + summed(part), None), jnp.zeros_like(pattern),
-                            alphas[:whole * chunk].reshape(whole, chunk))
-    if rest:
-        total = total + summed(alphas[whole * chunk:])
+
+    def add_chunk(i, total):
+        k = i * chunk + jnp.arange(chunk)
+        grads = jax.vmap(lambda alpha: gradient(alpha * pattern))((first + k).astype(pattern.dtype) / steps)
+        return total + jnp.where((k < steps).reshape(-1, *[1] * pattern.ndim), grads, 0).sum(0)
+
+    total = jax.lax.fori_loop(0, (steps + chunk - 1) // chunk, add_chunk, jnp.zeros_like(pattern))
     return pattern * (total / steps)
 
 
@@ -266,11 +270,15 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     row (e.g. `lambda out: out.logits[:, 0, c]`), rows attributed separately, or one F for the whole batch
     (the metric contract of `interventions`). The steps only change blocks l and after, so the residual
     stream entering each block is captured once and every step runs and differentiates blocks l..L−1 and
-    the head alone (Model.suffix). One compiled program serves every layer: the layer is a traced
-    argument, and the m steps run as one batched gradient (chunked to accounting.MEMORY_BUDGET).
+    the head alone (Model.suffix). One compiled program serves every layer and every m of a bucket of counts
+    (1–16 steps, 17–32, …: analysis.sweeps.padded_count): the layer and m are traced, and the m steps run in
+    chunks of batched gradients (within accounting.MEMORY_BUDGET).
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise AnalysisError(f"steps must be a positive int (the m of the Riemann sum; 20 in the paper); got {steps!r}.")
+    if steps > MAX_STEPS:
+        raise AnalysisError(f"steps={steps} is more than {MAX_STEPS:,} (each step is a forward and backward of the "
+                            f"blocks after the layer: years on a CPU); the paper uses 20.")
     if riemann not in RIEMANN_FIRST_STEP:
         raise AnalysisError(f"riemann must be 'right' (the paper's sum over k/m, k = 1..m) or 'left' (Hao et al.'s "
                             f"released code, k = 0..m−1); got {riemann!r}.")
@@ -280,10 +288,10 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
     resids = cache.stack("hook_resid_pre")  # [L, B, T, D]
     L, B, _, T, _ = patterns.shape
     # One step is a forward and a backward pass through the blocks after l: at most all L blocks kept.
-    chunk = items_per_chunk(activation_bytes(model.config, B, T, blocks=L, backward=True), steps)
+    chunk = live_chunk(activation_bytes(model.config, B, T, blocks=L, backward=True), steps)
     keyed = static_metric(target_fn)  # a changed global or closed-over value it reads recompiles, as in the sweeps
-    program = model.jit(_integrated_gradient, static_argnames=("target_fn", "steps", "riemann", "chunk"),
+    program = model.jit(_integrated_gradient, static_argnames=("target_fn", "riemann", "chunk"),
                         what="attention attribution")
     return np.stack([np.asarray(program(model.state, inputs, resids[layer], patterns[layer], jnp.int32(layer),
-                                        target_fn=keyed, steps=steps, riemann=riemann, chunk=chunk))
+                                        jnp.int32(steps), target_fn=keyed, riemann=riemann, chunk=chunk))
                      for layer in range(L)])
