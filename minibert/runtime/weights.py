@@ -160,14 +160,16 @@ class Weights:
         """The parameters block `layer` applies: its own, or for ALBERT the one block every layer shares."""
         return self.params["blocks"][0 if self.config.family.shared_layers else layer]
 
+    def _layer_params(self) -> list[dict]:
+        """block_params of every layer, from one read of the parameter tree."""
+        blocks, shared = self.params["blocks"], self.config.family.shared_layers
+        return [blocks[0 if shared else layer] for layer in range(self.config.num_hidden_layers)]
+
     @property
     def weights(self) -> RoleWeights:
         """Every block's weights by role, stacked over the layers in minibert's einsum layout (model.weights.q
         [L, D, H, K], .w_gate, .ln1_scale …; see RoleWeights), whatever the family fuses."""
-        blocks = self.params["blocks"]
-        shared = self.config.family.shared_layers
-        layers = range(self.config.num_hidden_layers)
-        return RoleWeights([blocks[0 if shared else layer] for layer in layers], self.config.family.weight_roles)
+        return RoleWeights(self._layer_params(), self.config.family.weight_roles)
 
     def layer_weights(self, name: str) -> jax.Array:
         """One weight of every block stacked over the layers, [L, ...], by its name inside a block, in minibert's
@@ -176,15 +178,11 @@ class Weights:
         "ln1.scale"/"ln1.bias" [L, D], "mlp.W_in" [L, D, F], "mlp.b_in" [L, F], "mlp.W_out" [L, F, D],
         "mlp.b_out" [L, D] (ALBERT: its one shared block's, L times). By role, whatever the family fuses:
         model.weights."""
-        def weight(layer):
-            value = self.block_params(layer)
-            for part in name.split("."):
-                if not isinstance(value, Mapping) or part not in value:
-                    raise InputError(f"{name!r} is not a weight of a block; blocks hold "
-                                     f"{_weight_names(self.block_params(0))}.")
-                value = value[part]
-            return value
-        return jnp.stack([weight(layer) for layer in range(self.config.num_hidden_layers)])
+        blocks = self._layer_params()
+        arrays = [_part_of(block, Part(name)) for block in blocks]
+        if any(array is None for array in arrays):
+            raise InputError(f"{name!r} is not a weight of a block; blocks hold {_weight_names(blocks[0])}.")
+        return jnp.stack(arrays)
 
     # ---- TransformerLens' weight names and orders: [L, ...] stacks over the blocks -------------------------------
     # minibert's own block weights keep the einsum layout (model.weights.q is [L, D, H, K]); these give
