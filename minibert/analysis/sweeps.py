@@ -43,10 +43,10 @@ def power_of_two(n: int) -> int:
     return 1 << (int(n).bit_length() - 1)
 
 
-def padded_count(n: int) -> int:
-    """The number of items a program over n items is built for: the next power of two ≥ n, at least FEWEST_PADDED.
+def padded_count(n: int, fewest: int = FEWEST_PADDED) -> int:
+    """The number of items a program over n items is built for: the next power of two ≥ n, at least `fewest`.
     Every count of a bucket (1 to 16 steps; 33 to 64) shares one program, and its padding is not run (live_sum)."""
-    return max(FEWEST_PADDED, 1 << max(0, int(n) - 1).bit_length())
+    return max(fewest, 1 << max(0, int(n) - 1).bit_length())
 
 
 def live_chunk(bytes_per_item: float, n: int) -> int:

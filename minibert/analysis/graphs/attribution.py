@@ -38,11 +38,15 @@ from minibert.analysis.graphs.replacement import (
     writes_of,
 )
 from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
-from minibert.analysis.sweeps import chunked_map, power_of_two
+from minibert.analysis.sweeps import chunked_map, padded_count, power_of_two
 from minibert.analysis.transcoders.model import decode
 from minibert.errors import AnalysisError, is_whole
 from minibert.io.tokenizer import Batch, is_text
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
+
+# The fewest feature rows a graph program is built for: the active features are padded to a power of two at least
+# this (sweeps.padded_count), so inputs with different numbers of active features share programs.
+FEWEST_FEATURES = 8
 
 
 @dataclasses.dataclass
@@ -176,12 +180,6 @@ def graph_rows(model, state, inputs, frozen, stacked, embed, f, errors, active, 
             "x": x}
 
 
-def padded_features(n: int) -> int:
-    """The number of feature rows a program is built for: the next power of two (at least 8), so inputs with
-    different numbers of active features share programs."""
-    return max(8, 1 << max(0, n - 1).bit_length())
-
-
 def row_items(active: np.ndarray, n_targets: int, chunk: int, padded: int) -> np.ndarray:
     """[R, 4] (layer, position, latent, target): the N features' rows (target −1), then the targets' (k), then
     padding up to a multiple of max(chunk, padded / 8) — few distinct row counts per `padded`, at most 1/8 of
@@ -229,7 +227,7 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
                                            names=tuple(names))
     _check_finite_run(pre, errors, values)
     active = np.argwhere(np.asarray(f) > 0).astype(np.int32)  # [N, 3] (layer, position, latent), row-major
-    n, padded = len(active), np.zeros((padded_features(len(active)), 3), np.int32)
+    n, padded = len(active), np.zeros((padded_count(len(active), fewest=FEWEST_FEATURES), 3), np.int32)
     padded[:n] = active
     frozen = {k: v for k, v in captured.items() if k in set(s.patterns) | set(s.scales)}
     T = inputs.shape[1]
