@@ -79,9 +79,15 @@ def write_output(path: Path, write: Callable[[Path], object], error: type[Except
     a folder should be) one `error` naming the path."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            path.unlink()
+        unlink_link(path)
         write(path)
     except OSError as failure:
         raise error(f"cannot write {path} ({failure.strerror or failure}); pass another path.") from None
     return path
+
+
+def unlink_link(path: Path) -> None:
+    """Remove a symbolic link at `path` (dangling or not) before a writer that was allowed to replace it
+    (overwrite=True, errors.refuse_existing) writes its file there: the link goes, the file it pointed to stays."""
+    if path.is_symlink():
+        path.unlink()

@@ -20,6 +20,7 @@ import numpy as np
 from minibert.analysis import heads
 from minibert.core.config import head_label
 from minibert.errors import DataFileError, refuse_existing
+from minibert.io.files import unlink_link
 from minibert.viz._html import page
 
 TOP_HEADS = 3
@@ -88,8 +89,7 @@ def write_table(rows: Sequence[Mapping], path: str | Path, *, overwrite: bool = 
     is refused unless overwrite=True."""
     path = Path(path)
     refuse_existing(path, overwrite, DataFileError)
-    if path.is_symlink():  # overwrite=True replaces a link with the file, never writing through it
-        path.unlink()
+    unlink_link(path)  # overwrite=True replaces a link with the file, never writing through it
     with path.open("w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()

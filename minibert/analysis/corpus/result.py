@@ -15,6 +15,7 @@ import numpy as np
 
 from minibert.analysis import heads
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing, refuse_existing
+from minibert.io.files import unlink_link
 
 # Settings that change the numbers: parts of a merge must agree on them. "weights" (the weights' hash) tells
 # apart two checkpoints saved at the same path, which "model" (the path) cannot.
@@ -73,9 +74,8 @@ class SurveyResult:
             return output_paths(path)  # not checked here: the folder may exist on process 0's host only
         npz, js = writable_output_paths(path)
         refuse_existing([npz, js], overwrite, DataFileError)
-        for link in (npz, js):  # overwrite=True replaces a link with the file, never writing through it
-            if link.is_symlink():
-                link.unlink()
+        for path in (npz, js):  # overwrite=True replaces a link with the file, never writing through it
+            unlink_link(path)
         arrays = dict(self.mean)
         if self.js_divergence is not None:
             arrays["js_divergence"] = self.js_divergence
