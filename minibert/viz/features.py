@@ -65,14 +65,6 @@ def _chunk_summary(params, x, *, config, top, window):
     return values, index, windows, counts, parts
 
 
-def _tokenized(model, texts: list[str], pairs: list[str] | None, limit: int):
-    """(the texts tokenized to at most `limit` tokens, how many of them were longer and cut): tokenized with one
-    token of room first, so that a row using it is a cut one."""
-    batch = model.tokenize(texts, pairs, max_length=limit + 1)
-    cut = int(np.sum(np.asarray(batch.attention_mask).sum(1) > limit))
-    return (model.tokenize(texts, pairs, max_length=limit) if cut else batch), cut
-
-
 def _nearest_tokens(model, W_dec: np.ndarray, count: int) -> np.ndarray | None:
     """[S, count] ids of the tokens whose input embeddings have the highest cosine with each decoder row. Only
     rows the tokenizer has a token for take part: tables padded past the vocabulary (ModernBERT-base: 50,368
@@ -132,7 +124,7 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | di
     max_length, and one warning says how many were cut. A crosscoder takes model = (A, B), the pair it was trained
     on; source (its trainer's .source) and names are what diffing.what_changed takes, and its site is checked as
     what_changed checks it."""
-    from minibert.analysis.sae.source import hook_width, text_rows
+    from minibert.analysis.sae.source import hook_width, text_rows, tokenized_within
 
     crosscoder = isinstance(config, diffing.CrosscoderConfig)
     if crosscoder:
@@ -175,8 +167,8 @@ def feature_browser(model, config: SAEConfig | transcoders.TranscoderConfig | di
     counts, tokens_seen, paired = np.zeros((S, len(HISTOGRAM_EDGES) - 1), np.int64), 0, []
     limit, cut = min(max_length, models[0].config.max_tokens), 0
     for start in range(0, len(texts), batch_size):
-        batch, cut_here = _tokenized(models[0], texts[start:start + batch_size],
-                                     None if pairs is None else pairs[start:start + batch_size], limit)
+        batch, cut_here = tokenized_within(models[0], texts[start:start + batch_size],
+                                           None if pairs is None else pairs[start:start + batch_size], limit)
         cut += cut_here
         real = np.asarray(batch.attention_mask) > 0
         x = np.stack([np.asarray(each.run_with_cache(batch, names=[hook_name])[1][hook_name], np.float32)

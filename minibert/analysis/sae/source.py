@@ -99,8 +99,7 @@ def text_batch(model, texts, pairs=None, max_length: int | None = None, *, cut: 
     first, second = [a for a, _ in rows], [b for _, b in rows] if has_pairs else None
     positions = model.config.max_tokens
     limit = positions if max_length is None else min(max_length, positions)
-    batch = model.tokenize(first, second, max_length=limit + 1)  # one token of room: a row using it is too long
-    too_long = int(np.sum(np.asarray(batch.attention_mask).sum(1) > limit))
+    batch, too_long = tokenized_within(model, first, second, limit)
     if not too_long:
         return batch
     fix = f"pass max_length= up to {positions}" if limit < positions else \
@@ -111,7 +110,15 @@ def text_batch(model, texts, pairs=None, max_length: int | None = None, *, cut: 
         raise AnalysisError(f"{counted}; held-out texts are read whole, never cut: {fix}, or pass shorter texts.")
     warnings.warn(f"{counted} and {'was' if too_long == 1 else 'were'} cut to their first {limit}; to read them "
                   f"whole, {fix}.", AnalysisWarning, stacklevel=outside_minibert())
-    return model.tokenize(first, second, max_length=limit)
+    return batch
+
+
+def tokenized_within(model, first: list[str], second: list[str] | None, limit: int):
+    """(the texts tokenized to at most `limit` tokens, how many of them were longer and cut): tokenized with one
+    token of room first, so that a row using it is a cut one, and again at `limit` only if one is."""
+    batch = model.tokenize(first, second, max_length=limit + 1)
+    cut = int(np.sum(np.asarray(batch.attention_mask).sum(1) > limit))
+    return (model.tokenize(first, second, max_length=limit) if cut else batch), cut
 
 
 def token_activations(model, texts, hook_name: str, max_length: int | None = None, special: bool = False, *,
