@@ -31,6 +31,7 @@ from minibert.analysis import graphs
 from minibert.analysis import transcoders as tcs
 from minibert.analysis.graphs import attribution, replacement
 from minibert.analysis.graphs.targets import unlabelled
+from minibert.analysis.sweeps import padded_count
 from minibert.runtime.accounting import items_per_chunk
 
 TEXT = ("the food at the little place by the river was great , the staff were kind and the prices were fair , so we "
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     captured, _, f, errors, _ = run(model.state, inputs, tc.params, unlabelled([target]), configs=tc.configs,
                                     names=tuple(replacement.record_names(s)))
     frozen = {n: v for n, v in captured.items() if n in set(s.patterns) | set(s.scales)}
-    active = np.zeros((attribution.padded_features(graph.n_features), 3), np.int32)
+    active = np.zeros((padded_count(graph.n_features, fewest=attribution.FEWEST_FEATURES), 3), np.int32)
     active[:graph.n_features] = graph.active_features
     one_row = model.jit(attribution.graph_rows, static_argnames=("chunk",))
     arguments = (model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, active)
