@@ -1,7 +1,10 @@
 """The walk of one call (issue 42): how many times its arrays cross from the host to the device, counted by JAX's own
 transfer guard (jax.transfer_guard("log_explicit") logs every host-to-device transfer, explicit ones included);
 and how many times a hook function is keyed (contract.behaviour_key, counted by wrapping it) and its body runs (a
-counter in the hook: each run is a trace) in a cold call and a warm repeat.
+counter in the hook: each run is a trace) in a cold call and a warm repeat. JAX's guard logs each array a
+jax.device_put is given, whether or not it copies it: the calls are counted too (by wrapping jax.device_put), and
+the arrays it copied (its device array's buffer is not the NumPy array's: on a CPU device_put adopts a contiguous
+buffer aligned for XLA, and copies any other).
 
     python benchmarks/walks.py [--smoke]
 
@@ -49,6 +52,29 @@ def transfers(call) -> list[str]:
         os.close(saved)
     with os.fdopen(read) as logged:
         return TRANSFER.findall(logged.read())
+
+
+def device_puts(call) -> tuple[int, int]:
+    """(jax.device_put calls, NumPy arrays they copied) during `call()`: an array is copied where its device array's
+    buffer is not the NumPy array's own (on a CPU, device_put adopts a contiguous buffer aligned for XLA)."""
+    import jax
+
+    put, counts = jax.device_put, [0, 0]
+
+    def counted(x, *args, **kwargs):
+        moved = put(x, *args, **kwargs)
+        counts[0] += 1
+        for host, device in zip(jax.tree.leaves(x), jax.tree.leaves(moved)):
+            counts[1] += isinstance(host, np.ndarray) and host.size > 0 and (
+                device.unsafe_buffer_pointer() != host.ctypes.data)
+        return moved
+
+    jax.device_put = counted
+    try:
+        call()
+    finally:
+        jax.device_put = put
+    return counts[0], counts[1]
 
 
 class CountedHook:
@@ -129,10 +155,12 @@ def main(argv=None) -> int:
     for name, call in calls.items():
         call(), call()
         shapes = transfers(call)
-        rows.append(f"| `{name}` | {len(shapes)} | {', '.join(shapes)} |")
+        puts, copied = device_puts(call)
+        rows.append(f"| `{name}` | {len(shapes)} | {puts} | {copied} | {', '.join(shapes)} |")
     m = harness.machine()
     print(f"## The walk of one call{' (smoke run)' if args.smoke else ''}\n\nmachine: {m}\n\n"
-          "| call | host→device transfers | their shapes, in order |\n| --- | --- | --- |")
+          "| call | host→device transfers (arrays) | jax.device_put calls | arrays JAX copied | "
+          "their shapes, in order |\n| --- | --- | --- | --- | --- |")
     print("\n".join(rows))
     print("\n| `run_with_hooks(batch, hook)` | call | keys of the hook | runs of its body | programs traced |\n"
           "| --- | --- | --- | --- | --- |")

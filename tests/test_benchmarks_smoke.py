@@ -36,7 +36,7 @@ SMOKED = {  # script → a line its report must hold
     "session": "| notebook session, cold (fresh process, empty cache) |",
     "survey": "| workload | programs traced (model.programs.traces) |",
     "views": "| neuron | 128 |",
-    "walks": "| `run_with_cache(batch, every pattern)` | 6 |",
+    "walks": "| `run_with_cache(batch, every pattern)` | 6 | 2 | 0 |",
 }
 # Marks by how long a smoke run takes on a quiet 2-core machine (slow: ≥ 10 s; they still run in CI).
 MARKS = {script: [pytest.mark.slow] for script in SMOKED}

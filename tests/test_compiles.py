@@ -197,6 +197,38 @@ def test_a_hookfn_is_keyed_once_per_call(model, monkeypatch):
     assert [walk.call(lambda: model.run_with_hooks(batch(7), hooks)) for _ in range(2)] == [(3, 1), (0, 1)]
 
 
+class Puts:
+    """jax.device_put, counted: the arrays of each call, and those it copied (on a CPU it adopts a contiguous NumPy
+    buffer aligned for XLA: the device array's buffer is then the NumPy array's own)."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.copied, put = [], [], jax.device_put
+
+        def counted(x, *args, **kwargs):
+            moved = put(x, *args, **kwargs)
+            pairs = list(zip(jax.tree.leaves(x), jax.tree.leaves(moved)))
+            self.calls.append(len(pairs))
+            self.copied += [host.shape for host, device in pairs if device.unsafe_buffer_pointer() != host.ctypes.data]
+            return moved
+
+        monkeypatch.setattr(jax, "device_put", counted)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="on an accelerator the cut stays on the device")
+def test_a_padded_batch_crosses_in_one_call_and_its_cuts_come_back_uncopied(model, monkeypatch):
+    """A warm run_with_cache of every pattern, padded 7 → 64: the ids, types and mask move in one device_put, the
+    output and the two layers' patterns, cut on the host, in one more, and on a CPU neither copies an array (the
+    pad and the cut write buffers the device arrays adopt); the values are the jax.Arrays they were."""
+    padded, names = batch(7), "blocks.*.attn.hook_pattern"
+    model.run_with_cache(padded, names=names)
+    puts = Puts(monkeypatch)
+    out, cache = model.run_with_cache(padded, names=names)
+    assert (puts.calls, puts.copied) == ([3, 3], [])
+    values = [out.last_hidden_state, *(cache[name] for name in cache)]
+    assert all(isinstance(v, jax.Array) and not v.committed for v in values)  # as a device_put leaves them
+    assert [v.shape[-1] for v in values] == [32, 7, 7]
+
+
 def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
     """Lambdas closing over the head compile one program per head: one RecompileWarning when the count reaches
     RECOMPILE_WARNING_AT (3 here, 8 by default), naming HookFn as the fix; none for the HookFn sweep after."""

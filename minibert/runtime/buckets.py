@@ -39,7 +39,7 @@ import numpy as np
 
 from minibert.core.sites import site_axes
 from minibert.errors import InputError, is_whole
-from minibert.runtime.device import host_view, on_device
+from minibert.runtime.device import host_buffer, host_view, on_device
 
 INTERACTIVE = (32, 1)  # (smallest, per_octave) of length_buckets: Model.run's default (model.programs.bucket_rule)
 FEW_ROWS, FEW_ROWS_SMALLEST = 4, 64  # under INTERACTIVE, a batch of at most 4 rows pads to at least 64 tokens
@@ -102,11 +102,11 @@ def cut(name: str, value, length: int):
 
 
 def cut_axes(value, axes, length: int):
-    """`value` (axis letters `axes`) cut to `length` on its T and S axes. A device array on a CPU is cut on the host
-    and put back (runtime.device.on_device): slicing it with jax would compile a small program for every new length."""
+    """`value` (axis letters `axes`) cut to `length` on its T and S axes. A device array on a CPU is cut as a NumPy
+    view of it (runtime.device.host_view), which the caller hands back to JAX with its other values in one call
+    (runtime.device.adopted): slicing it with jax would compile a small program for every new length."""
     index = tuple(slice(0, length) if a in ("T", "S") else slice(None) for a in axes)
-    rows = host_view(value)
-    return on_device(rows[index]) if rows is not value else value[index]
+    return host_view(value)[index]
 
 
 def has_positions(name: str, ndim: int) -> bool:
@@ -162,12 +162,15 @@ def every_row_real(attention_mask) -> bool:
     return bool(np.asarray(attention_mask).any(axis=1).all())
 
 
-def padded_rows(array: jax.Array | None, length: int, fill: int = 0) -> jax.Array | None:
-    """[B, T] ids, types, mask or positions padded on the right to [B, length] with `fill` (on the host: jnp.pad
-    would compile a small program for every new length)."""
+def padded_rows(array, length: int, fill: int = 0):
+    """[B, T] ids, types, mask or positions padded on the right to [B, length] with `fill`, as NumPy on the host
+    (jnp.pad would compile a small program for every new length), in a buffer a CPU device adopts without a copy
+    (runtime.device.host_buffer): Model.inputs then moves the batch in one call."""
     if array is None:
         return None
-    widths = ((0, 0), (0, length - array.shape[1]))
     if isinstance(array, jax.core.Tracer):  # a call inside a traced function: the padding is part of its program
-        return jnp.pad(array, widths, constant_values=fill)
-    return on_device(np.pad(np.asarray(array), widths, constant_values=fill))
+        return jnp.pad(array, ((0, 0), (0, length - array.shape[1])), constant_values=fill)
+    rows = np.asarray(array)
+    padded = host_buffer((rows.shape[0], length), rows.dtype)
+    padded[:, :rows.shape[1]], padded[:, rows.shape[1]:] = rows, fill
+    return padded

@@ -32,7 +32,7 @@ from minibert.io.config_json import read_config
 from minibert.io.tokenizer import BaseTokenizer, Batch, is_text
 from minibert.io.tokenizers_hf import tokenizer_for
 from minibert.runtime import buckets, cache, pooling, programs
-from minibert.runtime.device import on_device, unstacked
+from minibert.runtime.device import adopted, all_on_device, unstacked
 from minibert.runtime.pooling import (
     POOLINGS as POOLINGS,  # minibert.runtime.model.POOLINGS, pooled_tokens: as the docs name them
 )
@@ -62,7 +62,8 @@ class Inputs:
         return tuple(self.input_ids.shape)
 
     def padded_to(self, length: int, pad_id: int) -> Inputs:
-        """These rows padded on the right to [B, length]: pad_id tokens, masked, reading position row 0."""
+        """These rows padded on the right to [B, length]: pad_id tokens, masked, reading position row 0; on the host
+        (NumPy) unless traced, for Model.inputs to move in one call."""
         return Inputs(buckets.padded_rows(self.input_ids, length, pad_id), buckets.padded_rows(self.token_type_ids,
                       length), buckets.padded_rows(self.attention_mask, length), buckets.padded_rows(
                       self.position_ids, length))
@@ -180,11 +181,11 @@ class Model(Weights):
     def padded(self, batch, length: int) -> Inputs:
         """The batch's Inputs padded on the right to `length` tokens per row: masked padding, which no real token
         reads, so real tokens keep their values (up to rounding)."""
-        inputs = self.inputs(batch)
+        inputs = self._host_inputs(batch)
         if not inputs.shape[1] <= length <= self.config.max_tokens:
             raise InputError(f"cannot pad rows of {inputs.shape[1]} tokens to {length}: the length must lie between "
                              f"them and the model's {self.config.max_tokens} positions.")
-        return inputs if length == inputs.shape[1] else inputs.padded_to(length, self.config.pad_token_id)
+        return self.inputs(inputs if length == inputs.shape[1] else inputs.padded_to(length, self.config.pad_token_id))
 
     def tokenize(self, texts, pairs=None, *, max_length: int | None = None, padding: str = "longest") -> Batch:
         """Texts (and second texts; a None pair leaves its row single) → a Batch. max_length truncates (longest
@@ -219,9 +220,9 @@ class Model(Weights):
         instead of the family's numbering (e.g. positions restarting at each document packed in a row).
         """
         inputs = self._host_inputs(batch, position_ids=position_ids)
-        on_host = {field.name: on_device(getattr(inputs, field.name)) for field in dataclasses.fields(inputs)
+        on_host = {field.name: getattr(inputs, field.name) for field in dataclasses.fields(inputs)
                    if isinstance(getattr(inputs, field.name), np.ndarray)}
-        return inputs.replace(**on_host) if on_host else inputs
+        return inputs.replace(**all_on_device(on_host)) if on_host else inputs  # the batch moves in one call
 
     def _host_inputs(self, batch, *, position_ids=None) -> Inputs:
         """Model.inputs' checked arrays left on the host (NumPy int32), so that a call pads them there and moves the
@@ -446,8 +447,12 @@ class Model(Weights):
         if inputs.shape[1] != length:
             out = _cut_output(out, length, self.config.heads)
             captured = {n: buckets.cut(n, v, length) for n, v in captured.items()}
-        if not offload:
-            captured = {n: on_device(v) if isinstance(v, np.ndarray) else v for n, v in captured.items()}
+        # On a CPU the cuts and splits are NumPy views: back to JAX in one call that copies each once, on the host,
+        # into a buffer the device array adopts (device.adopted). offload's captures stay NumPy, as asked.
+        if offload:
+            out = adopted(out)
+        else:
+            out, captured = adopted((out, captured))
         return out, Cache(captured, self.hook_names)
 
     def __call__(self, batch) -> Output:
