@@ -229,6 +229,22 @@ def test_a_padded_batch_crosses_in_one_call_and_its_cuts_come_back_uncopied(mode
     assert [v.shape[-1] for v in values] == [32, 7, 7]
 
 
+def test_a_users_arrays_are_never_the_memory_a_device_array_adopts(model):
+    """On a CPU jax.device_put adopts an aligned host buffer without copying it, so minibert moves copies of its
+    own: ids the user changes after the call (here in a buffer device_put would adopt as it is) leave the Inputs
+    and the output as they were, at a bucket's exact length (no pad copies them) and padded alike."""
+    for length in (32, 7):  # 32: a bucket's length, nothing padded; 7: padded to 64
+        given = batch(length)
+        ids = device.host_buffer(given["input_ids"].shape, np.int32)
+        ids[:] = given["input_ids"]
+        user = {**given, "input_ids": ids}
+        inputs = model.inputs(user)
+        out = model(user)
+        ids[:] = 0  # the user reuses their buffer
+        assert np.array_equal(np.asarray(inputs.input_ids), given["input_ids"])
+        assert np.array_equal(np.asarray(out.last_hidden_state), np.asarray(model(given).last_hidden_state))
+
+
 def test_one_warning_when_a_hooks_code_keeps_compiling(model, monkeypatch):
     """Lambdas closing over the head compile one program per head: one RecompileWarning when the count reaches
     RECOMPILE_WARNING_AT (3 here, 8 by default), naming HookFn as the fix; none for the HookFn sweep after."""

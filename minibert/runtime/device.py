@@ -45,8 +45,14 @@ def adopted(values):
 
 def _aligned(rows: np.ndarray) -> np.ndarray:
     """`rows` as it is where contiguous and ALIGNMENT-aligned, else a copy in a buffer that is."""
-    if rows.flags.c_contiguous and rows.ctypes.data % ALIGNMENT == 0:
-        return rows
+    return rows if rows.flags.c_contiguous and rows.ctypes.data % ALIGNMENT == 0 else host_copy(rows)
+
+
+def host_copy(array, dtype=None) -> np.ndarray:
+    """`array` copied (cast to `dtype`) into a host_buffer of minibert's own: what a user gave is never the memory a
+    device array adopts, so changing their array afterwards (or while an asynchronous call still reads it) changes
+    nothing of ours."""
+    rows = np.asarray(array, dtype)
     copy = host_buffer(rows.shape, rows.dtype)
     np.copyto(copy, rows)
     return copy

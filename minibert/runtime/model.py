@@ -32,7 +32,7 @@ from minibert.io.config_json import read_config
 from minibert.io.tokenizer import BaseTokenizer, Batch, is_text
 from minibert.io.tokenizers_hf import tokenizer_for
 from minibert.runtime import buckets, cache, pooling, programs
-from minibert.runtime.device import adopted, all_on_device, unstacked
+from minibert.runtime.device import adopted, all_on_device, host_copy, unstacked
 from minibert.runtime.pooling import (
     POOLINGS as POOLINGS,  # minibert.runtime.model.POOLINGS, pooled_tokens: as the docs name them
 )
@@ -272,7 +272,8 @@ class Model(Weights):
             raise InputError(f"token_type_ids must lie in [0, {segments}); found {types.min()}…{types.max()}.")
         positions = fields.get("position_ids") if position_ids is None else position_ids
         positions = None if positions is None else self._checked_positions(positions, ids.shape)
-        return Inputs(*(np.asarray(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
+        # copies of minibert's own (device.host_copy): a device array may adopt its host buffer on a CPU
+        return Inputs(*(host_copy(a, np.int32) for a in (ids, types, mask)), position_ids=positions)
 
     def _checked_positions(self, position_ids, shape: tuple[int, int]) -> np.ndarray:
         positions = np.asarray(position_ids)
@@ -284,7 +285,7 @@ class Model(Weights):
         if positions.min() < 0 or positions.max() >= rows:
             raise InputError(f"position_ids must lie in [0, {rows}) (the rows of the position table); found "
                              f"{positions.min()}…{positions.max()}.")
-        return np.asarray(positions, np.int32)
+        return host_copy(positions, np.int32)
 
     # ---- hook points ----------------------------------------------------------------------------------
 
