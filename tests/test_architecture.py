@@ -379,6 +379,60 @@ def test_a_hook_site_is_a_call_plus_its_row_in_the_site_table(monkeypatch):
         registry.unregister("sitetoy")
 
 
+# Modules that may write a site's name as a literal besides core/site_names.py, each with its reason.
+SITE_LITERALS_ELSEWHERE: dict[str, str] = {}
+HOOK_WORD = re.compile(r"(?<![A-Za-z0-9_])hook_[A-Za-z0-9_]+")  # "hook_z", alone or in "blocks.3.attn.hook_z"
+
+
+def site_words(source: str) -> list[tuple[int, str, str]]:
+    """(line, word, string) for each hook_… word of every string constant of a module and every constant piece of
+    its f-strings, leaving out documentation: a string standing alone as a statement (docstrings)."""
+    import ast
+
+    tree = ast.parse(source)
+    prose = {id(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, word, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+            for word in HOOK_WORD.findall(node.value)]
+
+
+def declared_literals() -> list[str]:
+    """The literal each site is declared by: its name ("attn.hook_pattern"), or for the layernorms' sites their
+    three leaves ("hook_scale", "hook_normalized", "hook_out"), written once for every layernorm prefix."""
+    from minibert.core import site_names, sites
+
+    generated = {site_names.layernorm(prefix, leaf)
+                 for prefix in site_names.LAYERNORMS for leaf in site_names.LAYERNORM_LEAVES}
+    return sorted({*site_names.LAYERNORM_LEAVES, *(entry.name for entry in sites.SITES if entry.name not in generated)})
+
+
+def test_each_site_name_is_written_once_as_a_literal():
+    """Every site name of sites.SITES is one literal of the package, its constant in core/site_names.py, which the
+    forward, the families' block orders and steps, the site table and every tool use: no other string (docstrings
+    aside) holds a site's leaf as a word — in a hook name, a glob or an error message alike — except in the modules
+    of SITE_LITERALS_ELSEWHERE; and site_names.py writes each declared name once. The check sees an f-string's
+    pieces and leaves docstrings out."""
+    from test_layers import SOURCES, module_name
+
+    declared = declared_literals()
+    leaves = {name.rsplit(".", 1)[-1] for name in declared}
+    home, elsewhere = [], []
+    for path in SOURCES:
+        module = module_name(path)
+        if module in SITE_LITERALS_ELSEWHERE or not module.startswith(("minibert.core", "minibert.families")):
+            continue
+        for line, word, text in site_words(path.read_text(encoding="utf-8")):
+            if word in leaves:
+                (home if module == "minibert.core.site_names" else elsewhere).append(
+                    f"{path.relative_to(ROOT)}:{line}: {text!r}")
+    assert not elsewhere, (f"{len(elsewhere)} strings name a site; build them from minibert.core.site_names' "
+                           f"constants:\n" + "\n".join(elsewhere))
+    assert sorted(entry.rsplit(": ", 1)[1].strip("'") for entry in home) == declared, home
+    assert sorted(word for _, word, _ in site_words('"""hook_q"""\nx = f"{a}.hook_z" + "in hook_v."\n')) == [
+        "hook_v", "hook_z"]
+
+
 # ---- importing minibert changes nothing global -------------------------------------------------------------------
 
 GLOBAL_STATE = """
