@@ -3,7 +3,7 @@ table (core/sites.py) and every tool name a site by these constants, never by a 
 public: `from minibert.core.site_names import PATTERN`.
 
 Per-block sites are named without their "blocks.{i}." prefix (`in_block(3, PATTERN)` is "blocks.3.attn.hook_pattern",
-`sites.every_block(PATTERN)` the glob of every block's). A layernorm's three sites are its prefix and one of
+`every_block(PATTERN)` the glob of every block's). A layernorm's three sites are its prefix and one of
 LAYERNORM_LEAVES (`layernorm(LN1, LN_SCALE)` is "ln1.hook_scale"). This module imports nothing: core/shows.py
 stands on it, and core/sites.py, which stands on the Config, is built from it.
 """
@@ -67,9 +67,15 @@ def layernorm(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}"
 
 
-def in_block(layer: int, site: str) -> str:
-    """A per-block site's name in block `layer`: in_block(3, PATTERN) → "blocks.3.attn.hook_pattern"."""
+def in_block(layer: int | str, site: str) -> str:
+    """A per-block site's name in block `layer`: in_block(3, PATTERN) → "blocks.3.attn.hook_pattern" (a message
+    meaning any block may pass "i")."""
     return f"blocks.{layer}.{site}"
+
+
+def every_block(site: str) -> str:
+    """The glob of a per-block site in every block: every_block(PATTERN) → "blocks.*.attn.hook_pattern"."""
+    return f"blocks.*.{site}"
 
 
 def leaf(site: str) -> str:

@@ -58,6 +58,7 @@ from minibert.core.site_names import (
     Q,
     V,
     Z,
+    every_block,
     in_block,
     layernorm,
 )
@@ -205,11 +206,6 @@ SITES: tuple[Site, ...] = (
          needs="discriminator"),
 )
 _BY_NAME = {site.name: site for site in SITES}
-
-
-def every_block(name: str) -> str:
-    """The glob of a per-block site in every block: "attn.hook_pattern" → "blocks.*.attn.hook_pattern"."""
-    return f"blocks.*.{name}"
 
 
 PATTERNS = every_block(PATTERN)  # every block's attention pattern, the glob most analyses capture
