@@ -379,6 +379,73 @@ def test_a_hook_site_is_a_call_plus_its_row_in_the_site_table(monkeypatch):
         registry.unregister("sitetoy")
 
 
+# Words of other formats that a site's leaf happens to spell, by (module, word), each with its reason.
+SITE_LITERALS_ELSEWHERE = {
+    ("minibert.analysis.transcoders.source", "hook_in"): "a transcoder's source field (TranscoderConfig.hook_in)",
+    ("minibert.analysis.transcoders.source", "hook_out"): "a transcoder's source field (TranscoderConfig.hook_out)",
+    ("minibert.analysis.transcoders.training", "hook_in"): "a transcoder's source field (TranscoderConfig.hook_in)",
+    ("minibert.analysis.transcoders.training", "hook_out"): "a transcoder's source field (TranscoderConfig.hook_out)",
+    ("minibert.analysis.sae.saelens", "hook_z"): "SAELens' value of reshape_activations in its cfg.json",
+}
+# Modules that may build a hook name from a "hook_" piece, each with its reason.
+HOOK_PIECES_ELSEWHERE = {
+    "minibert.core.hooks": "TransformerLens' get_act_name grammar: 'hook_' + its short name (checked by the table)",
+}
+HOOK_WORD = re.compile(r"(?<![A-Za-z0-9_])hook_[A-Za-z0-9_]+")  # "hook_z", alone or in "blocks.3.attn.hook_z"
+
+
+def site_strings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of a module and every constant piece of its f-strings, leaving out
+    documentation: a string standing alone as a statement (docstrings)."""
+    import ast
+
+    tree = ast.parse(source)
+    prose = {id(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose]
+
+
+def declared_literals() -> list[str]:
+    """The literal each site is declared by: its name ("attn.hook_pattern"), or for the layernorms' sites their
+    three leaves ("hook_scale", "hook_normalized", "hook_out"), written once for every layernorm prefix."""
+    from minibert.core import site_names, sites
+
+    generated = {site_names.layernorm(prefix, leaf)
+                 for prefix in site_names.LAYERNORMS for leaf in site_names.LAYERNORM_LEAVES}
+    return sorted({*site_names.LAYERNORM_LEAVES, *(entry.name for entry in sites.SITES if entry.name not in generated)})
+
+
+def test_each_site_name_is_written_once_as_a_literal():
+    """Every site name of sites.SITES is one literal of the package, its constant in core/site_names.py, which the
+    forward, the families' block orders and steps, the site table and every tool use: no other string (docstrings
+    aside) holds a site's leaf as a word — in a hook name, a glob or an error message alike — but the other
+    formats' words of SITE_LITERALS_ELSEWHERE, and no string ends in "hook_" to be completed into a name outside
+    HOOK_PIECES_ELSEWHERE; site_names.py writes each declared name once. The check sees an f-string's pieces."""
+    from test_layers import SOURCES, module_name
+
+    declared = declared_literals()
+    leaves = {name.rsplit(".", 1)[-1] for name in declared}
+    home, elsewhere, pieces, excused = [], [], [], set()
+    for path in SOURCES:
+        module = module_name(path)
+        for line, text in site_strings(path.read_text(encoding="utf-8")):
+            where = f"{path.relative_to(ROOT)}:{line}: {text!r}"
+            if text.endswith("hook_") and module not in HOOK_PIECES_ELSEWHERE:
+                pieces.append(where)
+            for word in set(HOOK_WORD.findall(text)) & leaves:
+                if (module, word) in SITE_LITERALS_ELSEWHERE:
+                    excused.add((module, word))
+                else:
+                    (home if module == "minibert.core.site_names" else elsewhere).append((where, text))
+    assert not elsewhere, (f"{len(elsewhere)} strings name a site; build them from minibert.core.site_names' "
+                           f"constants:\n" + "\n".join(where for where, _ in elsewhere))
+    assert not pieces, "build these names from minibert.core.site_names' constants:\n" + "\n".join(pieces)
+    assert sorted(text for _, text in home) == declared, [where for where, text in home if text not in declared]
+    assert excused == set(SITE_LITERALS_ELSEWHERE), set(SITE_LITERALS_ELSEWHERE) - excused  # no stale excuse
+    assert sorted(text for _, text in site_strings('"""hook_q"""\nx = f"{a}.hook_z" + "in hook_v."\n')) == [
+        ".hook_z", "in hook_v."]
+
 # ---- importing minibert changes nothing global -------------------------------------------------------------------
 
 GLOBAL_STATE = """

@@ -23,6 +23,7 @@ import numpy as np
 
 from minibert.analysis import heads, words
 from minibert.core.config import head_label
+from minibert.core.site_names import PATTERN
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
 from minibert.runtime.accounting import EXACT
@@ -48,7 +49,7 @@ def _pattern_chunks(models, texts: Sequence[str], pairs: Sequence[str] | None, b
     for start in range(0, len(texts), batch_size):
         chunk = {name: values[start:start + batch_size] for name, values in arrays.items()}
         chunk = {name: values[:, :chunk["attention_mask"].sum(1).max()] for name, values in chunk.items()}
-        yield chunk["attention_mask"], [m.run_with_cache(chunk, names=PATTERNS)[1].stack("attn.hook_pattern")
+        yield chunk["attention_mask"], [m.run_with_cache(chunk, names=PATTERNS)[1].stack(PATTERN)
                                         for m in models]
 
 
@@ -284,7 +285,7 @@ def relation_accuracy(model, examples: Sequence[RelationExample], *, batch_size:
             part = chosen[start:start + batch_size]
             batch = model.tokenize([examples[i].text for i in part],
                                    [examples[i].pair for i in part] if has_pair else None)
-            patterns = np.asarray(model.run_with_cache(batch, names=PATTERNS)[1].stack("attn.hook_pattern"))
+            patterns = np.asarray(model.run_with_cache(batch, names=PATTERNS)[1].stack(PATTERN))
             for b, i in enumerate(part):
                 groups = words.word_groups(batch.word_ids[b], batch.sequence_ids[b], batch.attention_mask[b])
                 labels = [w.lower() for w in words.word_labels(batch.tokens[b], groups)]

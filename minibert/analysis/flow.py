@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minibert.core.site_names import PATTERN
 from minibert.errors import AnalysisError
 
 _TOLERANCE = 1e-12  # residual capacities at or below this count as saturated
@@ -27,7 +28,7 @@ def _check_attention(attention, ndims: tuple[int, ...]) -> np.ndarray:
     if a.ndim not in ndims or a.shape[-1] != a.shape[-2]:
         shapes = " or ".join({4: "[L, H, T, T]", 5: "[L, B, H, T, T]"}[n] for n in ndims)
         raise AnalysisError(f"attention must be {shapes} (a square map per head); got shape {a.shape}. "
-                         f"Stack the layers with cache.stack('attn.hook_pattern') and take one document "
+                         f"Stack the layers with cache.stack({PATTERN!r}) and take one document "
                          f"with [:, b, :, :n, :n] (n its real tokens).")
     if not np.isfinite(a).all() or (a < 0).any():
         raise AnalysisError(f"attention must hold non-negative finite attention weights; found "

@@ -20,6 +20,7 @@ import numpy as np
 from minibert.analysis import heads
 from minibert.core.encoder import Output
 from minibert.core.hooks import Cache
+from minibert.core.site_names import PATTERN
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError, InputError
 
@@ -34,7 +35,7 @@ def attention_gradients(model, batch, loss_fn: Callable[[Output], jax.Array]) ->
     `interventions` (Model.grad checks it).
     """
     _, grads = model.grad(batch, loss_fn, PATTERNS)
-    return np.asarray(Cache(grads, model.hook_names).stack("attn.hook_pattern"))
+    return np.asarray(Cache(grads, model.hook_names).stack(PATTERN))
 
 
 def require_mlm_head(model, needs: str) -> None:
@@ -165,5 +166,5 @@ def gradient_times_attention(grad, attention) -> np.ndarray:
     grad, attention = np.asarray(grad), np.asarray(attention)
     if grad.shape != attention.shape:
         raise AnalysisError(f"grad {grad.shape} and attention {attention.shape} must have the same shape "
-                         f"[L, B, H, T, S]; stack the patterns with cache.stack('attn.hook_pattern').")
+                         f"[L, B, H, T, S]; stack the patterns with cache.stack({PATTERN!r}).")
     return grad * attention

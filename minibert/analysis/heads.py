@@ -34,6 +34,7 @@ import numpy as np
 from jax.scipy.special import xlogy
 
 from minibert.core.config import head_label
+from minibert.core.site_names import PATTERN
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
 from minibert.runtime.accounting import EXACT  # full float32 sums on GPUs/TPUs too (no TF32 / bf16 passes)
@@ -281,6 +282,6 @@ def attention_statistics(model, texts_or_batch, pairs=None, segment_ids: str = "
     if segment_ids == "zeros":
         fields["token_type_ids"] = np.zeros_like(ids)
     _, cache = model.run_with_cache(fields, names=PATTERNS)
-    stats = _head_statistics_jit(cache.stack("attn.hook_pattern"), mask, **model_token_masks(model, ids, mask),
+    stats = _head_statistics_jit(cache.stack(PATTERN), mask, **model_token_masks(model, ids, mask),
                                  sep_normalization=sep_normalization)
     return {name: np.asarray(value).mean(0) for name, value in stats.items()}

@@ -33,6 +33,7 @@ from minibert.analysis.sweeps import residual_streams, row_mean, sweep_streams
 from minibert.core.contract import metric_values, static_metric, traced_call
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookError, HookFn, add_delta, any_length, site_axes
+from minibert.core.site_names import ATTN_SCORES, RESID_PRE, Z, every_block
 from minibert.errors import AnalysisError
 from minibert.io.tokenizer import Batch
 from minibert.runtime.model import Inputs, is_text
@@ -55,7 +56,7 @@ def ablate_heads(mask, mean=None) -> dict:
     if mask.ndim != 2:
         raise HookError(f"ablate_heads needs a [layers, heads] mask; got shape {mask.shape}.")
     replacement = jnp.zeros((*mask.shape, 1), jnp.float32) if mean is None else jnp.asarray(mean, jnp.float32)
-    return {"blocks.*.attn.hook_z": HookFn(_ablate_z, mask=mask, replacement=replacement)}
+    return {every_block(Z): HookFn(_ablate_z, mask=mask, replacement=replacement)}
 
 
 def head_mask(layer: int, head: int, n_layers: int, n_heads: int) -> np.ndarray:
@@ -68,8 +69,8 @@ def head_mask(layer: int, head: int, n_layers: int, n_heads: int) -> np.ndarray:
 def mean_z(model, batch) -> jnp.ndarray:
     """Each head's mean output z over the real tokens of `batch` → [L, H, K], for mean ablation."""
     inputs = model.inputs(batch)
-    _, cache = model.run_with_cache(inputs, names="blocks.*.attn.hook_z")
-    z = cache.stack("attn.hook_z")  # [L, B, T, H, K]
+    _, cache = model.run_with_cache(inputs, names=every_block(Z))
+    z = cache.stack(Z)  # [L, B, T, H, K]
     mask = jnp.asarray(inputs.attention_mask, jnp.float32)[None, :, :, None, None]
     return (z * mask).sum((1, 2)) / mask.sum((1, 2))
 
@@ -211,7 +212,7 @@ def _site_values(model, batch, site: str) -> jax.Array:
     return model.run_with_cache(batch, names=f"blocks.*.{site}")[1].stack(site)
 
 
-def patch_activations(model, clean, corrupted, metric: Callable, site: str = "hook_resid_pre",
+def patch_activations(model, clean, corrupted, metric: Callable, site: str = RESID_PRE,
                       chunk: int | None = None, per: str = "position", *, baselines: bool = False):
     """Activation patching: for every layer l and position p, run `corrupted` with the clean run's
     `blocks.{l}.{site}` at position p patched in (in every row), and return the metric grid [L, T] (NumPy).
@@ -260,7 +261,7 @@ def _metric_and_site_gradient(model, state, inputs, zeros, *, site, metric):
     return values, grads
 
 
-def attribution_patching(model, clean, corrupted, metric: Callable, site: str = "hook_resid_pre",
+def attribution_patching(model, clean, corrupted, metric: Callable, site: str = RESID_PRE,
                          per: str = "position") -> np.ndarray:
     """Attribution patching (Nanda 2023; Syed, Rager & Conmy 2023): the first-order estimate of what patching
     each clean activation into the corrupted run changes, (a_clean − a_corrupt) · ∂metric/∂a on the corrupted
@@ -297,7 +298,7 @@ def _gate_gradients(model, state, inputs, *, loss_fn) -> jax.Array:
     n_rows = inputs.shape[0]
 
     def total_loss(gates):
-        out, _ = model.forward_fn((), {"blocks.*.attn.hook_z": HookFn(_gate_z, gates=gates)})(state, inputs)
+        out, _ = model.forward_fn((), {every_block(Z): HookFn(_gate_z, gates=gates)})(state, inputs)
         losses = metric_values(traced_call(loss_fn.fn, out, "loss_fn"), n_rows, "loss_fn")
         return losses.sum(), losses
 
@@ -351,7 +352,7 @@ def scale_attention(keys, factor: float, n_layers: int, layers=None) -> dict:
     chosen = np.zeros(n_layers, bool)
     chosen[list(range(n_layers)) if layers is None else list(layers)] = True
     log_factor = jnp.log(jnp.float32(factor))
-    return {"blocks.*.attn.hook_attn_scores": HookFn(_scale_scores, log_factor=log_factor, keys=keys,
+    return {every_block(ATTN_SCORES): HookFn(_scale_scores, log_factor=log_factor, keys=keys,
                                                      layers=jnp.asarray(chosen))}
 
 

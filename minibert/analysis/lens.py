@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minibert.analysis.gradients import require_mlm_head
+from minibert.core.site_names import FULL_EMBED
 from minibert.errors import AnalysisError
 
 
@@ -26,8 +27,8 @@ def _streams(model, batch) -> jax.Array:
     """[L + 1, B, T, D]: the embedding output, then every block's output (the streams the lens reads; not
     sweeps.residual_streams, which holds each block's input, [L, B, T, D])."""
     output = model.config.family.block_output
-    _, cache = model.run_with_cache(batch, names=["hook_full_embed", f"blocks.*.{output}"])
-    return jnp.concatenate([cache["hook_full_embed"][None], cache.stack(output)])
+    _, cache = model.run_with_cache(batch, names=[FULL_EMBED, f"blocks.*.{output}"])
+    return jnp.concatenate([cache[FULL_EMBED][None], cache.stack(output)])
 
 
 def _read(model, state, hidden) -> jax.Array:

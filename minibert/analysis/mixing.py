@@ -30,6 +30,17 @@ from minibert.analysis.sweeps import live_chunk
 from minibert.core.contract import StaticFn, metric_values, static_metric, traced_call
 from minibert.core.encoder import Output, unrolled_stack
 from minibert.core.hooks import HookFn, writers_for
+from minibert.core.site_names import (
+    LN_OUT,
+    LN_SCALE,
+    PATTERN,
+    RESID_MID,
+    RESID_PRE,
+    V,
+    every_block,
+    in_block,
+    layernorm,
+)
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
 from minibert.runtime.accounting import EXACT, activation_bytes, alti_bytes, items_per_chunk
@@ -73,7 +84,7 @@ def _value_zeroing_distances(model, state, resid_pre, inputs, writers, *, chunk:
 
     def with_zeroing(layer, zeroing):
         """Block `layer`'s output [B, T, D] under the caller's hooks, then `zeroing` on its values."""
-        hooks = [*writers.items(), (f"blocks.{layer}.attn.hook_v", zeroing)]
+        hooks = [*writers.items(), (in_block(layer, V), zeroing)]
         return model.block(state, layer, resid_pre[layer], inputs, hooks)
 
     for layer in range(model.config.num_hidden_layers):
@@ -108,7 +119,7 @@ def value_zeroing(model, batch, *, normalize: bool = True, per_head: bool = Fals
     zeroing after them; HookFn arrays are traced, so other ablations reuse the program.
     """
     inputs = model.inputs(batch)
-    resid_pre = model.run(inputs, names="blocks.*.hook_resid_pre", hooks=hooks)[1].stack("hook_resid_pre")
+    resid_pre = model.run(inputs, names=every_block(RESID_PRE), hooks=hooks)[1].stack(RESID_PRE)
     _, B, T, _ = resid_pre.shape
     items = T * (model.config.num_attention_heads if per_head else 1)
     chunk = items_per_chunk(activation_bytes(model.config, B, T), items)  # one zeroed value runs one block
@@ -199,9 +210,9 @@ def alti(model, batch, *, per_head: bool = False, hooks=None) -> np.ndarray:
     norm = next(iter(model.config.family.stream_norms), None)  # the LayerNorm on resid_mid (post-LN's ln1)
     post_norm = norm is not None
     # Pre-LN: the whole is resid_mid = x_t + Σ_s Σ_h α f(LN1(x_s)) + b_O, no LayerNorm after it (σ = γ = 1, unused)
-    sites = ["hook_resid_pre", "attn.hook_v", "attn.hook_pattern",
-             *((f"{norm}.hook_scale", f"{norm}.hook_out") if post_norm else ("hook_resid_mid",))]
-    _, cache = model.run(inputs, names=[f"blocks.*.{site}" for site in sites], hooks=hooks)
+    sites = [RESID_PRE, V, PATTERN,
+             *((layernorm(norm, LN_SCALE), layernorm(norm, LN_OUT)) if post_norm else (RESID_MID,))]
+    _, cache = model.run(inputs, names=[every_block(site) for site in sites], hooks=hooks)
     captured = [cache.stack(site) for site in sites]
     W_O = model.weights.o  # [L, H, K, D]
     if post_norm:
@@ -283,9 +294,9 @@ def attention_attribution(model, batch, target_fn: Callable[[Output], jax.Array]
         raise AnalysisError(f"riemann must be 'right' (the paper's sum over k/m, k = 1..m) or 'left' (Hao et al.'s "
                             f"released code, k = 0..m−1); got {riemann!r}.")
     inputs = model.inputs(batch)
-    _, cache = model.run_with_cache(inputs, names=[PATTERNS, "blocks.*.hook_resid_pre"])
-    patterns = cache.stack("attn.hook_pattern")  # [L, B, H, T, S]
-    resids = cache.stack("hook_resid_pre")  # [L, B, T, D]
+    _, cache = model.run_with_cache(inputs, names=[PATTERNS, every_block(RESID_PRE)])
+    patterns = cache.stack(PATTERN)  # [L, B, H, T, S]
+    resids = cache.stack(RESID_PRE)  # [L, B, T, D]
     L, B, _, T, _ = patterns.shape
     # One step is a forward and a backward pass through the blocks after l: at most all L blocks kept.
     chunk = live_chunk(activation_bytes(model.config, B, T, blocks=L, backward=True), steps)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.core.site_names import PATTERN, V, every_block, in_block
 from minibert.core.sites import PATTERNS
 from minibert.runtime.accounting import EXACT  # no TF32 on GPUs: the Gram trick below subtracts large terms
 
@@ -44,12 +45,12 @@ def attention_norms(model, batch) -> dict[str, np.ndarray]:
     Returns NumPy float32 arrays (layers and heads 0-indexed): "f_norm" [L, B, H, S], "weighted_norm"
     [L, B, H, T, S], "summed_norm" [L, B, T, S], and "pattern" α [L, B, H, T, S] to compare them with.
     """
-    _, cache = model.run_with_cache(batch, names=["blocks.*.attn.hook_v", PATTERNS])
+    _, cache = model.run_with_cache(batch, names=[every_block(V), PATTERNS])
     f_norms, summed_norms, patterns = [], [], []
     W_O = model.weights.o  # [L, H, K, D]
     for layer in range(model.config.num_hidden_layers):
-        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
-        f_norm, summed = _layer_norms(cache[f"blocks.{layer}.attn.hook_v"], pattern, W_O[layer])
+        pattern = cache[in_block(layer, PATTERN)]
+        f_norm, summed = _layer_norms(cache[in_block(layer, V)], pattern, W_O[layer])
         f_norms.append(np.asarray(f_norm))
         summed_norms.append(np.asarray(summed))
         patterns.append(np.asarray(pattern, np.float32))

@@ -23,6 +23,7 @@ import numpy as np
 
 from minibert.analysis._finite import check_finite
 from minibert.core.contract import metric_values, static_metric, traced_call
+from minibert.core.site_names import RESID_PRE, every_block
 from minibert.errors import AnalysisError
 from minibert.runtime import accounting
 
@@ -112,7 +113,7 @@ def row_mean(values, n_rows: int, what: str = "metric") -> jax.Array:
 
 def residual_streams(model, batch) -> jax.Array:
     """The residual stream entering every block, from one forward: [L, B, T, D]."""
-    return model.run_with_cache(batch, names="blocks.*.hook_resid_pre")[1].stack("hook_resid_pre")
+    return model.run_with_cache(batch, names=every_block(RESID_PRE))[1].stack(RESID_PRE)
 
 
 def _suffix_metrics(model, state, inputs, start, resid, items, shared, *, patch, metric) -> jax.Array:

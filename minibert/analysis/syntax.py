@@ -27,6 +27,7 @@ import numpy as np
 
 from minibert.analysis.words import word_attention
 from minibert.core.config import head_label
+from minibert.core.site_names import PATTERN
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError, ConllError, DataFileMissing
 
@@ -144,7 +145,7 @@ def word_maps(model, encoded: Sequence[tuple[list[int], list[list[int]]]], mode:
             mask[b, :len(encoded[i][0])] = 1
         _, cache = model.run_with_cache(dict(input_ids=ids, token_type_ids=np.zeros_like(ids), attention_mask=mask),
                                         names=PATTERNS)
-        pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float32)  # [L, B, H, T, S]
+        pattern = np.asarray(cache.stack(PATTERN), np.float32)  # [L, B, H, T, S]
         for b, i in enumerate(rows):
             maps[i] = word_attention(pattern[:, b], encoded[i][1], mode)[..., 1:-1, 1:-1]
     return maps

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.core.site_names import PATTERN
 from minibert.core.sites import PATTERNS
 from minibert.errors import AnalysisError
 from minibert.runtime.accounting import EXACT
@@ -145,6 +146,6 @@ def attention_to_word(model, texts: Sequence[str], word: str, pairs: Sequence[st
                              f"{word_labels(batch.tokens[row], groups)}. Fix the text or choose another word.")
         columns[row, positions] = 1.0
     _, cache = model.run_with_cache(batch, names=PATTERNS)
-    pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float64)  # [L, B, H, T, S]
+    pattern = np.asarray(cache.stack(PATTERN), np.float64)  # [L, B, H, T, S]
     rows = batch.attention_mask.astype(np.float64)
     return np.einsum("LBHTS,BT,BS->BL", pattern, rows, columns) / pattern.shape[2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
+from minibert.core.site_names import NORMALIZED_RESID_POST, PROJECT, RESID_POST, TOKEN_TYPE_EMBED
 from minibert.core.sites import (
     BLOCK_NEEDS,
     HEAD_PARTS,
@@ -71,11 +72,11 @@ def hooks_page() -> str:
         f"{len(ARCHITECTURES)} architectures). `model.hook_names` lists one model's.",
         f"`pooler.*` exists on {on('pooler')}; `mlm_head.*` and `unembed.*` on {on('mlm')}; "
         f"`nsp_head.*` on {on('nsp')}; `discriminator.*` on {on('discriminator')}; `classifier.*` on "
-        f"{on('classifier')}. `embed.hook_token_type_embed` exists in {segments}; `embed.hook_project` in "
+        f"{on('classifier')}. `{TOKEN_TYPE_EMBED}` exists in {segments}; `{PROJECT}` in "
         f"{projecting}.",
-        "The table lists a post-LN block (BERT) in its order. A pre-LN block (ModernBERT) runs ln1 before attention "
-        "and ln2 before the MLP, has no hook_normalized_resid_post (its blocks end at hook_resid_post), and "
-        "ln_final follows the last block; `model.hook_names` gives each model's own order.",
+        f"The table lists a post-LN block (BERT) in its order. A pre-LN block (ModernBERT) runs ln1 before attention "
+        f"and ln2 before the MLP, has no {NORMALIZED_RESID_POST} (its blocks end at {RESID_POST}), and "
+        f"ln_final follows the last block; `model.hook_names` gives each model's own order.",
         "Axis letters: B batch, T query positions, S key positions, H heads, K head dim, D model dim, "
         "E embedding width (= D unless the family projects), F ffn dim, V vocabulary, C classes.",
         "The head hooks carry TransformerLens' names (CHANGELOG.md lists the names they had before 0.3).",

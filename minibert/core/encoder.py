@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx, struct
 
 from minibert.core import attention
+from minibert.core import site_names as site
 from minibert.core.config import Config
 from minibert.core.dropout import NO_DROPOUT, Dropout, LayerDropout
 from minibert.core.family import Heads
@@ -135,10 +136,12 @@ class LayerNorm(nnx.Module):
     def __call__(self, x, hooks: Hooks, name: str, out: str | None = None):
         x32 = x.astype(jnp.float32)
         centered = x32 - x32.mean(-1, keepdims=True)
-        scale = hooks(f"{name}.hook_scale", jnp.sqrt((centered**2).mean(-1, keepdims=True) + self.eps))  # [B, T, 1]
-        normalized = hooks(f"{name}.hook_normalized", centered / scale)  # before gain and bias, as in TransformerLens
+        scale = hooks(site.under(name, site.LN_SCALE),
+                      jnp.sqrt((centered**2).mean(-1, keepdims=True) + self.eps))  # [B, T, 1]
+        # before gain and bias, as in TransformerLens
+        normalized = hooks(site.under(name, site.LN_NORMALIZED), centered / scale)
         y = normalized * self.scale[...] if self.bias is None else normalized * self.scale[...] + self.bias[...]
-        return hooks(out or f"{name}.hook_out", y.astype(x.dtype))
+        return hooks(out or site.under(name, site.LN_OUT), y.astype(x.dtype))
 
 
 def parameter_names(state) -> list[str]:
@@ -186,15 +189,15 @@ class Embeddings(nnx.Module):
 
     def __call__(self, input_ids, token_type_ids, hooks: Hooks, position_ids=None, dropout: Dropout = NO_DROPOUT):
         """position_ids [B, T] or [1, T]: the position-table rows to read; None numbers them by the family's rule."""
-        embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, E]
+        embed = hooks(site.EMBED, self.word[...][input_ids])  # [B, T, E]
         rows = self.positions(input_ids) if position_ids is None else position_ids
-        summed = embed + hooks("embed.hook_pos_embed", jnp.broadcast_to(self.position[...][rows], embed.shape))
+        summed = embed + hooks(site.POS_EMBED, jnp.broadcast_to(self.position[...][rows], embed.shape))
         if self.token_type is not None:
-            summed = summed + hooks("embed.hook_token_type_embed", self.token_type[...][token_type_ids])
-        normalized = dropout.hidden("embed", self.ln(summed, hooks, "embed.ln"))
+            summed = summed + hooks(site.TOKEN_TYPE_EMBED, self.token_type[...][token_type_ids])
+        normalized = dropout.hidden("embed", self.ln(summed, hooks, site.EMBED_LN))
         if self.W_proj is None:
             return normalized
-        return hooks("embed.hook_project", normalized @ self.W_proj[...] + self.b_proj[...])  # [B, T, D]
+        return hooks(site.PROJECT, normalized @ self.W_proj[...] + self.b_proj[...])  # [B, T, D]
 
 
 def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT):
@@ -204,10 +207,11 @@ def explicit_attention(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Drop
     XLA neither transposes the [T, S] scores nor keeps the pattern in memory when nobody captures it.
     """
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T|S, K]
-    qk = hooks(f"{name}.hook_qk", jnp.einsum("BHTK,BHSK->BHTS", q, k))  # raw q·k
+    qk = hooks(site.under(name, site.QK), jnp.einsum("BHTK,BHSK->BHTS", q, k))  # raw q·k
     scaled = qk / math.sqrt(q.shape[-1])
-    scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, scaled, -jnp.inf))  # −inf at masked keys, as in TL
-    pattern = hooks(f"{name}.hook_pattern", attention_softmax(scores.astype(jnp.float32)).astype(v.dtype))
+    # −inf at masked keys, as in TL
+    scores = hooks(site.under(name, site.ATTN_SCORES), jnp.where(key_mask, scaled, -jnp.inf))
+    pattern = hooks(site.under(name, site.PATTERN), attention_softmax(scores.astype(jnp.float32)).astype(v.dtype))
     weights = dropout.attention(f"{name}.pattern", pattern)  # training only; the hook saw the pattern itself
     return jnp.einsum("BHTS,BHSK->BHTK", weights, v).transpose(0, 2, 1, 3)
 
@@ -256,9 +260,9 @@ class Attention(nnx.Module):
         """x [B, T, D], key_mask [B, 1, 1, S] (True = real token) → attention output [B, T, D]; with
         first_token_only, the output of the first query alone, [B, 1, D] (keys and values from every token)."""
         queries = x[:, :1] if first_token_only else x
-        q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", queries, self.W_Q[...]) + self.b_Q[...])
-        k = hooks(f"{name}.hook_k", jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
-        v = hooks(f"{name}.hook_v", jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
+        q = hooks(site.under(name, site.Q), jnp.einsum("BTD,DHK->BTHK", queries, self.W_Q[...]) + self.b_Q[...])
+        k = hooks(site.under(name, site.K), jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
+        v = hooks(site.under(name, site.V), jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
         z = attend(q, k, v, key_mask, hooks, name, dropout)
         return attention_output(z, self.W_O[...], self.b_O[...], hooks, name)
 
@@ -267,7 +271,7 @@ def attend(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DRO
     """z [B, T, H, K] = softmax(q·k/√K + mask)·v, by the cheapest kernel that still shows what is watched
     (attention.choose, per platform). key_mask: bool, broadcast to [B, H, T, S] ([B, 1, 1, S] for padding;
     [B, 1, T, S] for a local window)."""
-    watched = any(hooks.active(f"{name}.{h}") for h in ("hook_qk", "hook_attn_scores", "hook_pattern"))
+    watched = any(hooks.active(site.under(name, h)) for h in (site.QK, site.ATTN_SCORES, site.PATTERN))
 
     def choice(platform):
         return attention.choose(platform, q.dtype, q.shape, k.shape, key_mask.shape, watched=watched,
@@ -281,7 +285,7 @@ def attend(q, k, v, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DRO
     else:  # the program picks its platform's kernel when lowered (another lowers for CUDA than for the CPU)
         z = jax.lax.platform_dependent(q, k, v, key_mask, cpu=kernels["cpu"], cuda=kernels["cuda"],
                                        default=kernels["tpu"])
-    return hooks(f"{name}.hook_z", z)  # [B, T, H, K]
+    return hooks(site.under(name, site.Z), z)  # [B, T, H, K]
 
 
 def _kernel(backend: str, hooks: Hooks, name: str, dropout: Dropout):
@@ -305,8 +309,8 @@ def _kernel(backend: str, hooks: Hooks, name: str, dropout: Dropout):
 def attention_output(z, W_O, b_O, hooks: Hooks, name: str):
     """z [B, T, H, K] · W_O [H, K, D] (+ b_O [D], None where the model has no bias) → [B, T, D]; each head's
     share is hook_result [B, T, H, D] when watched."""
-    if hooks.active(f"{name}.hook_result"):
-        out = hooks(f"{name}.hook_result", jnp.einsum("BTHK,HKD->BTHD", z, W_O)).sum(axis=2)
+    if hooks.active(site.under(name, site.RESULT)):
+        out = hooks(site.under(name, site.RESULT), jnp.einsum("BTHK,HKD->BTHD", z, W_O)).sum(axis=2)
     else:
         out = jnp.einsum("BTHK,HKD->BTD", z, W_O)
     return out if b_O is None else out + b_O
@@ -321,8 +325,8 @@ class MLP(nnx.Module):
         self.activation = cfg.hidden_act
 
     def __call__(self, x, hooks: Hooks, name: str):
-        pre = hooks(f"{name}.hook_pre", x @ self.W_in[...] + self.b_in[...])  # [B, T, F]
-        post = hooks(f"{name}.hook_post", ACTIVATIONS[self.activation](pre))
+        pre = hooks(site.under(name, site.MLP_PRE), x @ self.W_in[...] + self.b_in[...])  # [B, T, F]
+        post = hooks(site.under(name, site.MLP_POST), ACTIVATIONS[self.activation](pre))
         return post @ self.W_out[...] + self.b_out[...]
 
 
@@ -341,18 +345,20 @@ class Block(nnx.Module):
         """shared: the encoder-level state of a family that has some (Family.shared), for its attention.
         first_token_only (BERT's Attention): the block's output at the first position alone, [B, 1, D], for a head
         that reads nothing else (Bert.first_token_suffices); keys and values still come from every token."""
-        resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
+        resid_pre = hooks(site.under(name, site.RESID_PRE), resid_pre)
         if first_token_only:
             shared["first_token_only"] = True
-        attn_out = hooks(f"{name}.hook_attn_out",
-                         self.attn(resid_pre, key_mask, hooks, f"{name}.attn", dropout, **shared))
+        attn_out = hooks(site.under(name, site.ATTN_OUT),
+                         self.attn(resid_pre, key_mask, hooks, f"{name}.{site.ATTN}", dropout, **shared))
         if first_token_only:  # every later step is per position: the first one is all that is left
             resid_pre = resid_pre[:, :1]
-        resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
-        normalized_mid = self.ln1(resid_mid, hooks, f"{name}.ln1")
-        mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(normalized_mid, hooks, f"{name}.mlp"))
-        resid_post = hooks(f"{name}.hook_resid_post", normalized_mid + dropout.hidden(f"{name}.mlp_out", mlp_out))
-        return hooks(f"{name}.hook_normalized_resid_post", self.ln2(resid_post, hooks, f"{name}.ln2"))
+        resid_mid = hooks(site.under(name, site.RESID_MID), resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
+        normalized_mid = self.ln1(resid_mid, hooks, f"{name}.{site.LN1}")
+        mlp_out = hooks(site.under(name, site.MLP_OUT), self.mlp(normalized_mid, hooks, f"{name}.{site.MLP}"))
+        resid_post = hooks(site.under(name, site.RESID_POST),
+                           normalized_mid + dropout.hidden(f"{name}.mlp_out", mlp_out))
+        return hooks(site.under(name, site.NORMALIZED_RESID_POST),
+                     self.ln2(resid_post, hooks, f"{name}.{site.LN2}"))
 
 
 class Pooler(nnx.Module):
@@ -366,7 +372,7 @@ class Pooler(nnx.Module):
 
     def __call__(self, hidden, hooks: Hooks):
         pooled = ACTIVATIONS[self.activation](hidden[:, 0] @ self.W[...] + self.b[...])
-        return hooks("pooler.hook_pooler_out", pooled)  # [B, D]
+        return hooks(site.POOLER_OUT, pooled)  # [B, D]
 
 
 class MaskedLMHead(nnx.Module):
@@ -386,12 +392,12 @@ class MaskedLMHead(nnx.Module):
     def __call__(self, hidden, word_embeddings, hooks: Hooks):
         transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
         # TransformerLens' names: its mlm_head ends with the layernorm, whose output enters its unembed
-        transformed = self.ln(transformed, hooks, "mlm_head.ln", out="unembed.hook_in")
+        transformed = self.ln(transformed, hooks, site.MLM_LN, out=site.UNEMBED_IN)
         # the tied table may be float32 while the head computes in bf16 (Bert.compute_dtype): the product runs in
         # the head's dtype, as an untied decoder would
         decoder = word_embeddings.astype(transformed.dtype)
         logits = jnp.einsum("BTE,VE->BTV", transformed, decoder) + self.decoder_bias[...]
-        return hooks("unembed.hook_out", logits)
+        return hooks(site.UNEMBED_OUT, logits)
 
 
 class Discriminator(nnx.Module):
@@ -406,7 +412,7 @@ class Discriminator(nnx.Module):
 
     def __call__(self, hidden, hooks: Hooks):
         transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
-        return hooks("discriminator.hook_logits", transformed @ self.w[...] + self.c[...])
+        return hooks(site.DISCRIMINATOR_LOGITS, transformed @ self.w[...] + self.c[...])
 
 
 class Classifier(nnx.Module):
@@ -462,8 +468,8 @@ class Bert(nnx.Module):
         heads = cfg.heads if self.family_head is None else Heads(pooler=False)
         self.pooler = Pooler(cfg, dtype, rngs) if heads.pooler else None
         self.mlm = MaskedLMHead(cfg, dtype, rngs) if heads.mlm else None
-        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, "nsp_head.hook_nsp_out") if heads.nsp else None
-        self.classifier = (Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, "classifier.hook_logits")
+        self.nsp = Classifier(cfg.hidden_size, 2, dtype, rngs, site.NSP_OUT) if heads.nsp else None
+        self.classifier = (Classifier(cfg.hidden_size, cfg.num_labels, dtype, rngs, site.CLASSIFIER_LOGITS)
                            if heads.classifier else None)
         self.discriminator = Discriminator(cfg, dtype, rngs) if heads.discriminator else None
 
@@ -499,7 +505,7 @@ class Bert(nnx.Module):
                   dropout: Dropout = NO_DROPOUT) -> jax.Array:
         """Stage 0: the residual stream entering block 0, [B, T, D], in the blocks' dtype (compute_dtype)."""
         embedded = self.embed(input_ids, token_type_ids, hooks, position_ids, dropout)
-        return hooks("hook_full_embed", embedded.astype(self.compute_dtype()))
+        return hooks(site.FULL_EMBED, embedded.astype(self.compute_dtype()))
 
     def compute_dtype(self):
         """The dtype the blocks compute in: that of their weights. It can differ from the embeddings': training in

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from minibert.core import site_names as site
 from minibert.core.shows import POST_LN_ORDER, POST_LN_STEPS, Step, one_term
 from minibert.errors import ConfigError
 
@@ -206,13 +207,13 @@ class Family:
 
     # ---- what it shows (sites, lens, mixing, views and the workbench read these, never the family's name) ---
     block_order: tuple[str, ...] = POST_LN_ORDER  # the groups of a block's sites, in the order it runs them
-    block_output: str = "hook_normalized_resid_post"  # the site holding a block's output (the next block's input)
+    block_output: str = site.NORMALIZED_RESID_POST  # the site holding a block's output (the next block's input)
     final_norm: bool = False  # a LayerNorm after the last block (ln_final.*), which the head stage begins with
     # The LayerNorms the residual stream itself passes through inside a block, in order (post-LN: ln1 after the
     # attention add, whose output ends the attention sub-block, then ln2); none where a block normalises only its
     # sublayers' inputs (pre-LN: the attention sub-block ends at hook_resid_mid).
-    stream_norms: tuple[str, ...] = ("ln1", "ln2")
-    query_key: tuple[str, str] = ("attn.hook_q", "attn.hook_k")  # the q and k whose products the scores are
+    stream_norms: tuple[str, ...] = (site.LN1, site.LN2)
+    query_key: tuple[str, str] = (site.Q, site.K)  # the q and k whose products the scores are
     # The sites whose sum is the scores before the mask, each already divided by √(K·m) (DeBERTa's c2c, c2p, p2c);
     # none: the scores are q·k/√K. The first is always q·k/√(K·m).
     score_terms: tuple[str, ...] = ()

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minibert.core import site_names
 from minibert.core.contract import StaticFn
 from minibert.core.sites import HEAD_PARTS, is_site_name, site_axes  # noqa: F401 (site_axes: hooks.site_axes, as before)
 from minibert.errors import HookError, outside_minibert
@@ -520,8 +521,8 @@ class Cache(Mapping):
         names = [n for n in self._hook_names
                  if layer_of(n) is not None and (_site(n) == suffix or _site(n).endswith("." + suffix))]
         if not names:
-            raise KeyError(f"{suffix!r} is not a per-layer hook; examples: 'hook_pattern', 'attn.hook_q', "
-                           f"'hook_resid_post'.")
+            raise KeyError(f"{suffix!r} is not a per-layer hook; examples: {site_names.leaf(site_names.PATTERN)!r}, "
+                           f"{site_names.Q!r}, {site_names.RESID_POST!r}.")
         sites = sorted({_site(n) for n in names})
         if len(sites) > 1:
             raise KeyError(f"{suffix!r} is ambiguous: it names {sites}; pass one of them.")

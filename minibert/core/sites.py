@@ -4,9 +4,9 @@ what it holds and which models have it.
 Behaviour reads the table (which axes `Model.run` cuts back after padding, which sites activation patching
 accepts, which names TransformerLens' shorthand may build), and docs/hooks.md is generated from it
 (`minibert hooks --output docs/hooks.md`, app/hooks_page.py); nothing is parsed out of documentation text.
-Per-block sites are written without their "blocks.{i}." prefix. Axis letters are model.py's: B batch,
-T query positions, S key positions, H heads, K head dim, D model dim, E embedding width, F ffn dim,
-V vocabulary, C classes.
+Its names are core/site_names.py's constants; per-block sites are named without their "blocks.{i}." prefix.
+Axis letters are model.py's: B batch, T query positions, S key positions, H heads, K head dim, D model dim,
+E embedding width, F ffn dim, V vocabulary, C classes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,54 @@ from __future__ import annotations
 import dataclasses
 
 from minibert.core.config import Config
+from minibert.core.site_names import (
+    ATTN_OUT,
+    ATTN_SCORES,
+    C2C,
+    C2P,
+    CLASSIFIER_LN,
+    CLASSIFIER_LOGITS,
+    DISCRIMINATOR_LOGITS,
+    EMBED,
+    EMBED_LN,
+    FULL_EMBED,
+    LN1,
+    LN2,
+    LN_FINAL,
+    LN_NORMALIZED,
+    LN_OUT,
+    LN_SCALE,
+    MLM_LN,
+    MLP_OUT,
+    MLP_POST,
+    MLP_PRE,
+    MLP_PRE_LINEAR,
+    NORMALIZED_RESID_POST,
+    NSP_OUT,
+    P2C,
+    PATTERN,
+    POOLER_LN,
+    POOLER_OUT,
+    POS_EMBED,
+    PROJECT,
+    QK,
+    RESID_MID,
+    RESID_POST,
+    RESID_PRE,
+    RESULT,
+    ROT_K,
+    ROT_Q,
+    TOKEN_TYPE_EMBED,
+    UNEMBED_IN,
+    UNEMBED_OUT,
+    K,
+    Q,
+    V,
+    Z,
+    every_block,
+    in_block,
+    layernorm,
+)
 
 # What a site needs to exist: a head part (config.Heads' fields), the segment table or the embedding projection,
 # or a forward variation of the family (Family.positions / mlp / norm; its own head stage, Family.head).
@@ -87,10 +135,10 @@ def _layernorm(prefix: str, width: str, *, per_block: bool = False, needs: str |
     """The three sites of one layernorm over `width`-wide vectors, one per `rows` (a pooled vector: ("B",));
     `out` names its output where that is not <prefix>.hook_out (the MLM head's, TransformerLens' unembed.hook_in)."""
     return (
-        Site(f"{prefix}.hook_scale", (*rows, "1"), "σ = sqrt(mean((x − μ)²) + eps)", per_block, needs),
-        Site(f"{prefix}.hook_normalized", (*rows, width),
+        Site(layernorm(prefix, LN_SCALE), (*rows, "1"), "σ = sqrt(mean((x − μ)²) + eps)", per_block, needs),
+        Site(layernorm(prefix, LN_NORMALIZED), (*rows, width),
              "(x − μ)/σ — before gain and bias (TransformerLens' meaning)", per_block, needs),
-        Site(out or f"{prefix}.hook_out", (*rows, width), "(x − μ)/σ · γ + β — the layernorm's output",
+        Site(out or layernorm(prefix, LN_OUT), (*rows, width), "(x − μ)/σ · γ + β — the layernorm's output",
              per_block, needs),
     )
 
@@ -101,71 +149,66 @@ BTD, BTE, BTHK, BSHK, BHTS = ("B", "T", "D"), ("B", "T", "E"), ("B", "T", "H", "
 # In forward order: the embeddings, one post-LN block (Family.block_order orders others), then the heads in the
 # order the head stage runs them (the pooler before the heads that read it).
 SITES: tuple[Site, ...] = (
-    Site("embed.hook_embed", BTE, "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
-    Site("embed.hook_pos_embed", BTE, "W_pos[positions] — absolute position embeddings: rows 0…T−1 (RoBERTa's from "
+    Site(EMBED, BTE, "W_E[input_ids] — token embeddings (E = D unless the family projects)"),
+    Site(POS_EMBED, BTE, "W_pos[positions] — absolute position embeddings: rows 0…T−1 (RoBERTa's from "
          "pad_token_id + 1), or the position_ids given", needs="position_table"),
-    Site("embed.hook_token_type_embed", BTE, "W_type[token_type_ids] — segment embeddings", needs="token_types"),
-    *_layernorm("embed.ln", "E"),
-    Site("embed.hook_project", BTD, "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
+    Site(TOKEN_TYPE_EMBED, BTE, "W_type[token_type_ids] — segment embeddings", needs="token_types"),
+    *_layernorm(EMBED_LN, "E"),
+    Site(PROJECT, BTD, "LayerNorm(embed + pos + token_type) W_proj + b_proj — E-wide embeddings "
          "projected to D", needs="projection"),
-    Site("hook_full_embed", BTD, "LayerNorm(embed + pos + token_type), projected to D where the family projects "
-         "(= embed.hook_project) — the residual stream entering block 0"),
-    Site("hook_resid_pre", BTD, "x — the block's input (previous block's output)", per_block=True),
-    Site("attn.hook_q", BTHK, "q = x W_Q + b_Q", per_block=True),
-    Site("attn.hook_k", BSHK, "k = x W_K + b_K", per_block=True),
-    Site("attn.hook_v", BSHK, "v = x W_V + b_V", per_block=True),
-    Site("attn.hook_rot_q", BTHK, "q rotated by position t (rotary; the θ of the layer's kind) — what the scores "
+    Site(FULL_EMBED, BTD, "LayerNorm(embed + pos + token_type), projected to D where the family projects "
+         f"(= {PROJECT}) — the residual stream entering block 0"),
+    Site(RESID_PRE, BTD, "x — the block's input (previous block's output)", per_block=True),
+    Site(Q, BTHK, "q = x W_Q + b_Q", per_block=True),
+    Site(K, BSHK, "k = x W_K + b_K", per_block=True),
+    Site(V, BSHK, "v = x W_V + b_V", per_block=True),
+    Site(ROT_Q, BTHK, "q rotated by position t (rotary; the θ of the layer's kind) — what the scores "
          "use", per_block=True, needs="rotary"),
-    Site("attn.hook_rot_k", BSHK, "k rotated by position s (rotary)", per_block=True, needs="rotary"),
-    Site("attn.hook_qk", BHTS, "q·k — raw dot products, before scaling and mask", per_block=True),
+    Site(ROT_K, BSHK, "k rotated by position s (rotary)", per_block=True, needs="rotary"),
+    Site(QK, BHTS, "q·k — raw dot products, before scaling and mask", per_block=True),
     # DeBERTa's scores are three terms (families/deberta_v2.py), each already divided by √(K·m), m = 1 + the
     # number of position terms; a term the config's pos_att_type omits is 0. Their sum is hook_attn_scores.
-    Site("attn.hook_c2c", BHTS, "q_t·k_s/√(K·m) — content→content", per_block=True, needs="disentangled"),
-    Site("attn.hook_c2p", BHTS, "q_t·(r W_K')[δ(t,s)]/√(K·m) — content→position, r the relative table",
+    Site(C2C, BHTS, "q_t·k_s/√(K·m) — content→content", per_block=True, needs="disentangled"),
+    Site(C2P, BHTS, "q_t·(r W_K')[δ(t,s)]/√(K·m) — content→position, r the relative table",
          per_block=True, needs="disentangled"),
-    Site("attn.hook_p2c", BHTS, "k_s·(r W_Q')[δ(t,s)]/√(K·m) — position→content", per_block=True,
+    Site(P2C, BHTS, "k_s·(r W_Q')[δ(t,s)]/√(K·m) — position→content", per_block=True,
          needs="disentangled"),
-    Site("attn.hook_attn_scores", BHTS, "q·k/√K (DeBERTa: c2c + c2p + p2c), −inf at masked keys: padding, and a "
+    Site(ATTN_SCORES, BHTS, "q·k/√K (DeBERTa: c2c + c2p + p2c), −inf at masked keys: padding, and a "
          "local layer's keys outside its window (TransformerLens' meaning)", per_block=True),
-    Site("attn.hook_pattern", BHTS, "softmax over S of the scores — rows sum to 1 (a row whose keys are all masked: "
+    Site(PATTERN, BHTS, "softmax over S of the scores — rows sum to 1 (a row whose keys are all masked: "
          "uniform, 1/S)", per_block=True),
-    Site("attn.hook_z", BTHK, "z = pattern · v — each head's mix of values", per_block=True),
-    Site("attn.hook_result", ("B", "T", "H", "D"), "z_h W_O[h] — each head's output, before summing heads and "
+    Site(Z, BTHK, "z = pattern · v — each head's mix of values", per_block=True),
+    Site(RESULT, ("B", "T", "H", "D"), "z_h W_O[h] — each head's output, before summing heads and "
          "adding b_O", per_block=True),
-    Site("hook_attn_out", BTD, "Σ_h z_h W_O[h] + b_O", per_block=True),
-    Site("hook_resid_mid", BTD, "x + attn_out", per_block=True),
-    *_layernorm("ln1", "D", per_block=True, needs="first_ln1"),  # post-LN: after attention; pre-LN: before it
-    Site("mlp.hook_pre", ("B", "T", "F"), "x W_in + b_in, x the normalised MLP input (ln1 post-LN, ln2 pre-LN; "
+    Site(ATTN_OUT, BTD, "Σ_h z_h W_O[h] + b_O", per_block=True),
+    Site(RESID_MID, BTD, "x + attn_out", per_block=True),
+    *_layernorm(LN1, "D", per_block=True, needs="first_ln1"),  # post-LN: after attention; pre-LN: before it
+    Site(MLP_PRE, ("B", "T", "F"), "x W_in + b_in, x the normalised MLP input (ln1 post-LN, ln2 pre-LN; "
          "GeGLU: the half that goes through the activation)", per_block=True),
-    Site("mlp.hook_pre_linear", ("B", "T", "F"), "ln2 W_in[:, 1] (+ b) — GeGLU's linear half; post = act(pre) ⊙ "
+    Site(MLP_PRE_LINEAR, ("B", "T", "F"), "ln2 W_in[:, 1] (+ b) — GeGLU's linear half; post = act(pre) ⊙ "
          "pre_linear", per_block=True, needs="glu"),
-    Site("mlp.hook_post", ("B", "T", "F"), "act(pre) (gelu, gelu_new or relu, per config)", per_block=True),
-    Site("hook_mlp_out", BTD, "post W_out + b_out", per_block=True),
-    Site("hook_resid_post", BTD, "ln1 + mlp_out (pre-LN: resid_mid + mlp_out, the block's output)", per_block=True),
-    *_layernorm("ln2", "D", per_block=True),  # post-LN: on the block's output; pre-LN: before the MLP
-    Site("hook_normalized_resid_post", BTD, "LayerNorm(resid_post) — the block's output (post-LN)", per_block=True),
-    *_layernorm("ln_final", "D", needs="final_norm"),  # after the last block; its output is last_hidden_state
-    *_layernorm("pooler.ln", "D", needs="pooler_norm", rows=("B",)),  # on the pooled vector
-    Site("pooler.hook_pooler_out", ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
+    Site(MLP_POST, ("B", "T", "F"), "act(pre) (gelu, gelu_new or relu, per config)", per_block=True),
+    Site(MLP_OUT, BTD, "post W_out + b_out", per_block=True),
+    Site(RESID_POST, BTD, "ln1 + mlp_out (pre-LN: resid_mid + mlp_out, the block's output)", per_block=True),
+    *_layernorm(LN2, "D", per_block=True),  # post-LN: on the block's output; pre-LN: before the MLP
+    Site(NORMALIZED_RESID_POST, BTD, "LayerNorm(resid_post) — the block's output (post-LN)", per_block=True),
+    *_layernorm(LN_FINAL, "D", needs="final_norm"),  # after the last block; its output is last_hidden_state
+    *_layernorm(POOLER_LN, "D", needs="pooler_norm", rows=("B",)),  # on the pooled vector
+    Site(POOLER_OUT, ("B", "D"), "tanh(h_[CLS] W + b) — pooler output (gelu for ELECTRA's and relu "
          "for DistilBERT's sequence classifiers)", needs="pooler"),
-    *_layernorm("mlm_head.ln", "E", needs="mlm", out="unembed.hook_in"),
-    Site("unembed.hook_out", ("B", "T", "V"), "unembed.hook_in W_Eᵀ + bias — masked-LM logits", needs="mlm"),
-    Site("nsp_head.hook_nsp_out", ("B", "2"), "pooled W + b — next-sentence logits", needs="nsp"),
-    *_layernorm("classifier.ln", "D", needs="token_norm"),
-    Site("classifier.hook_logits", ("B", "C"), "pooled W + b (sequence) or h W + b (token classification)",
+    *_layernorm(MLM_LN, "E", needs="mlm", out=UNEMBED_IN),
+    Site(UNEMBED_OUT, ("B", "T", "V"), f"{UNEMBED_IN} W_Eᵀ + bias — masked-LM logits", needs="mlm"),
+    Site(NSP_OUT, ("B", "2"), "pooled W + b — next-sentence logits", needs="nsp"),
+    *_layernorm(CLASSIFIER_LN, "D", needs="token_norm"),
+    Site(CLASSIFIER_LOGITS, ("B", "C"), "pooled W + b (sequence) or h W + b (token classification)",
          needs="classifier", other_axes=("B", "T", "C")),
-    Site("discriminator.hook_logits", ("B", "T"), "act(h W + b) · w + c — ELECTRA's replaced-token logits",
+    Site(DISCRIMINATOR_LOGITS, ("B", "T"), "act(h W + b) · w + c — ELECTRA's replaced-token logits",
          needs="discriminator"),
 )
 _BY_NAME = {site.name: site for site in SITES}
 
 
-def every_block(name: str) -> str:
-    """The glob of a per-block site in every block: "attn.hook_pattern" → "blocks.*.attn.hook_pattern"."""
-    return f"blocks.*.{name}"
-
-
-PATTERNS = every_block("attn.hook_pattern")  # every block's attention pattern, the glob most analyses capture
+PATTERNS = every_block(PATTERN)  # every block's attention pattern, the glob most analyses capture
 
 
 def inside_block(name: str) -> str | None:
@@ -222,11 +265,11 @@ def hook_names(config: Config) -> list[str]:
     embeddings, each block's sites block by block (block_sites), then the final norm and heads."""
     present = [entry for entry in SITES if entry.exists_in(config)]
     first_block = next(i for i, entry in enumerate(present) if entry.per_block)
-    blocks = [f"blocks.{i}.{entry.name}" for i in range(config.num_hidden_layers) for entry in block_sites(config, i)]
+    blocks = [in_block(i, entry.name) for i in range(config.num_hidden_layers) for entry in block_sites(config, i)]
     return ([entry.name for entry in present[:first_block]] + blocks
             + [entry.name for entry in present[first_block:] if not entry.per_block])
 
 
 def all_hook_names() -> list[str]:
     """The hook points of every architecture minibert loads, one block standing for all (blocks.0.*)."""
-    return [f"blocks.0.{entry.name}" if entry.per_block else entry.name for entry in SITES]
+    return [in_block(0, entry.name) if entry.per_block else entry.name for entry in SITES]

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from minibert.core import site_names as site
 from minibert.core.config import Config
 from minibert.core.dropout import NO_DROPOUT, Dropout
 from minibert.core.encoder import (
@@ -251,11 +252,11 @@ class DisentangledAttention(Attention):
     def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT,
                  shared: RelativePositions | None = None):
         """x [B, T, D], key_mask [B, 1, 1, S], shared: the relative table (model.Bert.shared) → output [B, T, D]."""
-        q = hooks(f"{name}.hook_q", jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
-        k = hooks(f"{name}.hook_k", jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
-        v = hooks(f"{name}.hook_v", jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
-        qk = hooks(f"{name}.hook_qk", jnp.einsum("BTHK,BSHK->BHTS", q, k))
-        c2c = hooks(f"{name}.hook_c2c", qk / self.scale)
+        q = hooks(site.under(name, site.Q), jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
+        k = hooks(site.under(name, site.K), jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
+        v = hooks(site.under(name, site.V), jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
+        qk = hooks(site.under(name, site.QK), jnp.einsum("BTHK,BSHK->BHTS", q, k))
+        c2c = hooks(site.under(name, site.C2C), qk / self.scale)
         r, rows = shared.embeddings(), shared.rows(x.shape[1])  # [2A, D], [T, S]
         c2p = p2c = jnp.zeros_like(c2c)
         if "c2p" in self.terms:  # q_t · (r W_K')[δ(t, s)]: every row's product, then each (t, s) picks its row
@@ -264,11 +265,11 @@ class DisentangledAttention(Attention):
         if "p2c" in self.terms:  # k_s · (r W_Q')[δ(t, s)], picked per key s and then laid out [T, S]
             by_row = jnp.einsum("BSHK,RHK->BHSR", k, self.project_positions(r, "Q"))
             p2c = jnp.take_along_axis(by_row, rows.T[None, None], axis=-1).swapaxes(-1, -2) / self.scale
-        c2p, p2c = hooks(f"{name}.hook_c2p", c2p), hooks(f"{name}.hook_p2c", p2c)
-        scores = hooks(f"{name}.hook_attn_scores", jnp.where(key_mask, c2c + c2p + p2c, -jnp.inf))
-        pattern = hooks(f"{name}.hook_pattern", attention_softmax(scores.astype(jnp.float32)).astype(v.dtype))
+        c2p, p2c = hooks(site.under(name, site.C2P), c2p), hooks(site.under(name, site.P2C), p2c)
+        scores = hooks(site.under(name, site.ATTN_SCORES), jnp.where(key_mask, c2c + c2p + p2c, -jnp.inf))
+        pattern = hooks(site.under(name, site.PATTERN), attention_softmax(scores.astype(jnp.float32)).astype(v.dtype))
         weights = dropout.attention(f"{name}.pattern", pattern)
-        z = hooks(f"{name}.hook_z", jnp.einsum("BHTS,BSHK->BTHK", weights, v))
+        z = hooks(site.under(name, site.Z), jnp.einsum("BHTS,BSHK->BTHK", weights, v))
         return attention_output(z, self.W_O[...], self.b_O[...], hooks, name)
 
 
@@ -293,7 +294,7 @@ class DebertaEmbeddings(nnx.Module):
     def __call__(self, input_ids, token_type_ids, hooks: Hooks, position_ids=None, dropout: Dropout = NO_DROPOUT):
         """position_ids [B, T] or [1, T]: rows of the position table (None: 0…T−1). The position and segment rows
         are added without a hook of their own (the hook table's embed.hook_pos_embed is BERT's absolute table)."""
-        embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, D]
+        embed = hooks(site.EMBED, self.word[...][input_ids])  # [B, T, D]
         if self.position is not None:
             rows = jnp.arange(input_ids.shape[1])[None] if position_ids is None else position_ids
             embed = embed + self.position[...][rows]
@@ -340,19 +341,18 @@ def enhanced_mask_decoder(model, batch, position_table=None):
                          f"[max_position_embeddings, {cfg.hidden_size}] embeddings.position_embeddings.weight with at "
                          f"least {T} rows (got {shape}), e.g. minibert.io.checkpoint.read_safetensors(path)"
                          f"[\"deberta.embeddings.position_embeddings.weight\"].")
-    name = f"blocks.{last}"
-    _, cache = model.run_with_cache(inputs, names=[f"{name}.hook_resid_pre"])
-    hidden = cache[f"{name}.hook_resid_pre"]  # H [B, T, D]
+    _, cache = model.run_with_cache(inputs, names=[site.in_block(last, site.RESID_PRE)])
+    hidden = cache[site.in_block(last, site.RESID_PRE)]  # H [B, T, D]
     W_Q, b_Q = model.layer_weights("attn.W_Q")[last], model.layer_weights("attn.b_Q")[last]  # [D, H, K], [H, K]
     query = hidden + table[rows]
     for _ in range(2):
         q = jnp.einsum("BTD,DHK->BTHK", query, W_Q) + b_Q
-        query = model.block(model.state, last, hidden, inputs, hooks=_query_input_hooks(name, q, query))
+        query = model.block(model.state, last, hidden, inputs, hooks=_query_input_hooks(last, q, query))
     return model.head(model.state, query).logits
 
 
-def _query_input_hooks(name: str, q, query) -> dict:
-    """Hooks that make block `name` read its queries q [B, T, H, K] from another input `query` [B, T, D] than its
+def _query_input_hooks(layer: int, q, query) -> dict:
+    """Hooks that make block `layer` read its queries q [B, T, H, K] from another input `query` [B, T, D] than its
     keys and values, and add its attention output to that input (the authors' query_states)."""
     attn_out = {}
 
@@ -360,13 +360,13 @@ def _query_input_hooks(name: str, q, query) -> dict:
         attn_out["value"] = value
         return value
 
-    return {f"{name}.attn.hook_q": lambda value, ctx: q, f"{name}.hook_attn_out": keep,
-            f"{name}.hook_resid_mid": lambda value, ctx: query + attn_out["value"]}
+    return {site.in_block(layer, site.Q): lambda value, ctx: q, site.in_block(layer, site.ATTN_OUT): keep,
+            site.in_block(layer, site.RESID_MID): lambda value, ctx: query + attn_out["value"]}
 
 
 # ---- what it shows ------------------------------------------------------------------------------------------
 
-SCORE_TERMS = tuple(f"attn.hook_{term}" for term in ("c2c", *TERMS))
+SCORE_TERMS = (site.C2C, site.C2P, site.P2C)  # in the order of ("c2c", *TERMS)
 
 
 def score_scale(cfg: Config) -> int:
@@ -378,14 +378,14 @@ def score_scale(cfg: Config) -> int:
 # relative table, δ(t, s) the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own
 # position projections.
 DISENTANGLED_SCORES = steps(
-    ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", "attn.hook_c2c",
+    ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", site.C2C,
      HEAD_ROW, ("qk",)),
     ("c2p", "content → position", "q·(r W_K')[δ(t, s)] / √({d_head}·m): the query against the relative table's row "
-     "for the distance t − s (0 where pos_att_type leaves c2p out)", "attn.hook_c2p", HEAD_ROW, ("q",)),
+     "for the distance t − s (0 where pos_att_type leaves c2p out)", site.C2P, HEAD_ROW, ("q",)),
     ("p2c", "position → content", "k_s·(r W_Q')[δ(t, s)] / √({d_head}·m): each key against the table's row for "
-     "t − s (0 where pos_att_type leaves p2c out)", "attn.hook_p2c", HEAD_ROW, ("k",)),
+     "t − s (0 where pos_att_type leaves p2c out)", site.P2C, HEAD_ROW, ("k",)),
     ("scaled", "summed and masked", "c2c_s + c2p_s + p2c_s + mask_s (mask: 0 on real keys, −∞ on padding)",
-     "attn.hook_attn_scores", HEAD_ROW, ("c2c", "c2p", "p2c")),
+     site.ATTN_SCORES, HEAD_ROW, ("c2c", "c2p", "p2c")),
 )
 DISENTANGLED_STEPS = replacing(POST_LN_STEPS, "scaled", DISENTANGLED_SCORES)
 

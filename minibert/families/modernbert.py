@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minibert.core import config
+from minibert.core import site_names as site
 from minibert.core.config import Config
 from minibert.core.dropout import NO_DROPOUT, Dropout
 from minibert.core.encoder import (
@@ -215,7 +216,7 @@ class ModernEmbeddings(nnx.Module):
     def __call__(self, input_ids, token_type_ids, hooks: Hooks, position_ids=None, dropout: Dropout = NO_DROPOUT):
         """token_type_ids and position_ids are unused: ModernBERT has no segment table and numbers positions 0…T−1
         in every row (rotary, in attention)."""
-        embed = hooks("embed.hook_embed", self.word[...][input_ids])  # [B, T, D]
+        embed = hooks(site.EMBED, self.word[...][input_ids])  # [B, T, D]
         return dropout.hidden("embed", self.ln(embed, hooks, "embed.ln"))
 
 
@@ -251,9 +252,9 @@ class ModernAttention(nnx.Module):
         qkv = jnp.einsum("BTD,CDHK->CBTHK", x, self.W_QKV[...])
         if self.b_QKV is not None:
             qkv = qkv + self.b_QKV[...][:, None, None]
-        q, k, v = (hooks(f"{name}.hook_{part}", qkv[i]) for i, part in enumerate("qkv"))
-        q = hooks(f"{name}.hook_rot_q", rotate(q, theta))
-        k = hooks(f"{name}.hook_rot_k", rotate(k, theta))
+        q, k, v = (hooks(site.under(name, part), qkv[i]) for i, part in enumerate((site.Q, site.K, site.V)))
+        q = hooks(site.under(name, site.ROT_Q), rotate(q, theta))
+        k = hooks(site.under(name, site.ROT_K), rotate(k, theta))
         if half_width is not None:
             key_mask = key_mask & window_mask(x.shape[1], half_width)  # [B, 1, T, S]
         z = attend(q, k, v, key_mask, hooks, name, dropout)
@@ -277,9 +278,9 @@ class GeGLU(nnx.Module):
         both = jnp.einsum("BTD,DGF->BTGF", x, self.W_in[...])
         if self.b_in is not None:
             both = both + self.b_in[...]
-        pre = hooks(f"{name}.hook_pre", both[..., 0, :])  # [B, T, F]
-        linear = hooks(f"{name}.hook_pre_linear", both[..., 1, :])
-        post = hooks(f"{name}.hook_post", ACTIVATIONS[self.activation](pre) * linear)
+        pre = hooks(site.under(name, site.MLP_PRE), both[..., 0, :])  # [B, T, F]
+        linear = hooks(site.under(name, site.MLP_PRE_LINEAR), both[..., 1, :])
+        post = hooks(site.under(name, site.MLP_POST), ACTIVATIONS[self.activation](pre) * linear)
         out = post @ self.W_out[...]
         return out if self.b_out is None else out + self.b_out[...]
 
@@ -305,14 +306,14 @@ class ModernBlock(nnx.Module):
         self.mlp = GeGLU(cfg, dtype, rngs)
 
     def __call__(self, resid_pre, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT, *, layer):
-        resid_pre = hooks(f"{name}.hook_resid_pre", resid_pre)
-        attn_in = resid_pre if self.ln1 is None else self.ln1(resid_pre, hooks, f"{name}.ln1")
-        attn_out = hooks(f"{name}.hook_attn_out", self.attn(attn_in, key_mask, hooks, f"{name}.attn", dropout,
-                                                            layer=layer))
-        resid_mid = hooks(f"{name}.hook_resid_mid", resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
-        mlp_out = hooks(f"{name}.hook_mlp_out", self.mlp(self.ln2(resid_mid, hooks, f"{name}.ln2"), hooks,
-                                                         f"{name}.mlp"))
-        return hooks(f"{name}.hook_resid_post", resid_mid + dropout.hidden(f"{name}.mlp_out", mlp_out))
+        resid_pre = hooks(site.under(name, site.RESID_PRE), resid_pre)
+        attn_in = resid_pre if self.ln1 is None else self.ln1(resid_pre, hooks, f"{name}.{site.LN1}")
+        attended = self.attn(attn_in, key_mask, hooks, f"{name}.{site.ATTN}", dropout, layer=layer)
+        attn_out = hooks(site.under(name, site.ATTN_OUT), attended)
+        resid_mid = hooks(site.under(name, site.RESID_MID), resid_pre + dropout.hidden(f"{name}.attn_out", attn_out))
+        mlp_out = hooks(site.under(name, site.MLP_OUT), self.mlp(self.ln2(resid_mid, hooks, f"{name}.{site.LN2}"),
+                                                                  hooks, f"{name}.{site.MLP}"))
+        return hooks(site.under(name, site.RESID_POST), resid_mid + dropout.hidden(f"{name}.mlp_out", mlp_out))
 
 
 class ModernHead(nnx.Module):
@@ -329,7 +330,7 @@ class ModernHead(nnx.Module):
         self.ln = norm(cfg, dtype) if transform else None
         self.activation = cfg.setting("classifier_activation")
         self.decoder_bias = bias((cfg.vocab_size,), dtype, heads.mlm and cfg.setting("decoder_bias"))
-        self.classifier = (Classifier(D, cfg.num_labels, dtype, rngs, "classifier.hook_logits")
+        self.classifier = (Classifier(D, cfg.num_labels, dtype, rngs, site.CLASSIFIER_LOGITS)
                            if heads.classifier else None)
         self.mlm, self.per_token = heads.mlm, heads.classifier == "token"
         self.pooling = cfg.setting("classifier_pooling")
@@ -349,59 +350,59 @@ class ModernHead(nnx.Module):
         return (hidden * real).sum(axis=1) / real.sum(axis=1)
 
     def __call__(self, hidden, word_embeddings, hooks: Hooks, dropout: Dropout = NO_DROPOUT, key_mask=None):
-        hidden = self.ln_final(hidden, hooks, "ln_final")  # [B, T, D], the last hidden state
+        hidden = self.ln_final(hidden, hooks, site.LN_FINAL)  # [B, T, D], the last hidden state
         if self.mlm:
-            transformed = self.transform(hidden, hooks, "mlm_head", out="unembed.hook_in")
+            transformed = self.transform(hidden, hooks, "mlm_head", out=site.UNEMBED_IN)
             logits = jnp.einsum("BTD,VD->BTV", transformed, word_embeddings)
             if self.decoder_bias is not None:
                 logits = logits + self.decoder_bias[...]
-            return Output(hidden, logits=hooks("unembed.hook_out", logits))
+            return Output(hidden, logits=hooks(site.UNEMBED_OUT, logits))
         if self.classifier is None:
             return Output(hidden)
         if self.per_token:
             transformed = self.transform(hidden, hooks, "classifier")
             return Output(hidden, logits=self.classifier(dropout.classifier("classifier", transformed), hooks))
-        pooled = hooks("pooler.hook_pooler_out", self.transform(self.pool(hidden, key_mask), hooks, "pooler"))
+        pooled = hooks(site.POOLER_OUT, self.transform(self.pool(hidden, key_mask), hooks, "pooler"))
         return Output(hidden, pooled, self.classifier(dropout.classifier("classifier", pooled), hooks))
 
 
 # ---- what it shows ------------------------------------------------------------------------------------------
 
 # Pre-LN (TransformerLens' meanings): ln1 before attention, ln2 before the MLP, no LayerNorm on the block's output.
-PRE_LN_ORDER = ("hook_resid_pre", "ln1", "attn", "hook_attn_out", "hook_resid_mid", "ln2", "mlp", "hook_mlp_out",
-                "hook_resid_post")
+PRE_LN_ORDER = (site.RESID_PRE, site.LN1, site.ATTN, site.ATTN_OUT, site.RESID_MID, site.LN2, site.MLP, site.MLP_OUT,
+                site.RESID_POST)
 # The step-through: LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm after the
 # residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
 PRE_LN_STEPS = steps(
     ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
-     "embed.hook_embed", QUERY, ()),
-    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", "hook_full_embed", QUERY, ("word",)),
+     site.EMBED, QUERY, ()),
+    ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", site.FULL_EMBED, QUERY, ("word",)),
     *shared("x"),
-    ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)", "ln1.hook_out", QUERY,
-     ("x",)),
-    ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", "attn.hook_q", QUERY_HEAD, ("ln1|x",)),
-    ("k", "keys (every token s)", "k_s = x̂_s W_K[h] (+ b_K[h])", "attn.hook_k", KEYS_HEAD, ("ln1|x",)),
-    ("v", "values (every token s)", "v_s = x̂_s W_V[h] (+ b_V[h])", "attn.hook_v", KEYS_HEAD, ("ln1|x",)),
+    ("ln1", "LayerNorm 1 (before attention)", "x̂ = LN₁(x)  (block 0 has none: x̂ = x)",
+     site.layernorm(site.LN1, site.LN_OUT), QUERY, ("x",)),
+    ("q", "query", "q = x̂ W_Q[h] (+ b_Q[h])", site.Q, QUERY_HEAD, ("ln1|x",)),
+    ("k", "keys (every token s)", "k_s = x̂_s W_K[h] (+ b_K[h])", site.K, KEYS_HEAD, ("ln1|x",)),
+    ("v", "values (every token s)", "v_s = x̂_s W_V[h] (+ b_V[h])", site.V, KEYS_HEAD, ("ln1|x",)),
     ("rot_q", "rotary query", "q̃ = R(t) q (each pair of coordinates i turned by the angle t·θ_i)",
-     "attn.hook_rot_q", QUERY_HEAD, ("q",)),
-    ("rot_k", "rotary keys", "k̃_s = R(s) k_s", "attn.hook_rot_k", KEYS_HEAD, ("k",)),
-    ("qk", "dot products", "q̃·k̃_s (through the rotations: depends on s − t)", "attn.hook_qk", HEAD_ROW,
+     site.ROT_Q, QUERY_HEAD, ("q",)),
+    ("rot_k", "rotary keys", "k̃_s = R(s) k_s", site.ROT_K, KEYS_HEAD, ("k",)),
+    ("qk", "dot products", "q̃·k̃_s (through the rotations: depends on s − t)", site.QK, HEAD_ROW,
      ("rot_q", "rot_k")),
     ("scaled", "scaled and masked", "(q̃·k̃_s)/√{d_head} + mask_s (mask: 0 on keys in reach, −∞ on padding and, "
-     "in a local layer, on keys beyond its window)", "attn.hook_attn_scores", HEAD_ROW, ("qk",)),
+     "in a local layer, on keys beyond its window)", site.ATTN_SCORES, HEAD_ROW, ("qk",)),
     *shared("pattern", "z", "concat", "head_out"),
-    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", "hook_attn_out", QUERY, ("concat", "head_out")),
+    ("attn_out", "attention output", "a = Σ_h z_h W_O[h] (+ b_O)", site.ATTN_OUT, QUERY, ("concat", "head_out")),
     *shared("resid_mid"),
     ("ln2", "LayerNorm 2 (before the FFN)", "y = LN₂(r) = (r − μ)/σ · γ₂ + β₂  (μ, σ over r's {d_model} numbers)",
-     "ln2.hook_out", QUERY, ("resid_mid",)),
-    ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", "mlp.hook_pre", QUERY, ("ln2",)),
-    ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", "mlp.hook_pre_linear", QUERY, ("ln2",)),
-    ("ffn_post", "gated activation", "act(g) ⊙ u", "mlp.hook_post", QUERY, ("ffn_pre", "ffn_linear")),
-    ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", "hook_mlp_out", QUERY, ("ffn_post",)),
-    ("resid_post", "residual (the block's output)", "h{next_sup} = r + m", "hook_resid_post", QUERY,
+     site.layernorm(site.LN2, site.LN_OUT), QUERY, ("resid_mid",)),
+    ("ffn_pre", "FFN gate", "g = y W_in[:, 0] (+ b)", site.MLP_PRE, QUERY, ("ln2",)),
+    ("ffn_linear", "FFN linear half", "u = y W_in[:, 1] (+ b)", site.MLP_PRE_LINEAR, QUERY, ("ln2",)),
+    ("ffn_post", "gated activation", "act(g) ⊙ u", site.MLP_POST, QUERY, ("ffn_pre", "ffn_linear")),
+    ("ffn_out", "FFN out", "m = (act(g) ⊙ u) W_out (+ b_out)", site.MLP_OUT, QUERY, ("ffn_post",)),
+    ("resid_post", "residual (the block's output)", "h{next_sup} = r + m", site.RESID_POST, QUERY,
      ("resid_mid", "ffn_out")),
     ("ln_final", "final LayerNorm (after the last block)", "LN_final(h{next_sup}): the last hidden state",
-     "ln_final.hook_out", QUERY, ("resid_post",)),
+     site.layernorm(site.LN_FINAL, site.LN_OUT), QUERY, ("resid_post",)),
 )
 
 
@@ -419,5 +420,5 @@ FAMILIES = (Family(
     token_types=False, base_pooler=False,
     norm="pre", first_ln1=False, positions="rotary", mlp="glu", attention="local_global",
     block=ModernBlock, embeddings=ModernEmbeddings, head=ModernHead, weight_roles=WEIGHT_ROLES,
-    block_order=PRE_LN_ORDER, block_output="hook_resid_post", final_norm=True, stream_norms=(),
-    query_key=("attn.hook_rot_q", "attn.hook_rot_k"), steps=PRE_LN_STEPS),)
+    block_order=PRE_LN_ORDER, block_output=site.RESID_POST, final_norm=True, stream_norms=(),
+    query_key=(site.ROT_Q, site.ROT_K), steps=PRE_LN_STEPS),)

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from minibert.core.hooks import STACKED_NAME
+from minibert.core.site_names import in_block
 
 ALIGNMENT = 64  # bytes: XLA's CPU client adopts a host buffer so aligned without a copy (and copies any other)
 
@@ -91,7 +92,7 @@ def unstacked(captured: Mapping[str, object], host: bool = True) -> dict[str, ob
             continue
         rows = host_view(value) if host else value
         for slot, layer in enumerate(match.group(1).split(",")):
-            values[f"blocks.{layer}.{match.group(2)}"] = (
+            values[in_block(layer, match.group(2))] = (
                 jax.ShapeDtypeStruct(value.shape[1:], value.dtype) if isinstance(value, jax.ShapeDtypeStruct)
                 else rows[slot])
     return values

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from minibert.core.site_names import K, Q, in_block
 from minibert.errors import VizError
 
 
@@ -75,8 +76,9 @@ def head_vectors(name: str, value, attention: np.ndarray) -> np.ndarray:
         v = _drop_batch(v, name, 1)
     n_layers, n_heads, n_tokens, _ = attention.shape
     if v.ndim != 4 or v.shape[:3] != (n_layers, n_tokens, n_heads):
+        site = in_block("i", {"q": Q, "k": K}[name])
         raise VizError(f"{name} must be [L, T, H, K] = [{n_layers}, {n_tokens}, {n_heads}, K] to match attention "
-                       f"{attention.shape} (e.g. cache['blocks.i.attn.hook_{name}'][b] stacked over layers); "
+                       f"{attention.shape} (e.g. cache[{site!r}][b] stacked over layers); "
                        f"got shape {v.shape}.")
     return v
 

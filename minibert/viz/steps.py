@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD
+from minibert.core.site_names import ATTN_SCORES, FULL_EMBED, PATTERN, QK, ROT_K, ROT_Q, K, Q, V
 from minibert.viz import views
 
 SIGNIFICANT = 8  # digits of each number a step sends: float32 holds ~7.2, so rounding to 8 moves a hook's value by
@@ -47,7 +48,7 @@ def _score_step(model, d_head: int) -> tuple[str, tuple[float, str]]:
     """(the step whose values are q·k over a divisor, (that divisor, as written)): the scores q·k/√K, or the first
     of a family's score terms (DeBERTa's c2c), divided by √(K·m) (Family.score_terms, score_scale)."""
     family = model.config.family
-    site = family.score_terms[0] if family.score_terms else "attn.hook_attn_scores"
+    site = family.score_terms[0] if family.score_terms else ATTN_SCORES
     m = family.score_scale(model.config)
     step_id = next(step.id for step in family.steps if step.site == site)
     return step_id, (float(np.sqrt(d_head * m)), f"√{d_head}" if m == 1 else f"√({d_head}·{m})")
@@ -55,10 +56,9 @@ def _score_step(model, d_head: int) -> tuple[str, tuple[float, str]]:
 
 # The views that draw a step's values (the page links the step to them): the pattern is every view's; the neuron view
 # draws q and k (rotated where the family rotates them) and recomputes q·k, the scores and the softmax from them.
-DRAWN_IN = {"attn.hook_pattern": ("neuron", "head", "model"),
-            **{f"attn.hook_{name}": ("neuron",)
-               for name in ("q", "k", "rot_q", "rot_k", "qk", "attn_scores", *views.TERMS)}}
-_MODEL_SITES = ("embed.", "hook_full_embed", "ln_final.")  # hooks outside the blocks
+DRAWN_IN = {PATTERN: ("neuron", "head", "model"),
+            **{site: ("neuron",) for site in (Q, K, ROT_Q, ROT_K, QK, ATTN_SCORES, *views.TERM_SITES)}}
+_MODEL_SITES = ("embed.", FULL_EMBED, "ln_final.")  # hooks outside the blocks
 _AFTER_BLOCKS = "ln_final."  # shown with the last block only
 
 
@@ -152,8 +152,8 @@ def dot_products(run, layer: int, head: int, d_head: int, weights, operands: Map
                 "divisor_text": divisor[1], "over": over}
 
     dots = {}
-    rotated = captured("attn.hook_rot_k") is not None  # the scores use the rotated q and k
-    keys, values = captured("attn.hook_rot_k" if rotated else "attn.hook_k"), captured("attn.hook_v")
+    rotated = captured(ROT_K) is not None  # the scores use the rotated q and k
+    keys, values = captured(ROT_K if rotated else K), captured(V)
     query, key = ("rot_q", "k̃_s") if rotated else ("q", "k_s")
     if keys is not None:  # score_s = q·k_s (then / √K; the mask adds 0 on the keys in reach)
         score_id, divisor = score

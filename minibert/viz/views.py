@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from minibert.core.config import head_label
+from minibert.core.site_names import ATTN_SCORES, C2C, C2P, P2C, PATTERN, leaf
 from minibert.viz import _check
 from minibert.viz._html import ZLIB_LEVEL, View
 
@@ -116,7 +117,8 @@ def _softmax_gap(scores: np.ndarray, attention: np.ndarray) -> float:
     return float(np.abs(neuron_softmax(scores) - attention).max())
 
 
-TERMS = ("c2c", "c2p", "p2c")  # DeBERTa's score terms (attn.hook_c2c, hook_c2p, hook_p2c), in the page's order
+TERMS = ("c2c", "c2p", "p2c")  # DeBERTa's score terms, in the page's order
+TERM_SITES = (C2C, C2P, P2C)  # their sites, in TERMS' order
 
 
 def _score_terms(terms, attention: np.ndarray) -> dict[str, np.ndarray] | None:
@@ -124,7 +126,7 @@ def _score_terms(terms, attention: np.ndarray) -> dict[str, np.ndarray] | None:
     if terms is None:
         return None
     if set(terms) != set(TERMS):
-        raise _check.VizError(f"terms must hold {', '.join(TERMS)} (DeBERTa's attn.hook_c2c, hook_c2p, hook_p2c); "
+        raise _check.VizError(f"terms must hold {', '.join(TERMS)} (DeBERTa's {C2C}, {leaf(C2P)}, {leaf(P2C)}); "
                               f"got {sorted(terms)}.")
     arrays = {name: np.asarray(terms[name], np.float64) for name in TERMS}
     for name, value in arrays.items():
@@ -270,12 +272,13 @@ def document(model, text, pair: str | None = None, *, index: int = 0, max_length
     inputs = {name: np.asarray(getattr(batch, name))[row:row + 1, real]
               for name in ("input_ids", "token_type_ids", "attention_mask")}
     family = model.config.family  # the q and k its scores use (rotated in ModernBERT), DeBERTa's score terms too
-    hooks = ("attn.hook_pattern", *family.query_key, "attn.hook_attn_scores", *family.score_terms)
+    hooks = (PATTERN, *family.query_key, ATTN_SCORES, *family.score_terms)
     _, cache = model.run_with_cache(inputs, names=[f"blocks.*.{hook}" for hook in hooks])
     attention, q, k, scores, *terms = (np.asarray(cache.stack(hook))[:, 0] for hook in hooks)
     reach = np.isfinite(scores[:, 0])  # the keys each layer's queries read (padding is dropped; a window masks)
     segment_b = np.flatnonzero(inputs["token_type_ids"][0] == 1)
     return Document(tokens=[batch.tokens[row][i] for i in real], attention=attention, q=q, k=k,
                     sentence_b_start=int(segment_b[0]) if segment_b.size else None,
-                    terms={site.rsplit("hook_", 1)[1]: term for site, term in zip(family.score_terms, terms)} or None,
+                    terms={TERMS[TERM_SITES.index(site)]: term
+                           for site, term in zip(family.score_terms, terms)} or None,
                     key_mask=None if reach.all() else reach)

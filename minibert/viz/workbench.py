@@ -32,6 +32,7 @@ from minibert.analysis import flow, mixing
 from minibert.analysis.interventions import ablate_heads
 from minibert.core.config import head_label
 from minibert.core.hooks import HookFn
+from minibert.core.site_names import ATTN_SCORES, PATTERN, ROT_K, ROT_Q, K, Q, Z, every_block, in_block
 from minibert.core.sites import PATTERNS
 from minibert.errors import InputError
 from minibert.runtime.buckets import bucket_length, length_buckets
@@ -84,8 +85,8 @@ def _attention_change(before: Run, after: Run) -> dict:
     the first layer (0-indexed) where per_layer is not 0, or None}. The two runs
     are one compiled program on one input up to the ablated head's output, so the layers before it (and its own
     pattern, which the ablation follows) are equal bit for bit: any nonzero difference is the ablation's."""
-    pattern = after.stack("attn.hook_pattern")  # [L, H, T, S]
-    heads = np.abs(pattern.astype(np.float64) - before.stack("attn.hook_pattern")).reshape(*pattern.shape[:2], -1)
+    pattern = after.stack(PATTERN)  # [L, H, T, S]
+    heads = np.abs(pattern.astype(np.float64) - before.stack(PATTERN)).reshape(*pattern.shape[:2], -1)
     gaps = heads.max(axis=(1, 2))
     changed = np.flatnonzero(gaps > 0)
     return {"per_layer": [float(gap) for gap in gaps], "per_head": heads.max(axis=2).tolist(),
@@ -396,7 +397,7 @@ class Workbench:
         if request.ablate and request.mode == "mean":
             if self._similar(request):
                 return self._mean_z_apart(request)
-            return self._run(dataclasses.replace(request, ablate=())).stack("attn.hook_z").mean(axis=1)
+            return self._run(dataclasses.replace(request, ablate=())).stack(Z).mean(axis=1)
         return np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim), np.float32)
 
     def _mean_z_apart(self, request: Request) -> np.ndarray:
@@ -407,8 +408,8 @@ class Workbench:
         nothing = self._hooks((), np.zeros((cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim),
                                            np.float32))
         with self._programs.first("similarity", self.program_length(batch.input_ids.shape[1], 2)), self._lock:
-            _, cache = self.model.run(padded, names="blocks.*.attn.hook_z", hooks=nothing)
-        z = np.asarray(cache.stack("attn.hook_z"), np.float64)  # [L, 2, T', H, K], T' ≥ the padded length
+            _, cache = self.model.run(padded, names=every_block(Z), hooks=nothing)
+        z = np.asarray(cache.stack(Z), np.float64)  # [L, 2, T', H, K], T' ≥ the padded length
         real = np.zeros(z.shape[1:3])
         real[:, :padded["attention_mask"].shape[1]] = padded["attention_mask"]
         return ((z * real[None, :, :, None, None]).sum((1, 2)) / real.sum()).astype(np.float32)
@@ -446,7 +447,7 @@ class Workbench:
         same hooks (the ablated head's values are unused there anyway)."""
         silenced = self._head_mask(request.ablate)
         if method == "rollout":
-            return flow.attention_rollout(run.stack("attn.hook_pattern") * (1 - silenced)[:, :, None, None])
+            return flow.attention_rollout(run.stack(PATTERN) * (1 - silenced)[:, :, None, None])
         hooks = self._mixing_hooks(request)
         batch = self._batch(request)
         padded = self._padded(batch.input_ids, batch.token_type_ids)
@@ -469,7 +470,7 @@ class Workbench:
     def _built_views(self, run: Run) -> dict:
         """The neuron view is drawn on a second thread meanwhile: NumPy lets go of the GIL in its array work, so on
         two cores the three views take about as long as the neuron view alone."""
-        attention = run.stack("attn.hook_pattern")
+        attention = run.stack(PATTERN)
         q, k, options = _neuron_inputs(run)
         tokens, b_start = run.tokens, run.sentence_b_start
         neuron = self._drawing.submit(views.neuron_view, tokens, q, k, attention, b_start,
@@ -550,12 +551,12 @@ def _neuron_inputs(run: Run) -> tuple[np.ndarray, np.ndarray, dict]:
     """The neuron view's q and k — rotated where the family rotates them, as its scores use them — and its options:
     DeBERTa's three score terms, and the keys the model masks where it masks any (a local layer's window: −∞ in
     the captured scores; padding is cut off already), so that the view's softmax is the model's pattern."""
-    rotated = "blocks.0.attn.hook_rot_q" in run.captures
-    q, k = (run.stack(f"attn.hook_{'rot_' if rotated else ''}{name}") for name in "qk")
+    rotated = in_block(0, ROT_Q) in run.captures
+    q, k = (run.stack(site) for site in ((ROT_Q, ROT_K) if rotated else (Q, K)))
     options = {}
-    if "blocks.0.attn.hook_c2c" in run.captures:
-        options["terms"] = {term: run.stack(f"attn.hook_{term}") for term in views.TERMS}
-    reach = np.isfinite(run.stack("attn.hook_attn_scores")[:, 0])  # masks are the same for every head
+    if in_block(0, views.TERM_SITES[0]) in run.captures:
+        options["terms"] = {term: run.stack(site) for term, site in zip(views.TERMS, views.TERM_SITES)}
+    reach = np.isfinite(run.stack(ATTN_SCORES)[:, 0])  # masks are the same for every head
     if not reach.all():
         options["key_mask"] = reach
     return q, k, options

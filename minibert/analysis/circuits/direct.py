@@ -31,6 +31,7 @@ from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
+from minibert.core.site_names import ATTN_OUT, FULL_EMBED, MLP_OUT, RESULT
 
 
 @dataclasses.dataclass
@@ -65,8 +66,8 @@ def component_names(model) -> list[str]:
     """The hooks a decomposition reads: the embeddings' output, each head's output, each attention's and each
     MLP's output, the skip path's σ and the final point."""
     L = model.config.num_hidden_layers
-    per_block = ("attn.hook_result", "hook_attn_out", "hook_mlp_out")
-    return ["hook_full_embed", *[f"blocks.{i}.{site}" for site in per_block for i in range(L)],
+    per_block = (RESULT, ATTN_OUT, MLP_OUT)
+    return [FULL_EMBED, *[f"blocks.{i}.{site}" for site in per_block for i in range(L)],
             *scale_names(model), *point_names(model)["final"]]
 
 
@@ -88,9 +89,9 @@ def _direct_parts(model, state, inputs, weights, *, metric: StaticFn) -> dict:
     zeros = jnp.zeros((B, T, model.config.hidden_size), jnp.float32)
     (value, captured), g_final = jax.value_and_grad(unrolled_stack()(objective), has_aux=True)(zeros)
     skip = skip_path(model, captured, weights)
-    embed, attn, mlp = captured["hook_full_embed"], stacked(captured, model, "hook_attn_out"), \
-        stacked(captured, model, "hook_mlp_out")
-    heads = stacked(captured, model, "attn.hook_result")  # [L, B, T, H, D]
+    embed, attn, mlp = captured[FULL_EMBED], stacked(captured, model, ATTN_OUT), \
+        stacked(captured, model, MLP_OUT)
+    heads = stacked(captured, model, RESULT)  # [L, B, T, H, D]
     _, pullback = jax.vjp(lambda e, a, m: skip.carry(e, a, m).final, embed, attn, mlp)
     g_embed, g_attn, g_mlp = pullback(g_final)  # the skip path's adjoint: ∂metric/∂ each writing point
     carried_biases = skip.carry(jnp.zeros_like(embed), jnp.zeros_like(attn), jnp.zeros_like(mlp),

@@ -40,10 +40,12 @@ from minibert.analysis.circuits.direct import stacked
 from minibert.analysis.circuits.frozen import layout, point_names, scale_names, skip_path, skip_weights
 from minibert.analysis.interventions import paired_inputs
 from minibert.analysis.sweeps import chunked_map, live_chunk, live_map, live_sum, padded
+from minibert.core import site_names
 from minibert.core.config import head_label
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn, add_delta
+from minibert.core.site_names import FULL_EMBED, MLP_OUT, RESID_POST, RESULT, in_block
 from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert, refuse_unless_flag
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
 
@@ -60,6 +62,7 @@ ROUNDING_SAMPLES = 10
 # ±eps, signs at random): the gap of two computations alone can be 0 by chance (two programs that agree to the bit).
 RESAMPLES = 4
 QKV = "qkv"
+QKV_SITES = (site_names.Q, site_names.K, site_names.V)  # their sites, in QKV's order
 
 
 # ---- the graph: node labels and which edges exist -------------------------------------------------------------
@@ -197,19 +200,19 @@ def head_scores(graph, edges: str = "both", *, absolute: bool = True) -> np.ndar
 
 def _sender_names(model) -> list[str]:
     L = model.config.num_hidden_layers
-    return ["hook_full_embed", *[f"blocks.{i}.{s}" for s in ("attn.hook_result", "hook_mlp_out") for i in range(L)]]
+    return [FULL_EMBED, *[f"blocks.{i}.{s}" for s in (RESULT, MLP_OUT) for i in range(L)]]
 
 
 def _senders(model, captured) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(e [B, T, D], heads [L, B, T, H, D], mlps [L, B, T, D]) of a run's captures."""
-    return (captured["hook_full_embed"], stacked(captured, model, "attn.hook_result"),
-            stacked(captured, model, "hook_mlp_out"))
+    return (captured[FULL_EMBED], stacked(captured, model, RESULT),
+            stacked(captured, model, MLP_OUT))
 
 
 def attention_inputs(model, state, layer: int, resid, inputs) -> tuple[jax.Array, ...]:
     """Block `layer`'s q, k, v [B, T, H, K] computed from the stream resid [B, T, D] entering it (the block runs
     through model.block; in a compiled program everything after q, k, v is dropped as unused)."""
-    names = [f"blocks.{layer}.attn.hook_{c}" for c in QKV]
+    names = [in_block(layer, part) for part in QKV_SITES]
     hooks = model.hook_points(names=names)
     model.block(state, layer, resid, inputs, hooks)
     return tuple(hooks.captured[n] for n in names)
@@ -236,21 +239,21 @@ def _receiver_gradients(model, state, inputs, embedding, *, metric: StaticFn) ->
     L, H, K = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
     B, T = inputs.shape
     points = point_names(model)
-    qkv = [f"blocks.{i}.attn.hook_{c}" for i in range(L) for c in QKV]
-    skips = [f"blocks.{i}.hook_resid_post" for i in range(L)]
+    qkv = [in_block(i, part) for i in range(L) for part in QKV_SITES]
+    skips = [in_block(i, RESID_POST) for i in range(L)]
     streams = sorted(set(points["mlp_in"] + skips + points["final"]))
     zeros = {n: jnp.zeros((B, T, H, K), jnp.float32) for n in qkv} | \
         {n: jnp.zeros((B, T, cfg.hidden_size), jnp.float32) for n in streams}
 
     def objective(deltas):
-        hooks = {"hook_full_embed": HookFn(_replace, new=embedding)} | \
+        hooks = {FULL_EMBED: HookFn(_replace, new=embedding)} | \
             {n: HookFn(add_delta, delta=d) for n, d in deltas.items()}
         out, captured = model.forward_fn(points["attn_in"], hooks)(state, inputs)
         return metric_of(metric, out, B).mean(), captured
 
     grads, captured = jax.grad(unrolled_stack()(objective), has_aux=True)(zeros)  # core.encoder.unrolled_stack
     per_head = jnp.stack([_head_input_gradients(model, state, layer, captured[points["attn_in"][layer]], inputs,
-                                                jnp.stack([grads[f"blocks.{layer}.attn.hook_{c}"] for c in QKV]))
+                                                jnp.stack([grads[in_block(layer, part)] for part in QKV_SITES]))
                           for layer in range(L)])
     mlp = jnp.stack([grads[points["mlp_in"][i]] - grads[skips[i]] for i in range(L)])  # the MLP's branch alone
     return {"attn": per_head, "mlp": mlp, "output": grads[points["final"][0]]}
@@ -290,9 +293,9 @@ def _edge_scores(model, state, clean, corrupt, weights, alphas, steps, senders, 
     real = clean.attention_mask.astype(jnp.float32)[:, :, None]  # nothing is patched where the clean row pads
     (e, heads, mlps), (e0, heads0, mlps0) = _senders(model, corrupt_values), _senders(model, clean_values)
     change = (real * (e - e0), real[..., None] * (heads - heads0), real * (mlps - mlps0))
-    e_clean = clean_values["hook_full_embed"]
+    e_clean = clean_values[FULL_EMBED]
     towards_clean = lambda alpha: _receiver_gradients(  # noqa: E731
-        model, state, clean, e_clean - (1 - alpha) * (e_clean - corrupt_values["hook_full_embed"]), metric=metric)
+        model, state, clean, e_clean - (1 - alpha) * (e_clean - corrupt_values[FULL_EMBED]), metric=metric)
     grads = jax.tree_util.tree_map(lambda g: g / steps, live_sum(towards_clean, alphas, steps, step_chunk))
 
     def scores_of(sender):
@@ -379,9 +382,9 @@ def _changed_head_inputs(model, state, layer: int, x, inputs, changes) -> dict:
     them: head h's q recomputed from x + changes[0, h] (through its layernorm, pre-LN), less the unchanged q."""
     unchanged = attention_inputs(model, state, layer, x, inputs)
     hooks = {}
-    for c, part in enumerate(QKV):
+    for c, part in enumerate(QKV_SITES):
         changed = jax.vmap(lambda d, c=c: attention_inputs(model, state, layer, x + d, inputs)[c])(changes[c])
-        hooks[f"blocks.{layer}.attn.hook_{part}"] = HookFn(add_delta, delta=_one_head_each(changed) - unchanged[c])
+        hooks[in_block(layer, part)] = HookFn(add_delta, delta=_one_head_each(changed) - unchanged[c])
     return hooks
 
 
@@ -400,19 +403,19 @@ def _patched_metric(model, state, clean, corrupt, skip, real, cut, *, metric: St
         column, first_head = layer * width, 1 + layer * (H + 1)
         into_heads = jnp.einsum("UBTD,UR->RBTD", pending, cut[:, column:column + 3 * H]).reshape(3, H, *x.shape)
         head_hooks = _changed_head_inputs(model, state, layer, x, clean, into_heads)
-        attention = model.hook_points(head_hooks, names=[f"blocks.{layer}.attn.hook_result"])
+        attention = model.hook_points(head_hooks, names=[in_block(layer, RESULT)])
         model.block(state, layer, x, clean, attention)
-        heads_now = jnp.moveaxis(attention.captured[f"blocks.{layer}.attn.hook_result"], 2, 0)  # [H, B, T, D]
+        heads_now = jnp.moveaxis(attention.captured[in_block(layer, RESULT)], 2, 0)  # [H, B, T, D]
         pending = pending.at[first_head:first_head + H].set(real * (jnp.moveaxis(heads_corrupt[layer], 2, 0)
                                                                    - heads_now))
         pending = skip.through(0, layer, pending)
         into_mlp = jnp.einsum("UBTD,U->BTD", pending, cut[:, column + 3 * H])
         # the MLP alone reads its changed input: the skip connection takes the change back out
-        mlp_hooks = head_hooks | {f"blocks.{layer}.{lay.mlp_in}": HookFn(add_delta, delta=into_mlp),
-                                  f"blocks.{layer}.hook_resid_post": HookFn(add_delta, delta=-into_mlp)}
-        block = model.hook_points(mlp_hooks, names=[f"blocks.{layer}.hook_mlp_out"])
+        mlp_hooks = head_hooks | {in_block(layer, lay.mlp_in): HookFn(add_delta, delta=into_mlp),
+                                  in_block(layer, RESID_POST): HookFn(add_delta, delta=-into_mlp)}
+        block = model.hook_points(mlp_hooks, names=[in_block(layer, MLP_OUT)])
         x_next = model.block(state, layer, x, clean, block)
-        mlp_now = block.captured[f"blocks.{layer}.hook_mlp_out"]
+        mlp_now = block.captured[in_block(layer, MLP_OUT)]
         pending = skip.through(1, layer, pending.at[first_head + H].set(real * (mlps_corrupt[layer] - mlp_now)))
         x = x_next
     out = model.head(state, x + jnp.einsum("UBTD,U->BTD", pending, cut[:, -1]))

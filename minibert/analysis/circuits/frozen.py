@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from minibert.core.hooks import HookFn
+from minibert.core.site_names import LN_FINAL, LN_OUT, LN_SCALE, RESID_MID, RESID_PRE, RESULT, in_block, layernorm
 from minibert.errors import AnalysisError
 
 
@@ -40,26 +41,26 @@ class Layout:
 
 def layout(model) -> Layout:
     """The model's Layout; a model whose heads' outputs cannot be read apart (no attn.hook_result) is refused."""
-    if "blocks.0.attn.hook_result" not in model.hook_names:
-        raise AnalysisError(f"{model.config.family.name} has no per-head output hook (attn.hook_result), so its "
+    if in_block(0, RESULT) not in model.hook_names:
+        raise AnalysisError(f"{model.config.family.name} has no per-head output hook ({RESULT}), so its "
                             f"heads cannot be circuit nodes; circuits need a family whose heads write z·W_O[h].")
     family = model.config.family  # what its blocks show (families/base.py: Family.stream_norms, block_output…)
-    mlp_in = f"{family.stream_norms[0]}.hook_out" if family.stream_norms else "hook_resid_mid"
-    return Layout(mlp_in, family.block_output, family.stream_norms, "ln_final" if family.final_norm else None)
+    mlp_in = layernorm(family.stream_norms[0], LN_OUT) if family.stream_norms else RESID_MID
+    return Layout(mlp_in, family.block_output, family.stream_norms, LN_FINAL if family.final_norm else None)
 
 
 def point_names(model) -> dict[str, list[str]]:
     """The hook names of the stream's points: {"attn_in": [L], "mlp_in": [L], "final": [1]}."""
     lay, L = layout(model), model.config.num_hidden_layers
-    return {"attn_in": [f"blocks.{i}.hook_resid_pre" for i in range(L)],
-            "mlp_in": [f"blocks.{i}.{lay.mlp_in}" for i in range(L)],
-            "final": [f"blocks.{L - 1}.{lay.block_out}"]}
+    return {"attn_in": [in_block(i, RESID_PRE) for i in range(L)],
+            "mlp_in": [in_block(i, lay.mlp_in) for i in range(L)],
+            "final": [in_block(L - 1, lay.block_out)]}
 
 
 def scale_names(model) -> list[str]:
     """The σ hooks of the layernorms on the skip path inside the blocks, norm by norm, layer by layer."""
     L = model.config.num_hidden_layers
-    return [f"blocks.{i}.{norm}.hook_scale" for norm in layout(model).norms for i in range(L)]
+    return [in_block(i, layernorm(norm, LN_SCALE)) for norm in layout(model).norms for i in range(L)]
 
 
 def _stop_gradient(value, ctx):
@@ -70,7 +71,7 @@ def readout_hooks(model) -> dict:
     """Hooks that freeze the σ of the layernorm between the last block and the readout (pre-LN's ln_final) at
     the run being differentiated: the gradient at `final` then is the skip path's last frozen map."""
     norm = layout(model).final_norm
-    return {} if norm is None else {f"{norm}.hook_scale": HookFn(_stop_gradient)}
+    return {} if norm is None else {layernorm(norm, LN_SCALE): HookFn(_stop_gradient)}
 
 
 @struct.dataclass

@@ -34,6 +34,7 @@ from minibert.analysis.words import word_groups, word_labels
 from minibert.core.contract import StaticFn, static_metric
 from minibert.core.encoder import unrolled_stack
 from minibert.core.hooks import HookFn
+from minibert.core.site_names import EMBED
 from minibert.errors import AnalysisError, AnalysisWarning, is_whole, outside_minibert
 from minibert.io.tokenizer import Batch
 from minibert.runtime.accounting import activation_bytes
@@ -105,7 +106,7 @@ def _replace(value, ctx, new):
 
 def _metric_at(model, state, inputs, metric: StaticFn, embedded) -> jax.Array:
     """F per row [B] with the word embeddings replaced by `embedded` [B, T, E] (positions and segments held)."""
-    out, _ = model.forward_fn((), {"embed.hook_embed": HookFn(_replace, new=embedded)})(state, inputs)
+    out, _ = model.forward_fn((), {EMBED: HookFn(_replace, new=embedded)})(state, inputs)
     values = metric_of(metric, out, inputs.shape[0])
     if values.ndim == 0:  # checked while tracing, before anything runs
         raise AnalysisError(f"token attributions are per row: the metric must return one value per batch row, shape "

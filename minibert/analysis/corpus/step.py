@@ -11,6 +11,7 @@ import numpy as np
 
 from minibert.analysis import heads
 from minibert.core.hooks import HookFn
+from minibert.core.site_names import ATTN_SCORES, PATTERN, every_block, in_block
 from minibert.runtime.model import Inputs
 
 
@@ -42,7 +43,7 @@ def packed_captures(model, state, arrays, names) -> dict:
     (explicit position ids, restarting at each document), and a hook keeps attention within each document
     (the softmax gives other documents' keys exactly 0). Traced inside the caller's model.jit program."""
     same = heads.same_document(arrays["documents"])  # [B, T, S]
-    forward = model.forward_fn(names=names, hooks={"blocks.*.attn.hook_attn_scores": HookFn(within_documents,
+    forward = model.forward_fn(names=names, hooks={every_block(ATTN_SCORES): HookFn(within_documents,
                                                                                              same=same)})
     inputs = Inputs(arrays["input_ids"], arrays["token_type_ids"], arrays["attention_mask"],
                     position_ids=arrays["positions"])
@@ -52,7 +53,7 @@ def packed_captures(model, state, arrays, names) -> dict:
 def _step(model, state, totals, arrays, *, js: bool, sep_normalization: str):
     """Forward over packed rows with every layer's pattern captured (packed_captures: every document's pattern
     is the one it has alone), statistics layer by layer, sums into totals."""
-    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.num_hidden_layers)]
+    names = [in_block(i, PATTERN) for i in range(model.config.num_hidden_layers)]
     documents = arrays["documents"]  # [B, T]: each token's document number in its row, 0 for padding
     captured = packed_captures(model, state, arrays, names)
     masks = (arrays["is_cls"], arrays["is_sep"], arrays["is_punct"])

@@ -40,6 +40,7 @@ from minibert.analysis.graphs.replacement import (
 from minibert.analysis.graphs.targets import Target, check_targets, unlabelled
 from minibert.analysis.sweeps import chunked_map, padded_count, power_of_two
 from minibert.analysis.transcoders.model import decode
+from minibert.core.site_names import FULL_EMBED
 from minibert.errors import AnalysisError, is_whole
 from minibert.io.tokenizer import Batch, is_text
 from minibert.runtime.accounting import activation_bytes, items_per_chunk
@@ -236,7 +237,7 @@ def attribute(model, batch, transcoders, targets, *, target_weights=None, chunk:
     chunk = power_of_two(chunk or items_per_chunk(row_bytes(model, len(padded), T), n + len(targets)))
     items = row_items(active, len(targets), chunk, len(padded))
     program = model.jit(graph_rows, static_argnames=("chunk",), what="the attribution graph")
-    parts = program(model.state, inputs, frozen, tc.stacked, captured["hook_full_embed"][0], f, errors, padded,
+    parts = program(model.state, inputs, frozen, tc.stacked, captured[FULL_EMBED][0], f, errors, padded,
                     items, unlabelled(targets), chunk=chunk)
     parts = {k: np.asarray(v) for k, v in parts.items()}
     graph = _assemble(model, inputs, tc, targets, weights, np.asarray(values), np.asarray(pre), np.asarray(f),

@@ -28,6 +28,7 @@ import numpy as np
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.transcoders.model import TranscoderConfig, activate, pre_activations
 from minibert.core.hooks import HookFn
+from minibert.core.site_names import EMBED_LN, FULL_EMBED, LN2, LN_OUT, LN_SCALE, MLP_OUT, PATTERN, in_block, layernorm
 from minibert.errors import AnalysisError
 
 
@@ -35,8 +36,8 @@ def mlp_input_site(model) -> str:
     """The per-block site holding the MLP's input (TranscoderConfig's hook_in): post-LN families (BERT) the
     attention's LayerNorm output ln1.hook_out, pre-LN ones (ModernBERT) the MLP's own ln2.hook_out."""
     family = model.config.family
-    site = f"{family.stream_norms[0]}.hook_out" if family.stream_norms else "ln2.hook_out"
-    if f"blocks.0.{site}" not in model.hook_names or "blocks.0.attn.hook_pattern" not in model.hook_names:
+    site = layernorm(family.stream_norms[0] if family.stream_norms else LN2, LN_OUT)
+    if in_block(0, site) not in model.hook_names or in_block(0, PATTERN) not in model.hook_names:
         raise AnalysisError(f"{family.name} shows no MLP input at {site} or no attention pattern; attribution "
                             f"graphs need both (docs/graphs.md lists the families they support).")
     return site
@@ -61,10 +62,10 @@ class Sites:
 
 def sites(model) -> Sites:
     L, site = model.config.num_hidden_layers, mlp_input_site(model)
-    scales = tuple(n for n in model.hook_names if n.endswith(".hook_scale") and not n.startswith("embed."))
-    return Sites(tuple(f"blocks.{i}.{site}" for i in range(L)), tuple(f"blocks.{i}.hook_mlp_out" for i in range(L)),
-                 tuple(f"blocks.{i}.attn.hook_pattern" for i in range(L)), scales,
-                 f"blocks.{L - 1}.{model.config.family.block_output}")
+    scales = tuple(n for n in model.hook_names if n.endswith(f".{LN_SCALE}") and not n.startswith(f"{EMBED_LN}."))
+    return Sites(tuple(in_block(i, site) for i in range(L)), tuple(in_block(i, MLP_OUT) for i in range(L)),
+                 tuple(in_block(i, PATTERN) for i in range(L)), scales,
+                 in_block(L - 1, model.config.family.block_output))
 
 
 # ---- the transcoders: one per block, checked against the model -----------------------------------------------
@@ -113,8 +114,8 @@ def check_transcoders(model, transcoders, *, other_weights: bool = False) -> Tra
             raise AnalysisError(f"the transcoder at layer {layer} maps width {config.d_in} → {config.d_out}, but this "
                                 f"model's MLP maps {D} → {D}: it belongs to another model; pass one trained on this "
                                 f"model.")
-        _expected_hook(config.hook_in, f"blocks.{layer}.{site}", layer, "its input at")
-        _expected_hook(config.hook_out, f"blocks.{layer}.hook_mlp_out", layer, "its output at")
+        _expected_hook(config.hook_in, in_block(layer, site), layer, "its input at")
+        _expected_hook(config.hook_out, in_block(layer, MLP_OUT), layer, "its output at")
         if config.weights is not None and not other_weights:
             digest = digest or weights_digest(model)
             if config.weights != digest:
@@ -144,7 +145,7 @@ def check_transcoders(model, transcoders, *, other_weights: bool = False) -> Tra
 # ---- the run, and the replacement built on it ------------------------------------------------------------------
 
 def record_names(s: Sites) -> list[str]:
-    return ["hook_full_embed", *s.mlp_in, *s.mlp_out, *s.patterns, *s.scales, s.final]
+    return [FULL_EMBED, *s.mlp_in, *s.mlp_out, *s.patterns, *s.scales, s.final]
 
 
 def replace_with(value, ctx, new):

@@ -13,6 +13,7 @@ import optax
 
 from minibert.analysis.probes.features import _encoded_runs, _encoded_sentences, split_sentences
 from minibert.analysis.syntax import read_conllu
+from minibert.core.site_names import EMBED, PATTERN, every_block
 from minibert.errors import AnalysisError
 from minibert.training.optim import adamw
 
@@ -55,16 +56,16 @@ def parse_data(model, sentences, mode: str = "mean", batch_size: int = 32) -> Pa
 
     encoded = _encoded_sentences(model, [s.words for s in sentences])
     lengths = [len(s.words) for s in sentences]
-    S, W, E = len(sentences), max(lengths), model.hook_sites["embed.hook_embed"][0][-1]
+    S, W, E = len(sentences), max(lengths), model.hook_sites[EMBED][0][-1]
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
     attention = np.zeros((S, 2 * L * H, W + 2, W + 2), np.float32)
     embeddings = np.zeros((S, W, E), np.float32)
     heads, scored = np.full((S, W), -1, np.int32), np.zeros((S, W), bool)
     distances = np.zeros((S, DISTANCE_FEATURES, W, W + 1), np.float32)
-    for chosen, cache in _encoded_runs(model, encoded, ["blocks.*.attn.hook_pattern", "embed.hook_embed"],
+    for chosen, cache in _encoded_runs(model, encoded, [every_block(PATTERN), EMBED],
                                        batch_size):
-        pattern = np.asarray(cache.stack("attn.hook_pattern"), np.float32)  # [L, B, H, T, S]
-        embedded = np.asarray(cache["embed.hook_embed"], np.float32)
+        pattern = np.asarray(cache.stack(PATTERN), np.float32)  # [L, B, H, T, S]
+        embedded = np.asarray(cache[EMBED], np.float32)
         for b, i in enumerate(chosen):
             n, groups = lengths[i], encoded[i][1]
             maps = word_attention(pattern[:, b], groups, mode).reshape(L * H, n + 2, n + 2)

@@ -12,6 +12,7 @@ import numpy as np
 
 from minibert.analysis.syntax import encode_words
 from minibert.core.hooks import site_axes
+from minibert.core.site_names import MLP_POST, NORMALIZED_RESID_POST, RESID_POST, Z, in_block
 from minibert.errors import AnalysisError, DataFileError, DataFileMissing
 from minibert.training.data import read_text
 
@@ -44,8 +45,7 @@ def layer_output_site(model) -> str:
     """Each block's output, the default probe site: hook_normalized_resid_post in post-LN models (BERT's blocks end
     with LayerNorm(x + MLP(x)); their hook_resid_post is the sum before that LayerNorm), hook_resid_post in pre-LN
     ones (ModernBERT), where it is the output. The probing papers read these layer outputs."""
-    return "hook_normalized_resid_post" if "blocks.0.hook_normalized_resid_post" in model.hook_names else \
-        "hook_resid_post"
+    return NORMALIZED_RESID_POST if in_block(0, NORMALIZED_RESID_POST) in model.hook_names else RESID_POST
 
 
 def _checked_site(model, site: str | None) -> str:
@@ -60,7 +60,7 @@ def _checked_site(model, site: str | None) -> str:
     axes = site_axes(name)
     if axes[:2] != ["B", "T"] or "S" in axes:
         raise AnalysisError(f"{site!r} has axes {axes}: a probe needs one vector per token ([B, T, ...]); "
-                            f"try 'hook_resid_post', 'mlp.hook_post' or 'attn.hook_z'.")
+                            f"try {RESID_POST!r}, {MLP_POST!r} or {Z!r}.")
     return site
 
 

@@ -27,6 +27,7 @@ from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.corpus.resume import TextsDigest
 from minibert.analysis.corpus.step import packed_captures
 from minibert.core.hooks import site_axes
+from minibert.core.site_names import MLP_POST, RESID_POST, Z, in_block
 from minibert.errors import AnalysisError, AnalysisWarning, DataFileError, MinibertError, is_whole, outside_minibert
 
 CACHE_INFO = "activations.json"
@@ -35,8 +36,9 @@ CACHE_INFO = "activations.json"
 def hook_width(model, hook_name: str) -> int:
     """The size of one token's vector at `hook_name` (heads × head dim for attn.hook_z: SAELens' hook_z)."""
     if hook_name not in model.hook_sites:
-        raise AnalysisError(f"{hook_name!r} is not a hook of this model; e.g. 'blocks.3.hook_resid_post', "
-                            f"'blocks.3.mlp.hook_post', 'blocks.3.attn.hook_z' (model.hook_names lists them).")
+        examples = ", ".join(repr(in_block(3, site)) for site in (RESID_POST, MLP_POST, Z))
+        raise AnalysisError(f"{hook_name!r} is not a hook of this model; e.g. {examples} (model.hook_names lists "
+                            f"them).")
     axes = site_axes(hook_name)
     if axes[:2] != ["B", "T"] or "S" in axes:
         raise AnalysisError(f"{hook_name!r} has axes {axes}; an SAE reads one vector per token ([B, T, ...]).")

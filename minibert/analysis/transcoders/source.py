@@ -21,6 +21,7 @@ import numpy as np
 
 from minibert.analysis.corpus.result import weights_digest
 from minibert.analysis.sae.source import ActivationStream, hook_width, shuffled_batches
+from minibert.core.site_names import LN_OUT, MLP, MLP_OUT, in_block, layernorm
 from minibert.errors import AnalysisError
 
 
@@ -30,11 +31,11 @@ def sites(model, layer: int) -> tuple[str, str]:
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not 0 <= layer < layers:
         raise AnalysisError(f"layer={layer!r}: this model's blocks are 0 … {layers - 1}; pass one of them.")
     order = model.config.family.block_order
-    before = order[order.index("mlp") - 1] if "mlp" in order else None
+    before = order[order.index(MLP) - 1] if MLP in order else None
     if before is None or not before.startswith("ln"):
         raise AnalysisError(f"the {model.config.family.model_type} family's block runs no LayerNorm just before its "
                             f"MLP ({' → '.join(order)}); a transcoder here has no MLP input site.")
-    hook_in, hook_out = f"blocks.{layer}.{before}.hook_out", f"blocks.{layer}.hook_mlp_out"
+    hook_in, hook_out = in_block(layer, layernorm(before, LN_OUT)), in_block(layer, MLP_OUT)
     missing = [name for name in (hook_in, hook_out) if name not in model.hook_sites]
     if missing:
         raise AnalysisError(f"block {layer} of this {model.config.family.model_type} model has no {missing[0]!r} "
