@@ -15,6 +15,7 @@ import pytest
 import minibert
 from minibert import training
 from minibert.core.hooks import writers_for
+from minibert.runtime.weights import by_name
 from minibert.training import optim
 from minibert.training.finetune import LateLosses, Step, compiled_step, compute_parameters, task_loss
 from tests.conftest import make_hf_model, random_batch
@@ -41,7 +42,7 @@ def step_for(model, dtype=jnp.float32, hooks=None) -> tuple[Step, list]:
 
 def lowered_converts(model, dtype) -> list[str]:
     """The stablehlo.convert lines of finetune's step for `model` (4 × 16 rows), lowered."""
-    params = model.named_parameters()
+    params = model.params  # the step's one form of parameters
     optimizer = optim.adamw(1e-3, mask=optim.decay_mask(params))
     step, leaves = step_for(model, dtype)
     lowered = compiled_step(step, optimizer).trace(params, {}, optimizer.init(params), batch_of(model),
@@ -120,7 +121,7 @@ def test_first_token_last_block_gives_the_whole_blocks_losses_and_weights(tmp_pa
         return jax.tree.map(lambda p, g: p - lr * g, params, grads), value
 
     start = model.named_parameters()
-    ours = {n: jnp.array(p, copy=True) for n, p in start.items()}
+    ours = jax.tree.map(lambda p: jnp.array(p, copy=True), model.params)  # the step's form: the nested params dict
     theirs, state = dict(start), optimizer.init(ours)
     rtol = head_rtol(model.config, T)
     for i in range(3):
@@ -130,6 +131,7 @@ def test_first_token_last_block_gives_the_whole_blocks_losses_and_weights(tmp_pa
         logits = forward(model.state_from(theirs), minibert.runtime.model.Inputs(
             batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]))[0].logits
         assert abs(float(our_loss) - float(their_loss)) <= 2 * rtol * float(jnp.abs(logits).max()) * (i + 1)
+    ours = by_name(ours)
     for name, p in start.items():
         ours_moved, theirs_moved = np.asarray(ours[name]) - p, np.asarray(theirs[name]) - p
         stored = 3 * 2 * U32 * np.abs(np.asarray(theirs[name])).max()  # each step rounds both weights once
