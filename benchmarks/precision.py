@@ -40,7 +40,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def lowered_converts(model, rows: dict, dtype) -> int:
     """stablehlo.convert ops in finetune's step for `model` at `rows`' shape, lowered (not compiled)."""
-    params = model.named_parameters()
+    params = model.params  # the step's form of parameters
     optimizer = optim.adamw(LEARNING_RATE, mask=optim.decay_mask(params))
     leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names, model.config.architecture))
     step = Step(model, "sequence-classification", {}, writer_def, jnp.dtype(dtype))

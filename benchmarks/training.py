@@ -75,7 +75,7 @@ def step_program(model, rows: dict, compute_dtype=jnp.float32, dropout: float = 
     """finetune's compiled step for `model` at `rows` and its arguments: (jitted step, [params, frozen, optimiser
     state, batch, key, writer leaves]). compute_dtype=jnp.bfloat16: bf16 compute with fp32 master weights;
     dropout: the one rate of finetune(dropout=…), hidden, attention and classifier alike."""
-    params = {name: jnp.array(value, copy=True) for name, value in model.named_parameters().items()}
+    params = jax.tree.map(lambda value: jnp.array(value, copy=True), model.params)  # the step's form
     optimizer = optim.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY, mask=optim.decay_mask(params),
                             max_grad_norm=MAX_GRAD_NORM)
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names,

@@ -4,6 +4,7 @@ and losses read one step late (no host sync on the step just dispatched)."""
 
 from __future__ import annotations
 
+import collections
 import re
 
 import jax
@@ -15,6 +16,7 @@ import pytest
 import minibert
 from minibert import training
 from minibert.core.hooks import writers_for
+from minibert.runtime.weights import by_name
 from minibert.training import optim
 from minibert.training.finetune import LateLosses, Step, compiled_step, compute_parameters, task_loss
 from tests.conftest import make_hf_model, random_batch
@@ -41,7 +43,7 @@ def step_for(model, dtype=jnp.float32, hooks=None) -> tuple[Step, list]:
 
 def lowered_converts(model, dtype) -> list[str]:
     """The stablehlo.convert lines of finetune's step for `model` (4 × 16 rows), lowered."""
-    params = model.named_parameters()
+    params = model.params  # the step's one form of parameters
     optimizer = optim.adamw(1e-3, mask=optim.decay_mask(params))
     step, leaves = step_for(model, dtype)
     lowered = compiled_step(step, optimizer).trace(params, {}, optimizer.init(params), batch_of(model),
@@ -120,7 +122,7 @@ def test_first_token_last_block_gives_the_whole_blocks_losses_and_weights(tmp_pa
         return jax.tree.map(lambda p, g: p - lr * g, params, grads), value
 
     start = model.named_parameters()
-    ours = {n: jnp.array(p, copy=True) for n, p in start.items()}
+    ours = jax.tree.map(lambda p: jnp.array(p, copy=True), model.params)  # the step's form: the nested params dict
     theirs, state = dict(start), optimizer.init(ours)
     rtol = head_rtol(model.config, T)
     for i in range(3):
@@ -130,6 +132,7 @@ def test_first_token_last_block_gives_the_whole_blocks_losses_and_weights(tmp_pa
         logits = forward(model.state_from(theirs), minibert.runtime.model.Inputs(
             batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]))[0].logits
         assert abs(float(our_loss) - float(their_loss)) <= 2 * rtol * float(jnp.abs(logits).max()) * (i + 1)
+    ours = by_name(ours)
     for name, p in start.items():
         ours_moved, theirs_moved = np.asarray(ours[name]) - p, np.asarray(theirs[name]) - p
         stored = 3 * 2 * U32 * np.abs(np.asarray(theirs[name])).max()  # each step rounds both weights once
@@ -169,3 +172,72 @@ def test_bf16_on_a_cpu_warns_with_the_reason(tmp_path):
     with pytest.warns(UserWarning, match="XLA:CPU has no bf16 matmul kernels"):
         training.finetune(minibert.load(tmp_path), rows, num_labels=2, epochs=1, batch_size=4,
                           compute_dtype=jnp.bfloat16, progress=False)
+
+
+@pytest.mark.slow
+def test_a_fine_tuning_run_converts_its_parameters_and_hooks_outside_the_steps_traces(tmp_path, monkeypatch):
+    """Counted in training.finetune (a tiny classifier, 2 epochs of 2 batches at 2 step lengths, eval data at 2
+    lengths, one HookFn: 2 traces of the step and 2 of the evaluation): inside a trace the parameters meet one form,
+    the nested params dict the forward takes (no dotted name read, no State made from names, no pure dict made
+    from a State), the hooks are unflattened once (the forward's HookPoints) and never keyed or flattened again,
+    and the module is merged once. Over the whole run the hooks are keyed and flattened once. Before (9cf202e^):
+    each trace made the State from the flat dotted dict (4 state_from, 4 × 1 read of the names), keyed and
+    flattened the hooks again (5 keys and 5 flattens in all) and unflattened them twice (8)."""
+    import importlib
+
+    from flax import nnx
+
+    from minibert.core import contract, hooks
+    from minibert.runtime import weights
+    from minibert.training import resume
+
+    finetune_module = importlib.import_module("minibert.training.finetune")
+    counts, tracing = collections.Counter(), []
+
+    def counted(owner, name, label, when=lambda *args: True):
+        original = getattr(owner, name)
+
+        def call(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if when(*args, result):
+                counts["trace" if tracing else "run", label] += 1
+            return result
+
+        monkeypatch.setattr(owner, name, call)
+
+    def has_hooks(*values):
+        return any(isinstance(leaf, hooks.HookFn) for value in values if not isinstance(value, jax.tree_util.PyTreeDef)
+                   for leaf in jax.tree_util.tree_leaves(value, is_leaf=lambda x: isinstance(x, hooks.HookFn)))
+
+    for owner in (weights, optim):
+        counted(owner, "parameter_names", "names read")
+    for owner in (weights, resume):
+        counted(owner, "by_name", "named from a tree")
+        counted(owner, "shaped_as", "a tree made from names")
+    counted(nnx, "to_pure_dict", "a pure dict made from a State")
+    counted(nnx, "merge", "module merged")
+    counted(contract, "behaviour_key", "hook keyed")
+    counted(jax.tree_util, "tree_flatten", "hooks flattened", has_hooks)
+    counted(jax.tree_util, "tree_unflatten", "hooks unflattened", lambda *args: has_hooks(args[-1]))
+    logits = finetune_module.Step.logits
+
+    def traced_logits(self, *args):
+        tracing.append(True)
+        try:
+            return logits(self, *args)
+        finally:
+            tracing.pop()
+
+    monkeypatch.setattr(finetune_module.Step, "logits", traced_logits)
+    make_hf_model(tmp_path, "BertModel", scale=0.1)
+    base = minibert.load(tmp_path)
+    rows = [training.Example(" ".join(["a"] * (3 if i < 4 else 20)), None, i % 2) for i in range(8)]
+    hook = {"blocks.0.attn.hook_z": hooks.HookFn(lambda z, ctx, factor: z * factor, factor=np.float32(0.5))}
+    counts.clear()
+    result = training.finetune(base, rows, num_labels=2, epochs=2, batch_size=4, shuffle=False, learning_rate=1e-3,
+                               dropout=0.0, progress=False, eval_data=rows[:6], hooks=hook)
+    assert len(result.step_lengths) == 2 and len(result.history.eval) == 2
+    in_traces = {label: n for (when, label), n in counts.items() if when == "trace"}
+    # merged once per trace, and once per Step (the step's, the evaluation's) at its first: first_token_suffices
+    assert in_traces == {"hooks unflattened": 4, "module merged": 4 + 2}, in_traces
+    assert counts["run", "hook keyed"] == 1 and counts["run", "hooks flattened"] == 1, counts

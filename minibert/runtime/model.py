@@ -362,10 +362,10 @@ class Model(Weights):
 
     def forward_fn(self, names=(), hooks: Mapping[str, Callable] | None = None, *,
                    dropout: Mapping[str, float] | None = None, first_token_only: bool = False,
-                   stacked: bool = False) -> Callable:
+                   stacked: bool = False, writer_def=None) -> Callable:
         """A pure function `(state, inputs) -> (Output, {name: value})` to compose inside your own
-        jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state or
-        model.state_from(named parameters).
+        jit, vmap, grad or sharded program; `inputs` = model.inputs(batch), `state` = model.state, model.params (the
+        nested dict) or model.state_from(named parameters).
 
         `dropout`: training's rates {"hidden": …, "attention": …, "classifier": …} (model.Dropout); the function
         then takes a third argument, the PRNG key its masks are drawn from, so one step is reproducible.
@@ -374,17 +374,30 @@ class Model(Weights):
         `stacked`: the values of a site captured at several layers of a scanned run come back as one [n, ...] array
         named hooks.stacked_name ("blocks.0,1,2.attn.hook_pattern"), as Model.run's program returns them
         (runtime.device.unstacked splits them): a program capturing every layer then compiles in a time that does not
-        grow with depth."""
+        grow with depth.
+        `writer_def`: in place of `hooks`, the structure of hooks already keyed and flattened for one run
+        (jax.tree_util.tree_flatten(hooks.writers_for(...))); the function then takes their leaves as `writer_leaves=`,
+        arguments of the program around it (new hook arrays reuse it: training's step), and no trace of it keys or
+        flattens the hooks again."""
         capture = frozenset(self._names(names)) if names != () else frozenset()
-        leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config))
+        if writer_def is None:
+            leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, self.hook_names, self.config))
+        elif hooks is not None:
+            raise InputError("forward_fn: pass hooks or writer_def (hooks already flattened), not both.")
+        else:
+            leaves = None  # given at each call
         rates = _dropout_rates(dropout)
 
-        def forward(state, inputs, dropout_key=None):
+        def forward(state, inputs, dropout_key=None, *, writer_leaves=None):
             if (rates is None) != (dropout_key is None):
                 raise InputError("forward_fn: a dropout key goes with dropout rates: pass both "
                                  "(forward_fn(dropout={...}) then fn(state, inputs, key)) or neither.")
+            if (leaves is None) != (writer_leaves is not None):
+                raise InputError("forward_fn: writer_leaves go with writer_def: pass both (forward_fn(writer_def=...) "
+                                 "then fn(state, inputs, writer_leaves=...)) or neither.")
             drop = NO_DROPOUT if rates is None else Dropout(dropout_key, **rates)
-            out, captured = self._forward(state, as_inputs(inputs), leaves, capture, writer_def, drop, first_token_only)
+            out, captured = self._forward(state, as_inputs(inputs), leaves if leaves is not None else writer_leaves,
+                                          capture, writer_def, drop, first_token_only)
             return out, captured if stacked else unstacked(captured, host=False)
 
         return self.programs.counted(forward)

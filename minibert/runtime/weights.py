@@ -144,15 +144,15 @@ class Weights:
         """A Model of `config` whose weights are `parameters`, {dotted name: array} as named_parameters gives them
         (kwargs: Model's own)."""
         shapes = _shape_state(config, kwargs.get("dtype", jnp.float32))
-        return cls(config, nnx.to_pure_dict(_state_of(shapes, parameters)), tokenizer, **kwargs)
+        return cls(config, nnx.to_pure_dict(shaped_as(shapes, parameters)), tokenizer, **kwargs)
 
     def named_parameters(self) -> dict[str, jax.Array]:
         """{dotted name: array} ("blocks.0.attn.W_Q", "classifier.b"), in the state's leaf order."""
-        return dict(zip(parameter_names(self.state), jax.tree_util.tree_leaves(self.state)))
+        return by_name(self.state)
 
     def state_from(self, parameters: Mapping[str, jax.Array]):
         """The state forward_fn takes, from {dotted name: array} (traced ones inside a jit or grad)."""
-        return _state_of(self.state, parameters)
+        return shaped_as(self.state, parameters)
 
     # ---- a block's weights, stacked over the layers ---------------------------------------------------------
 
@@ -238,8 +238,15 @@ def _shape_state(config: Config, dtype):
     return nnx.state(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
 
 
-def _state_of(like, parameters: Mapping[str, jax.Array]):
-    """A state shaped as `like` holding `parameters` {dotted name: array}."""
+def by_name(tree) -> dict[str, jax.Array]:
+    """{dotted name: leaf} of a parameter tree: the State, the nested params dict (model.params) or a part of
+    either (training's trainable parameters), in its leaf order."""
+    return dict(zip(parameter_names(tree), jax.tree_util.tree_leaves(tree)))
+
+
+def shaped_as(like, parameters: Mapping[str, jax.Array]):
+    """A tree shaped as `like` (a State, a nested params dict, a part of either) holding `parameters` {dotted name:
+    array}: by_name's inverse."""
     names = parameter_names(like)
     missing = [name for name in names if name not in parameters]
     if missing:

@@ -21,7 +21,7 @@ import json
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import jax
@@ -37,7 +37,7 @@ from minibert.io import checkpoint
 from minibert.runtime.model import Inputs, Model, parameter_shapes
 from minibert.training import data as data_
 from minibert.training import guards, optim
-from minibert.training.resume import Checkpoints, run_fingerprints
+from minibert.training.resume import Checkpoints, in_memory, on_disk, run_fingerprints
 
 HEAD_CLASS = {"sequence-classification": "ForSequenceClassification",
               "token-classification": "ForTokenClassification", "masked-lm": "ForMaskedLM"}
@@ -138,25 +138,38 @@ def task_loss(logits, batch, task: str):
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """Everything one compiled training step closes over (static: a new Step is a new program)."""
+    """Everything one compiled training step closes over (static: a new Step is a new program). The step's
+    parameters, gradients and optimiser state are in one form, the task model's nested params dict (model.params,
+    which its forward takes as it is); what it reads by name (which parameters stay float32, whether the last
+    block may compute [CLS] alone) is read once per Step, not at each trace."""
 
-    model: Model  # the task model: its forward, and the layout of its named parameters
+    model: Model  # the task model: its forward, and the form of its parameters
     task: str
     rates: Mapping[str, float]  # forward_fn's dropout rates
-    writer_def: object
+    writer_def: object  # the structure of hooks.writers_for's {name: (HookFn, ...)}, flattened
     compute_dtype: object
 
-    def logits(self, flat, batch, key, writer_leaves):
-        flat = compute_parameters(flat, self.compute_dtype)  # differentiated: gradients reach the fp32 masters
-        # The hooks' leaves are the step's arguments (traced), so new hook values reuse the compiled step.
-        writers = jax.tree_util.tree_unflatten(self.writer_def, writer_leaves)
-        forward = self.model.forward_fn(hooks=writers, dropout=self.rates,
-                                        first_token_only=self.first_token_only(writers))
+    def logits(self, params, batch, key, writer_leaves):
+        params = compute_parameters(params, self.compute_dtype, self.kept_float32)  # gradients reach the masters
         inputs = Inputs(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        out, _ = forward(self.model.state_from(flat), inputs, key)
+        # The hooks' leaves are the step's arguments (traced), so new hook values reuse the compiled step.
+        out, _ = self.forward(params, inputs, key, writer_leaves=writer_leaves)
         return out.logits
 
-    def first_token_only(self, writers: Mapping) -> bool:
+    @functools.cached_property
+    def forward(self) -> Callable:
+        """The task model's forward with this Step's dropout and hooks (their leaves given at each trace)."""
+        hooked = self.writer_def.node_data()[1]  # the names the hooks write: the keys of writers_for's dict
+        return self.model.forward_fn(writer_def=self.writer_def, dropout=self.rates,
+                                     first_token_only=self.first_token_only(hooked))
+
+    @functools.cached_property
+    def kept_float32(self):
+        """Where compute_parameters keeps a parameter float32, a mask of the parameters' form (None in a float32
+        step, which casts nothing)."""
+        return None if self.compute_dtype == jnp.float32 else float32_parameters(self.model.params)
+
+    def first_token_only(self, writers: Iterable[str]) -> bool:
         """Whether the step may compute the last block at [CLS] alone (Bert.first_token_suffices): a sequence
         classifier's loss reads nothing else, unless a hook in the last block reads or writes another position."""
         last = f"blocks.{self.model.config.num_hidden_layers - 1}."
@@ -169,7 +182,7 @@ class Step:
         return self.task == "sequence-classification" and self.model.module.first_token_suffices
 
     def loss(self, trainable, frozen, batch, key, writer_leaves):
-        return task_loss(self.logits(trainable | frozen, batch, key, writer_leaves), batch, self.task)
+        return task_loss(self.logits(optim.joined(trainable, frozen), batch, key, writer_leaves), batch, self.task)
 
 
 class LateLosses:
@@ -206,24 +219,30 @@ def compiled_step(step: Step, optimizer: optax.GradientTransformation) -> Callab
     return jax.jit(train, donate_argnums=(0, 2))
 
 
-def compute_parameters(flat: Mapping[str, jax.Array], dtype) -> dict[str, jax.Array]:
-    """The parameters a step computes with, cast here and nowhere else (the optimiser keeps float32 masters).
-    In `dtype`: every matmul weight and bias. Float32 still: the tables rows are gathered from (model.GATHERED:
-    their gradient sums one row per token, 8,192 adds per token-type row at 32×512, which bf16 would round at every
-    add; the embedded stream is cast once, Bert.embedding) and LayerNorm's gain and bias (LayerNorm computes in
-    float32: a bf16 gain would be converted straight back)."""
+def compute_parameters(params, dtype, kept=None):
+    """The parameters a step computes with (a tree in either form of optim's), cast here and nowhere else (the
+    optimiser keeps float32 masters). In `dtype`: every matmul weight and bias. Float32 still: the tables rows are
+    gathered from (model.GATHERED: their gradient sums one row per token, 8,192 adds per token-type row at 32×512,
+    which bf16 would round at every add; the embedded stream is cast once, Bert.embedding) and LayerNorm's gain and
+    bias (LayerNorm computes in float32: a bf16 gain would be converted straight back). `kept`:
+    float32_parameters(params), made once by a caller that casts at every trace."""
     if dtype == jnp.float32:
-        return dict(flat)
-    return {n: p if n in GATHERED or n.rsplit(".", 1)[-1] in ("scale", "bias") else p.astype(dtype)
-            for n, p in flat.items()}
+        return params
+    kept = float32_parameters(params) if kept is None else kept
+    return jax.tree.map(lambda p, stays: p if stays else p.astype(dtype), params, kept)
+
+
+def float32_parameters(params):
+    """Whether compute_parameters keeps each parameter float32: the gathered tables, LayerNorm's gain and bias."""
+    return optim.name_mask(params, lambda name: name in GATHERED or name.rsplit(".", 1)[-1] in ("scale", "bias"))
 
 
 def compiled_eval(step: Step) -> Callable:
-    """(flat, batch, writer_leaves) → (loss, predictions) without dropout."""
+    """(params, batch, writer_leaves) → (loss, predictions) without dropout."""
     no_dropout = dataclasses.replace(step, rates={})
 
-    def evaluate(flat, batch, writer_leaves):
-        logits = no_dropout.logits(flat, batch, jax.random.key(0), writer_leaves)
+    def evaluate(params, batch, writer_leaves):
+        logits = no_dropout.logits(params, batch, jax.random.key(0), writer_leaves)
         return task_loss(logits, batch, step.task), logits.argmax(-1)
 
     return jax.jit(evaluate)
@@ -292,12 +311,12 @@ def macro_f1(predicted: np.ndarray, gold: np.ndarray, classes: int) -> float:
     return float(np.mean(scores))
 
 
-def evaluate(evaluator, flat, encoded, settings, writer_leaves, classes: int, devices: DataParallel) -> dict:
+def evaluate(evaluator, params, encoded, settings, writer_leaves, classes: int, devices: DataParallel) -> dict:
     """Loss (mean over batches, weighted by what each batch counts), accuracy and macro-F1 on `encoded`."""
     order = np.arange(len(encoded))
     total, weight, predicted, gold = 0.0, 0.0, [], []
     for batch in data_.batches(encoded, order, **settings):
-        loss, prediction = evaluator(flat, devices.split(batch), writer_leaves)
+        loss, prediction = evaluator(params, devices.split(batch), writer_leaves)
         prediction = devices.gathered(prediction)
         if batch["labels"].ndim == 1:
             counted = batch["weight"] > 0
@@ -345,11 +364,13 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
     names = data_.label_names(rows, task, num_labels, data_.source_name(data))
     start, new = _task_model(model, task, names, seed)
     cfg, settings = start.config, source_settings(model)
-    flat = start.named_parameters()
-    moving = optim.selected(flat, trainable)
+    # The step's one form of parameters: the nested params dict. `trainable`'s globs are matched to the dotted names
+    # once, here, giving a mask of that form.
+    params = start.params
+    moving = optim.selected(optim.parameter_names(params), trainable)
+    trainable_params, frozen = optim.split(params, optim.name_mask(params, moving.__contains__))
     # Copies: the step donates its parameters' buffers, which must not be the caller's model's.
-    trainable_params = {n: jnp.array(p, copy=True) for n, p in flat.items() if n in moving}
-    frozen = {n: p for n, p in flat.items() if n not in moving}
+    trainable_params = jax.tree.map(lambda p: jnp.array(p, copy=True), trainable_params)
 
     encoded = data_.encode(model, rows, task, names, data_.source_name(data))
     per_epoch = data_.steps_per_epoch(len(encoded), batch_size)
@@ -388,16 +409,18 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
                     "compute_dtype": str(step.compute_dtype), "trainable": sorted(moving)}
     if checkpoints is not None:
         run_settings |= run_fingerprints(model, encoded, eval_encoded, writers)
-        found = checkpoints.restore({"params": trainable_params, "opt": opt_state}, run_settings)
+        run_state = {"params": trainable_params, "opt": opt_state}
+        found = checkpoints.restore(on_disk(run_state, trainable_params), run_settings)  # named as resume.py says
         if found is not None:
             micro, saved, meta = found
+            saved = in_memory(saved, run_state, trainable_params)
             trainable_params, opt_state = devices.replicated((saved["params"], saved["opt"]))
             history = History(**meta["history"])
 
     def save():
         if checkpoints is not None:
             guards.check_weights(trainable_params, micro // accumulate, total_steps, learning_rate)
-            checkpoints.save(micro, {"params": trainable_params, "opt": opt_state},
+            checkpoints.save(micro, on_disk({"params": trainable_params, "opt": opt_state}, trainable_params),
                              {"settings": run_settings, "history": dataclasses.asdict(history)})
 
     dropout_key = jax.random.key(seed)
@@ -436,8 +459,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
             if evaluator is not None:
                 # the same masks every epoch
                 eval_settings = dict(batch_settings, buckets=eval_buckets, mask_seed=(seed, epochs))
-                scores = evaluate(evaluator, trainable_params | frozen, eval_encoded, eval_settings, writer_leaves,
-                                  len(names) or cfg.vocab_size, devices)
+                scores = evaluate(evaluator, optim.joined(trainable_params, frozen), eval_encoded, eval_settings,
+                                  writer_leaves, len(names) or cfg.vocab_size, devices)
                 history.eval.append({"epoch": epoch + 1, **scores})
             if micro % accumulate == 0:  # a checkpoint never holds half an accumulation
                 save()
@@ -445,8 +468,8 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
         checkpoints.close()
     guards.check_weights(trainable_params, micro // accumulate, total_steps, learning_rate)
 
-    trained = Model.from_parameters(cfg, devices.local(trainable_params | frozen), model.tokenizer,
-                                    pooling=model.pooling, source=model.source)
+    trained = Model(cfg, devices.local(optim.joined(trainable_params, frozen)), model.tokenizer,
+                    pooling=model.pooling, source=model.source)
     return Result(trained, history, new, devices.count, tuple(bar.lengths))
 
 

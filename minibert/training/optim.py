@@ -1,8 +1,8 @@
 """The optimiser every minibert trainer shares: AdamW as transformers' Trainer runs it, its learning-rate
 schedules, gradient clipping and accumulation, and a progress bar.
 
-Parameters are a dict {dotted name: array} ("blocks.0.attn.W_Q", "classifier.b"; `parameter_names` gives
-a model's); any pytree works where no names are needed.
+Parameters are any tree whose paths spell their dotted names ("blocks.0.attn.W_Q", "classifier.b";
+`parameter_names` gives them): finetune's nested params dict (model.params), or a dict {dotted name: array}.
 
 What transformers' Trainer + torch.optim.AdamW do, and `adamw` does the same:
     g      ← Σ grads over `accumulate` micro-batches / accumulate
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
-from minibert.core.encoder import parameter_names  # noqa: F401 (the Model's names are the optimiser's; kept here)
+from minibert.core.encoder import parameter_names  # the Model's names are the optimiser's (kept here)
 from minibert.errors import InputError
 
 SCHEDULES = ("linear", "constant")
@@ -43,9 +43,38 @@ def decays(name: str) -> bool:
     return not any(fnmatch.fnmatchcase(leaf, pattern) for pattern in _NO_DECAY_LEAVES)
 
 
-def decay_mask(params: Mapping[str, jax.Array]) -> dict[str, bool]:
-    """{name: decays(name)} for a dict of named parameters: the mask `adamw` takes."""
-    return {name: decays(name) for name in params}
+def name_mask(params, predicate: Callable[[str], bool]):
+    """A tree of `params`' form holding predicate(dotted name) at each parameter: names read once, where a mask is
+    made, so that the step that uses it meets its parameters' one form."""
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), [predicate(name) for name in
+                                        parameter_names(params)])
+
+
+def decay_mask(params):
+    """decays(name) at each parameter of `params` (name_mask): the mask `adamw` takes."""
+    return name_mask(params, decays)
+
+
+def split(params: Mapping, mask: Mapping) -> tuple[dict, dict]:
+    """(the parameters where `mask` holds True, the others): two nested dicts of `params`' form (name_mask's
+    `mask`), a branch left out of the one that has none of its leaves. joined is its inverse."""
+    chosen, rest = {}, {}
+    for key, value in params.items():
+        if isinstance(value, Mapping):
+            inner = split(value, mask[key])
+            chosen |= {key: inner[0]} if inner[0] else {}
+            rest |= {key: inner[1]} if inner[1] else {}
+        else:
+            (chosen if mask[key] else rest)[key] = value
+    return chosen, rest
+
+
+def joined(chosen: Mapping, rest: Mapping) -> dict:
+    """split's two parts as one nested dict again."""
+    both = dict(chosen)
+    for key, value in rest.items():
+        both[key] = joined(chosen[key], value) if key in chosen else value
+    return both
 
 
 def selected(names: Iterable[str], patterns: str | Iterable[str] | None) -> set[str]:

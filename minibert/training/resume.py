@@ -12,6 +12,10 @@ training data as tokenized (texts, pairs, labels; a changed tokenizer changes th
 weights (a frozen encoder comes from it) and the hooks. A run resumed with other data, another base model or
 other hooks would not be one run, and is refused.
 
+A checkpoint's arrays are named as model.named_parameters names them ({"params": {dotted name: array}, "opt": the
+optimiser's state with each of its parameter-shaped trees so named}), whatever form the run carries them in:
+`on_disk` names them once per save, `in_memory` gives the run's form back once per resume.
+
 A run's directory holds its checkpoints and nothing else: a directory holding anything else (a user's files,
 a folder named like a checkpoint) is refused rather than written into.
 """
@@ -23,9 +27,11 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from minibert.errors import DataFileError, InputError
+from minibert.runtime.weights import by_name, shaped_as
 
 CHECKPOINT_MARK = "_CHECKPOINT_METADATA"  # the file orbax writes into each checkpoint's folder
 UNFINISHED_MARK = ".orbax-checkpoint-tmp"  # in the name of a folder orbax was writing when the run stopped
@@ -83,6 +89,29 @@ class Checkpoints:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def on_disk(tree, params):
+    """`tree` (a run's state: its parameters, the optimiser's state) with each subtree shaped as `params` (the
+    parameters themselves, Adam's moments, accumulated gradients) as {dotted name: array}: a checkpoint's layout."""
+    def named(subtree):
+        return by_name(subtree) if _shaped_as(params)(subtree) else subtree
+
+    return jax.tree.map(named, tree, is_leaf=_shaped_as(params))
+
+
+def in_memory(saved, tree, params):
+    """on_disk's inverse: `saved` (a checkpoint's layout) in the form of `tree`, each {dotted name: array} back in
+    `params`' form."""
+    def unnamed(subtree, named):
+        return shaped_as(subtree, named) if _shaped_as(params)(subtree) else named
+
+    return jax.tree.map(unnamed, tree, saved, is_leaf=_shaped_as(params))
+
+
+def _shaped_as(params):
+    structure = jax.tree_util.tree_structure(params)
+    return lambda subtree: isinstance(subtree, Mapping) and jax.tree_util.tree_structure(subtree) == structure
 
 
 def _check_run_folder(directory: Path) -> None:
