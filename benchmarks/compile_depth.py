@@ -1,5 +1,5 @@
 """Compile time against depth: a forward's trace, lowering and XLA compile at 6, 12 and 24 layers of MiniLM's width,
-with the blocks scanned (model.Bert.stack, the default) and unrolled (Model(..., scan=False)), and what the scan
+with the blocks scanned (encoder.Encoder.stack, the default) and unrolled (Model(..., scan=False)), and what the scan
 costs a compiled call.
 
     python benchmarks/compile_depth.py [--smoke] [--layers 6 12 24] [--repeats 3] [--out FILE]

@@ -33,7 +33,7 @@ from training import LEARNING_RATE, classifier_dir, inputs, minibert_step
 import minibert
 from minibert.core.hooks import writers_for
 from minibert.training import optim
-from minibert.training.finetune import Step, compiled_step
+from minibert.training.finetune import TrainingStep, compiled_step
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -43,7 +43,7 @@ def lowered_converts(model, rows: dict, dtype) -> int:
     params = model.params  # the step's form of parameters
     optimizer = optim.adamw(LEARNING_RATE, mask=optim.decay_mask(params))
     leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names, model.config.architecture))
-    step = Step(model, "sequence-classification", {}, writer_def, jnp.dtype(dtype))
+    step = TrainingStep(model, "sequence-classification", {}, writer_def, jnp.dtype(dtype))
     batch = {name: jnp.asarray(value) for name, value in rows.items()}
     lowered = compiled_step(step, optimizer).trace(params, {}, optimizer.init(params), batch, jax.random.key(0),
                                                     leaves).lower()

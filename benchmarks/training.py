@@ -15,7 +15,7 @@ AdamW's two moments (3 × parameters × 4 bytes) plus the activations a backward
 
 --compile (issue 28): seconds to trace and lower finetune's step, and to compile it in XLA, for a random model of
 the bert-base shape (12 layers × 768; --compile-model minilm: all-MiniLM-L6-v2's) in float32 and bfloat16
-compute, with the blocks scanned (model.Bert.stack) and unrolled (Model(..., scan=False): the stack issue 28
+compute, with the blocks scanned (encoder.Encoder.stack) and unrolled (Model(..., scan=False): the stack issue 28
 measured at 21.5 s / 37 s). Each case runs in a fresh process with the persistent compilation cache off; wall and
 CPU seconds of that process (CPU seconds are the steadier on a shared machine: XLA compiles on one thread).
 """
@@ -53,7 +53,7 @@ from minibert import training
 from minibert.core.hooks import writers_for
 from minibert.runtime import accounting
 from minibert.training import optim
-from minibert.training.finetune import Step, compiled_step
+from minibert.training.finetune import TrainingStep, compiled_step
 
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM = 2e-5, 0.01, 1.0
 LABELS = ("negative", "positive")
@@ -81,7 +81,7 @@ def step_program(model, rows: dict, compute_dtype=jnp.float32, dropout: float = 
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers_for(None, model.hook_names,
                                                                        model.config.architecture))
     rates = {"hidden": dropout, "attention": dropout, "classifier": dropout} if dropout else {}
-    step = Step(model, "sequence-classification", rates, writer_def, jnp.dtype(compute_dtype))
+    step = TrainingStep(model, "sequence-classification", rates, writer_def, jnp.dtype(compute_dtype))
     batch = {name: jnp.asarray(value) for name, value in rows.items()}
     return compiled_step(step, optimizer), [params, {}, optimizer.init(params), batch, jax.random.key(0),
                                             writer_leaves]

@@ -13,7 +13,7 @@ from flax import nnx
 
 import minibert
 from minibert.core.config import BertConfig
-from minibert.core.encoder import Bert
+from minibert.core.encoder import Encoder
 from minibert.runtime import accounting
 from minibert.runtime.model import Model
 
@@ -81,7 +81,7 @@ def test_flops_against_compiled_cost_analysis():
     count is not the program's work."""
     cfg = BertConfig(vocab_size=128, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
                      intermediate_size=3072, max_position_embeddings=512)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Bert(cfg, scan=False)))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Encoder(cfg, scan=False)))
     B, T = 2, 128
     ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
     forward = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids, ids, ids).last_hidden_state)

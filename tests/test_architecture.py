@@ -74,6 +74,26 @@ def test_a_removed_name_is_gone_and_listed(module, name):
     assert re.search(rf"\b{name}\b", _removed_table()), f"CHANGELOG.md's removed table does not list {name}"
 
 
+# Names that collided, renamed with no alias left (CHANGELOG.md, "Renamed so that no two things share a name")
+RENAMED = [  # (module, old name, new name)
+    ("minibert.core.encoder", "Bert", "Encoder"),  # every family's module, not BERT's alone
+    ("minibert.training.finetune", "Step", "TrainingStep"),  # core.shows.Step is the step-through's
+    ("minibert.core.shows", "steps", "step_table"),  # viz.steps' is the walk of one head
+    ("minibert.viz.steps", "steps", "step_through"),
+    ("minibert.viz.workbench", "Programs", "FirstRuns"),  # runtime.programs.Programs is model.programs
+    ("minibert.training.data", "mask_tokens", "bert_masking"),  # analysis.mask_tokens' rule differs (all [MASK])
+]
+
+
+@pytest.mark.parametrize("module, old, new", RENAMED)
+def test_a_colliding_name_is_renamed_and_listed(module, old, new):
+    imported = importlib.import_module(module)
+    assert not hasattr(imported, old) and hasattr(imported, new)
+    text = (ROOT / "CHANGELOG.md").read_text()
+    table = text[text.index("Renamed so that no two things share a name"):]
+    assert re.search(rf"`{re.escape(module)}\.{old}` \| `{new}`", table), f"CHANGELOG.md does not list {old} → {new}"
+
+
 # A Model's compile management, moved behind model.programs with no alias left (CHANGELOG.md, the rings layout)
 MOVED_TO_PROGRAMS = {"traces": "traces", "max_programs": "limit", "compiled_programs": "count",
                      "clear_compiled": "clear", "bucket_rule": "bucket_rule", "length_buckets": "length_buckets",

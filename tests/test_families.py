@@ -492,14 +492,14 @@ def test_full_size_parameter_counts_match_transformers(model_type, suffix):
     import transformers
     from flax import nnx
 
-    from minibert.core.encoder import Bert
+    from minibert.core.encoder import Encoder
 
     prefix = HF_CLASSES[model_type]
     hf_config = getattr(transformers, f"{prefix}Config")(**FULL_SIZE[model_type], architectures=[prefix + suffix])
     with torch.device("meta"):
         hf_model = getattr(transformers, prefix + suffix)(hf_config)
     theirs = sum(p.numel() for p in hf_model.parameters())  # tied and shared weights once
-    ours = nnx.eval_shape(lambda: Bert(read_config(hf_config.to_dict())))
+    ours = nnx.eval_shape(lambda: Encoder(read_config(hf_config.to_dict())))
     assert sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(ours, nnx.Param))) == theirs
 
 
@@ -642,7 +642,7 @@ class PreLNBlock(model_lib.Block):
 # sites (ln1 before attention, ln2 before the MLP, no LayerNorm on its output) and a step-through of its own.
 TOY_ORDER = ("hook_resid_pre", "ln1", "attn", "hook_attn_out", "hook_resid_mid", "ln2", "mlp", "hook_mlp_out",
              "hook_resid_post")
-TOY_STEPS = shows.steps(
+TOY_STEPS = shows.step_table(
     ("x", "block {layer} input", "x", "hook_resid_pre", shows.QUERY, ()),
     ("ln1", "LayerNorm before attention", "x̂ = LN₁(x)", "ln1.hook_out", shows.QUERY, ("x",)),
     ("q", "query", "q = x̂ W_Q[h] + b_Q[h]", "attn.hook_q", shows.QUERY_HEAD, ("ln1",)),

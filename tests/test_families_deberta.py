@@ -27,7 +27,7 @@ from tolerances import LAMBDA, U32, assert_close_to_scale, block_roundings
 
 import minibert
 from minibert.core.config import Config
-from minibert.core.encoder import Bert
+from minibert.core.encoder import Encoder
 from minibert.errors import ConfigError, InputError, TokenizerError
 from minibert.families import Heads
 from minibert.families.deberta_v2 import enhanced_mask_decoder, log_buckets
@@ -334,7 +334,7 @@ def test_the_v2_xlarge_config_is_refused_for_its_convolution_layer():
     when built from the config alone (no checkpoint, so no key table)."""
     config = read_config(V2_XLARGE)
     with pytest.raises(ConfigError, match="conv_kernel_size = 3: the convolution layer"):
-        nnx.eval_shape(lambda: Bert(config))
+        nnx.eval_shape(lambda: Encoder(config))
 
 
 FULL_SIZE = {  # microsoft/deberta-v3-base and -large, config.json's values
@@ -356,7 +356,7 @@ def test_full_size_parameter_counts(size, suffix):
         hf_model = getattr(transformers, "DebertaV2" + suffix)(hf_config)
     theirs = sum(p.numel() for p in hf_model.parameters())  # tied weights (the MLM decoder) counted once
     config = read_config(hf_config.to_dict())
-    shapes = nnx.state(nnx.eval_shape(lambda: Bert(config)), nnx.Param)
+    shapes = nnx.state(nnx.eval_shape(lambda: Encoder(config)), nnx.Param)
     ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
     assert ours == theirs
 

@@ -24,7 +24,7 @@ from tolerances import assert_close_to_scale, forward_rtol
 
 import minibert
 from minibert.core.config import Config
-from minibert.core.encoder import Bert
+from minibert.core.encoder import Encoder
 from minibert.errors import ConfigError, InputError
 from minibert.families.modernbert import GLOBAL, LOCAL, layer_kinds, rope_theta
 from minibert.families.registry import config_for
@@ -197,7 +197,7 @@ def test_a_model_built_from_a_config_alone_is_refused_alike():
     """Without a checkpoint there is no key table to check the config: the model's code checks it."""
     config = read_config(dict(MODERN, model_type="modernbert", classifier_pooling="max"))
     with pytest.raises(ConfigError, match="classifier_pooling"):
-        nnx.eval_shape(lambda: Bert(config))
+        nnx.eval_shape(lambda: Encoder(config))
 
 
 FULL_SIZE = {  # answerdotai/ModernBERT-base and -large, config.json's sizes
@@ -215,7 +215,7 @@ def test_full_size_parameter_counts(size, suffix):
     with torch.device("meta"):
         theirs = sum(p.numel() for p in getattr(transformers, "ModernBert" + suffix)(hf_config).parameters())
     config = read_config(hf_config.to_dict())
-    shapes = nnx.state(nnx.eval_shape(lambda: Bert(config)), nnx.Param)
+    shapes = nnx.state(nnx.eval_shape(lambda: Encoder(config)), nnx.Param)
     ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
     assert ours == theirs
 

@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from minibert.core.config import BertConfig
-from minibert.core.encoder import MLP, Attention, Bert, Block, LayerNorm, gelu
+from minibert.core.encoder import MLP, Attention, Block, Encoder, LayerNorm, gelu
 
 U = 2.0**-24  # float32 unit roundoff
 EPS = 1e-12  # BERT's layer_norm_eps: far below float32's resolution of the variances used here
@@ -266,7 +266,7 @@ def test_block_by_hand_weights_against_the_reference():
 @pytest.mark.slow  # two eager forwards: every op dispatched on its own
 def test_stages_compose_to_the_forward_and_match_the_references():
     cfg = tiny_config(num_hidden_layers=2)
-    module = Bert(cfg, rngs=nnx.Rngs(3))
+    module = Encoder(cfg, rngs=nnx.Rngs(3))
     ids, types = jnp.array([[2, 5, 6, 3, 0]]), jnp.array([[0, 0, 1, 1, 0]])
     mask = jnp.array([[1, 1, 1, 1, 0]])
     hooks = Recorder()

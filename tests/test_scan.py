@@ -1,4 +1,4 @@
-"""The scanned stack (model.Bert.stack: blocks alike in shape as one jax.lax.scan) against the unrolled one
+"""The scanned stack (encoder.Encoder.stack: blocks alike in shape as one jax.lax.scan) against the unrolled one
 (Model(..., scan=False): one copy of the block per layer, the reference), for every family: every hook site's
 captured value, writes at one layer's sites, gradients with respect to every per-layer site, dropout, the suffix
 stage from a traced layer; and what the program holds (one block whatever the depth, only the layers asked

@@ -18,7 +18,7 @@ from minibert import training
 from minibert.core.hooks import writers_for
 from minibert.runtime.weights import by_name
 from minibert.training import optim
-from minibert.training.finetune import LateLosses, Step, compiled_step, compute_parameters, task_loss
+from minibert.training.finetune import LateLosses, TrainingStep, compiled_step, compute_parameters, task_loss
 from tests.conftest import make_hf_model, random_batch
 from tests.tolerances import U32, head_rtol
 
@@ -36,9 +36,9 @@ def batch_of(model, B: int = 4, T: int = 16, seed: int = 0) -> dict:
         "labels": jnp.arange(B, dtype=jnp.int32) % 2, "weight": jnp.ones(B, jnp.float32)}
 
 
-def step_for(model, dtype=jnp.float32, hooks=None) -> tuple[Step, list]:
+def step_for(model, dtype=jnp.float32, hooks=None) -> tuple[TrainingStep, list]:
     leaves, writer_def = jax.tree_util.tree_flatten(writers_for(hooks, model.hook_names, model.config.architecture))
-    return Step(model, "sequence-classification", {}, writer_def, jnp.dtype(dtype)), leaves
+    return TrainingStep(model, "sequence-classification", {}, writer_def, jnp.dtype(dtype)), leaves
 
 
 def lowered_converts(model, dtype) -> list[str]:
@@ -219,7 +219,7 @@ def test_a_fine_tuning_run_converts_its_parameters_and_hooks_outside_the_steps_t
     counted(contract, "behaviour_key", "hook keyed")
     counted(jax.tree_util, "tree_flatten", "hooks flattened", has_hooks)
     counted(jax.tree_util, "tree_unflatten", "hooks unflattened", lambda *args: has_hooks(args[-1]))
-    logits = finetune_module.Step.logits
+    logits = finetune_module.TrainingStep.logits
 
     def traced_logits(self, *args):
         tracing.append(True)
@@ -228,7 +228,7 @@ def test_a_fine_tuning_run_converts_its_parameters_and_hooks_outside_the_steps_t
         finally:
             tracing.pop()
 
-    monkeypatch.setattr(finetune_module.Step, "logits", traced_logits)
+    monkeypatch.setattr(finetune_module.TrainingStep, "logits", traced_logits)
     make_hf_model(tmp_path, "BertModel", scale=0.1)
     base = minibert.load(tmp_path)
     rows = [training.Example(" ".join(["a"] * (3 if i < 4 else 20)), None, i % 2) for i in range(8)]
@@ -238,6 +238,6 @@ def test_a_fine_tuning_run_converts_its_parameters_and_hooks_outside_the_steps_t
                                dropout=0.0, progress=False, eval_data=rows[:6], hooks=hook)
     assert len(result.step_lengths) == 2 and len(result.history.eval) == 2
     in_traces = {label: n for (when, label), n in counts.items() if when == "trace"}
-    # merged once per trace, and once per Step (the step's, the evaluation's) at its first: first_token_suffices
+    # merged once per trace, and once per TrainingStep (the step's, the evaluation's) at its first: first_token_suffices
     assert in_traces == {"hooks unflattened": 4, "module merged": 4 + 2}, in_traces
     assert counts["run", "hook keyed"] == 1 and counts["run", "hooks flattened"] == 1, counts

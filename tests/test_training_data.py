@@ -1,4 +1,4 @@
-"""Masked-LM batches (training.data.mask_tokens, batches): BERT's recipe measured on many draws — 15% of the
+"""Masked-LM batches (training.data.bert_masking, batches): BERT's recipe measured on many draws — 15% of the
 maskable tokens chosen, 80% of those [MASK], 10% a uniformly random id, 10% unchanged — and special tokens and
 padding never chosen."""
 
@@ -25,11 +25,11 @@ def _within(count: int, n: int, p: float, what: str) -> None:
     assert abs(count - n * p) <= 6 * sigma, f"{what}: {count} of {n}, expected {n * p:.0f} ± {6 * sigma:.0f}"
 
 
-def test_mask_tokens_follows_berts_recipe():
+def test_bert_masking_follows_berts_recipe():
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, VOCAB, size=(400, 500)).astype(np.int32)  # no id equals [MASK]
     maskable = rng.random(ids.shape) < 0.9
-    inputs, labels = data_.mask_tokens(ids, maskable, np.random.default_rng(1), MASK, VOCAB)
+    inputs, labels = data_.bert_masking(ids, maskable, np.random.default_rng(1), MASK, VOCAB)
 
     chosen = labels != data_.IGNORE
     assert not np.any(chosen & ~maskable)  # specials and padding are never chosen

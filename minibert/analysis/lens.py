@@ -6,7 +6,7 @@
 
 Stream 0 is `hook_full_embed` (the embedding LayerNorm's output), stream l + 1 is block l's output, the site its
 family declares (Family.block_output: `blocks.{l}.hook_normalized_resid_post` in BERT); each is read by the model's
-own head stage (`Bert.head`: dense, activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed. In a
+own head stage (`Encoder.head`: dense, activation, LayerNorm, tied unembedding, bias). Blocks are 0-indexed. In a
 pre-LN family (ModernBERT) a block's output is `blocks.{l}.hook_resid_post`, and its head stage begins with the
 final LayerNorm (`ln_final`), so each stream is read as TransformerLens' logit lens reads a pre-LN model's:
 ln_final, then the head.

@@ -2,7 +2,7 @@
 
 model.py's forward takes a `Dropout` (NO_DROPOUT in inference, where every rate is 0 and each call returns its
 value): the hidden states, the attention pattern and the classifier's input each pass through it at the sites
-Hugging Face's BERT drops them. A scanned stack (model.Bert.stack) gives each layer a `LayerDropout` drawing the masks
+Hugging Face's BERT drops them. A scanned stack (Encoder.stack) gives each layer a `LayerDropout` drawing the masks
 its unrolled block would.
 """
 
@@ -64,7 +64,7 @@ def mask_key(site_key) -> jax.Array:
 
 
 class LayerDropout(Dropout):
-    """A Dropout inside a scanned block (Bert.stack), whose sites are named "blocks.*.…": each layer draws the
+    """A Dropout inside a scanned block (Encoder.stack), whose sites are named "blocks.*.…": each layer draws the
     masks its unrolled block would, from the crc32 of its own site name ("blocks.3.…"), picked by the traced
     layer."""
 

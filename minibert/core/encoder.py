@@ -17,7 +17,7 @@ One post-LN encoder block, as Vaswani et al. and Hugging Face's BertLayer comput
     resid_post = ln1 + MLP(ln1)
     block out  = LayerNorm(resid_post)      (= next block's resid_pre)
 
-The encoder applies L such blocks, one after the other (Bert.stack): block i on block i − 1's output. The block is
+The encoder applies L such blocks, one after the other (Encoder.stack): block i on block i − 1's output. The block is
 written once; the stack runs it as a jax.lax.scan over the layers, each step reading its layer's weights, so a program
 holds one traced copy of it whatever the depth, and every hook keeps its per-layer name (blocks.3.attn.hook_pattern).
 In training, values pass through dropout (minibert/core/dropout.py) where Hugging Face's BERT drops them, after
@@ -65,7 +65,7 @@ class NoHooks:
         return False
 
     def over_layers(self, layers):
-        """In a scanned stack (Bert.stack) too: nothing to capture or write in any layer."""
+        """In a scanned stack (Encoder.stack) too: nothing to capture or write in any layer."""
         return self
 
     captures = False  # the scanned stack's side of hooks.LayerHooks, where nothing is ever captured
@@ -344,7 +344,7 @@ class Block(nnx.Module):
                  first_token_only: bool = False, **shared):
         """shared: the encoder-level state of a family that has some (Family.shared), for its attention.
         first_token_only (BERT's Attention): the block's output at the first position alone, [B, 1, D], for a head
-        that reads nothing else (Bert.first_token_suffices); keys and values still come from every token."""
+        that reads nothing else (Encoder.first_token_suffices); keys and values still come from every token."""
         resid_pre = hooks(site.under(name, site.RESID_PRE), resid_pre)
         if first_token_only:
             shared["first_token_only"] = True
@@ -393,7 +393,7 @@ class MaskedLMHead(nnx.Module):
         transformed = ACTIVATIONS[self.activation](hidden @ self.W[...] + self.b[...])
         # TransformerLens' names: its mlm_head ends with the layernorm, whose output enters its unembed
         transformed = self.ln(transformed, hooks, site.MLM_LN, out=site.UNEMBED_IN)
-        # the tied table may be float32 while the head computes in bf16 (Bert.compute_dtype): the product runs in
+        # the tied table may be float32 while the head computes in bf16 (Encoder.compute_dtype): the product runs in
         # the head's dtype, as an untied decoder would
         decoder = word_embeddings.astype(transformed.dtype)
         logits = jnp.einsum("BTE,VE->BTV", transformed, decoder) + self.decoder_bias[...]
@@ -427,13 +427,13 @@ class Classifier(nnx.Module):
         return hooks(self.hook, x @ self.W[...] + self.b[...])
 
 
-# Whether the stack being traced is differentiated (unrolled_stack): read by Bert.stack when a program is traced.
+# Whether the stack being traced is differentiated (unrolled_stack): read by Encoder.stack when a program is traced.
 _DIFFERENTIATED = contextvars.ContextVar("minibert_differentiated", default=False)
 
 
 @contextlib.contextmanager
 def unrolled_stack():
-    """Within it, Bert.stack traces its blocks unrolled, one copy per layer, however the model was built: for the
+    """Within it, Encoder.stack traces its blocks unrolled, one copy per layer, however the model was built: for the
     programs that differentiate through the stack (Model.grad, the gradient analyses, fine-tuning's step). The
     scan's backward costs about twice the unrolled one's and compiles no faster (benchmarks/RESULTS.md, issue 43);
     a program that only runs forward keeps the scan, whose compile does not grow with depth. It decides how a
@@ -445,11 +445,11 @@ def unrolled_stack():
         _DIFFERENTIATED.reset(token)
 
 
-class Bert(nnx.Module):
+class Encoder(nnx.Module):
     """The encoder and the head its architecture names (Config.architecture), for every family."""
 
     def __init__(self, cfg: Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, scan: bool = True):
-        """scan: run blocks alike in shape as one jax.lax.scan (Bert.stack); False unrolls them, one copy of the
+        """scan: run blocks alike in shape as one jax.lax.scan (Encoder.stack); False unrolls them, one copy of the
         block per layer in the program (the tests' reference)."""
         self.config, self.scan = cfg, scan
         # A family whose embeddings or blocks are not BERT's names its own (Family.embeddings, Family.block).
@@ -489,7 +489,7 @@ class Bert(nnx.Module):
     @property
     def first_token_suffices(self) -> bool:
         """Whether the head reads the last block at the first position ([CLS]) only: a sequence classifier (or
-        BertModel's pooler alone) on BERT's own blocks and heads, where Bert(first_token_only=True) computes the
+        BertModel's pooler alone) on BERT's own blocks and heads, where Encoder(first_token_only=True) computes the
         last block's first position alone and gives the same logits and pooled output."""
         heads = self.config.heads
         return (self.family_head is None and self.pooler is not None and self.mlm is None and self.nsp is None
@@ -532,7 +532,7 @@ class Bert(nnx.Module):
     def stack(self, resid, key_mask, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, start=0,
               first_token_only: bool = False) -> jax.Array:
         """Stages 1 + start … L: blocks start…L−1 on the residual stream entering block `start` → the last block's
-        output [B, T, D] ([B, 1, D] with first_token_only, Bert.__call__: the last block then runs apart).
+        output [B, T, D] ([B, 1, D] with first_token_only, Encoder.__call__: the last block then runs apart).
         `start` may be traced (int32): blocks before it are then skipped at run time, so one program serves every
         start.
 
@@ -612,7 +612,7 @@ class Bert(nnx.Module):
         return resid
 
     def head(self, hidden, hooks: Hooks = NO_HOOKS, dropout: Dropout = NO_DROPOUT, key_mask=None) -> Output:
-        """Last stage: the pooler and task head on the last hidden state [B, T, D]. key_mask (Bert.key_mask):
+        """Last stage: the pooler and task head on the last hidden state [B, T, D]. key_mask (Encoder.key_mask):
         which tokens are real, for heads that pool over them (ModernBERT's mean pooling)."""
         if self.family_head is not None:
             return self.family_head(hidden, self.embed.word[...], hooks, dropout, key_mask)

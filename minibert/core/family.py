@@ -193,12 +193,12 @@ class Family:
     # one built as Class(cfg, dtype, rngs) that replaces model.Embeddings (embed(input_ids, token_type_ids, hooks)).
     block: type | None = None
     embeddings: type | None = None
-    # Replaces the head stage (model.Bert.head): built as Class(cfg, dtype, rngs), called as
+    # Replaces the head stage (encoder.Encoder.head): built as Class(cfg, dtype, rngs), called as
     # head(hidden, word_embeddings, hooks, dropout, key_mask) → model.Output. For a family whose heads are not
     # BERT's pooler / MLM / classifier (ModernBERT: a final LayerNorm, then dense → act → norm before each head).
     head: type | None = None
     # Encoder-level state every block reads (DeBERTa's relative-position table): built once as
-    # Class(cfg, dtype, rngs) into model.Bert.shared, its weights stored once, and passed to each block call as
+    # Class(cfg, dtype, rngs) into encoder.Encoder.shared, its weights stored once, and passed to each block call as
     # block(…, shared=it).
     shared: type | None = None
     # Where each weight of its blocks is, by role (fused q, k, v; a gated MLP's halves): what Model.weights reads,

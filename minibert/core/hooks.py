@@ -237,12 +237,12 @@ class HookPoints:
         return value
 
     def over_layers(self, layers: range) -> LayerHooks:
-        """These hooks in the blocks `layers` of a scanned stack (model.Bert.stack)."""
+        """These hooks in the blocks `layers` of a scanned stack (encoder.Encoder.stack)."""
         return LayerHooks(self, layers)
 
 
 class LayerHooks:
-    """The hooks of a run of blocks that model.Bert.stack scans: one traced block runs for every layer, calling
+    """The hooks of a run of blocks that encoder.Encoder.stack scans: one traced block runs for every layer, calling
     its hooks by template names ("blocks.*.attn.hook_z"); these act as the hooks of the layer the scan is at, under
     that layer's own name ("blocks.3.attn.hook_z"), so hooks keep their per-layer names and meanings:
 

@@ -44,7 +44,7 @@ def one_term(cfg) -> int:
     return 1
 
 
-def steps(*rows: tuple) -> tuple[Step, ...]:
+def step_table(*rows: tuple) -> tuple[Step, ...]:
     return tuple(Step(*row) for row in rows)
 
 
@@ -55,7 +55,7 @@ def replacing(table: tuple[Step, ...], step_id: str, replacements: tuple[Step, .
 
 
 # Post-LN BERT's block, which every family with BERT's block shows:
-POST_LN_STEPS = steps(
+POST_LN_STEPS = step_table(
     ("word", "token embedding", "e_word = W_E[id_t]", site.EMBED, QUERY, ()),
     ("position", "position embedding", "e_pos = W_pos[t]", site.POS_EMBED, QUERY, ()),
     ("segment", "segment embedding", "e_seg = W_type[type_t]", site.TOKEN_TYPE_EMBED, QUERY, ()),

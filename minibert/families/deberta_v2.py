@@ -46,7 +46,7 @@ from minibert.core.encoder import _weight as weight
 from minibert.core.encoder import _zeros as zeros
 from minibert.core.family import Family, LayerKeys
 from minibert.core.keys import Rule, block_keys, identity, layer_norm, linear, to_DHK, to_HK
-from minibert.core.shows import HEAD_ROW, POST_LN_STEPS, replacing, steps
+from minibert.core.shows import HEAD_ROW, POST_LN_STEPS, replacing, step_table
 from minibert.errors import ConfigError, InputError
 
 TERMS = ("c2p", "p2c")  # the position terms pos_att_type may list
@@ -207,7 +207,7 @@ def log_buckets(relative: np.ndarray, buckets: int, largest: int) -> np.ndarray:
 
 class RelativePositions(nnx.Module):
     """The relative-distance table r [2A, D] (encoder.rel_embeddings) and its LayerNorm (encoder.LayerNorm, where
-    norm_rel_ebd is "layer_norm"): built once (model.Bert.shared), read by every block."""
+    norm_rel_ebd is "layer_norm"): built once (encoder.Encoder.shared), read by every block."""
 
     def __init__(self, cfg: Config, dtype, rngs):
         self.span = attention_span(cfg)
@@ -251,7 +251,7 @@ class DisentangledAttention(Attention):
 
     def __call__(self, x, key_mask, hooks: Hooks, name: str, dropout: Dropout = NO_DROPOUT,
                  shared: RelativePositions | None = None):
-        """x [B, T, D], key_mask [B, 1, 1, S], shared: the relative table (model.Bert.shared) → output [B, T, D]."""
+        """x [B, T, D], key_mask [B, 1, 1, S], shared: the relative table (Encoder.shared) → output [B, T, D]."""
         q = hooks(site.under(name, site.Q), jnp.einsum("BTD,DHK->BTHK", x, self.W_Q[...]) + self.b_Q[...])
         k = hooks(site.under(name, site.K), jnp.einsum("BSD,DHK->BSHK", x, self.W_K[...]) + self.b_K[...])
         v = hooks(site.under(name, site.V), jnp.einsum("BSD,DHK->BSHK", x, self.W_V[...]) + self.b_V[...])
@@ -377,7 +377,7 @@ def score_scale(cfg: Config) -> int:
 # The step-through: BERT's post-LN block whose scores are three terms, each already divided by √(K·m). r is the
 # relative table, δ(t, s) the row for the distance t − s, W_K', W_Q' the block's W_K, W_Q (shared keys) or its own
 # position projections.
-DISENTANGLED_SCORES = steps(
+DISENTANGLED_SCORES = step_table(
     ("c2c", "content → content", "q·k_s / √({d_head}·m)  (m = 1 + the number of position terms)", site.C2C,
      HEAD_ROW, ("qk",)),
     ("c2p", "content → position", "q·(r W_K')[δ(t, s)] / √({d_head}·m): the query against the relative table's row "

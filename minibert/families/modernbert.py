@@ -39,7 +39,7 @@ from minibert.core.encoder import _weight as weight
 from minibert.core.encoder import _zeros as zeros
 from minibert.core.family import Family, HeadKeys, LayerKeys, Part, WeightRoles
 from minibert.core.keys import Rule, identity, to_HKD, transpose
-from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, steps
+from minibert.core.shows import HEAD_ROW, KEYS_HEAD, QUERY, QUERY_HEAD, shared, step_table
 from minibert.errors import ConfigError, InputError
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
@@ -232,7 +232,7 @@ class ModernAttention(nnx.Module):
         self.W_O = weight(rngs, (H, K, D), dtype)
         self.b_O = bias((D,), dtype, with_bias)
         # Every layer's rotary base and window, the same tables in every block (so that blocks are alike and
-        # model.Bert.stack scans them); a layer reads its own entries.
+        # encoder.Encoder.stack scans them); a layer reads its own entries.
         kinds = layer_kinds(cfg)
         self.thetas = tuple(rope_theta(cfg, kind) for kind in kinds)
         self.half_widths = tuple(None if kind == GLOBAL else cfg.setting("local_attention") // 2 for kind in kinds)
@@ -297,7 +297,7 @@ WEIGHT_ROLES = WeightRoles(
 class ModernBlock(nnx.Module):
     """x + Attn(ln1(x)), then + MLP(ln2(·)); layer 0 has no ln1 (Family.first_ln1)."""
 
-    takes_layer = True  # its attention differs by layer: model.Bert passes the layer's index (traced when scanned)
+    takes_layer = True  # its attention differs by layer: encoder.Encoder passes the layer's index (traced when scanned)
 
     def __init__(self, cfg: Config, dtype, rngs, layer: int):
         self.ln1 = norm(cfg, dtype) if layer or cfg.family.first_ln1 else None
@@ -373,7 +373,7 @@ PRE_LN_ORDER = (site.RESID_PRE, site.LN1, site.ATTN, site.ATTN_OUT, site.RESID_M
                 site.RESID_POST)
 # The step-through: LayerNorm before each sublayer, rotary q and k, a gated FFN (GeGLU), no LayerNorm after the
 # residual adds but one after the last block; biases only where the checkpoint has them ("(+ b)").
-PRE_LN_STEPS = steps(
+PRE_LN_STEPS = step_table(
     ("word", "token embedding", "e_word = W_E[id_t] (no position table: positions enter as rotations of q, k)",
      site.EMBED, QUERY, ()),
     ("embed_ln", "embedding LayerNorm", "h⁰ = LN(e_word)", site.FULL_EMBED, QUERY, ("word",)),

@@ -13,7 +13,7 @@ from flax import nnx, struct
 
 from minibert.core.config import Config
 from minibert.core.contract import StaticFn, metric_function, metric_values, traced_call
-from minibert.core.encoder import NO_DROPOUT, Bert, Dropout, Output, position_rows, unrolled_stack
+from minibert.core.encoder import NO_DROPOUT, Dropout, Encoder, Output, position_rows, unrolled_stack
 from minibert.core.hooks import (
     Cache,
     HookError,
@@ -141,15 +141,15 @@ class Model(Weights):
                  dtype=jnp.float32, pooling: dict | None = None, source: str = "<memory>", seed: int | None = None,
                  scan: bool = True):
         """`params`: nested minibert params (checkpoint.convert); None gives a random model (seed). `scan`: run the
-        blocks as one jax.lax.scan where they are alike (model.Bert.stack; False: unrolled, a copy per layer).
+        blocks as one jax.lax.scan where they are alike (encoder.Encoder.stack; False: unrolled, a copy per layer).
         The process's first Model sets up the persistent compilation cache (runtime.cache; never at import)."""
         cache.use_persistent_cache()
         self.config, self.tokenizer, self.dtype, self.pooling, self.source = config, tokenizer, dtype, pooling, source
         if params is None:
-            module = Bert(config, dtype=dtype, rngs=nnx.Rngs(seed or 0), scan=scan)
+            module = Encoder(config, dtype=dtype, rngs=nnx.Rngs(seed or 0), scan=scan)
             self.graphdef, self.state = nnx.split(module)
         else:
-            self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Bert(config, dtype=dtype, scan=scan)))
+            self.graphdef, self.state = nnx.split(nnx.eval_shape(lambda: Encoder(config, dtype=dtype, scan=scan)))
             nnx.replace_by_pure_dict(self.state, params)
         self.programs = programs.Programs(self)  # compile management: traces, limit, buckets (docs/compiled.md)
         self._hook_compiles: dict = {}  # programs compiled per hook code (hooks.count_compiles warns on many)
@@ -369,7 +369,7 @@ class Model(Weights):
 
         `dropout`: training's rates {"hidden": …, "attention": …, "classifier": …} (model.Dropout); the function
         then takes a third argument, the PRNG key its masks are drawn from, so one step is reproducible.
-        `first_token_only`: the last block computes position 0 alone (model.Bert.first_token_suffices: a head that
+        `first_token_only`: the last block computes position 0 alone (encoder.Encoder.first_token_suffices: a head that
         reads [CLS] only; training's sequence classifier), so last_hidden_state is [B, 1, D].
         `stacked`: the values of a site captured at several layers of a scanned run come back as one [n, ...] array
         named hooks.stacked_name ("blocks.0,1,2.attn.hook_pattern"), as Model.run's program returns them

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from minibert.core.config import Config
-from minibert.core.encoder import Bert, parameter_names
+from minibert.core.encoder import Encoder, parameter_names
 from minibert.core.family import ROLES, Part, WeightRoles
 from minibert.errors import InputError
 
@@ -123,11 +123,11 @@ class Weights:
     state: nnx.State
 
     @property
-    def module(self) -> Bert:
+    def module(self) -> Encoder:
         """The Flax NNX module (a fresh view of the parameters)."""
         return nnx.merge(self.graphdef, self.state)
 
-    def _module(self, state=None) -> Bert:
+    def _module(self, state=None) -> Encoder:
         return nnx.merge(self.graphdef, self.state if state is None else state)
 
     @property
@@ -220,7 +220,7 @@ class Weights:
         """The position table's rows [..., E] for `position_ids` (inside a jit, pass the traced `state`)."""
         return self._position_table(self._module(state))[position_ids]
 
-    def _position_table(self, module: Bert) -> jax.Array:
+    def _position_table(self, module: Encoder) -> jax.Array:
         if self.config.family.positions != "table":  # ModernBERT rotates q and k instead (attn.hook_rot_q)
             raise InputError(f"{self.config.family.name} has no position-embedding table: its positions are "
                              f"{self.config.family.positions} (in attention), not rows added to the embeddings.")
@@ -235,7 +235,7 @@ def parameter_shapes(config: Config, dtype=jnp.float32) -> dict[str, jax.ShapeDt
 
 
 def _shape_state(config: Config, dtype):
-    return nnx.state(nnx.eval_shape(lambda: Bert(config, dtype=dtype)))
+    return nnx.state(nnx.eval_shape(lambda: Encoder(config, dtype=dtype)))
 
 
 def by_name(tree) -> dict[str, jax.Array]:

@@ -440,7 +440,7 @@ def batches(encoded: Encoded, order: np.ndarray, batch_size: int, task: str, buc
             ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one epoch, in `order`: dicts of input_ids, token_type_ids, attention_mask [B, T], labels
     ([B] classes or [B, T] token labels, IGNORE where no loss) and weight [B] (0 for padding rows).
-    Masked-LM batches are masked here (mask_tokens), batch b with the generator seeded (*mask_seed, b), so any
+    Masked-LM batches are masked here (bert_masking), batch b with the generator seeded (*mask_seed, b), so any
     batch can be rebuilt alone (a resumed run starts at batch `first`). `rows`: rows per batch when more than
     batch_size (padding rows of weight 0, so that the rows split evenly over devices)."""
     for b, start in enumerate(range(0, len(order), batch_size)):
@@ -465,12 +465,12 @@ def batches(encoded: Encoded, order: np.ndarray, batch_size: int, task: str, buc
                 labels[row] = encoded.labels[i][0]
         if task == "masked-lm":
             rng = np.random.default_rng([*mask_seed, b])
-            batch["input_ids"], labels = mask_tokens(batch["input_ids"], labels == 1, rng, mask_id, vocab_size)
+            batch["input_ids"], labels = bert_masking(batch["input_ids"], labels == 1, rng, mask_id, vocab_size)
         batch["labels"] = labels
         yield batch
 
 
-def mask_tokens(ids: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, mask_id: int,
+def bert_masking(ids: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, mask_id: int,
                 vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) for masked-LM: each maskable token is chosen with probability 0.15; a chosen token
     becomes [MASK] with probability 0.8, else a uniformly random id with probability 0.5, else stays; labels

@@ -137,11 +137,11 @@ def task_loss(logits, batch, task: str):
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
-    """Everything one compiled training step closes over (static: a new Step is a new program). The step's
+class TrainingStep:
+    """Everything one compiled training step closes over (static: a new TrainingStep is a new program). The step's
     parameters, gradients and optimiser state are in one form, the task model's nested params dict (model.params,
     which its forward takes as it is); what it reads by name (which parameters stay float32, whether the last
-    block may compute [CLS] alone) is read once per Step, not at each trace."""
+    block may compute [CLS] alone) is read once per TrainingStep, not at each trace."""
 
     model: Model  # the task model: its forward, and the form of its parameters
     task: str
@@ -158,7 +158,7 @@ class Step:
 
     @functools.cached_property
     def forward(self) -> Callable:
-        """The task model's forward with this Step's dropout and hooks (their leaves given at each trace)."""
+        """The task model's forward with this TrainingStep's dropout and hooks (their leaves given at each trace)."""
         hooked = self.writer_def.node_data()[1]  # the names the hooks write: the keys of writers_for's dict
         return self.model.forward_fn(writer_def=self.writer_def, dropout=self.rates,
                                      first_token_only=self.first_token_only(hooked))
@@ -170,14 +170,14 @@ class Step:
         return None if self.compute_dtype == jnp.float32 else float32_parameters(self.model.params)
 
     def first_token_only(self, writers: Iterable[str]) -> bool:
-        """Whether the step may compute the last block at [CLS] alone (Bert.first_token_suffices): a sequence
+        """Whether the step may compute the last block at [CLS] alone (Encoder.first_token_suffices): a sequence
         classifier's loss reads nothing else, unless a hook in the last block reads or writes another position."""
         last = f"blocks.{self.model.config.num_hidden_layers - 1}."
         return self.first_token_suffices and not any(name.startswith(last) for name in writers)
 
     @functools.cached_property
     def first_token_suffices(self) -> bool:
-        """A sequence classifier whose head reads [CLS] alone, asked once per Step rather than at each of its traces
+        """A sequence classifier whose head reads [CLS] alone, asked once per TrainingStep, not at each of its traces
         (the model's module is merged to answer it)."""
         return self.task == "sequence-classification" and self.model.module.first_token_suffices
 
@@ -207,7 +207,7 @@ class LateLosses:
             self.record(update, float(np.mean([float(x) for x in losses])), tokens)
 
 
-def compiled_step(step: Step, optimizer: optax.GradientTransformation) -> Callable:
+def compiled_step(step: TrainingStep, optimizer: optax.GradientTransformation) -> Callable:
     """(trainable, frozen, opt_state, batch, key, writer_leaves) → (trainable, opt_state, loss), one program."""
 
     def train(trainable, frozen, opt_state, batch, key, writer_leaves):
@@ -223,7 +223,7 @@ def compute_parameters(params, dtype, kept=None):
     """The parameters a step computes with (a tree in either form of optim's), cast here and nowhere else (the
     optimiser keeps float32 masters). In `dtype`: every matmul weight and bias. Float32 still: the tables rows are
     gathered from (model.GATHERED: their gradient sums one row per token, 8,192 adds per token-type row at 32×512,
-    which bf16 would round at every add; the embedded stream is cast once, Bert.embedding) and LayerNorm's gain and
+    which bf16 would round at every add; the embedded stream is cast once, Encoder.embedding) and LayerNorm's gain and
     bias (LayerNorm computes in float32: a bf16 gain would be converted straight back). `kept`:
     float32_parameters(params), made once by a caller that casts at every trace."""
     if dtype == jnp.float32:
@@ -237,7 +237,7 @@ def float32_parameters(params):
     return optim.name_mask(params, lambda name: name in GATHERED or name.rsplit(".", 1)[-1] in ("scale", "bias"))
 
 
-def compiled_eval(step: Step) -> Callable:
+def compiled_eval(step: TrainingStep) -> Callable:
     """(params, batch, writer_leaves) → (loss, predictions) without dropout."""
     no_dropout = dataclasses.replace(step, rates={})
 
@@ -383,7 +383,7 @@ def finetune(model: Model, data, task: str = "sequence-classification", *, num_l
 
     writers = writers_for(hooks, start.hook_names, cfg)  # the task model's names: its head's too
     writer_leaves, writer_def = jax.tree_util.tree_flatten(writers)
-    step = Step(start, task, dropout_rates(settings, dropout), writer_def, compute_dtype)
+    step = TrainingStep(start, task, dropout_rates(settings, dropout), writer_def, compute_dtype)
     train = compiled_step(step, optimizer)
     devices = DataParallel()
     if devices.processes > 1 and resume is not None:

@@ -1,6 +1,6 @@
 """The step-through's values: one head's computation for one query token, read from a workbench run's captures.
 
-    steps(run, layer, head, query, d_head, model)   # [{id, label, equation, values, shape, from, …}, …]
+    step_through(run, layer, head, query, d_head, model)   # [{id, label, equation, values, shape, from, …}, …]
 
 Each step is a row of the family's table (Family.steps): its hook's numbers (the query's row, the head's part),
 the steps it is computed from, the views that draw it, and — where its values are dot products — the operands the
@@ -95,7 +95,7 @@ def _first_shown(operand: str, shown) -> str | None:
     return next((choice for choice in operand.split("|") if choice in shown), None)
 
 
-def steps(run, layer: int, head: int, query: int, d_head: int, model) -> list[dict]:
+def step_through(run, layer: int, head: int, query: int, d_head: int, model) -> list[dict]:
     """The walk through block `layer` for head `head` and query token `query` (its family's table in
     Family.steps), each step {id, label, equation, values (the hook's numbers; null where −∞: a masked score),
     shape, from (the ids of its operands)}; a step whose values are dot products also has `dot` (see

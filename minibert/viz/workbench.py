@@ -40,7 +40,7 @@ from minibert.runtime.buckets import cut as cut_to_length
 from minibert.runtime.pooling import pooled_tokens
 from minibert.viz import panels, views
 from minibert.viz._request import index as _index
-from minibert.viz.steps import SHOWN, hook_name, steps
+from minibert.viz.steps import SHOWN, hook_name, step_through
 
 MAX_CHARS = 2000  # per text: a paragraph; longer input is refused with a message, not truncated silently
 MAX_TOKENS = 128  # per request (text and pair together): the views stay readable and the answers fast
@@ -148,7 +148,7 @@ class Workbench:
                               **{p.name: shared[p.lock or p.name] for p in self._panels.values()}}
         self._actions = {**CORE_ACTIONS, **{p.name: p.answer for p in self._panels.values()}}
         self._resources = dict(resources or {})
-        self._programs = Programs()
+        self._programs = FirstRuns()
         self._drawing = ThreadPoolExecutor(1, thread_name_prefix="workbench-views")  # see _built_views
 
     # ---- requests -------------------------------------------------------------------------------------
@@ -252,7 +252,8 @@ class Workbench:
         head = _index(body, "head", cfg.num_attention_heads, "heads", 0)
         run = self._run(request)
         query = _index(body, "query", len(run.tokens), "tokens here", min(1, len(run.tokens) - 1))
-        walk = functools.partial(steps, layer=layer, head=head, query=query, d_head=cfg.head_dim, model=self.model)
+        walk = functools.partial(step_through, layer=layer, head=head, query=query, d_head=cfg.head_dim,
+                                 model=self.model)
         ablated = None
         if (layer, head) in request.ablate:
             ablated = {"mode": request.mode, "before": walk(self._run(dataclasses.replace(request, ablate=())))}
@@ -508,7 +509,7 @@ CORE_ACTIONS = {"info": Workbench.info, "tokenize": Workbench.tokenize, "run": W
 CORE_PROGRAMS = ("run", "similarity", *MIXING_METHODS[2:])
 
 
-class Programs:
+class FirstRuns:
     """Which of a workbench's programs (Workbench.programs, per bucket length) have run, and which run for the first
     time now: a first run compiles, seconds on a CPU, and the page says so. Two first runs of one program wait for one
     another (the second then finds it compiled) instead of compiling it twice."""
